@@ -1,0 +1,113 @@
+"""Reading ``CL_PROGRAM_BINARIES`` without holding the GIL.
+
+pyopencl's ``get_info`` keeps the GIL while the driver serialises a program, and PoCL can take
+seconds to do so (it generates code for every kernel). The same call made through
+:mod:`ctypes` releases the GIL, so the background writer can read binaries while the
+program that built them runs. Falls back to pyopencl when no OpenCL library is found.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+
+CL_PROGRAM_NUM_DEVICES = 0x1162
+CL_PROGRAM_DEVICES = 0x1163
+CL_PROGRAM_BINARY_SIZES = 0x1165
+CL_PROGRAM_BINARIES = 0x1166
+
+
+@functools.lru_cache(maxsize=1)
+def _libopencl() -> ctypes.CDLL | None:
+    """The OpenCL loader this process already uses (pyopencl's bundled copy, usually)."""
+    path = None
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if "libOpenCL" in line:
+                    path = line.split(None, 5)[-1].strip()
+                    break
+    except OSError:
+        pass
+    path = path or ctypes.util.find_library("OpenCL")
+    if not path:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError:
+        return None
+    lib.clGetProgramInfo.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t,
+                                     ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+    lib.clGetProgramInfo.restype = ctypes.c_int
+    return lib
+
+
+def _info(lib: ctypes.CDLL, prog: int, param: int, buf, size: int) -> None:
+    err = lib.clGetProgramInfo(ctypes.c_void_p(prog), param, size, buf, None)
+    if err != 0:
+        raise OSError(f"clGetProgramInfo({param:#x}) failed with OpenCL error {err}")
+
+
+def program_binaries(program) -> dict[int, bytes]:
+    """``{device int_ptr: binary}`` of a built pyopencl program (empty binaries left out)."""
+    lib = _libopencl() if os.name == "posix" else None
+    if lib is None:
+        import pyopencl as cl
+
+        devs = program.get_info(cl.program_info.DEVICES)
+        bins = program.get_info(cl.program_info.BINARIES)
+        return {d.int_ptr: bytes(b) for d, b in zip(devs, bins) if b}
+    prog = program.int_ptr
+    n = ctypes.c_uint()
+    _info(lib, prog, CL_PROGRAM_NUM_DEVICES, ctypes.byref(n), ctypes.sizeof(n))
+    count = n.value
+    devs = (ctypes.c_void_p * count)()
+    _info(lib, prog, CL_PROGRAM_DEVICES, devs, ctypes.sizeof(devs))
+    sizes = (ctypes.c_size_t * count)()
+    _info(lib, prog, CL_PROGRAM_BINARY_SIZES, sizes, ctypes.sizeof(sizes))
+    bufs = [ctypes.create_string_buffer(max(s, 1)) for s in sizes]
+    ptrs = (ctypes.c_void_p * count)(*[ctypes.addressof(b) for b in bufs])
+    _info(lib, prog, CL_PROGRAM_BINARIES, ptrs, ctypes.sizeof(ptrs))
+    return {devs[i] or 0: bufs[i].raw[: sizes[i]] for i in range(count) if sizes[i]}
+
+
+@functools.lru_cache(maxsize=None)
+def library_of(handle: int) -> str | None:
+    """Path of the shared library that implements an ICD object (platform or device).
+
+    An ICD object starts with a pointer to its vendor's dispatch table; ``dladdr`` names the
+    library that holds it. This finds libpocl.so, libnvidia-opencl.so... without guessing.
+    """
+    if os.name != "posix" or not handle:
+        return None
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                    ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+
+    try:
+        libc = ctypes.CDLL(None)
+        dladdr = libc.dladdr
+    except (OSError, AttributeError):
+        return None
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+    dladdr.restype = ctypes.c_int
+    dispatch = ctypes.c_void_p.from_address(handle).value
+    info = DlInfo()
+    for addr in (dispatch, _first_entry(dispatch)):
+        if addr and dladdr(addr, ctypes.byref(info)) and info.fname:
+            path = os.fsdecode(info.fname)
+            if os.path.isfile(path) and "libOpenCL" not in os.path.basename(path):
+                return os.path.realpath(path)
+    return None
+
+
+def _first_entry(table: int | None) -> int | None:
+    if not table:
+        return None
+    try:
+        return ctypes.c_void_p.from_address(table).value
+    except (ValueError, OSError):
+        return None

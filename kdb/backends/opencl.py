@@ -1,0 +1,336 @@
+"""OpenCL through pyopencl: arch ids, compiler identity, and builds served from kdb.
+
+``build(ctx, source, options)`` returns a built :class:`pyopencl.Program`. On a hit in every
+device's tier it is created from the stored binaries (``clCreateProgramWithBinary``, ~1 ms
+on PoCL); otherwise it is built from source and returned at once, while the background
+writer reads ``CL_PROGRAM_BINARIES`` (which can take seconds on PoCL) and stores them.
+
+``install()`` routes every ``pyopencl.Program(ctx, source).build()`` through the same path;
+programs from binaries or IL, ``compile()`` and ``link_program()`` pass through untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform as _platform
+import re
+import shlex
+import time
+from typing import Any, Sequence
+
+import pyopencl as cl
+
+from .. import config
+from ..db import KernelDB, default_db
+from ..digests import machine_digest
+from ..errors import CompileError, InvalidArgumentError, UnsupportedTypeError
+from ..includes import header_digests, split_include_options
+from ..keys import HashAttributes
+from .clbinaries import library_of, program_binaries
+
+log = logging.getLogger("kdb")
+BACKEND = "opencl"
+
+#: Variables that change what OpenCL compilers produce; their values enter the key.
+ENV_VARS = (
+    "POCL_EXTRA_BUILD_FLAGS", "POCL_WORK_GROUP_METHOD", "POCL_WORK_GROUP_SPECIALIZATION",
+    "POCL_MAX_WORK_GROUP_SIZE", "POCL_VECTORIZER_PREFER_SCALAR", "POCL_FORCE_FLOAT_DENORMALS",
+    "AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND", "CL_CONFIG_CPU_TARGET_ARCH",
+)
+ENV_PREFIXES = ("IGC_",)
+
+_KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)")
+_HSTR_RE = re.compile(r"HSTR:\s*(\S+)")
+_SAFE_RE = re.compile(r"[^a-z0-9_.+-]+")
+
+
+# -- device identity ----------------------------------------------------------------------
+
+def _slug(text: str) -> str:
+    return _SAFE_RE.sub("-", text.lower()).strip("-._+") or "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_of_ptr(ptr: int, device: cl.Device) -> str:
+    version = device.version
+    m = _HSTR_RE.search(version)
+    if m:  # PoCL: "HSTR: pthread-x86_64-unknown-linux-gnu-znver3"
+        parts = m.group(1).split("-")
+        if len(parts) >= 5:
+            return config.check_arch(_slug(f"pocl-{parts[-5]}-{parts[-1]}"))
+        return config.check_arch(_slug("pocl-" + m.group(1)))
+    try:
+        major = device.compute_capability_major_nv
+        minor = device.compute_capability_minor_nv
+        return f"sm_{major}{minor}"
+    except (cl.LogicError, AttributeError, cl.RuntimeError):
+        pass
+    name = device.name
+    if name.startswith("gfx"):  # AMD: "gfx90a:sramecc+:xnack-"
+        return config.check_arch(_slug(name.replace(":", "_")))
+    return config.check_arch(_slug(f"{device.platform.vendor.split()[0]}-{name}"))
+
+
+def arch_of(device: cl.Device) -> str:
+    """The arch id of a device: its binary-compatibility class (DESIGN section 2)."""
+    return _arch_of_ptr(device.int_ptr, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
+    plat = device.platform
+    ident = [
+        ("platform", plat.name),
+        ("platform_version", plat.version),
+        ("device_version", device.version),
+        ("driver_version", device.driver_version),
+        ("opencl_c_version", getattr(device, "opencl_c_version", "")),
+    ]
+    lib = library_of(plat.int_ptr) or library_of(device.int_ptr)
+    if lib:
+        try:
+            ident.append(("library_sha256", machine_digest(lib, _memo_dir(memo_dir))))
+        except OSError as err:
+            log.debug("kdb: cannot digest %s: %s", lib, err)
+    return tuple(ident)
+
+
+def _memo_dir(path: str):
+    from pathlib import Path
+
+    return Path(path)
+
+
+def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
+    """Compiler identity: platform, versions, and a content digest of the ICD library."""
+    memo = memo_dir or str(config.cache_root())
+    return _identity_of_ptr(device.int_ptr, device, memo)
+
+
+def device_details(device: cl.Device) -> dict[str, Any]:
+    """Machine-local facts kept beside an entry for ``kdb explain``, never in the key."""
+    return {
+        "device": device.name,
+        "vendor": device.vendor,
+        "platform": device.platform.name,
+        "driver_version": device.driver_version,
+        "library": library_of(device.platform.int_ptr) or "",
+        "host": _platform.node(),
+    }
+
+
+def environment() -> tuple[tuple[str, str], ...]:
+    """The compiler-relevant environment variables that are set."""
+    env = [(k, os.environ[k]) for k in ENV_VARS if k in os.environ]
+    env += [(k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)]
+    return tuple(sorted(env))
+
+
+def kernel_names(source: str) -> list[str]:
+    """Kernel function names in OpenCL C source (for labels).
+
+    >>> kernel_names("__kernel void add(int a) {} kernel void mul() {}")
+    ['add', 'mul']
+    """
+    return _KERNEL_RE.findall(source)
+
+
+def _label(source: str) -> str:
+    names = kernel_names(source)
+    return ",".join(names[:4]) + (",..." if len(names) > 4 else "") if names else "program"
+
+
+# -- options ------------------------------------------------------------------------------
+
+def split_options(options: str | Sequence[str] | None) -> list[str]:
+    """Options as a list, the way pyopencl splits them."""
+    if options is None:
+        return []
+    if isinstance(options, str):
+        return shlex.split(options)
+    out = []
+    for opt in options:
+        if not isinstance(opt, str):
+            raise UnsupportedTypeError(
+                f"build options must be strings; got {type(opt).__name__} ({opt!r})")
+        out.append(opt)
+    return out
+
+
+def internal_options(ctx: cl.Context) -> list[str]:
+    """The options pyopencl adds to every build (its include dir, per-platform, env)."""
+    opts: list[str] = []
+    opts += list(getattr(cl, "_DEFAULT_BUILD_OPTIONS", []))
+    opts += list(getattr(cl, "_DEFAULT_INCLUDE_OPTIONS", []))
+    opts += list(getattr(cl, "_PLAT_BUILD_OPTIONS", {}).get(ctx.devices[0].platform.name, []))
+    forced = os.environ.get("PYOPENCL_BUILD_OPTIONS")
+    if forced:
+        opts += forced.split()
+    return opts
+
+
+def _options_bytes(options: list[str]) -> bytes:
+    return " ".join(shlex.quote(o) if " " in o and not o.startswith('"') else o
+                    for o in options).encode("utf-8")
+
+
+def attributes_for(device: cl.Device, source: str, user_options: list[str],
+                   added_options: list[str], name: str = "", arch: str | None = None,
+                   memo_dir: str | None = None) -> HashAttributes:
+    """The hash attributes of building ``source`` for ``device`` with these options."""
+    user_rest, user_dirs = split_include_options(user_options)
+    added_rest, added_dirs = split_include_options(added_options)
+    dirs = [os.path.abspath(d.strip('"')) for d in (*user_dirs, *added_dirs)]
+    return HashAttributes(
+        backend=BACKEND,
+        source=source,
+        arch=arch or arch_of(device),
+        build_options=tuple(user_rest),
+        internal_options=tuple(added_rest),
+        headers=header_digests(source, dirs),
+        compiler=compiler_identity(device, memo_dir),
+        environment=environment(),
+        name=name,
+    )
+
+
+# -- build --------------------------------------------------------------------------------
+
+def build(ctx: cl.Context, source: str | bytes, options: str | Sequence[str] | None = None,
+          devices: Sequence[cl.Device] | None = None, *, db: KernelDB | None = None,
+          name: str | None = None, arch: str | None = None) -> cl.Program:
+    """A built :class:`pyopencl.Program` for ``source``, from kdb when it holds the binaries.
+
+    Raises :class:`kdb.CompileError` (with the build log) when the source does not compile.
+    """
+    if not isinstance(ctx, cl.Context):
+        raise InvalidArgumentError(f"ctx must be a pyopencl.Context, not {type(ctx).__name__}")
+    try:
+        return _build(ctx, source, options, devices, db, name, arch, pyopencl_errors=False)
+    except cl.RuntimeError as err:
+        raise CompileError(
+            f"OpenCL build of {name or _label(_text(source))} failed; fix the kernel source "
+            "or options shown below", log=str(err), options=tuple(split_options(options)),
+        ) from err
+
+
+def _text(source: str | bytes) -> str:
+    if isinstance(source, bytes):
+        try:
+            return source.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidArgumentError("OpenCL source is not valid UTF-8") from err
+    if not isinstance(source, str):
+        raise UnsupportedTypeError(f"source must be str or bytes, not {type(source).__name__}")
+    return source
+
+
+def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bool,
+           wrapper: cl.Program | None = None) -> cl.Program:
+    db = db or default_db()
+    text = _text(source)
+    devs = list(devices) if devices is not None else list(ctx.devices)
+    user = split_options(options)
+    added = internal_options(ctx)
+    opt_bytes = _options_bytes(user + added)
+    label = name or _label(text)
+    memo = str(db.cache_root)
+    attrs = [attributes_for(d, text, user, added, label, arch, memo) for d in devs]
+
+    if not db.disabled:
+        hits = [db.lookup(a) for a in attrs]
+        if all(hits):
+            try:
+                raw = cl._Program(ctx, devs, [h.binary for h in hits])
+                raw.build(opt_bytes, devs)
+                return _wrap(raw, wrapper)
+            except (cl.RuntimeError, cl.LogicError) as err:
+                for a, h in zip(attrs, hits):
+                    if h.tier == "user":
+                        db.discard(a, f"the driver refused the stored binary ({err})")
+
+    start = time.perf_counter()
+    raw = cl._Program(ctx, text)
+    if pyopencl_errors and wrapper is not None:
+        wrapper._build_and_catch_errors(lambda: raw.build(opt_bytes, devs),
+                                        options_bytes=opt_bytes, source=text)
+    else:
+        raw.build(opt_bytes, devs)
+    seconds = time.perf_counter() - start
+    prg = _wrap(raw, wrapper)
+    _store_later(db, raw, devs, attrs, seconds)
+    return prg
+
+
+def _wrap(raw, wrapper: cl.Program | None) -> cl.Program:
+    if wrapper is None:
+        return cl.Program(raw)
+    wrapper._prg = raw
+    wrapper._build_duration_info = None
+    return wrapper
+
+
+def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float) -> None:
+    """Record the compile now; read and store the binaries on the background thread."""
+    per_device = seconds / max(len(devs), 1)
+    binaries: dict[int, bytes] | None = None
+
+    def produce_for(ptr: int):
+        def produce() -> bytes | None:
+            nonlocal binaries
+            if binaries is None:
+                try:
+                    binaries = program_binaries(raw)
+                except Exception as err:  # noqa: BLE001 - storing is best effort
+                    log.warning("kdb: could not read program binaries: %s", err)
+                    binaries = {}
+            return binaries.get(ptr) or None
+        return produce
+
+    for d, a in zip(devs, attrs):
+        rec = db.record_compile(a, per_device)
+        db.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
+                     details=device_details(d), log=rec)
+
+
+# -- install ------------------------------------------------------------------------------
+
+_original_build = None
+
+
+def install(db: KernelDB | None = None) -> None:
+    """Route every ``pyopencl.Program(ctx, source).build()`` through kdb (idempotent)."""
+    global _original_build
+    if _original_build is not None:
+        return
+    _original_build = cl.Program.build
+
+    def build(self, options=None, devices=None, cache_dir=None):  # noqa: ARG001 - pyopencl's signature
+        source = getattr(self, "_source", None)
+        if self._prg is not None or source is None:
+            return _original_build(self, options, devices, cache_dir)
+        from pyopencl.tools import is_spirv
+
+        if isinstance(source, bytes) and is_spirv(source):
+            return _original_build(self, options, devices, cache_dir)
+        ctx = self._context
+        return _build(ctx, source, options, devices, db, None, None, pyopencl_errors=True,
+                      wrapper=self)
+
+    build.__doc__ = _original_build.__doc__
+    build.__wrapped__ = _original_build
+    cl.Program.build = build
+
+
+def uninstall() -> None:
+    """Undo :func:`install`."""
+    global _original_build
+    if _original_build is not None:
+        cl.Program.build = _original_build
+        _original_build = None
+
+
+def installed() -> bool:
+    return _original_build is not None

@@ -1,0 +1,91 @@
+"""Every setting kdb reads: explicit argument, then environment variable, then default.
+
+Values are read when used, never at import, so a test's ``monkeypatch.setenv`` or a
+framework's ``os.environ[...] = ...`` before the first lookup takes effect.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from .errors import ConfigError, UnsafeArchError
+
+#: Major version of the on-disk format: user files live in ``<cache dir>/v<major>/``, so an
+#: incompatible release never opens a file written by another.
+FORMAT_MAJOR = 1
+
+ENV_CACHE_DIR = "KDB_CACHE_DIR"
+ENV_SYSTEM_DB_PATH = "KDB_SYSTEM_DB_PATH"
+ENV_DISABLE_CACHE = "KDB_DISABLE_CACHE"
+ENV_CACHE_MAX_SIZE = "KDB_CACHE_MAX_SIZE"
+ENV_SHARED_URL = "KDB_SHARED_URL"
+ENV_STRICT = "KDB_STRICT"
+ENV_TRACE = "KDB_TRACE"
+
+#: Seconds a writer waits on a locked user database before giving up (and warning).
+BUSY_TIMEOUT_S = 5.0
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+_ARCH_RE = re.compile(r"[a-z0-9][a-z0-9_.+-]*\Z")
+
+
+def flag(name: str, explicit: bool | None = None) -> bool:
+    """A boolean setting: ``explicit`` if given, else the variable ``name`` (``1``/``0``...)."""
+    if explicit is not None:
+        return bool(explicit)
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ConfigError(f"{name}={os.environ[name]!r} is not a boolean; set it to 1 or 0")
+
+
+def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The user tier's root directory (``KDB_CACHE_DIR``, else the platform's user cache)."""
+    if explicit is not None:
+        return Path(explicit).expanduser()
+    env = os.environ.get(ENV_CACHE_DIR)
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    elif sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "kdb"
+
+
+def user_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Directory of the user tier's files, versioned by the on-disk format's major version."""
+    return cache_root(explicit) / f"v{FORMAT_MAJOR}"
+
+
+def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -> list[Path]:
+    """Extra directories searched for ``<arch>.kdb`` (``KDB_SYSTEM_DB_PATH``, os.pathsep list)."""
+    if explicit is None:
+        explicit = os.environ.get(ENV_SYSTEM_DB_PATH, "")
+    if isinstance(explicit, (str, os.PathLike)):
+        parts = [p for p in str(explicit).split(os.pathsep) if p]
+    else:
+        parts = [str(p) for p in explicit]
+    return [Path(p).expanduser() for p in parts]
+
+
+def check_arch(arch: object) -> str:
+    """Return ``arch`` if it is a safe arch id, else raise :class:`UnsafeArchError`.
+
+    >>> check_arch("sm_90")
+    'sm_90'
+    """
+    if not isinstance(arch, str) or not _ARCH_RE.match(arch):
+        raise UnsafeArchError(
+            f"arch id {arch!r} is not valid: use lower-case letters, digits and '_.+-', "
+            "starting with a letter or digit (for example 'sm_90' or 'gfx90a')"
+        )
+    return arch

@@ -1,0 +1,332 @@
+"""KernelDB: the two-tier lookup (system, then user), compile on a miss, store off the hot path.
+
+A hit is :meth:`KernelDB.lookup` read top to bottom: key, system files, user file, checksum
+and collision check, a counter bumped in memory. No lock, no write, no SQLAlchemy. Misses
+are compiled by the caller's function outside any transaction, and stored by the
+background writer (:mod:`kdb.background`) in one short transaction together with the
+batched access bookkeeping.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import background, config, discovery, faults, latency
+from .codec import decode
+from .errors import InvalidArgumentError
+from .keys import HashAttributes
+from .store import CompileRecord, Entry, KernelFile
+
+log = logging.getLogger("kdb")
+trace_log = logging.getLogger("kdb.trace")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A binary found in a tier."""
+
+    binary: bytes
+    tier: str  # "memory", "system" or "user"
+    path: str
+    compile_seconds: float
+
+
+class _Pending:
+    """What the background writer still has to write for one arch."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.logs: list[CompileRecord] = []
+        self.hits: dict[str, tuple[int, float]] = {}
+        self.counters: dict[str, float] = {}
+
+    def empty(self) -> bool:
+        return not (self.entries or self.logs or self.hits or self.counters)
+
+
+_instances: "weakref.WeakSet[KernelDB]" = weakref.WeakSet()
+
+
+class KernelDB:
+    """A kernel database: read-only system files per arch, then a writable user file per arch.
+
+    ``cache_dir`` is the user tier's root (default ``KDB_CACHE_DIR`` or the platform's user
+    cache; files live in ``<cache_dir>/v<format major>/<arch>.kdb``). ``system_path`` adds
+    directories searched for ``<arch>.kdb`` before installed packages (default
+    ``KDB_SYSTEM_DB_PATH``). ``disabled`` turns every tier off (default ``KDB_DISABLE_CACHE``).
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None,
+                 system_path: str | os.PathLike[str] | list | None = None, *,
+                 disabled: bool | None = None, trace: bool | None = None) -> None:
+        self.cache_root = config.cache_root(cache_dir)
+        self.user_dir = config.user_dir(cache_dir)
+        self.system_dirs = config.system_dirs(system_path)
+        self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled)
+        self.trace = config.flag(config.ENV_TRACE, trace)
+        if self.trace:
+            _enable_trace_output()
+        self._system: dict[str, list[KernelFile]] = {}
+        self._user: dict[str, KernelFile] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._inflight: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        _instances.add(self)
+
+    def __repr__(self) -> str:
+        return f"KernelDB(cache_dir={str(self.cache_root)!r})"
+
+    # -- tiers ----------------------------------------------------------------------------
+
+    def user_file(self, arch: str) -> KernelFile:
+        """The user tier's file for ``arch`` (it may not exist yet)."""
+        f = self._user.get(arch)
+        if f is None:
+            config.check_arch(arch)
+            f = self._user[arch] = KernelFile(self.user_dir / f"{arch}.kdb", tier="user",
+                                              readonly=False)
+        return f
+
+    def system_files(self, arch: str) -> list[KernelFile]:
+        """The system files for ``arch``; the first call per arch warns if there are none."""
+        files = self._system.get(arch)
+        if files is None:
+            config.check_arch(arch)
+            srcs = discovery.sources_for(arch, self.system_dirs)
+            files = self._system[arch] = [
+                KernelFile(s.path, tier="system", readonly=True) for s in srcs]
+            if not files:
+                self._warn_no_system(arch)
+        return files
+
+    def _warn_no_system(self, arch: str) -> None:
+        latency.note_missing_system(arch)
+        dirs = ", ".join(str(d) for d in self.system_dirs) or "none set"
+        faults.warn_once(
+            f"nosys:{arch}",
+            "kdb: no system kernel database for arch %r: looked for %s in KDB_SYSTEM_DB_PATH "
+            "(%s) and in installed packages (entry point group %r). Kernels for this device "
+            "will be compiled at first use and stored in %s, so the first start-up will be "
+            "slow. To fix it, install the system database package for this arch "
+            "(pip install kdb-system-%s, if your framework publishes one), or build one with "
+            "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
+            arch, f"{arch}.kdb", dirs, discovery.GROUP, self.user_dir / f"{arch}.kdb",
+            arch, arch,
+        )
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def lookup(self, attrs: HashAttributes) -> Hit | None:
+        """The binary for ``attrs`` from the first tier that holds a sound copy, else None."""
+        if not isinstance(attrs, HashAttributes):
+            raise InvalidArgumentError(
+                f"expected kdb.HashAttributes, got {type(attrs).__name__}")
+        if self.disabled:
+            return None
+        key = attrs.key
+        if self.trace:
+            trace_log.debug("lookup %s %s", key, attrs.encoded().decode("utf-8"))
+        raw = self._inflight.get(key)
+        if raw is not None:
+            return Hit(raw, "memory", "", 0.0)
+        expected = attrs.encoded().decode("utf-8")
+        for f in (*self.system_files(attrs.arch), self.user_file(attrs.arch)):
+            row = f.fetch(key)
+            if row is None:
+                continue
+            raw = decode(row.codec, row.blob, row.raw_size, row.checksum)
+            if raw is None or row.attributes != expected:
+                self._bad_entry(f, attrs, "checksum mismatch" if raw is None
+                                else "key collision (stored attributes differ)")
+                continue
+            self._count(attrs.arch, f"hits.{f.tier}", 1, key=key if f.tier == "user" else None,
+                        saved=row.compile_seconds)
+            log.debug("kdb: hit %s %s in %s", key[:16], attrs.name, f.path)
+            return Hit(raw, f.tier, str(f.path), row.compile_seconds)
+        self._count(attrs.arch, "misses", 1)
+        log.debug("kdb: miss %s %s", key[:16], attrs.name)
+        return None
+
+    def get(self, attrs: HashAttributes) -> bytes | None:
+        """The stored binary for ``attrs``, or ``None`` on a miss."""
+        hit = self.lookup(attrs)
+        return hit.binary if hit else None
+
+    # -- misses ---------------------------------------------------------------------------
+
+    def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
+                       details: dict[str, Any] | None = None) -> bytes:
+        """The stored binary, or ``compile_fn()``'s result, stored in the background."""
+        hit = self.lookup(attrs)
+        if hit is not None:
+            return hit.binary
+        start = time.perf_counter()
+        binary = compile_fn()
+        seconds = time.perf_counter() - start
+        if not isinstance(binary, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(
+                f"compile_fn must return bytes, returned {type(binary).__name__}")
+        binary = bytes(binary)
+        rec = self.record_compile(attrs, seconds)
+        self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec)
+        return binary
+
+    def record_compile(self, attrs: HashAttributes, seconds: float,
+                       reason: str | None = None) -> CompileRecord:
+        """Log a compile in the start-up latency log (memory now, user file soon)."""
+        missed = []
+        if not self.disabled:
+            missed.append("system" if self._system.get(attrs.arch) else "system(none)")
+            missed.append("user")
+        if reason is None:
+            reason = ("cache disabled (KDB_DISABLE_CACHE)" if self.disabled
+                      else f"no system database for {attrs.arch}"
+                      if not self._system.get(attrs.arch) else "not in any tier")
+        rec = latency.record(attrs.key, attrs.name, attrs.arch, attrs.backend, seconds,
+                             ",".join(missed), reason)
+        self._count(attrs.arch, "compiles", 1)
+        self._count(attrs.arch, "compile_seconds", seconds)
+        return rec
+
+    def put(self, attrs: HashAttributes, binary: bytes, *, compile_seconds: float = 0.0,
+            details: dict[str, Any] | None = None) -> bool:
+        """Store ``binary`` for ``attrs`` in the user tier now; True if it was written."""
+        if not isinstance(binary, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"binary must be bytes, not {type(binary).__name__}")
+        if not isinstance(attrs, HashAttributes):
+            raise InvalidArgumentError(f"expected kdb.HashAttributes, got {type(attrs).__name__}")
+        if self.disabled:
+            return False
+        self.flush()
+        pending = _Pending()
+        pending.entries.append(self._entry(attrs, bytes(binary), compile_seconds, details))
+        with self._lock:
+            mine = self._pending.pop(attrs.arch, None)
+        if mine is not None:
+            pending.logs, pending.hits, pending.counters = mine.logs, mine.hits, mine.counters
+            pending.entries[:0] = mine.entries
+        return self.user_file(attrs.arch).write(pending.entries, pending.logs, pending.hits,
+                                                pending.counters)
+
+    def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
+                  compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
+                  log: CompileRecord | None = None) -> None:
+        """Store what ``produce()`` returns, on the background thread (None: store nothing)."""
+        if log is not None:
+            with self._lock:
+                self._pending.setdefault(attrs.arch, _Pending()).logs.append(log)
+        if self.disabled:
+            return
+
+        def job() -> None:
+            raw = produce()
+            if raw is not None:
+                entry = self._entry(attrs, bytes(raw), compile_seconds, details)
+                self._inflight[entry.key] = entry.raw
+                with self._lock:
+                    self._pending.setdefault(attrs.arch, _Pending()).entries.append(entry)
+            self._write(attrs.arch)
+
+        background.submit(job)
+
+    def discard(self, attrs: HashAttributes, reason: str) -> None:
+        """Drop a user-tier entry that proved bad (e.g. the driver refused the binary)."""
+        faults.fault(f"entry {attrs.key[:16]} ({attrs.name or 'unnamed'}) dropped: {reason}",
+                     once="discard:" + attrs.key)
+        f = self.user_file(attrs.arch)
+        background.submit(lambda: f.delete([attrs.key]))
+
+    def _bad_entry(self, f: KernelFile, attrs: HashAttributes, reason: str) -> None:
+        if f.tier == "user":
+            self.discard(attrs, reason)
+        else:
+            faults.fault(f"entry {attrs.key[:16]} in {f.path} is unusable: {reason}; skipped",
+                         once=f"bad:{f.path}:{attrs.key}")
+
+    @staticmethod
+    def _entry(attrs: HashAttributes, raw: bytes, seconds: float,
+               details: dict[str, Any] | None) -> Entry:
+        return Entry(key=attrs.key, arch=attrs.arch, backend=attrs.backend, name=attrs.name,
+                     attributes=attrs.encoded().decode("utf-8"), raw=raw,
+                     compile_seconds=seconds, details=details)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def _count(self, arch: str, counter: str, n: float, key: str | None = None,
+               saved: float = 0.0) -> None:
+        with self._lock:
+            p = self._pending.get(arch)
+            if p is None:
+                p = self._pending[arch] = _Pending()
+            p.counters[counter] = p.counters.get(counter, 0) + n
+            if saved:
+                p.counters["saved_seconds"] = p.counters.get("saved_seconds", 0) + saved
+            if key is not None:
+                count, _ = p.hits.get(key, (0, 0.0))
+                p.hits[key] = (count + 1, time.time())
+
+    def _write(self, arch: str) -> None:
+        """Write what is pending for ``arch`` (runs on the background thread, or at flush)."""
+        with self._lock:
+            p = self._pending.pop(arch, None)
+        if p is None or p.empty() or self.disabled:
+            return
+        self.user_file(arch).write(p.entries, p.logs, p.hits, p.counters)
+        for e in p.entries:
+            self._inflight.pop(e.key, None)
+
+    def flush(self) -> None:
+        """Finish background stores and write batched bookkeeping; strict mode re-raises."""
+        errors = background.drain()
+        for arch in list(self._pending):
+            self._write(arch)
+        if errors and config.flag(config.ENV_STRICT):
+            raise errors[0]
+
+    def close(self) -> None:
+        """Flush, then close every open file."""
+        self.flush()
+        for f in (*self._user.values(), *(f for fs in self._system.values() for f in fs)):
+            f.close()
+
+
+def _enable_trace_output() -> None:
+    trace_log.setLevel(logging.DEBUG)
+    if not trace_log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("kdb.trace: %(message)s"))
+        trace_log.addHandler(handler)
+
+
+_default: KernelDB | None = None
+_default_config: tuple | None = None
+
+
+def default_db() -> KernelDB:
+    """The process's KernelDB for the current environment (rebuilt if the variables change)."""
+    global _default, _default_config
+    cfg = (str(config.cache_root()), tuple(map(str, config.system_dirs())),
+           config.flag(config.ENV_DISABLE_CACHE), config.flag(config.ENV_TRACE))
+    if _default is None or cfg != _default_config:
+        if _default is not None:
+            _default.flush()
+        _default, _default_config = KernelDB(), cfg
+    return _default
+
+
+def _flush_all() -> None:
+    for db in list(_instances):
+        try:
+            db.flush()
+        except Exception as err:  # noqa: BLE001 - never fail an exiting program
+            log.warning("kdb: could not write bookkeeping at exit: %s", err)
+
+
+atexit.register(_flush_all)

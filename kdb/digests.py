@@ -1,0 +1,74 @@
+"""Content digests of files, memoized per (path, size, mtime).
+
+Headers are digested once per process. Compiler libraries (libpocl.so is 108 MB, ~60 ms to
+hash) are digested once per machine: the digest is kept in ``<cache root>/digests.json``
+keyed by path, size and mtime, so a key never depends on an mtime while a warm start never
+re-reads the library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+_memo: dict[tuple[str, int, int], str] = {}
+_lock = threading.Lock()
+
+
+def _hash_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's content, computed once per process per (path, size, mtime)."""
+    p = os.fspath(path)
+    st = os.stat(p)
+    memo = (p, st.st_size, st.st_mtime_ns)
+    digest = _memo.get(memo)
+    if digest is None:
+        digest = _memo[memo] = _hash_file(p)
+    return digest
+
+
+def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
+    """Like :func:`file_digest`, but remembered across processes in ``memo_dir``."""
+    p = os.path.realpath(os.fspath(path))
+    st = os.stat(p)
+    memo = (p, st.st_size, st.st_mtime_ns)
+    digest = _memo.get(memo)
+    if digest is not None:
+        return digest
+    store = memo_dir / "digests.json"
+    tag = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    with _lock:
+        try:
+            known = json.loads(store.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        digest = known.get(tag) if isinstance(known, dict) else None
+        if not isinstance(digest, str):
+            digest = _hash_file(p)
+            known = known if isinstance(known, dict) else {}
+            known[tag] = digest
+            _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
+    _memo[memo] = digest
+    return digest
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=".digests-", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time

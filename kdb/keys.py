@@ -1,0 +1,215 @@
+"""The hash attributes: everything that determines a binary, and the key derived from them.
+
+A key is the sha256 of a canonical, versioned JSON encoding (sorted keys, explicit type tags,
+no pickle). Nothing machine-local belongs here: paths, mtimes, host and device marketing names
+go into the entry's metadata instead, so a system database built on one machine hits on
+every other machine with the same arch and compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .config import check_arch
+from .errors import InvalidArgumentError, UnsupportedTypeError
+
+#: Bump when the encoding below changes: every key changes with it.
+KEY_FORMAT = 1
+
+
+
+def encode_value(value: Any) -> list[str]:
+    """A specialization-constant value as ``[type tag, text]``; unknown types raise.
+
+    >>> encode_value(3), encode_value(0.5), encode_value(True), encode_value(b"\\x01")
+    (['int', '3'], ['float', '0x1.0000000000000p-1'], ['bool', '1'], ['bytes', '01'])
+    """
+    if isinstance(value, bool):
+        return ["bool", "1" if value else "0"]
+    if isinstance(value, int):
+        return ["int", str(value)]
+    if isinstance(value, float):
+        return ["float", value.hex()]
+    if isinstance(value, str):
+        return ["str", value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return ["bytes", bytes(value).hex()]
+    # numpy scalars and the like: accept what converts losslessly through .item().
+    item = getattr(value, "item", None)
+    if callable(item) and type(value).__module__ == "numpy":
+        return encode_value(item())
+    raise UnsupportedTypeError(
+        f"cannot hash a value of type {type(value).__name__}: use str, int, float, bool or bytes"
+    )
+
+
+def _str_tuple(name: str, values: Iterable[Any] | str | None) -> tuple[str, ...]:
+    if values is None:
+        return ()
+    if isinstance(values, str):
+        raise InvalidArgumentError(f"{name} must be a sequence of strings, not one string")
+    out = []
+    for v in values:
+        if not isinstance(v, str):
+            raise UnsupportedTypeError(
+                f"{name} must hold strings; got {type(v).__name__} ({v!r})"
+            )
+        out.append(v)
+    return tuple(out)
+
+
+def _pairs(name: str, values: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None) -> tuple:
+    if values is None:
+        return ()
+    items = values.items() if isinstance(values, Mapping) else values
+    out = []
+    for pair in items:
+        try:
+            k, v = pair
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"{name} must be a mapping or (name, value) pairs") from None
+        if not isinstance(k, (str, int)) or isinstance(k, bool):
+            raise UnsupportedTypeError(f"{name} keys must be str or int; got {type(k).__name__}")
+        encode_value(v)  # validate now, not at hashing time
+        out.append((k, v))
+    return tuple(sorted(out, key=lambda kv: (isinstance(kv[0], str), str(kv[0]))))
+
+
+@dataclass(frozen=True)
+class HashAttributes:
+    """Everything that determines a compiled binary. Equal attributes, equal key.
+
+    ``headers`` is a sequence of ``(include name, sha256 of the header's content)`` pairs:
+    headers enter the key by content, never by path. ``compiler`` and ``environment`` are
+    ``(name, value)`` pairs. ``name`` labels the entry for listings and is not hashed.
+    """
+
+    backend: str
+    source: str
+    arch: str
+    build_options: tuple[str, ...] = ()
+    internal_options: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    spec_constants: tuple[tuple[Any, Any], ...] = ()
+    compiler: tuple[tuple[str, str], ...] = ()
+    environment: tuple[tuple[str, str], ...] = ()
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.backend, str) or not self.backend:
+            raise InvalidArgumentError("backend must be a non-empty string such as 'opencl'")
+        src = self.source
+        if isinstance(src, (bytes, bytearray)):
+            try:
+                src = bytes(src).decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InvalidArgumentError(
+                    "source is not valid UTF-8; pass the program text as str"
+                ) from err
+            set_(self, "source", src)
+        if not isinstance(src, str):
+            raise UnsupportedTypeError(f"source must be str or bytes, not {type(src).__name__}")
+        if not src.strip():
+            raise InvalidArgumentError("source is empty; pass the kernel's program text")
+        check_arch(self.arch)
+        set_(self, "build_options", _str_tuple("build_options", self.build_options))
+        set_(self, "internal_options", _str_tuple("internal_options", self.internal_options))
+        set_(self, "headers", tuple(sorted(_pairs("headers", self.headers))))
+        set_(self, "spec_constants", _pairs("spec_constants", self.spec_constants))
+        set_(self, "compiler", tuple(sorted(_pairs("compiler", self.compiler))))
+        set_(self, "environment", tuple(sorted(_pairs("environment", self.environment))))
+        if not isinstance(self.name, str):
+            raise UnsupportedTypeError(f"name must be str, not {type(self.name).__name__}")
+
+    def canonical(self) -> dict[str, Any]:
+        """The attributes as plain JSON data, the exact input of the key."""
+        return {
+            "format": KEY_FORMAT,
+            "backend": self.backend,
+            "arch": self.arch,
+            "source": self.source,
+            "build_options": list(self.build_options),
+            "internal_options": list(self.internal_options),
+            "headers": [[k, v] for k, v in self.headers],
+            "spec_constants": [[encode_value(k), encode_value(v)] for k, v in self.spec_constants],
+            "compiler": [[k, v] for k, v in self.compiler],
+            "environment": [[k, v] for k, v in self.environment],
+        }
+
+    def encoded(self) -> bytes:
+        """Canonical bytes: sorted keys, no whitespace, UTF-8."""
+        cached = self.__dict__.get("_encoded")
+        if cached is None:
+            cached = json.dumps(
+                self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode("utf-8")
+            object.__setattr__(self, "_encoded", cached)
+        return cached
+
+    @property
+    def key(self) -> str:
+        """The sha256 hex digest of :meth:`encoded`."""
+        cached = self.__dict__.get("_key")
+        if cached is None:
+            cached = hashlib.sha256(self.encoded()).hexdigest()
+            object.__setattr__(self, "_key", cached)
+        return cached
+
+    def with_(self, **changes: Any) -> "HashAttributes":
+        """A copy with some attributes replaced."""
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        fields.update(changes)
+        return HashAttributes(**fields)
+
+    @classmethod
+    def from_canonical(cls, data: Mapping[str, Any] | str | bytes, name: str = "") -> "HashAttributes":
+        """Rebuild attributes from their stored canonical JSON."""
+        if isinstance(data, (str, bytes)):
+            data = json.loads(data)
+        if data.get("format") != KEY_FORMAT:
+            raise InvalidArgumentError(
+                f"attributes use key format {data.get('format')!r}; this kdb knows {KEY_FORMAT}"
+            )
+        return cls(
+            backend=data["backend"],
+            source=data["source"],
+            arch=data["arch"],
+            build_options=tuple(data["build_options"]),
+            internal_options=tuple(data["internal_options"]),
+            headers=tuple(tuple(p) for p in data["headers"]),
+            spec_constants=tuple(
+                (decode_value(k), decode_value(v)) for k, v in data["spec_constants"]
+            ),
+            compiler=tuple(tuple(p) for p in data["compiler"]),
+            environment=tuple(tuple(p) for p in data["environment"]),
+            name=name,
+        )
+
+
+def decode_value(tagged: list[str]) -> Any:
+    """Inverse of :func:`encode_value`.
+
+    >>> decode_value(encode_value(2.5)), decode_value(encode_value(b"ab"))
+    (2.5, b'ab')
+    """
+    tag, text = tagged
+    if tag == "bool":
+        return text == "1"
+    if tag == "int":
+        return int(text)
+    if tag == "float":
+        return float.fromhex(text)
+    if tag == "str":
+        return text
+    if tag == "bytes":
+        return bytes.fromhex(text)
+    raise InvalidArgumentError(f"unknown value tag {tag!r} in stored attributes")
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Names of the canonical attributes that differ between two encodings (for ``explain``)."""
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))

@@ -1,0 +1,96 @@
+"""Schema revisions: the cheap check on open, and alembic upgrades when a file needs one.
+
+The hot path only reads ``alembic_version`` with :mod:`sqlite3` and compares it with
+:data:`HEAD`; SQLAlchemy and alembic are imported only when a file must be created or
+upgraded. One process upgrades a file at a time (an ``flock`` on ``<file>.lock``); the
+others wait, then find the file current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+from typing import Iterator
+
+#: Every revision this kdb knows, oldest first; a test pins it to the alembic scripts.
+REVISIONS: tuple[str, ...] = ("0001", "0002")
+HEAD = REVISIONS[-1]
+
+
+def migrations_dir() -> Path:
+    """Where the alembic environment is: inside the installed package, else the source tree."""
+    here = Path(__file__).resolve().parent
+    installed = here / "migrations"
+    if (installed / "env.py").is_file():
+        return installed
+    return here.parent / "migrations"
+
+
+def revision_of(conn: sqlite3.Connection) -> str | None:
+    """The file's alembic revision, or ``None`` for a file with no kdb schema yet."""
+    try:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.OperationalError as err:
+        if "no such table" in str(err):
+            return None
+        raise
+    return row[0] if row else None
+
+
+def alembic_config(connection=None, url: str | None = None):
+    """An alembic ``Config`` built in code, pointing at the installed migrations."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url)
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``<path>.lock`` (blocking), for one upgrader at a time."""
+    import fcntl
+
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def upgrade_sqlite(path: Path, revision: str = "head") -> None:
+    """Create or upgrade the SQLite file at ``path`` to ``revision`` with alembic."""
+    from alembic import command
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(connection=conn), revision)
+    finally:
+        engine.dispose()
+
+
+def script_heads() -> list[str]:
+    """Heads of the shipped alembic scripts (one, asserted by the tests)."""
+    from alembic.script import ScriptDirectory
+
+    return list(ScriptDirectory.from_config(alembic_config()).get_heads())
+
+
+def script_revisions() -> list[str]:
+    """All shipped revision ids, oldest first."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config())
+    return [r.revision for r in reversed(list(script.walk_revisions()))]

@@ -1,0 +1,364 @@
+"""One SQLite kernel file: the reads on the hot path and the writes off it.
+
+Reads use plain :mod:`sqlite3` (no SQLAlchemy on a hit). A system file is opened
+``mode=ro&immutable=1`` and never written. A user file is created and migrated by the writer
+(a background thread), so a process whose lookups all miss a file that does not exist yet
+pays nothing for creating it on its critical path.
+
+Faults of the file itself (corrupt, foreign, from a newer kdb, locked, read-only, disk full)
+are reported through :func:`kdb.faults.fault` and cost at most a recompile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from . import codec, faults, migrate
+from .config import BUSY_TIMEOUT_S
+
+_FETCH = (
+    "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
+    "FROM kernels WHERE key = ?"
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a hit needs from a stored entry."""
+
+    codec: str
+    blob: bytes
+    raw_size: int
+    checksum: str
+    attributes: str
+    compile_seconds: float
+
+
+@dataclass
+class Entry:
+    """A binary ready to be written, with its bookkeeping."""
+
+    key: str
+    arch: str
+    backend: str
+    name: str
+    attributes: str
+    raw: bytes
+    compile_seconds: float = 0.0
+    details: dict | None = None
+
+
+@dataclass
+class CompileRecord:
+    """One row of the start-up latency log."""
+
+    key: str
+    name: str
+    arch: str
+    backend: str
+    seconds: float
+    missed: str
+    reason: str
+    at: float
+    pid: int
+
+
+class KernelFile:
+    """A tier's file for one arch. Thread-safe: one connection per thread."""
+
+    def __init__(self, path: Path, *, tier: str, readonly: bool) -> None:
+        self.path = Path(path)
+        self.tier = tier
+        self.readonly = readonly
+        self.usable = True  # False once the file proved unusable in this process
+        self._checked = False
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"KernelFile({str(self.path)!r}, tier={self.tier!r})"
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        if self.readonly:
+            uri = "file:" + urllib.parse.quote(str(self.path)) + "?mode=ro&immutable=1"
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        else:
+            uri = "file:" + urllib.parse.quote(str(self.path)) + "?mode=rw"
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def _conn(self) -> sqlite3.Connection | None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            return conn
+        if not self.usable or not self.path.exists():
+            return None
+        try:
+            conn = self._open()
+            if not self._checked:
+                self._check(conn)
+        except sqlite3.DatabaseError as err:
+            self._damaged(err)
+            return None
+        if not self.usable:
+            conn.close()
+            return None
+        self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def _check(self, conn: sqlite3.Connection) -> None:
+        """Once per process: is this a kdb file at a revision this code can read?"""
+        with self._lock:
+            if self._checked:
+                return
+            rev = migrate.revision_of(conn)
+            if rev == migrate.HEAD or (self.readonly and rev in migrate.REVISIONS):
+                self._checked = True
+                return
+            if rev is None and not self.readonly and _is_empty(conn):
+                self._checked = True  # created but not migrated yet: reads miss, writer migrates
+                return
+            if rev in migrate.REVISIONS and not self.readonly:
+                conn.close()
+                self._upgrade()
+                self._checked = True
+                return
+            self.usable = False
+            if rev is None:
+                faults.fault(
+                    f"{self.path} is not a kdb database (no schema revision); "
+                    + ("it is skipped" if self.readonly else "it is moved aside"),
+                    once=str(self.path),
+                )
+                if not self.readonly:
+                    self._quarantine()
+            else:
+                faults.fault(
+                    f"{self.path} has schema revision {rev!r}, newer than this kdb knows "
+                    f"({migrate.HEAD}); it is left untouched and kernels are compiled instead. "
+                    "Upgrade kdb (pip install -U kdb) or point KDB_CACHE_DIR elsewhere.",
+                    once=str(self.path),
+                )
+
+    def _upgrade(self) -> None:
+        with migrate.file_lock(self.path):
+            conn = self._open()
+            try:
+                rev = migrate.revision_of(conn)
+            finally:
+                conn.close()
+            if rev != migrate.HEAD:
+                migrate.upgrade_sqlite(self.path)
+
+    def _damaged(self, err: Exception) -> None:
+        self.usable = False
+        what = "skipped" if self.readonly else "moved aside and recreated"
+        faults.fault(f"{self.path} is damaged ({err}); it is {what}", once=str(self.path))
+        if not self.readonly:
+            self._quarantine()
+
+    def _quarantine(self) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            if src.exists():
+                try:
+                    src.rename(Path(f"{self.path}.corrupt-{stamp}{suffix}"))
+                except OSError:
+                    pass
+        self._local = threading.local()
+        self.usable = True  # the next write creates a fresh file
+        self._checked = False
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._local = threading.local()
+
+    # -- reads (hot path) -------------------------------------------------------------------
+
+    def fetch(self, key: str) -> Row | None:
+        conn = self._conn()
+        if conn is None:
+            return None
+        try:
+            row = conn.execute(_FETCH, (key,)).fetchone()
+        except sqlite3.DatabaseError as err:
+            if "no such table" in str(err):
+                return None  # a file the writer has created but not migrated yet
+            if "locked" in str(err) or "busy" in str(err):
+                faults.fault(f"{self.path} is locked ({err}); treating as a miss", once="locked")
+                return None
+            self.close()
+            self._damaged(err)
+            return None
+        return Row(*row) if row else None
+
+    def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
+        """Read-only query for the CLI and ``explain``; an unusable file yields no rows."""
+        conn = self._conn()
+        if conn is None:
+            return []
+        try:
+            return conn.execute(sql, tuple(params)).fetchall()
+        except sqlite3.DatabaseError as err:
+            if "no such table" in str(err):
+                return []
+            raise
+
+    # -- writes (background) ----------------------------------------------------------------
+
+    def ensure(self) -> sqlite3.Connection | None:
+        """A writable connection to a file at the head revision, creating it if needed."""
+        if self.readonly:
+            return None
+        conn = self._conn()
+        if conn is not None and self._checked and migrate.revision_of(conn) == migrate.HEAD:
+            return conn
+        if not self.usable:
+            return None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not self.path.exists():
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+                os.close(fd)
+            with migrate.file_lock(self.path):
+                probe = self._open()
+                try:
+                    rev = migrate.revision_of(probe)
+                    if rev is None and not _is_empty(probe):
+                        probe.close()
+                        self._damaged(sqlite3.DatabaseError("not a kdb database"))
+                        return None
+                    if rev is None:
+                        probe.execute("PRAGMA journal_mode=WAL")
+                finally:
+                    probe.close()
+                if rev != migrate.HEAD:
+                    if rev is not None and rev not in migrate.REVISIONS:
+                        self._checked = False
+                        self._conn()  # reports the future revision once
+                        return None
+                    migrate.upgrade_sqlite(self.path)
+        except sqlite3.DatabaseError as err:
+            self._damaged(err)
+            return None
+        except OSError as err:
+            self.usable = False
+            faults.fault(f"cannot write {self.path} ({err}); kernels will not be stored",
+                         once=str(self.path.parent))
+            return None
+        self.close()
+        self._checked = True
+        return self._conn()
+
+    def write(self, entries: list[Entry], logs: list[CompileRecord],
+              hits: dict[str, tuple[int, float]], counters: dict[str, float]) -> bool:
+        """Store entries, log rows, hit counts and counters in one short transaction."""
+        conn = self.ensure()
+        if conn is None:
+            return False
+        now = time.time()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            added = 0
+            for e in entries:
+                kind, blob = codec.encode(e.raw)
+                old = conn.execute("SELECT stored_size FROM kernels WHERE key = ?",
+                                   (e.key,)).fetchone()
+                added += len(blob) - (old[0] if old else 0)
+                conn.execute(
+                    "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
+                    "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
+                    "compile_seconds, created, last_access, hits) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0)",
+                    (e.key, e.arch, e.backend, e.name, e.attributes,
+                     json.dumps(e.details or {}, sort_keys=True), kind, blob, len(e.raw),
+                     len(blob), codec.checksum(e.raw), e.compile_seconds, now, now),
+                )
+            if added:
+                _bump_meta(conn, "stored_bytes", added)
+            for r in logs:
+                conn.execute(
+                    "INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
+                    "reason, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed, r.reason,
+                     r.pid),
+                )
+            for key, (n, last) in hits.items():
+                conn.execute(
+                    "UPDATE kernels SET hits = hits + ?, last_access = MAX(last_access, ?) "
+                    "WHERE key = ?", (n, last, key))
+            for name, delta in counters.items():
+                conn.execute(
+                    "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
+                    "DO UPDATE SET value = value + excluded.value", (name, delta))
+            conn.execute("COMMIT")
+            return True
+        except sqlite3.Error as err:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err):
+                self.close()
+                self._damaged(err)
+            else:
+                faults.fault(f"could not write to {self.path} ({err}); entries not stored",
+                             once="write:" + str(self.path))
+            return False
+
+    def delete(self, keys: Iterable[str]) -> int:
+        """Drop entries (corrupt, refused by the driver, or cleared); returns how many."""
+        conn = self.ensure() if self.path.exists() else None
+        if conn is None:
+            return 0
+        keys = list(keys)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            freed = removed = 0
+            for key in keys:
+                row = conn.execute("SELECT stored_size FROM kernels WHERE key = ?",
+                                   (key,)).fetchone()
+                if row:
+                    conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
+                    freed += row[0]
+                    removed += 1
+            if freed:
+                _bump_meta(conn, "stored_bytes", -freed)
+            conn.execute("COMMIT")
+            return removed
+        except sqlite3.Error as err:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            faults.fault(f"could not delete from {self.path} ({err})", once="del:" + str(self.path))
+            return 0
+
+
+def _is_empty(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+
+
+def _bump_meta(conn: sqlite3.Connection, name: str, delta: int) -> None:
+    conn.execute(
+        "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT(name) "
+        "DO UPDATE SET value = CAST(CAST(value AS INTEGER) + ? AS TEXT)",
+        (name, str(delta), delta),
+    )
