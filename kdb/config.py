@@ -24,9 +24,13 @@ ENV_CACHE_MAX_SIZE = "KDB_CACHE_MAX_SIZE"
 ENV_SHARED_URL = "KDB_SHARED_URL"
 ENV_STRICT = "KDB_STRICT"
 ENV_TRACE = "KDB_TRACE"
+ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
 
 #: Seconds a writer waits on a locked user database before giving up (and warning).
 BUSY_TIMEOUT_S = 5.0
+
+#: Seconds an exiting process may spend finishing its background stores.
+STORE_TIMEOUT_S = 120.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -43,6 +47,22 @@ def flag(name: str, explicit: bool | None = None) -> bool:
     if raw in _FALSE:
         return False
     raise ConfigError(f"{name}={os.environ[name]!r} is not a boolean; set it to 1 or 0")
+
+
+def store_timeout(explicit: float | None = None) -> float:
+    """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
+    if explicit is not None:
+        return float(explicit)
+    raw = os.environ.get(ENV_STORE_TIMEOUT, "").strip()
+    if not raw:
+        return STORE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_STORE_TIMEOUT}={raw!r} is not a number of seconds") from None
+    if value < 0:
+        raise ConfigError(f"{ENV_STORE_TIMEOUT}={raw!r} must be >= 0")
+    return value
 
 
 def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:

@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from . import background, config, discovery, faults, latency
@@ -60,17 +61,20 @@ class KernelDB:
     ``cache_dir`` is the user tier's root (default ``KDB_CACHE_DIR`` or the platform's user
     cache; files live in ``<cache_dir>/v<format major>/<arch>.kdb``). ``system_path`` adds
     directories searched for ``<arch>.kdb`` before installed packages (default
-    ``KDB_SYSTEM_DB_PATH``). ``disabled`` turns every tier off (default ``KDB_DISABLE_CACHE``).
+    ``KDB_SYSTEM_DB_PATH``). ``disabled`` turns every tier off (default ``KDB_DISABLE_CACHE``);
+    ``use_system=False`` consults the user tier only.
     """
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None,
                  system_path: str | os.PathLike[str] | list | None = None, *,
-                 disabled: bool | None = None, trace: bool | None = None) -> None:
+                 disabled: bool | None = None, trace: bool | None = None,
+                 use_system: bool = True) -> None:
         self.cache_root = config.cache_root(cache_dir)
         self.user_dir = config.user_dir(cache_dir)
         self.system_dirs = config.system_dirs(system_path)
         self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled)
         self.trace = config.flag(config.ENV_TRACE, trace)
+        self.use_system = use_system  # False: user tier only (``kdb pack`` builds this way)
         if self.trace:
             _enable_trace_output()
         self._system: dict[str, list[KernelFile]] = {}
@@ -79,6 +83,10 @@ class KernelDB:
         self._inflight: dict[str, bytes] = {}
         self._lock = threading.Lock()
         _instances.add(self)
+        # A KernelDB dropped without flush() must not lose its batched bookkeeping (hits,
+        # counters): write it when the instance is collected. Holds no reference to self.
+        weakref.finalize(self, _write_left_over, self._pending, self._lock, self._user,
+                         self.user_dir, self.disabled)
 
     def __repr__(self) -> str:
         return f"KernelDB(cache_dir={str(self.cache_root)!r})"
@@ -99,6 +107,9 @@ class KernelDB:
         files = self._system.get(arch)
         if files is None:
             config.check_arch(arch)
+            if not self.use_system:
+                files = self._system[arch] = []
+                return files
             srcs = discovery.sources_for(arch, self.system_dirs)
             files = self._system[arch] = [
                 KernelFile(s.path, tier="system", readonly=True) for s in srcs]
@@ -321,12 +332,33 @@ def default_db() -> KernelDB:
     return _default
 
 
-def _flush_all() -> None:
-    for db in list(_instances):
+def _write_left_over(pending: dict[str, _Pending], lock: threading.Lock,
+                     files: dict[str, KernelFile], user_dir: Path, disabled: bool) -> None:
+    """Write what a collected (or, at exit, still live) KernelDB left pending."""
+    with lock:
+        left = list(pending.items())
+        pending.clear()
+    if disabled:
+        return
+    for arch, p in left:
+        if p.empty():
+            continue
+        f = files.get(arch) or KernelFile(user_dir / f"{arch}.kdb", tier="user", readonly=False)
         try:
-            db.flush()
-        except Exception as err:  # noqa: BLE001 - never fail an exiting program
-            log.warning("kdb: could not write bookkeeping at exit: %s", err)
+            f.write(p.entries, p.logs, p.hits, p.counters)
+        except Exception as err:  # noqa: BLE001 - runs at collection or exit: never raise
+            log.warning("kdb: could not write bookkeeping: %s", err)
+
+
+def _flush_all() -> None:
+    """At exit: finish background stores within their budget, then write bookkeeping."""
+    background.finish()
+    for db in list(_instances):
+        for arch in list(db._pending):
+            try:
+                db._write(arch)
+            except Exception as err:  # noqa: BLE001 - never fail an exiting program
+                log.warning("kdb: could not write bookkeeping at exit: %s", err)
 
 
 atexit.register(_flush_all)

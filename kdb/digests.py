@@ -13,10 +13,12 @@ import json
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 _memo: dict[tuple[str, int, int], str] = {}
 _lock = threading.Lock()
+_SETTLED_S = 2.0
 
 
 def _hash_file(path: str) -> str:
@@ -34,7 +36,11 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     memo = (p, st.st_size, st.st_mtime_ns)
     digest = _memo.get(memo)
     if digest is None:
-        digest = _memo[memo] = _hash_file(p)
+        digest = _hash_file(p)
+        # A file written moments ago may be rewritten with the same size inside the file
+        # system's timestamp granularity (1-2 s on some): memoize only settled files.
+        if time.time() - st.st_mtime > _SETTLED_S:
+            _memo[memo] = digest
     return digest
 
 

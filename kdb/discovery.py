@@ -1,11 +1,11 @@
 """Finding system databases: ``<arch>.kdb`` in ``KDB_SYSTEM_DB_PATH`` and in installed packages.
 
 A package provides a system database by declaring an entry point in the group ``kdb.system``
-whose name is the arch id and whose value is ``package:file`` (``file`` inside the package's
-directory)::
+whose name is the arch id and whose value is a top-level package; the file is
+``<arch>.kdb`` in that package's directory::
 
     [project.entry-points."kdb.system"]
-    sm_90 = "kdb_system_sm_90:sm_90.kdb"
+    sm_90 = "kdb_system_sm_90"
 
 The file is found with :func:`importlib.util.find_spec`, without importing the package. The
 entry points are read straight from ``*.dist-info/entry_points.txt`` on ``sys.path``:
@@ -89,7 +89,9 @@ def entry_points(group: str = GROUP) -> list[_EntryPoint]:
             try:
                 with open(os.path.join(base or ".", d, "entry_points.txt"), encoding="utf-8") as f:
                     text = f.read()
-            except OSError:
+            except (OSError, UnicodeDecodeError) as err:  # a broken plugin is never fatal
+                if not isinstance(err, FileNotFoundError):
+                    log.warning("kdb: cannot read the entry points of %s (%s); skipped", d, err)
                 continue
             for name, value in _parse_group(text, group):
                 found.append(_EntryPoint(dist, version, name, value))
@@ -99,24 +101,22 @@ def entry_points(group: str = GROUP) -> list[_EntryPoint]:
 
 def _resolve(ep: _EntryPoint) -> SystemSource:
     origin = f"package {ep.dist} {ep.version}"
-    module, sep, filename = ep.value.partition(":")
-    module, filename = module.strip(), filename.strip()
+    module = ep.value.strip()
     try:
         arch = config.check_arch(ep.name)
     except Exception as err:  # noqa: BLE001 - a broken plugin must never be fatal
         return SystemSource(ep.name, Path(), origin, f"bad arch id: {err}")
-    if not sep or not module or not filename or "/" in filename or filename.startswith("."):
-        return SystemSource(arch, Path(), origin, f"entry point value {ep.value!r} is not 'package:file.kdb'")
+    if not module.isidentifier():
+        return SystemSource(arch, Path(), origin,
+                            f"entry point value {ep.value!r} is not a top-level package name")
     try:
-        spec = importlib.util.find_spec(module) if "." not in module else None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as err:
-        spec, why = None, str(err)
-    else:
-        why = "a top-level package is required" if "." in module else "package not found"
+        return SystemSource(arch, Path(), origin, f"cannot locate package {module!r}: {err}")
     locations = list(spec.submodule_search_locations or []) if spec else []
     if not locations:
-        return SystemSource(arch, Path(), origin, f"cannot locate package {module!r}: {why}")
-    path = Path(locations[0]) / filename
+        return SystemSource(arch, Path(), origin, f"package {module!r} not found")
+    path = Path(locations[0]) / f"{arch}.kdb"
     if not path.is_file():
         return SystemSource(arch, path, origin, "file missing")
     return SystemSource(arch, path, origin)

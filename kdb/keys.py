@@ -61,6 +61,17 @@ def _str_tuple(name: str, values: Iterable[Any] | str | None) -> tuple[str, ...]
     return tuple(out)
 
 
+def _str_pairs(name: str, values: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> tuple:
+    """``(str, str)`` pairs, sorted; other types raise (they have no stable JSON form)."""
+    pairs = _pairs(name, values)
+    for k, v in pairs:
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise UnsupportedTypeError(
+                f"{name} must hold (str, str) pairs; got ({type(k).__name__}, {type(v).__name__})"
+            )
+    return tuple(sorted(pairs))
+
+
 def _pairs(name: str, values: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None) -> tuple:
     if values is None:
         return ()
@@ -118,10 +129,10 @@ class HashAttributes:
         check_arch(self.arch)
         set_(self, "build_options", _str_tuple("build_options", self.build_options))
         set_(self, "internal_options", _str_tuple("internal_options", self.internal_options))
-        set_(self, "headers", tuple(sorted(_pairs("headers", self.headers))))
+        set_(self, "headers", _str_pairs("headers", self.headers))
         set_(self, "spec_constants", _pairs("spec_constants", self.spec_constants))
-        set_(self, "compiler", tuple(sorted(_pairs("compiler", self.compiler))))
-        set_(self, "environment", tuple(sorted(_pairs("environment", self.environment))))
+        set_(self, "compiler", _str_pairs("compiler", self.compiler))
+        set_(self, "environment", _str_pairs("environment", self.environment))
         if not isinstance(self.name, str):
             raise UnsupportedTypeError(f"name must be str, not {type(self.name).__name__}")
 
@@ -144,9 +155,16 @@ class HashAttributes:
         """Canonical bytes: sorted keys, no whitespace, UTF-8."""
         cached = self.__dict__.get("_encoded")
         if cached is None:
-            cached = json.dumps(
+            text = json.dumps(
                 self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-            ).encode("utf-8")
+            )
+            try:
+                cached = text.encode("utf-8")
+            except UnicodeEncodeError as err:  # lone surrogates, e.g. from surrogateescape
+                raise InvalidArgumentError(
+                    "an attribute holds text that is not valid Unicode (a lone surrogate); "
+                    "pass the program text and options as proper str"
+                ) from err
             object.__setattr__(self, "_encoded", cached)
         return cached
 

@@ -70,15 +70,25 @@ def file_lock(path: Path) -> Iterator[None]:
 def upgrade_sqlite(path: Path, revision: str = "head") -> None:
     """Create or upgrade the SQLite file at ``path`` to ``revision`` with alembic."""
     from alembic import command
-    from sqlalchemy import create_engine
+    from sqlalchemy import create_engine, event
     from sqlalchemy.pool import NullPool
 
     engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    # pysqlite commits before every DDL statement, so a failed or killed upgrade would leave
+    # a half-migrated file that never upgrades again. Let SQLAlchemy emit BEGIN itself, which
+    # makes the whole upgrade one transaction: SQLAlchemy's documented pysqlite recipe,
+    # docs.sqlalchemy.org/en/20/dialects/sqlite.html (serializable isolation, transactional DDL).
+    event.listen(engine, "connect", _no_pysqlite_transactions)
+    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
     try:
         with engine.begin() as conn:
             command.upgrade(alembic_config(connection=conn), revision)
     finally:
         engine.dispose()
+
+
+def _no_pysqlite_transactions(dbapi_conn, _record) -> None:
+    dbapi_conn.isolation_level = None
 
 
 def script_heads() -> list[str]:

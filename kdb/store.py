@@ -109,8 +109,8 @@ class KernelFile:
             return None
         try:
             conn = self._open()
-            if not self._checked:
-                self._check(conn)
+            if not self._checked and self._check(conn):
+                conn = self._open()  # _check closed it to upgrade the file
         except sqlite3.DatabaseError as err:
             self._damaged(err)
             return None
@@ -120,23 +120,26 @@ class KernelFile:
         self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
-    def _check(self, conn: sqlite3.Connection) -> None:
-        """Once per process: is this a kdb file at a revision this code can read?"""
+    def _check(self, conn: sqlite3.Connection) -> bool:
+        """Once per process: is this a kdb file at a revision this code can read?
+
+        Returns True when it upgraded the file, having closed ``conn`` to do so.
+        """
         with self._lock:
             if self._checked:
-                return
+                return False
             rev = migrate.revision_of(conn)
             if rev == migrate.HEAD or (self.readonly and rev in migrate.REVISIONS):
                 self._checked = True
-                return
+                return False
             if rev is None and not self.readonly and _is_empty(conn):
                 self._checked = True  # created but not migrated yet: reads miss, writer migrates
-                return
+                return False
             if rev in migrate.REVISIONS and not self.readonly:
                 conn.close()
                 self._upgrade()
                 self._checked = True
-                return
+                return True
             self.usable = False
             if rev is None:
                 faults.fault(
@@ -153,6 +156,7 @@ class KernelFile:
                     "Upgrade kdb (pip install -U kdb) or point KDB_CACHE_DIR elsewhere.",
                     once=str(self.path),
                 )
+            return False
 
     def _upgrade(self) -> None:
         with migrate.file_lock(self.path):
@@ -162,7 +166,21 @@ class KernelFile:
             finally:
                 conn.close()
             if rev != migrate.HEAD:
-                migrate.upgrade_sqlite(self.path)
+                self._migrate()
+
+    def _migrate(self) -> bool:
+        """Bring the file to the head revision with alembic; a failure is a fault, not fatal."""
+        try:
+            migrate.upgrade_sqlite(self.path)
+        except Exception as err:  # noqa: BLE001 - SQLAlchemy/alembic errors must not propagate
+            self.usable = False
+            faults.fault(
+                f"{self.path} could not be upgraded to schema revision {migrate.HEAD} ({err}); "
+                "it is left as is and kernels are compiled instead. Delete it to start afresh.",
+                once="upgrade:" + str(self.path),
+            )
+            return False
+        return True
 
     def _damaged(self, err: Exception) -> None:
         self.usable = False
@@ -254,7 +272,8 @@ class KernelFile:
                         self._checked = False
                         self._conn()  # reports the future revision once
                         return None
-                    migrate.upgrade_sqlite(self.path)
+                    if not self._migrate():
+                        return None
         except sqlite3.DatabaseError as err:
             self._damaged(err)
             return None

@@ -1,0 +1,384 @@
+"""The ``kdb`` command line: thin commands over :mod:`kdb.report` (open, call, print).
+
+Every command reads the user tier from ``--cache-dir``, else ``KDB_CACHE_DIR``, else the
+platform's user cache; system databases from ``KDB_SYSTEM_DB_PATH`` and installed packages.
+Library errors (:class:`kdb.KdbError`) become one clean line and a non-zero exit, mapped in
+:class:`_Group` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from . import __version__, config, report
+from .errors import KdbError
+
+
+class _Group(click.Group):
+    """Maps library errors to clean messages (exit code 1, no traceback), in one place."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KdbError as err:
+            raise click.ClickException(str(err)) from err
+        except BrokenPipeError:
+            raise
+        except (sqlite3.Error, OSError) as err:
+            raise click.ClickException(f"{type(err).__name__}: {err}") from err
+
+
+@dataclass(frozen=True)
+class _Settings:
+    cache_root: Path
+    user_dir: Path
+    explicit: bool  # --cache-dir given
+
+
+def _json_option(func):
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print JSON instead of a table.")(func)
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="User tier root (overrides KDB_CACHE_DIR).")
+@click.version_option(__version__, prog_name="kdb")
+@click.pass_context
+def cli(ctx: click.Context, cache_dir: Path | None) -> None:
+    """kdb: a database of compiled GPU kernel binaries.
+
+    The user tier lives in <cache dir>/v1/<arch>.kdb (--cache-dir, else KDB_CACHE_DIR);
+    read-only system databases come from KDB_SYSTEM_DB_PATH and installed packages.
+
+    \b
+    Example:
+        kdb info
+    """
+    ctx.obj = _Settings(config.cache_root(cache_dir), config.user_dir(cache_dir),
+                        cache_dir is not None)
+
+
+# -- formatting -----------------------------------------------------------------------------
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _table(headers: Sequence[str], rows: list[Sequence[Any]]) -> None:
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    for r in [list(headers)] + cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+# -- commands -------------------------------------------------------------------------------
+
+@cli.command()
+@_json_option
+@click.pass_obj
+def info(obj: _Settings, as_json: bool) -> None:
+    """Devices, arch ids, and every tier's files with their size and entry count.
+
+    Lists the OpenCL devices (when pyopencl is installed) with their arch ids and compiler,
+    the user tier's files, the system databases found, and which device has none.
+
+    \b
+    Example:
+        kdb info --json
+    """
+    data = report.info(obj.user_dir, obj.cache_root)
+    if as_json:
+        _emit_json(data)
+        return
+    click.echo(f"kdb {data['version']} (schema {data['schema_head']})")
+    source = "--cache-dir" if obj.explicit else (
+        config.ENV_CACHE_DIR if os.environ.get(config.ENV_CACHE_DIR) else "default")
+    click.echo(f"cache root: {data['cache_root']} ({source})"
+               + ("  [disabled: KDB_DISABLE_CACHE]" if data["disabled"] else ""))
+    click.echo(f"user tier:  {data['user_dir']}")
+    if not data["user_files"]:
+        click.echo("  (no files yet)")
+    for f in data["user_files"]:
+        click.echo(f"  {Path(f['path']).name}  rev {f['revision'] or '-'}  "
+                   f"{f['entries']} entries  {_bytes(f['size'])}"
+                   + (f"  [{f['problem']}]" if f["problem"] else ""))
+    click.echo(f"system path ({config.ENV_SYSTEM_DB_PATH}): "
+               + (os.pathsep.join(data["system_path"]) or "not set"))
+    click.echo("system databases:")
+    if not data["system_databases"]:
+        click.echo("  (none found)")
+    for s in data["system_databases"]:
+        size = f"{s['entries']} entries  {_bytes(s['size'])}  " if not s["problem"] else ""
+        click.echo(f"  {s['arch']}  {s['path']}  {size}({s['origin']})"
+                   + (f"  [BROKEN: {s['problem']}]" if s["problem"] else ""))
+    click.echo("OpenCL devices:")
+    if data["devices_note"]:
+        click.echo(f"  ({data['devices_note']})")
+    for d in data["devices"]:
+        click.echo(f"  {d['platform']} / {d['device']}")
+        if d["problem"]:
+            click.echo(f"    problem:   {d['problem']}")
+            continue
+        click.echo(f"    arch:      {d['arch']}")
+        click.echo(f"    compiler:  {d['compiler']}")
+        click.echo("    system db: " + ("found" if d["system_db"] else
+                                         f"MISSING ({d['arch']}.kdb): kernels compile at "
+                                         "first use"))
+
+
+@cli.command("ls")
+@click.option("--arch", default=None, help="Only this arch id.")
+@click.option("--tier", type=click.Choice(["user", "system"]), default=None,
+              help="Only this tier.")
+@_json_option
+@click.pass_obj
+def ls_(obj: _Settings, arch: str | None, tier: str | None, as_json: bool) -> None:
+    """List stored kernels: key, name, arch, back end, sizes, hits, last access, created.
+
+    \b
+    Example:
+        kdb ls --arch pocl-x86_64-znver3 --tier user
+    """
+    rows = report.entries(obj.user_dir, arch, tier)
+    if as_json:
+        _emit_json(rows)
+        return
+    if not rows:
+        click.echo("no entries")
+        return
+    _table(["KEY", "NAME", "ARCH", "BACKEND", "TIER", "RAW", "STORED", "HITS",
+            "LAST ACCESS", "CREATED"],
+           [[r["key"][:12], _cut(r["name"] or "-", 32), r["arch"], r["backend"], r["tier"],
+             _bytes(r["raw_size"]), _bytes(r["stored_size"]), r["hits"],
+             _when(r["last_access"]), _when(r["created"])] for r in rows])
+
+
+@cli.command()
+@click.option("--arch", default=None, help="Only this arch id.")
+@_json_option
+@click.pass_obj
+def stats(obj: _Settings, arch: str | None, as_json: bool) -> None:
+    """Hits per tier, misses, compiles, seconds compiling and saved, sizes; per arch and total.
+
+    \b
+    Example:
+        kdb stats --json
+    """
+    data = report.stats(obj.user_dir, arch)
+    if as_json:
+        _emit_json(data)
+        return
+
+    def row(name: str, s: dict[str, Any]) -> list[Any]:
+        return [name, s["hits"]["system"], s["hits"]["user"], s["misses"], s["compiles"],
+                f"{s['compile_seconds']:.2f}", f"{s['saved_seconds']:.2f}", s["entries"],
+                s["system_entries"], _bytes(s["stored_bytes"]), _bytes(s["raw_bytes"])]
+
+    _table(["ARCH", "HITS SYSTEM", "HITS USER", "MISSES", "COMPILES", "COMPILE S", "SAVED S",
+            "ENTRIES", "SYSTEM ENTRIES", "STORED", "RAW"],
+           [row(a, s) for a, s in data["arches"].items()] + [row("total", data)])
+
+
+@cli.command("log")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Most recent compiles to show.")
+@click.option("--arch", default=None, help="Only this arch id.")
+@_json_option
+@click.pass_obj
+def log_(obj: _Settings, limit: int, arch: str | None, as_json: bool) -> None:
+    """The start-up latency log: every compile kdb performed, newest first.
+
+    \b
+    Example:
+        kdb log --limit 20 --json
+    """
+    rows = report.compile_log(obj.user_dir, limit, arch)
+    if as_json:
+        _emit_json(rows)
+        return
+    if not rows:
+        click.echo("no compiles recorded")
+        return
+    _table(["WHEN", "NAME", "ARCH", "SECONDS", "MISSED", "REASON", "PID", "KEY"],
+           [[_when(r["at"]), _cut(r["name"] or "-", 32), r["arch"], f"{r['seconds']:.3f}",
+             ",".join(r["missed"]) or "-", r["reason"] or "-", r["pid"], r["key"][:12]]
+            for r in rows])
+
+
+@cli.command()
+@click.argument("key_or_name")
+@click.option("--nearest", type=click.IntRange(min=1), default=5, show_default=True,
+              help="How many nearest stored entries to show.")
+@_json_option
+@click.pass_obj
+def explain(obj: _Settings, key_or_name: str, nearest: int, as_json: bool) -> None:
+    """Why a kernel missed: its compiles, and the nearest stored entries with what differs.
+
+    KEY_OR_NAME is a key prefix (from `kdb ls` or `kdb log`) or a kernel name.
+
+    \b
+    Example:
+        kdb explain 3f2a9c41
+    """
+    data = report.explain(obj.user_dir, key_or_name, nearest)
+    if as_json:
+        _emit_json(data)
+        return
+    click.echo(f"kernel:   {data['name'] or '-'}  (key {data['key'][:16]}, arch {data['arch']}, "
+               f"back end {data['backend']})")
+    for e in data["entries"]:
+        click.echo(f"stored:   {e['tier']} tier, {e['path']}, created {_when(e['created'])}, "
+                   f"{e['hits']} hits")
+    if not data["entries"]:
+        click.echo("stored:   no (the compile's binary was not stored)")
+    recs = data["compiles"]
+    if recs:
+        r = recs[0]
+        click.echo(f"compiled: {len(recs)} time(s); latest {_when(r['at'])}, {r['seconds']:.3f} s "
+                   f"by pid {r['pid']}, missed {','.join(r['missed']) or '-'}: "
+                   f"{r['reason'] or '-'}")
+    else:
+        click.echo("compiled: no compile recorded for this key (it was stored by a put or "
+                   "a package)")
+    details = data["entry"]["details"] if data["entry"] else None
+    if details:
+        click.echo("details:  " + "\n          ".join(
+            f"{k}: {v}" for k, v in (details.items() if isinstance(details, dict)
+                                     else [("", details)])))
+    click.echo(f"why:      {data['why']}")
+    near = data["nearest"]
+    if not near:
+        click.echo(f"nearest:  none: no other entry named {data['name']!r} or for "
+                   f"{data['backend']} on {data['arch']} (it was never compiled before)")
+    else:
+        click.echo(f"nearest stored entries ({len(near)} of {data['candidates']}):")
+        for e in near:
+            head = (f"  {e['key'][:12]}  {e['name'] or '-'}  {e['tier']}  "
+                    f"created {_when(e['created'])}")
+            if e["differs"] is None:
+                click.echo(head + "  (attributes of this compile unknown)")
+                continue
+            click.echo(head + f"  differs in {len(e['differs'])}: "
+                       + ", ".join(e["differs"]))
+            for k, how in e["differs"].items():
+                click.echo(f"      {k}: {how}")
+    if data["other_matches"]:
+        click.echo(f"also matching {key_or_name!r}: "
+                   + ", ".join(k[:12] for k in data["other_matches"][:8])
+                   + (" ..." if len(data["other_matches"]) > 8 else ""))
+
+
+@cli.command()
+@click.option("--arch", default=None, help="Only this arch id's files.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def clear(obj: _Settings, arch: str | None, yes: bool) -> None:
+    """Delete the user tier's files (all, or one arch's). System databases are never touched.
+
+    \b
+    Example:
+        kdb clear --arch pocl-x86_64-znver3 --yes
+    """
+    paths = report.clearable(obj.user_dir, arch)
+    if not paths:
+        click.echo(f"nothing to clear in {obj.user_dir}")
+        return
+    for p in paths:
+        click.echo(f"  {p}")
+    if not yes:
+        click.confirm(f"Delete these {len(paths)} file(s)?", abort=True)
+    removed = report.clear(paths)
+    click.echo(f"removed {len(removed)} file(s) from {obj.user_dir}")
+
+
+@cli.command("migrate")
+@click.option("--check", is_flag=True,
+              help="Only report; exit with status 1 if a file needs an upgrade.")
+@_json_option
+@click.pass_context
+def migrate_(ctx: click.Context, check: bool, as_json: bool) -> None:
+    """Upgrade every user file to this kdb's schema revision (alembic).
+
+    Files are also upgraded on their next write; this does it now, for all of them.
+
+    \b
+    Example:
+        kdb migrate --check
+    """
+    obj: _Settings = ctx.obj
+    rows = report.migrate_files(obj.user_dir, check)
+    if as_json:
+        _emit_json(rows)
+    elif not rows:
+        click.echo(f"no user files in {obj.user_dir}")
+    else:
+        for r in rows:
+            change = (f"{r['from']} -> {r['to']}" if r["from"] != r["to"]
+                      else f"{r['from'] or '-'}")
+            click.echo(f"{r['path']}: {change} {r['action']}"
+                       + (f" ({r['problem']})" if r["problem"] else ""))
+    if check and any(r["action"] == "needs upgrade" for r in rows):
+        ctx.exit(1)
+
+
+@cli.command()
+@click.option("--kernels", type=click.IntRange(min=1), default=None,
+              help="How many programs to build (default: the demo's full set).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the results as JSON to this file.")
+@click.option("--keep", is_flag=True, help="Keep the demo's temporary kdb cache.")
+@click.pass_context
+def demo(ctx: click.Context, kernels: int | None, json_out: str | None, keep: bool) -> None:
+    """Run real OpenCL kernels in fresh processes, cold then warm, and print the speed-up.
+
+    The cache is --cache-dir, else KDB_CACHE_DIR, else a temporary directory.
+
+    \b
+    Example:
+        kdb demo --json demo.json
+    """
+    try:
+        from .demo import main as demo_main
+    except ImportError as err:
+        raise click.ClickException(f"kdb demo is not available here: {err}") from err
+    obj: _Settings = ctx.obj
+    extra: dict[str, Any] = {}
+    if obj.explicit:
+        extra["cache_dir"] = str(obj.cache_root)
+    if keep:
+        extra["keep"] = True
+    ctx.exit(demo_main(kernels=kernels, json_out=json_out, **extra) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``kdb`` script."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="kdb")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,378 @@
+"""``kdb pack``: build read-only system databases (``<arch>.kdb``) and wrap each in a wheel.
+
+Kernels come from a TOML manifest (compiled here, through the same back end a framework
+uses at run time, so the keys match), from a user database, or from the start-up latency
+log (exactly the kernels that were compiled at start-up). The output file is written at the
+head schema revision with ``journal_mode=DELETE`` (a WAL file cannot be opened read-only),
+vacuumed, renamed into place, and then opened read-only to prove every entry decodes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from . import codec, config, latency, migrate
+from .errors import CompileError, InvalidArgumentError, KdbError
+from .store import KernelFile
+
+#: Columns copied from a user file into a system file (every column of ``kernels``).
+_COLUMNS = ("key, arch, backend, name, attributes, details, codec, dict_id, blob, raw_size, "
+            "stored_size, checksum, compile_seconds, created, last_access, hits")
+
+
+class PackError(KdbError):
+    """Building a system database failed; the message names the kernel or input at fault."""
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel of a manifest: what to compile, with which options, for which arches."""
+
+    name: str
+    source: str
+    options: tuple[str, ...] = ()
+    include_dirs: tuple[str, ...] = ()
+    backend: str = "opencl"
+    arches: tuple[str, ...] = ()  # empty: every arch being packed
+
+    def build_options(self) -> list[str]:
+        """Options as passed to the back end: the manifest's options, then ``-I`` dirs."""
+        opts = list(self.options)
+        for d in self.include_dirs:
+            opts += ["-I", d]
+        return opts
+
+
+@dataclass
+class PackResult:
+    """What one arch's pack produced."""
+
+    arch: str
+    path: Path
+    entries: int = 0
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+    seconds: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (kernel, build log)
+    wheel: Path | None = None
+
+
+Progress = Callable[[int, int, str], None]  # (done, total, current kernel)
+
+
+# -- manifests ----------------------------------------------------------------------------
+
+def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
+    """Read a manifest. Relative ``file`` and ``include_dirs`` are relative to the manifest.
+
+    Format::
+
+        [defaults]                     # optional, applies to every kernel
+        options = ["-cl-mad-enable"]
+        include_dirs = ["include"]
+
+        [[kernel]]
+        name = "axpy"
+        file = "kernels/axpy.cl"       # or: source = "..."
+        options = ["-DT=float"]
+        defines = { N = 64 }           # appended as -DN=64
+        arches = ["pocl-x86_64-znver3"]  # optional subset
+    """
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidArgumentError(f"manifest {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InvalidArgumentError(f"manifest {path} is not valid TOML: {err}") from err
+    base = path.resolve().parent
+    defaults = data.get("defaults", {})
+    kernels = data.get("kernel", [])
+    if not isinstance(kernels, list) or not kernels:
+        raise InvalidArgumentError(f"manifest {path} lists no [[kernel]] tables")
+    specs, names = [], set()
+    for i, k in enumerate(kernels):
+        where = f"manifest {path}, kernel #{i + 1}"
+        if not isinstance(k, dict):
+            raise InvalidArgumentError(f"{where}: expected a table")
+        unknown = set(k) - {"name", "file", "source", "options", "defines", "include_dirs",
+                            "backend", "arches"}
+        if unknown:
+            raise InvalidArgumentError(f"{where}: unknown keys {sorted(unknown)}")
+        name = k.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"{where}: 'name' (a string) is required")
+        if name in names:
+            raise InvalidArgumentError(f"{where}: duplicate kernel name {name!r}")
+        names.add(name)
+        if ("file" in k) == ("source" in k):
+            raise InvalidArgumentError(f"{where} ({name}): give exactly one of 'file' or 'source'")
+        if "file" in k:
+            src_path = base / k["file"]
+            try:
+                source = src_path.read_text(encoding="utf-8")
+            except OSError as err:
+                raise InvalidArgumentError(f"{where} ({name}): cannot read {src_path}: {err}") from err
+        else:
+            source = k["source"]
+        options = [*_strings(defaults.get("options", []), where, "defaults.options"),
+                   *_strings(k.get("options", []), where, "options")]
+        defines = k.get("defines", {})
+        if not isinstance(defines, dict):
+            raise InvalidArgumentError(f"{where} ({name}): 'defines' must be a table")
+        options += [f"-D{key}={_define(v)}" for key, v in defines.items()]
+        dirs = [str((base / d).resolve()) for d in
+                (*_strings(defaults.get("include_dirs", []), where, "defaults.include_dirs"),
+                 *_strings(k.get("include_dirs", []), where, "include_dirs"))]
+        arches = tuple(config.check_arch(a) for a in _strings(k.get("arches", []), where, "arches"))
+        specs.append(KernelSpec(name, source, tuple(options), tuple(dirs),
+                                k.get("backend", defaults.get("backend", "opencl")), arches))
+    return specs
+
+
+def _strings(value: object, where: str, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidArgumentError(f"{where}: '{what}' must be a list of strings")
+    return value
+
+
+def _define(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+# -- compiling a manifest -----------------------------------------------------------------
+
+def opencl_arches() -> dict[str, object]:
+    """``{arch id: device}`` of the OpenCL devices present (first device per arch)."""
+    try:
+        import pyopencl as cl
+    except ImportError:
+        return {}
+    from .backends.opencl import arch_of
+
+    found: dict[str, object] = {}
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        return {}
+    for plat in platforms:
+        for dev in plat.get_devices():
+            found.setdefault(arch_of(dev), dev)
+    return found
+
+
+def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
+                     keep_going: bool = False, progress: Progress | None = None
+                     ) -> tuple[Path, list[tuple[str, str]]]:
+    """Compile the specs for ``arch`` into a user file under ``work_dir``; returns its path
+    and the failures ``(kernel name, build log)``."""
+    from .db import KernelDB
+
+    todo = [s for s in specs if not s.arches or arch in s.arches]
+    backends = {s.backend for s in todo}
+    if backends - {"opencl"}:
+        raise PackError(f"back end(s) {sorted(backends - {'opencl'})} cannot be packed by this "
+                        "kdb yet; only 'opencl' kernels are supported")
+    devices = opencl_arches()
+    if arch not in devices:
+        present = ", ".join(sorted(devices)) or "none"
+        raise PackError(f"no OpenCL device of arch {arch!r} is present, and OpenCL kernels "
+                        f"compile on the device; arches present here: {present}")
+    import pyopencl as cl
+
+    from .backends.opencl import build
+
+    ctx = cl.Context([devices[arch]])
+    db = KernelDB(cache_dir=work_dir, system_path=[], use_system=False, disabled=False)
+    failures: list[tuple[str, str]] = []
+    for i, spec in enumerate(todo):
+        if progress:
+            progress(i, len(todo), spec.name)
+        try:
+            build(ctx, spec.source, spec.build_options(), db=db, name=spec.name)
+        except CompileError as err:
+            failures.append((spec.name, err.log))
+            if not keep_going:
+                break
+    if progress:
+        progress(len(todo), len(todo), "")
+    db.close()
+    # These compiles are the product, not a slow start-up: keep them out of the exit summary.
+    latency.reset()
+    return db.user_file(arch).path, failures
+
+
+# -- writing a system file ----------------------------------------------------------------
+
+def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
+                    keys: set[str] | None = None) -> PackResult:
+    """Copy the ``arch`` entries of ``sources`` (only ``keys`` if given) into ``dest``."""
+    from . import __version__
+
+    config.check_arch(arch)
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{arch}-", suffix=".kdb", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        migrate.upgrade_sqlite(tmp)
+        conn = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.execute("BEGIN")
+            for n, src in enumerate(sources):
+                if not Path(src).is_file():
+                    raise PackError(f"source database {src} does not exist")
+                conn.execute(f"ATTACH DATABASE ? AS src{n}", (f"file:{src}?mode=ro",))
+                if keys is None:
+                    conn.execute(f"INSERT OR IGNORE INTO kernels ({_COLUMNS}) SELECT {_COLUMNS} "
+                                 f"FROM src{n}.kernels WHERE arch = ?", (arch,))
+                else:
+                    for key in keys:
+                        conn.execute(f"INSERT OR IGNORE INTO kernels ({_COLUMNS}) SELECT "
+                                     f"{_COLUMNS} FROM src{n}.kernels WHERE arch = ? AND key = ?",
+                                     (arch, key))
+            conn.execute("UPDATE kernels SET hits = 0, last_access = created")
+            count, raw, stored = conn.execute(
+                "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
+                "FROM kernels").fetchone()
+            for name, value in (("arch", arch), ("format", str(config.FORMAT_MAJOR)),
+                                ("kdb_version", __version__), ("stored_bytes", str(stored)),
+                                ("created", str(time.time()))):
+                conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
+                             (name, value))
+            conn.execute("COMMIT")
+            for n, _ in enumerate(sources):
+                conn.execute(f"DETACH DATABASE src{n}")
+            conn.execute("VACUUM")
+        finally:
+            conn.close()
+        if count == 0:
+            raise PackError(f"no kernels for arch {arch!r} in the given input; nothing to pack")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _verify(dest, count)
+    return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored)
+
+
+def _verify(path: Path, expected: int) -> None:
+    """Open the file read-only, as kdb will at run time, and decode every entry."""
+    f = KernelFile(path, tier="system", readonly=True)
+    try:
+        rows = f.query("SELECT key, codec, blob, raw_size, checksum FROM kernels")
+        if len(rows) != expected:
+            raise PackError(f"{path}: wrote {expected} entries but read back {len(rows)}")
+        for key, kind, blob, raw_size, digest in rows:
+            if codec.decode(kind, blob, raw_size, digest) is None:
+                raise PackError(f"{path}: entry {key[:16]} does not decode; the file is bad")
+        mode = f.query("PRAGMA journal_mode")[0][0]
+        if mode.lower() == "wal":
+            raise PackError(f"{path} is in WAL mode; a system file must use a rollback journal")
+    finally:
+        f.close()
+
+
+def log_keys(user_file: Path, since: float | None = None) -> set[str]:
+    """Keys of the start-up latency log of a user file (optionally since a time)."""
+    f = KernelFile(user_file, tier="user", readonly=False)  # immutable=1 would skip the WAL
+    try:
+        if since is None:
+            rows = f.query("SELECT DISTINCT key FROM compile_log")
+        else:
+            rows = f.query("SELECT DISTINCT key FROM compile_log WHERE at >= ?", (since,))
+    finally:
+        f.close()
+    return {r[0] for r in rows}
+
+
+# -- the whole job ------------------------------------------------------------------------
+
+def resolve_arches(arches: Iterable[str]) -> list[str]:
+    """Arch ids to pack; ``native`` stands for the arches of the OpenCL devices present."""
+    out: list[str] = []
+    for a in arches:
+        if a == "native":
+            present = sorted(opencl_arches())
+            if not present:
+                raise PackError("--arch native: no OpenCL device is present here")
+            out += present
+        else:
+            out.append(config.check_arch(a))
+    if not out:
+        raise InvalidArgumentError("give at least one --arch (or --arch native)")
+    return list(dict.fromkeys(out))
+
+
+def user_db_file(source: str | os.PathLike[str] | None, arch: str) -> Path:
+    """The user file of ``arch`` named by ``--from-db``: a file, a cache dir, or the default."""
+    if source is None:
+        return config.user_dir() / f"{arch}.kdb"
+    p = Path(source).expanduser()
+    if p.is_file():
+        return p
+    for candidate in (p / f"v{config.FORMAT_MAJOR}" / f"{arch}.kdb", p / f"{arch}.kdb"):
+        if candidate.is_file():
+            return candidate
+    raise PackError(f"--from-db {source}: no database for arch {arch!r} there (looked for "
+                    f"{p / f'v{config.FORMAT_MAJOR}' / f'{arch}.kdb'} and {p / f'{arch}.kdb'})")
+
+
+def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str | None = None,
+         manifest: str | os.PathLike[str] | None = None,
+         from_db: str | os.PathLike[str] | None = None, from_log: bool = False,
+         keep_going: bool = False, progress: Progress | None = None,
+         on_arch: Callable[[str], None] | None = None) -> list[PackResult]:
+    """Build ``<arch>.kdb`` for every arch from one input, and a wheel each if ``version``.
+
+    Exactly one input: ``manifest`` (compiled here), ``from_db`` (copy a user database) or
+    ``from_log`` (copy the kernels of the start-up latency log of ``from_db``'s database).
+    """
+    if sum(x for x in (manifest is not None, from_log, from_db is not None and not from_log)) != 1:
+        raise InvalidArgumentError("give exactly one input: --manifest FILE, --from-db [PATH] "
+                                   "or --from-log")
+    from .wheel import build_wheel
+
+    out = Path(out_dir)
+    specs = load_manifest(manifest) if manifest is not None else None
+    results = []
+    for arch in resolve_arches(arches):
+        if on_arch:
+            on_arch(arch)
+        start = time.perf_counter()
+        failures: list[tuple[str, str]] = []
+        with tempfile.TemporaryDirectory(prefix="kdb-pack-") as work:
+            if specs is not None:
+                src, failures = compile_manifest(specs, arch, Path(work), keep_going=keep_going,
+                                                 progress=progress)
+                if failures and not keep_going:
+                    name, log = failures[0]
+                    raise PackError(f"kernel {name!r} failed to compile for {arch}; fix it or "
+                                    f"pass --keep-going to pack the rest:\n{log.rstrip()}")
+                keys = None
+            else:
+                src = user_db_file(from_db, arch)
+                keys = log_keys(src) if from_log else None
+                if from_log and not keys:
+                    raise PackError(f"the start-up latency log of {src} is empty for {arch}")
+            result = write_system_db(out / f"{arch}.kdb", arch, [src], keys)
+        result.failures = failures
+        if version is not None:
+            result.wheel = build_wheel(result.path, arch, version, out)
+        result.seconds = time.perf_counter() - start
+        results.append(result)
+    return results

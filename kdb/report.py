@@ -1,0 +1,593 @@
+"""What the ``kdb`` command line reports: files, entries, counters, the compile log, explain.
+
+Each function reads the tier files with plain :mod:`sqlite3` and returns plain data (lists and
+dicts of JSON-ready values); :mod:`kdb.cli` only formats and prints them. User files are
+opened ``mode=ro`` (a WAL file's recent commits are visible; nothing is migrated or
+written), system files ``mode=ro&immutable=1`` as on the hot path. Only :func:`migrate_files`
+and :func:`clear` change anything, and never a system file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import sqlite3
+import urllib.parse
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import config, discovery, migrate
+from .errors import InvalidArgumentError
+from .keys import differences
+
+log = logging.getLogger("kdb")
+
+#: Counters kept in each user file's ``counters`` table (written by :mod:`kdb.db`).
+COUNTERS = ("hits.system", "hits.user", "misses", "compiles", "compile_seconds",
+            "saved_seconds")
+_HEX_RE = re.compile(r"[0-9a-f]{4,64}\Z")
+_SIDE_FILES = ("-wal", "-shm", ".lock")
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """One tier file as ``kdb info`` shows it."""
+
+    arch: str
+    path: str
+    tier: str  # "user" or "system"
+    origin: str  # "user dir", "KDB_SYSTEM_DB_PATH" or "package <dist> <version>"
+    size: int  # bytes on disk, the WAL included
+    entries: int
+    revision: str | None
+    problem: str = ""
+
+
+# -- opening files --------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _reading(path: Path, tier: str) -> Iterator[sqlite3.Connection]:
+    """A read-only connection; system files are immutable, user files may be in use."""
+    mode = "ro&immutable=1" if tier == "system" else "ro"
+    uri = "file:" + urllib.parse.quote(str(path)) + "?mode=" + mode
+    conn = sqlite3.connect(uri, uri=True, timeout=config.BUSY_TIMEOUT_S)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows of a read-only query; a table an older revision lacks yields none."""
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as err:
+        if "no such table" in str(err) or "no such column" in str(err):
+            return []
+        raise
+
+
+def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    return any(r[1] == column for r in conn.execute(f"PRAGMA table_info({table})"))
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for suffix in ("", "-wal"):
+        try:
+            total += os.stat(str(path) + suffix).st_size
+        except OSError:
+            pass
+    return total
+
+
+def user_files(user_dir: Path, arch: str | None = None) -> list[Path]:
+    """The user tier's ``<arch>.kdb`` files, sorted (only ``arch``'s when given)."""
+    if arch is not None:
+        config.check_arch(arch)
+        path = user_dir / f"{arch}.kdb"
+        return [path] if path.is_file() else []
+    try:
+        names = sorted(os.listdir(user_dir))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if n.endswith(".kdb") and (user_dir / n).is_file():
+            try:
+                config.check_arch(n[: -len(".kdb")])
+            except InvalidArgumentError:
+                continue
+            out.append(user_dir / n)
+    return out
+
+
+def _tier_files(user_dir: Path, arch: str | None,
+                tier: str | None) -> list[tuple[str, Path, str]]:
+    """(tier, path, arch) of every usable file: system files first, as a lookup reads them."""
+    if arch is not None:
+        config.check_arch(arch)
+    out: list[tuple[str, Path, str]] = []
+    if tier in (None, "system"):
+        for src in discovery.all_sources():
+            if not src.problem and (arch is None or src.arch == arch):
+                out.append(("system", src.path, src.arch))
+    if tier in (None, "user"):
+        out += [("user", p, p.name[: -len(".kdb")]) for p in user_files(user_dir, arch)]
+    return out
+
+
+def describe_file(path: Path, tier: str, arch: str, origin: str) -> FileReport:
+    """Size, entry count and revision of one file; ``problem`` says why it is unusable."""
+    size = _size(path)
+    try:
+        with _reading(path, tier) as conn:
+            rev = migrate.revision_of(conn)
+            entries = _rows(conn, "SELECT count(*) FROM kernels")
+    except sqlite3.DatabaseError as err:
+        return FileReport(arch, str(path), tier, origin, size, 0, None, f"unreadable: {err}")
+    count = entries[0][0] if entries else 0
+    problem = ""
+    if rev is None:
+        problem = "empty (created, not yet written)" if not entries and size == 0 \
+            else "not a kdb database (no schema revision)"
+    elif rev not in migrate.REVISIONS:
+        problem = f"schema revision {rev} is newer than this kdb ({migrate.HEAD}); upgrade kdb"
+    elif rev != migrate.HEAD and tier == "user":
+        problem = f"at revision {rev}; upgraded on next write or by `kdb migrate`"
+    return FileReport(arch, str(path), tier, origin, size, count, rev, problem)
+
+
+# -- info -----------------------------------------------------------------------------------
+
+def opencl_devices(memo_dir: Path) -> tuple[list[dict[str, Any]], str]:
+    """OpenCL devices with their arch ids and compiler identity, and a note if there are none.
+
+    pyopencl is optional: without it (or without a platform) the list is empty and the note
+    says why.
+    """
+    try:
+        import pyopencl as cl
+
+        from .backends.opencl import arch_of, compiler_identity
+    except ImportError as err:
+        return [], f"pyopencl is not installed ({err}); pip install 'pyopencl[pocl]'"
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as err:
+        return [], f"no OpenCL platform found ({err})"
+    out: list[dict[str, Any]] = []
+    for plat in platforms:
+        try:
+            devices = plat.get_devices()
+        except cl.Error as err:
+            out.append({"platform": plat.name, "device": "", "arch": None, "compiler": "",
+                        "identity": {}, "problem": f"cannot list devices: {err}"})
+            continue
+        for dev in devices:
+            rec: dict[str, Any] = {"platform": plat.name, "device": dev.name, "arch": None,
+                                   "compiler": "", "identity": {}, "problem": ""}
+            try:
+                rec["arch"] = arch_of(dev)
+                ident = dict(compiler_identity(dev, str(memo_dir)))
+                rec["identity"] = ident
+                rec["compiler"] = compiler_short(ident)
+            except Exception as err:  # noqa: BLE001 - one odd device must not hide the rest
+                rec["problem"] = f"{type(err).__name__}: {err}"
+            out.append(rec)
+    return out, "" if out else "no OpenCL devices found"
+
+
+def compiler_short(identity: dict[str, str]) -> str:
+    """One line naming a compiler: platform, driver version, library digest prefix.
+
+    >>> compiler_short({"platform": "PoCL", "driver_version": "3.0", "library_sha256": "ab" * 32})
+    'PoCL 3.0, library sha256 abababababab'
+    """
+    text = " ".join(v for v in (identity.get("platform", ""),
+                                identity.get("driver_version", "")) if v)
+    lib = identity.get("library_sha256")
+    return f"{text}, library sha256 {lib[:12]}" if lib else text
+
+
+def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
+    """Everything ``kdb info`` shows: settings, user files, system databases, devices."""
+    users = [describe_file(p, "user", p.name[: -len(".kdb")], "user dir")
+             for p in user_files(user_dir)]
+    systems = []
+    for src in discovery.all_sources():
+        if src.problem:
+            systems.append(FileReport(src.arch, str(src.path), "system", src.origin, 0, 0,
+                                      None, src.problem))
+        else:
+            systems.append(describe_file(src.path, "system", src.arch, src.origin))
+    devices, note = opencl_devices(cache_root)
+    usable = {s.arch for s in systems if not s.problem}
+    for d in devices:
+        d["system_db"] = None if d["arch"] is None else d["arch"] in usable
+    missing = sorted({d["arch"] for d in devices if d["arch"] and d["arch"] not in usable})
+    return {
+        "version": _version(),
+        "cache_root": str(cache_root),
+        "user_dir": str(user_dir),
+        "disabled": config.flag(config.ENV_DISABLE_CACHE),
+        "schema_head": migrate.HEAD,
+        "user_files": [asdict(f) for f in users],
+        "system_path": [str(d) for d in config.system_dirs()],
+        "system_databases": [asdict(s) for s in systems],
+        "devices": devices,
+        "devices_note": note,
+        "missing_system": missing,
+    }
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+# -- ls -------------------------------------------------------------------------------------
+
+def entries(user_dir: Path, arch: str | None = None, tier: str | None = None) -> list[dict]:
+    """Every stored entry (system files first), most recently used first within a file."""
+    out = []
+    for t, path, _ in _tier_files(user_dir, arch, tier):
+        try:
+            with _reading(path, t) as conn:
+                rows = _rows(conn, "SELECT key, name, arch, backend, raw_size, stored_size, "
+                             "hits, last_access, created, compile_seconds FROM kernels "
+                             "ORDER BY last_access DESC")
+        except sqlite3.DatabaseError as err:
+            log.warning("kdb: %s skipped: %s", path, err)
+            continue
+        for r in rows:
+            out.append({"key": r[0], "name": r[1], "arch": r[2], "backend": r[3],
+                        "raw_size": r[4], "stored_size": r[5], "hits": r[6],
+                        "last_access": r[7], "created": r[8], "compile_seconds": r[9],
+                        "tier": t, "path": str(path)})
+    return out
+
+
+# -- stats ----------------------------------------------------------------------------------
+
+def _empty_stats() -> dict[str, Any]:
+    return {"hits": {"system": 0, "user": 0}, "misses": 0, "compiles": 0,
+            "compile_seconds": 0.0, "saved_seconds": 0.0, "entries": 0, "stored_bytes": 0,
+            "raw_bytes": 0, "system_entries": 0}
+
+
+def _add(total: dict[str, Any], part: dict[str, Any]) -> None:
+    for k, v in part.items():
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                total[k][kk] += vv
+        else:
+            total[k] += v
+
+
+def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
+    """Counters and sizes per arch and in total; the totals are at the top level.
+
+    Hits of both tiers, misses and compiles are counted in the user file (system files are
+    never written). Stored bytes come from the file's running total, not from a scan.
+    """
+    per: dict[str, dict[str, Any]] = {}
+    for t, path, a in _tier_files(user_dir, arch, None):
+        try:
+            with _reading(path, t) as conn:
+                n = _rows(conn, "SELECT count(*) FROM kernels")
+                if t == "user":
+                    counters = dict(_rows(conn, "SELECT name, value FROM counters"))
+                    stored = _rows(conn, "SELECT value FROM meta WHERE name = 'stored_bytes'")
+                    raw = _rows(conn, "SELECT coalesce(sum(raw_size), 0) FROM kernels")
+        except sqlite3.DatabaseError as err:
+            log.warning("kdb: %s skipped: %s", path, err)
+            continue
+        s = per.setdefault(a, _empty_stats())
+        count = n[0][0] if n else 0
+        if t == "system":
+            s["system_entries"] += count
+            continue
+        s["entries"] += count
+        s["hits"]["system"] += int(counters.get("hits.system", 0))
+        s["hits"]["user"] += int(counters.get("hits.user", 0))
+        s["misses"] += int(counters.get("misses", 0))
+        s["compiles"] += int(counters.get("compiles", 0))
+        s["compile_seconds"] += float(counters.get("compile_seconds", 0.0))
+        s["saved_seconds"] += float(counters.get("saved_seconds", 0.0))
+        s["stored_bytes"] += int(stored[0][0]) if stored else 0
+        s["raw_bytes"] += int(raw[0][0]) if raw else 0
+    total = _empty_stats()
+    for s in per.values():
+        _add(total, s)
+    total["arches"] = dict(sorted(per.items()))
+    return total
+
+
+# -- log ------------------------------------------------------------------------------------
+
+def compile_log(user_dir: Path, limit: int | None = 50, arch: str | None = None) -> list[dict]:
+    """The start-up latency log of every user file, newest first (``limit`` rows at most)."""
+    if limit is not None and limit < 0:
+        raise InvalidArgumentError(f"limit must be 0 or more, not {limit}")
+    out = []
+    for path in user_files(user_dir, arch):
+        sql = ("SELECT at, key, name, arch, backend, seconds, missed, reason, pid "
+               "FROM compile_log ORDER BY at DESC")
+        params: tuple = ()
+        if limit is not None:
+            sql += " LIMIT ?"
+            params = (limit,)
+        try:
+            with _reading(path, "user") as conn:
+                rows = _rows(conn, sql, params)
+        except sqlite3.DatabaseError as err:
+            log.warning("kdb: %s skipped: %s", path, err)
+            continue
+        out += [_log_record(r) for r in rows]
+    out.sort(key=lambda r: r["at"], reverse=True)
+    return out if limit is None else out[:limit]
+
+
+def _log_record(r: tuple) -> dict[str, Any]:
+    return {"at": r[0], "key": r[1], "name": r[2], "arch": r[3], "backend": r[4],
+            "seconds": r[5], "missed": [m for m in r[6].split(",") if m], "reason": r[7],
+            "pid": r[8]}
+
+
+# -- explain --------------------------------------------------------------------------------
+
+_ENTRY_COLS = "key, name, arch, backend, attributes, {details}, created, last_access, hits"
+
+
+def _match_sql(query: str) -> tuple[str, tuple]:
+    """A WHERE clause matching a key prefix or a kernel name (one of a program's names)."""
+    by_name = "(name = ? OR instr(',' || name || ',', ',' || ? || ',') > 0)"
+    q = query.lower()
+    if _HEX_RE.match(q):
+        return f"((key >= ? AND key < ?) OR {by_name})", (q, q + "g", query, query)
+    return by_name, (query, query)
+
+
+def _entry_rows(conn: sqlite3.Connection, where: str, params: tuple, tier: str, path: Path,
+                limit: int | None = None) -> list[dict]:
+    details = "details" if _has_column(conn, "kernels", "details") else "'{}'"
+    sql = f"SELECT {_ENTRY_COLS.format(details=details)} FROM kernels WHERE {where} " \
+          "ORDER BY last_access DESC"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    out = []
+    for r in _rows(conn, sql, params):
+        out.append({"key": r[0], "name": r[1], "arch": r[2], "backend": r[3],
+                    "attributes": r[4], "details": _json_or_text(r[5]), "created": r[6],
+                    "last_access": r[7], "hits": r[8], "tier": tier, "path": str(path)})
+    return out
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
+    """Why a kernel missed: its entry and compile records, and the nearest stored entries.
+
+    ``query`` is a key prefix (4+ hex digits) or a kernel name. Nearest entries share the
+    name, or the back end and arch, and are ranked by how few canonical attributes differ.
+    """
+    query = query.strip()
+    if not query:
+        raise InvalidArgumentError("give a key prefix or a kernel name (see `kdb ls`)")
+    where, params = _match_sql(query)
+    files = _tier_files(user_dir, None, None)
+    found: list[dict] = []
+    logs: list[dict] = []
+    for t, path, _ in files:
+        try:
+            with _reading(path, t) as conn:
+                found += _entry_rows(conn, where, params, t, path)
+                if t == "user":
+                    logs += [_log_record(r) for r in _rows(
+                        conn, "SELECT at, key, name, arch, backend, seconds, missed, reason, "
+                        f"pid FROM compile_log WHERE {where} ORDER BY at DESC", params)]
+        except sqlite3.DatabaseError as err:
+            log.warning("kdb: %s skipped: %s", path, err)
+    keys = {e["key"] for e in found} | {r["key"] for r in logs}
+    if not keys:
+        raise InvalidArgumentError(
+            f"no stored entry or compile record matches {query!r}; `kdb ls` lists the keys "
+            "and names, `kdb log` the compiles")
+    by_key = [k for k in keys if k.startswith(query.lower())]
+    if by_key:
+        if len(by_key) > 1:
+            raise InvalidArgumentError(
+                f"key prefix {query!r} is ambiguous ({len(by_key)} keys: "
+                + ", ".join(sorted(k[:16] for k in by_key)[:5]) + "); give more digits")
+        key = by_key[0]
+    else:  # a name: the latest compile of it, else the latest stored entry
+        logs.sort(key=lambda r: r["at"], reverse=True)
+        key = logs[0]["key"] if logs else max(found, key=lambda e: e["created"])["key"]
+    mine = [e for e in found if e["key"] == key]
+    records = sorted((r for r in logs if r["key"] == key), key=lambda r: r["at"], reverse=True)
+    entry = mine[0] if mine else None
+    name = entry["name"] if entry else records[0]["name"]
+    arch = entry["arch"] if entry else records[0]["arch"]
+    backend = entry["backend"] if entry else records[0]["backend"]
+    target = json.loads(entry["attributes"]) if entry else None
+
+    candidates: dict[str, dict] = {}
+    near_where = "key != ? AND (name = ? OR (backend = ? AND arch = ?))"
+    for t, path, _ in files:
+        try:
+            with _reading(path, t) as conn:
+                for e in _entry_rows(conn, near_where, (key, name, backend, arch), t, path,
+                                     limit=1000):
+                    candidates.setdefault(e["key"], e)
+        except sqlite3.DatabaseError:
+            continue  # reported above
+    ranked = []
+    for e in candidates.values():
+        attrs = _json_or_text(e.pop("attributes"))
+        if target is not None and isinstance(attrs, dict):
+            diff = differences(target, attrs)
+            e["differs"] = {k: describe_difference(k, target.get(k), attrs.get(k))
+                            for k in diff}
+        else:
+            e["differs"] = None
+        ranked.append(e)
+    ranked.sort(key=lambda e: (len(e["differs"]) if e["differs"] is not None else 10**6,
+                               e["name"] != name, -e["created"]))
+    if entry is not None:
+        entry = dict(entry)
+        entry["attributes"] = _json_or_text(entry["attributes"])
+    return {
+        "why": _why(records, mine, ranked, name, backend, arch),
+        "query": query,
+        "key": key,
+        "name": name,
+        "arch": arch,
+        "backend": backend,
+        "entries": [{k: v for k, v in e.items() if k != "attributes"} for e in mine],
+        "entry": entry,
+        "compiles": records,
+        "nearest": ranked[:nearest],
+        "candidates": len(ranked),
+        "other_matches": sorted(keys - {key}),
+    }
+
+
+def _why(records: list[dict], stored: list[dict], ranked: list[dict], name: str,
+         backend: str, arch: str) -> str:
+    """One sentence: why this key was compiled (or why it was not)."""
+    if not records:
+        tiers = ", ".join(sorted({e["tier"] for e in stored}))
+        return f"no compile of this key is recorded; it is stored in the {tiers} tier"
+    reason = records[0]["reason"] or "not in any tier"
+    if not ranked:
+        return (f"{reason}; no other entry is named {name!r} or built for {backend} on "
+                f"{arch}: it had never been compiled before")
+    best = ranked[0]
+    if best["differs"] is None:
+        return f"{reason}; its attributes were not stored, so no comparison is possible"
+    return (f"{reason}; the nearest stored entry ({best['key'][:12]}) differs in "
+            + ", ".join(best["differs"]))
+
+
+def describe_difference(name: str, mine: Any, other: Any) -> str:
+    """A short human account of how one canonical attribute differs.
+
+    >>> describe_difference("build_options", ["-DN=64"], ["-DN=32"])
+    'this: -DN=64; other: -DN=32'
+    >>> describe_difference("arch", "sm_90", "sm_80")
+    "this: 'sm_90'; other: 'sm_80'"
+    """
+    if isinstance(mine, list) and isinstance(other, list):
+        a = [_short(x) for x in mine]
+        b = [_short(x) for x in other]
+        only_a = [x for x in a if x not in b]
+        only_b = [x for x in b if x not in a]
+        if not only_a and not only_b:
+            return "same items, different order"
+        return f"this: {', '.join(only_a) or '-'}; other: {', '.join(only_b) or '-'}"
+    if isinstance(mine, str) and isinstance(other, str) and ("\n" in mine or "\n" in other
+                                                             or len(mine) > 60):
+        la, lb = mine.splitlines(), other.splitlines()
+        for i, (x, y) in enumerate(zip(la, lb)):
+            if x != y:
+                return f"line {i + 1}: this {x.strip()[:50]!r}; other {y.strip()[:50]!r}"
+        return f"this has {len(la)} lines, other {len(lb)}"
+    return f"this: {_short(mine)!r}; other: {_short(other)!r}" if not isinstance(mine, list) \
+        else f"this: {_short(mine)}; other: {_short(other)}"
+
+
+def _short(value: Any, width: int = 60) -> str:
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        text = f"{value[0]}={value[1]}"  # a (name, value) pair
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+# -- clear ----------------------------------------------------------------------------------
+
+def clearable(user_dir: Path, arch: str | None = None) -> list[Path]:
+    """The user tier's files for ``arch`` (or all): the database, its WAL, lock and quarantined
+    copies. A system file is never listed, even where a system directory is the user dir."""
+    protected = {os.path.realpath(s.path) for s in discovery.all_sources() if not s.problem}
+    out: list[Path] = []
+    for db in user_files(user_dir, arch) or ([user_dir / f"{arch}.kdb"] if arch else []):
+        names = [db] + [Path(str(db) + s) for s in _SIDE_FILES]
+        names += sorted(user_dir.glob(db.name + ".corrupt-*"))
+        for p in names:
+            if (p.is_file() or p.is_symlink()) and os.path.realpath(p) not in protected:
+                out.append(p)
+    if arch is None:  # leftovers whose database is already gone
+        for pattern in ("*.kdb-wal", "*.kdb-shm", "*.kdb.lock", "*.kdb.corrupt-*"):
+            for p in sorted(user_dir.glob(pattern)):
+                if p not in out and os.path.realpath(p) not in protected:
+                    out.append(p)
+    return out
+
+
+def clear(paths: list[Path]) -> list[str]:
+    """Remove the files :func:`clearable` listed; returns the paths removed."""
+    removed = []
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            removed.append(str(p))
+    return removed
+
+
+# -- migrate --------------------------------------------------------------------------------
+
+def migrate_files(user_dir: Path, check: bool = False) -> list[dict[str, Any]]:
+    """Upgrade every user file to the head revision (``check``: only say which would be).
+
+    Each result has ``path``, ``arch``, ``from``, ``to`` and ``action``: ``current``,
+    ``upgraded``, ``needs upgrade``, ``empty``, or ``skipped`` with a ``problem``.
+    """
+    out = []
+    for path in user_files(user_dir):
+        rec: dict[str, Any] = {"path": str(path), "arch": path.name[: -len(".kdb")],
+                               "from": None, "to": migrate.HEAD, "action": "", "problem": ""}
+        try:
+            rev = _revision(path)
+            if rev is None and _size(path) == 0:
+                rec.update(action="empty", to=None)
+            elif rev is None:
+                rec.update(action="skipped", to=None,
+                           problem="not a kdb database (no schema revision)")
+            elif rev not in migrate.REVISIONS:
+                rec.update(**{"from": rev, "to": rev, "action": "skipped",
+                              "problem": f"revision {rev} is newer than this kdb "
+                                         f"({migrate.HEAD}); upgrade kdb"})
+            elif rev == migrate.HEAD:
+                rec.update(**{"from": rev, "action": "current"})
+            elif check:
+                rec.update(**{"from": rev, "action": "needs upgrade"})
+            else:
+                rec["from"] = rev
+                with migrate.file_lock(path):
+                    if _revision(path) != migrate.HEAD:  # another process may have done it
+                        migrate.upgrade_sqlite(path)
+                rec["to"] = _revision(path)
+                rec["action"] = "upgraded"
+        except sqlite3.DatabaseError as err:
+            rec.update(action="skipped", to=None, problem=f"unreadable: {err}")
+        out.append(rec)
+    return out
+
+
+def _revision(path: Path) -> str | None:
+    with _reading(path, "user") as conn:
+        return migrate.revision_of(conn)

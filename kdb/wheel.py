@@ -1,0 +1,105 @@
+"""Wrapping a system database in a data-only wheel ``kdb-system-<arch>``.
+
+The wheel is built by setuptools through ``pip wheel`` from a small generated project: one
+package holding ``<arch>.kdb`` and an entry point in the group ``kdb.system`` that names it.
+Installing the wheel is all a user does; kdb finds the file without importing the package.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import config
+from .errors import KdbError
+
+
+class WheelBuildError(KdbError):
+    """The packaging tools could not build a system-database wheel."""
+
+
+_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([ab]|rc)?[0-9]*(\.post[0-9]+)?(\.dev[0-9]+)?$")
+
+
+def dist_name(arch: str) -> str:
+    """The distribution name for an arch: ``kdb-system-<arch>``, with ``+``/``-`` feature
+    flags spelled ``-on``/``-off`` so that the name is valid.
+
+    >>> dist_name("sm_90"), dist_name("gfx90a_sramecc+_xnack-")
+    ('kdb-system-sm_90', 'kdb-system-gfx90a_sramecc-on_xnack-off')
+    """
+    config.check_arch(arch)
+    name = re.sub(r"-(?=_|$)", "-off", arch.replace("+", "-on"))
+    return f"kdb-system-{name}"
+
+
+def module_name(arch: str) -> str:
+    """The importable package name that holds the file.
+
+    >>> module_name("pocl-x86_64-znver3")
+    'kdb_system_pocl_x86_64_znver3'
+    """
+    return re.sub(r"[^a-z0-9_]", "_", dist_name(arch).lower())
+
+
+def build_wheel(kdb_file: Path, arch: str, version: str, out_dir: Path) -> Path:
+    """Build ``kdb-system-<arch>-<version>-py3-none-any.whl`` around ``kdb_file``."""
+    if not _VERSION_RE.match(version):
+        raise WheelBuildError(f"version {version!r} is not a valid package version "
+                              "(for example 1.0.0 or 2026.11.1)")
+    kdb_file = Path(kdb_file)
+    if kdb_file.name != f"{arch}.kdb":
+        raise WheelBuildError(f"{kdb_file} must be named {arch}.kdb")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mod = module_name(arch)
+    with tempfile.TemporaryDirectory(prefix="kdb-wheel-") as tmp:
+        proj = Path(tmp) / "project"
+        pkg = proj / mod
+        pkg.mkdir(parents=True)
+        shutil.copyfile(kdb_file, pkg / kdb_file.name)
+        (pkg / "__init__.py").write_text(
+            f'"""System kernel database for arch {arch} (data only; kdb reads {arch}.kdb)."""\n',
+            encoding="utf-8")
+        (proj / "pyproject.toml").write_text(_PYPROJECT.format(
+            dist=dist_name(arch), version=version, arch=arch, mod=mod), encoding="utf-8")
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+               "--quiet", "--wheel-dir", str(Path(tmp) / "dist"), str(proj)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise WheelBuildError(
+                f"building the wheel for {arch} failed (needs pip and setuptools>=70.1 in "
+                f"this environment: pip install 'kdb[pack]'):\n{proc.stderr.strip()}")
+        built = list((Path(tmp) / "dist").glob("*.whl"))
+        if len(built) != 1:
+            raise WheelBuildError(f"expected one wheel, found {[p.name for p in built]}")
+        target = out_dir / built[0].name
+        shutil.move(str(built[0]), target)
+    return target
+
+
+_PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=70.1"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "{version}"
+description = "kdb system kernel database for arch {arch} (prebuilt kernel binaries)"
+requires-python = ">=3.8"
+
+[project.entry-points."kdb.system"]
+"{arch}" = "{mod}"
+
+[tool.setuptools]
+packages = ["{mod}"]
+include-package-data = false
+
+[tool.setuptools.package-data]
+"{mod}" = ["*.kdb"]
+"""

@@ -1,0 +1,210 @@
+"""Headers enter the key by content: edits miss, paths do not matter."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kdb import HashAttributes
+from kdb.digests import file_digest
+from kdb.includes import header_digests, source_dir_of, split_include_options
+
+SOURCE = '#include "defs.h"\n__kernel void k(__global float *x) { x[0] = SCALE; }\n'
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def attrs_for(source: str, dirs, options=()) -> HashAttributes:
+    rest, _ = split_include_options(options)
+    return HashAttributes(backend="opencl", source=source, arch="pocl-x86_64-znver3",
+                          build_options=tuple(rest), headers=header_digests(source, dirs))
+
+
+def test_header_is_digested_by_content(tmp_path):
+    h = write(tmp_path / "inc" / "defs.h", "#define SCALE 2.0f\n")
+    got = dict(header_digests(SOURCE, [tmp_path / "inc"]))
+    assert got == {"defs.h": file_digest(h)}
+    assert str(tmp_path) not in repr(got)  # no path enters the result
+
+
+def test_header_edit_changes_digests_and_key(tmp_path):
+    inc = tmp_path / "inc"
+    write(inc / "defs.h", "#define SCALE 2.0f\n")
+    before = attrs_for(SOURCE, [inc])
+    write(inc / "defs.h", "#define SCALE 3.0f\n")  # same size
+    after = attrs_for(SOURCE, [inc])
+    assert before.headers != after.headers
+    assert before.key != after.key
+
+
+def test_same_size_edit_within_timestamp_granularity_is_seen(tmp_path):
+    """A file system with coarse timestamps can give two quick writes one mtime."""
+    h = write(tmp_path / "defs.h", "#define SCALE 2.0f\n")
+    first = file_digest(h)
+    st = os.stat(h)
+    h.write_text("#define SCALE 3.0f\n")
+    os.utime(h, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime
+    assert file_digest(h) != first
+
+
+def test_settled_file_digest_is_memoized(tmp_path):
+    h = write(tmp_path / "old.h", "#define A 1\n")
+    os.utime(h, (1_000_000_000, 1_000_000_000))
+    first = file_digest(h)
+    st = os.stat(h)
+    h.write_text("#define A 2\n")
+    os.utime(h, ns=(st.st_atime_ns, st.st_mtime_ns))
+    # Same path, size and (old) mtime: the memo answers. This is the documented trade-off
+    # that keeps a warm start from re-reading every header; it proves the memo is used.
+    assert file_digest(h) == first
+
+
+def test_nested_includes_are_followed(tmp_path):
+    inc = tmp_path / "inc"
+    write(inc / "defs.h", '#include "inner/more.h"\n#define SCALE MORE\n')
+    inner = write(inc / "inner" / "more.h", "#include <deep.h>\n#define MORE 2.0f\n")
+    write(inc / "deep.h", "#define DEEP 1\n")
+    got = dict(header_digests(SOURCE, [inc]))
+    assert set(got) == {"defs.h", "defs.h>inner/more.h", "defs.h>inner/more.h>deep.h"}
+    before = attrs_for(SOURCE, [inc]).key
+    write(inner.parent.parent / "deep.h", "#define DEEP 2\n")
+    assert attrs_for(SOURCE, [inc]).key != before
+
+
+def test_quoted_include_searches_the_including_files_directory_first(tmp_path):
+    inc = tmp_path / "inc"
+    write(inc / "sub" / "a.h", '#include "b.h"\n')
+    local = write(inc / "sub" / "b.h", "// next to a.h\n")
+    write(inc / "b.h", "// in the include dir\n")
+    got = dict(header_digests('#include "sub/a.h"\n', [inc]))
+    assert got["sub/a.h>b.h"] == file_digest(local)
+
+
+def test_angle_include_skips_the_source_directory(tmp_path):
+    src_dir = write(tmp_path / "src" / "x.h", "// beside the source\n").parent
+    inc_h = write(tmp_path / "inc" / "x.h", "// include dir\n")
+    got = dict(header_digests("#include <x.h>\n", [tmp_path / "inc"], source_dir=str(src_dir)))
+    assert got == {"x.h": file_digest(inc_h)}
+    got = dict(header_digests('#include "x.h"\n', [tmp_path / "inc"], source_dir=str(src_dir)))
+    assert got == {"x.h": file_digest(src_dir / "x.h")}
+
+
+def test_include_cycle_terminates(tmp_path):
+    write(tmp_path / "a.h", '#pragma once\n#include "b.h"\n')
+    write(tmp_path / "b.h", '#pragma once\n#include "a.h"\n')
+    got = dict(header_digests('#include "a.h"\n', [tmp_path]))
+    assert {"a.h", "a.h>b.h", "a.h>b.h>a.h"} <= set(got)
+
+
+def test_includes_inside_conditionals_are_followed(tmp_path):
+    write(tmp_path / "fast.h", "// fast\n")
+    src = "#ifdef FAST\n#  include <fast.h>\n#endif\n__kernel void k() {}\n"
+    assert dict(header_digests(src, [tmp_path])) == {"fast.h": file_digest(tmp_path / "fast.h")}
+
+
+def test_missing_include_is_recorded_as_missing(tmp_path):
+    got = dict(header_digests('#include "nowhere.h"\n#include <CL/cl.h>\n', [tmp_path]))
+    assert got == {"nowhere.h": "missing", "CL/cl.h": "missing"}
+    # Creating the header later changes the key: the build would now succeed differently.
+    before = attrs_for('#include "nowhere.h"\n__kernel void k() {}', [tmp_path]).key
+    write(tmp_path / "nowhere.h", "#define X 1\n")
+    assert attrs_for('#include "nowhere.h"\n__kernel void k() {}', [tmp_path]).key != before
+
+
+def test_macro_include_digests_every_header_in_the_include_dirs(tmp_path):
+    inc = tmp_path / "inc"
+    write(inc / "one.h", "// one\n")
+    two = write(inc / "two.cl", "// two\n")
+    write(inc / "notes.txt", "not a header\n")
+    write(inc / "sub" / "three.h", "// not directly inside\n")
+    src = "#define HEADER <one.h>\n#include HEADER\n__kernel void k() {}\n"
+    got = dict(header_digests(src, [inc]))
+    assert got == {"*/one.h": file_digest(inc / "one.h"), "*/two.cl": file_digest(two)}
+    before = attrs_for(src, [inc]).key
+    write(two, "// two, edited\n")
+    assert attrs_for(src, [inc]).key != before
+
+
+def test_result_is_sorted_and_deterministic(tmp_path):
+    for n in "cab":
+        write(tmp_path / f"{n}.h", f"// {n}\n")
+    src = '#include "c.h"\n#include "a.h"\n#include "b.h"\n'
+    got = header_digests(src, [tmp_path])
+    assert [name for name, _ in got] == ["a.h", "b.h", "c.h"]
+    assert header_digests(src, [str(tmp_path)]) == got
+
+
+def test_same_headers_in_two_virtual_environments_give_one_key(tmp_path):
+    """Different install prefix, different header directory, same header content."""
+    venvs = [tmp_path / "venv-a" / "lib" / "python3.12" / "site-packages" / "pyopencl" / "cl",
+             tmp_path / "opt" / "other-env" / "include"]
+    for d in venvs:
+        write(d / "defs.h", '#include "helpers.h"\n#define SCALE 2.0f\n')
+        write(d / "helpers.h", "inline float twice(float x) { return 2 * x; }\n")
+    a = attrs_for(SOURCE, [venvs[0]], ["-DN=4", "-I", str(venvs[0])])
+    b = attrs_for(SOURCE, [venvs[1]], ["-DN=4", f"-I{venvs[1]}"])
+    assert a.headers == b.headers
+    assert a.key == b.key
+    assert str(tmp_path) not in a.encoded().decode()
+
+
+def test_key_differs_when_one_environment_has_a_different_header(tmp_path):
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    write(a_dir / "defs.h", "#define SCALE 2.0f\n")
+    write(b_dir / "defs.h", "#define SCALE 2.5f\n")
+    assert attrs_for(SOURCE, [a_dir]).key != attrs_for(SOURCE, [b_dir]).key
+
+
+@pytest.mark.parametrize("options, rest, dirs", [
+    (["-I", "/a"], [], ["/a"]),
+    (["-I/a"], [], ["/a"]),
+    (['-I"/c d"'], [], ["/c d"]),
+    (["-I", '"/c d"'], [], ["/c d"]),
+    (["-DN=4", "-I", "/a", "-cl-mad-enable", "-I/b"], ["-DN=4", "-cl-mad-enable"], ["/a", "/b"]),
+    (["-I"], [], []),  # dangling -I: nothing to add, nothing to keep
+    (["-include", "x.h", "-Dfoo=-I/x"], ["-include", "x.h", "-Dfoo=-I/x"], []),
+    ([], [], []),
+])
+def test_split_include_options(options, rest, dirs):
+    assert split_include_options(options) == (rest, dirs)
+
+
+def test_split_include_options_accepts_any_iterable():
+    assert split_include_options(iter(["-I", "/a", "-DX"])) == (["-DX"], ["/a"])
+
+
+def test_include_paths_do_not_enter_the_key_but_other_options_do(tmp_path):
+    write(tmp_path / "x" / "defs.h", "#define SCALE 1\n")
+    write(tmp_path / "y" / "defs.h", "#define SCALE 1\n")
+    a = attrs_for(SOURCE, [tmp_path / "x"], ["-I", str(tmp_path / "x"), "-DN=1"])
+    b = attrs_for(SOURCE, [tmp_path / "y"], ["-I", str(tmp_path / "y"), "-DN=1"])
+    c = attrs_for(SOURCE, [tmp_path / "y"], ["-I", str(tmp_path / "y"), "-DN=2"])
+    assert a.key == b.key != c.key
+
+
+def test_source_dir_of(tmp_path):
+    assert source_dir_of(tmp_path / "k.cl") == str(tmp_path)
+    assert source_dir_of(None) is None
+
+
+def test_opencl_attributes_are_portable_across_environments(tmp_path, cl_ctx):
+    """The OpenCL back end's attributes, with pyopencl-style -I options from two installs."""
+    from kdb.backends.opencl import attributes_for
+
+    dev = cl_ctx.devices[0]
+    keys = []
+    for prefix in ("envA/lib/site-packages", "somewhere/else/entirely"):
+        d = tmp_path / prefix / "pyopencl" / "cl"
+        write(d / "defs.h", "#define SCALE 2.0f\n")
+        attrs = attributes_for(dev, SOURCE, ["-DN=4"], ["-I", str(d)], name="k",
+                               memo_dir=str(tmp_path))
+        assert dict(attrs.headers)["defs.h"] != "missing"
+        assert str(tmp_path) not in attrs.encoded().decode()
+        keys.append(attrs.key)
+    assert keys[0] == keys[1]

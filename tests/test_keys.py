@@ -1,0 +1,276 @@
+"""The hash attributes: what enters the key, how it is encoded, and what is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kdb
+from kdb import HashAttributes, InvalidArgumentError, UnsafeArchError, UnsupportedTypeError
+from kdb.keys import KEY_FORMAT, differences
+
+BASE = dict(
+    backend="opencl",
+    source="__kernel void k(__global int *x) { x[0] = N; }",
+    arch="pocl-x86_64-znver3",
+    build_options=("-DN=4", "-cl-fast-relaxed-math"),
+    internal_options=("-cl-std=CL1.2",),
+    headers=(("defs.h", "ab" * 32),),
+    spec_constants=((1, 7), (0, 2.5)),
+    compiler=(("platform", "Portable Computing Language"), ("version", "OpenCL 3.0 PoCL 6.0")),
+    environment=(("POCL_DEBUG", "0"),),
+    name="k",
+)
+
+#: The canonical encoding of BASE and its key, pinned: if either changes, every stored kernel
+#: of every user and every system database misses. Bump KEY_FORMAT and update both on purpose.
+PINNED_ENCODING = (
+    '{"arch":"pocl-x86_64-znver3","backend":"opencl",'
+    '"build_options":["-DN=4","-cl-fast-relaxed-math"],'
+    '"compiler":[["platform","Portable Computing Language"],["version","OpenCL 3.0 PoCL 6.0"]],'
+    '"environment":[["POCL_DEBUG","0"]],"format":1,'
+    '"headers":[["defs.h","abababababababababababababababababababababababababababababababab"]],'
+    '"internal_options":["-cl-std=CL1.2"],'
+    '"source":"__kernel void k(__global int *x) { x[0] = N; }",'
+    '"spec_constants":[[["int","0"],["float","0x1.4000000000000p+1"]],[["int","1"],["int","7"]]]}'
+)
+PINNED_KEY = "02fd80092f5e1ce2a0a8296467a30548334bcb61e19e2243dd5cfd6b591a1b07"
+
+
+def base(**changes) -> HashAttributes:
+    return HashAttributes(**{**BASE, **changes})
+
+
+# -- what enters the key -------------------------------------------------------------------
+
+CHANGES = {
+    "backend": "cuda",
+    "source": BASE["source"] + " ",
+    "arch": "sm_90",
+    "build_options": ("-DN=5", "-cl-fast-relaxed-math"),
+    "internal_options": (),
+    "headers": (("defs.h", "cd" * 32),),
+    "spec_constants": ((1, 8), (0, 2.5)),
+    "compiler": (("platform", "Portable Computing Language"), ("version", "OpenCL 3.0 PoCL 6.1")),
+    "environment": (("POCL_DEBUG", "1"),),
+}
+
+
+def test_every_hashed_field_has_a_change_case():
+    hashed = {f for f, spec in HashAttributes.__dataclass_fields__.items() if spec.compare}
+    assert hashed == set(CHANGES)
+
+
+@pytest.mark.parametrize("field", sorted(CHANGES))
+def test_every_attribute_changes_the_key(field):
+    a, b = base(), base(**{field: CHANGES[field]})
+    assert a.key != b.key
+    assert differences(a.canonical(), b.canonical()) == [field]
+
+
+def test_option_order_and_spelling_matter():
+    assert base(build_options=("-cl-fast-relaxed-math", "-DN=4")).key != base().key
+    assert base(build_options=("-DN=4",)).key != base(build_options=("-DN=4", "")).key
+
+
+def test_header_name_changes_the_key():
+    assert base(headers=(("other.h", "ab" * 32),)).key != base().key
+
+
+def test_typed_spec_constants_are_distinct():
+    keys = {base(spec_constants=((0, v),)).key for v in (1, 1.0, True, "1", b"\x01")}
+    assert len(keys) == 5
+
+
+def test_name_is_not_hashed():
+    a, b = base(name="one"), base(name="two")
+    assert a.key == b.key
+    assert a == b
+    assert "one" not in a.encoded().decode()
+
+
+def test_pairs_are_normalised_whatever_their_order_or_shape():
+    a = base(compiler=dict(reversed(BASE["compiler"])), environment={"POCL_DEBUG": "0"},
+             spec_constants={0: 2.5, 1: 7})
+    assert a.key == base().key
+
+
+# -- the canonical encoding ----------------------------------------------------------------
+
+def test_canonical_encoding_is_pinned():
+    a = base()
+    assert KEY_FORMAT == 1
+    assert a.encoded().decode("utf-8") == PINNED_ENCODING
+    assert a.key == PINNED_KEY
+
+
+def test_key_is_sha256_of_encoding():
+    import hashlib
+
+    a = base()
+    assert a.key == hashlib.sha256(a.encoded()).hexdigest()
+    assert json.loads(a.encoded()) == a.canonical()
+
+
+def test_from_canonical_round_trip():
+    a = base()
+    for form in (a.encoded(), a.encoded().decode(), a.canonical()):
+        b = HashAttributes.from_canonical(form, name="k")
+        assert b == a
+        assert b.key == a.key
+        assert b.encoded() == a.encoded()
+
+
+def test_from_canonical_refuses_another_key_format():
+    data = base().canonical()
+    data["format"] = KEY_FORMAT + 1
+    with pytest.raises(InvalidArgumentError, match="key format"):
+        HashAttributes.from_canonical(data)
+
+
+def test_with_changes_one_attribute():
+    a = base()
+    b = a.with_(build_options=("-DN=8",))
+    assert b.build_options == ("-DN=8",)
+    assert b.source == a.source and b.key != a.key
+    assert a.with_().key == a.key
+
+
+def test_attributes_are_frozen():
+    with pytest.raises(AttributeError):
+        base().source = "x"  # type: ignore[misc]
+
+
+def test_bytes_source_is_decoded():
+    assert base(source=BASE["source"].encode()).key == base().key
+
+
+def test_numpy_scalars_encode_like_python_numbers():
+    np = pytest.importorskip("numpy")
+    assert base(spec_constants=((0, np.float64(2.5)), (1, np.int32(7)))).key == base().key
+
+
+# -- what is refused -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes", [
+    {"spec_constants": ((0, object()),)},
+    {"spec_constants": ((0, [1, 2]),)},
+    {"spec_constants": ((1.5, 1),)},
+    {"spec_constants": ((None, 1),)},
+    {"build_options": (1, 2)},
+    {"build_options": ("-DN=4", None)},
+    {"internal_options": (b"-O2",)},
+    {"compiler": (("version", b"3.0"),)},
+    {"compiler": (("version", 3),)},
+    {"headers": ((1, "ab"), ("b.h", "cd"))},
+    {"environment": (("POCL_DEBUG", None),)},
+    {"source": 42},
+    {"name": 3},
+], ids=lambda c: next(iter(c)))
+def test_unsupported_types_raise_type_error(changes):
+    with pytest.raises(UnsupportedTypeError) as info:
+        base(**changes).key  # noqa: B018 - construction or encoding must refuse
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, kdb.KdbError)
+
+
+@pytest.mark.parametrize("source", [b"\xff\xfe kernel", b"", "", "   \n\t", "ok \udc80"])
+def test_bad_source_raises_invalid_argument(source):
+    with pytest.raises(InvalidArgumentError):
+        base(source=source).key  # noqa: B018
+
+
+@pytest.mark.parametrize("changes", [
+    {"build_options": "-DN=4"},  # one string, not a sequence
+    {"backend": ""},
+    {"spec_constants": (1, 2)},  # not pairs
+])
+def test_malformed_arguments_raise_invalid_argument(changes):
+    with pytest.raises(InvalidArgumentError):
+        base(**changes)
+
+
+@pytest.mark.parametrize("arch", ["../x", "/abs", "UPPER", "", "a/b", ".hidden", "sm 90", None])
+def test_unsafe_arch_raises(arch):
+    with pytest.raises(UnsafeArchError) as info:
+        base(arch=arch)
+    assert isinstance(info.value, InvalidArgumentError)
+    assert "sm_90" in str(info.value)  # the message shows what a valid id looks like
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx90a_sramecc+_xnack-", "pocl-x86_64-znver3", "7"])
+def test_safe_arch_accepted(arch):
+    assert base(arch=arch).arch == arch
+
+
+# -- properties ----------------------------------------------------------------------------
+
+_text = st.text(max_size=20)
+_ident = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=12)
+_value = st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), _text,
+                   st.binary(max_size=8))
+_arch = st.from_regex(r"[a-z0-9][a-z0-9_.+-]{0,10}", fullmatch=True)
+
+
+@st.composite
+def attributes(draw):
+    return HashAttributes(
+        backend=draw(st.sampled_from(["opencl", "cuda", "x"])),
+        source=draw(st.text(min_size=1, max_size=40).filter(str.strip)),
+        arch=draw(_arch),
+        build_options=tuple(draw(st.lists(_text, max_size=4))),
+        internal_options=tuple(draw(st.lists(_text, max_size=3))),
+        headers=draw(st.dictionaries(_ident, _text, max_size=3)),
+        spec_constants=draw(st.dictionaries(st.one_of(st.integers(0, 99), _ident), _value,
+                                            max_size=3)),
+        compiler=draw(st.dictionaries(_ident, _text, max_size=3)),
+        environment=draw(st.dictionaries(_ident, _text, max_size=3)),
+        name=draw(_text),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(attributes())
+def test_property_round_trip_through_canonical(a):
+    b = HashAttributes.from_canonical(a.encoded(), name=a.name)
+    assert b.encoded() == a.encoded()
+    assert b.key == a.key
+
+
+@settings(max_examples=150, deadline=None)
+@given(attributes())
+def test_property_encoding_is_deterministic(a):
+    fields = {f: getattr(a, f) for f in HashAttributes.__dataclass_fields__}
+    again = HashAttributes(**fields)
+    assert again.encoded() == a.encoded()
+    assert again.key == a.key
+    # The key is computed from the value, not cached from elsewhere.
+    assert HashAttributes.from_canonical(json.loads(a.encoded())).key == a.key
+
+
+@settings(max_examples=200, deadline=None)
+@given(attributes(), attributes())
+def test_property_different_attributes_different_keys(a, b):
+    assert (a.key == b.key) == (a.canonical() == b.canonical())
+
+
+@settings(max_examples=100, deadline=None)
+@given(attributes(), st.sampled_from(sorted(CHANGES)), st.data())
+def test_property_changing_one_attribute_changes_the_key(a, field, data):
+    strategies = {
+        "backend": st.sampled_from(["opencl", "cuda", "x", "y"]),
+        "source": st.text(min_size=1, max_size=40).filter(str.strip),
+        "arch": _arch,
+        "build_options": st.lists(_text, max_size=4).map(tuple),
+        "internal_options": st.lists(_text, max_size=3).map(tuple),
+        "headers": st.dictionaries(_ident, _text, max_size=3),
+        "spec_constants": st.dictionaries(st.integers(0, 99), _value, max_size=3),
+        "compiler": st.dictionaries(_ident, _text, max_size=3),
+        "environment": st.dictionaries(_ident, _text, max_size=3),
+    }
+    b = a.with_(**{field: data.draw(strategies[field])})
+    same = b.canonical()[field] == a.canonical()[field]
+    assert (b.key == a.key) == same

@@ -1,0 +1,265 @@
+"""Schema revisions: one alembic chain, pinned to the SQLAlchemy schema; old files upgraded
+on open, files from the future left alone."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from kdb import HashAttributes, KernelDB, codec, migrate
+
+BINARY = b"an old kernel binary " * 100
+
+
+def attrs(source: str = "__kernel void old() {}") -> HashAttributes:
+    return HashAttributes(backend="test", source=source, arch="a1", name="old")
+
+
+def sql(path, query, params=()):
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            return conn.execute(query, params).fetchall()
+    finally:
+        conn.close()
+
+
+def tables(path) -> dict[str, tuple]:
+    """Every table's columns (name, type, not null, default, pk) and indexes, from SQLite."""
+    conn = sqlite3.connect(path)
+    try:
+        names = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        return {
+            t: (sorted(r[1:] for r in conn.execute(f"PRAGMA table_info({t})")),
+                sorted((r[1], r[2]) for r in conn.execute(f"PRAGMA index_list({t})")))
+            for t in names
+        }
+    finally:
+        conn.close()
+
+
+def file_at_0001(path: Path, a: HashAttributes, raw: bytes = BINARY,
+                 journal: str = "wal") -> Path:
+    """A user file as kdb at revision 0001 wrote it, holding one entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sql(path, f"PRAGMA journal_mode={journal}")
+    migrate.upgrade_sqlite(path, "0001")
+    kind, blob = codec.encode(raw)
+    sql(path,
+        "INSERT INTO kernels (key, arch, backend, name, attributes, codec, dict_id, blob, "
+        "raw_size, stored_size, checksum, compile_seconds, created, last_access, hits) "
+        "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, 0.5, 1.0, 1.0, 3)",
+        (a.key, a.arch, a.backend, a.name, a.encoded().decode(), kind, blob, len(raw),
+         len(blob), codec.checksum(raw)))
+    sql(path, "INSERT INTO meta (name, value) VALUES ('stored_bytes', ?)", (str(len(blob)),))
+    return path
+
+
+# -- the revision chain --------------------------------------------------------------------
+
+def test_revisions_match_the_alembic_scripts():
+    assert migrate.REVISIONS == tuple(migrate.script_revisions())
+    assert migrate.script_heads() == [migrate.HEAD]
+    assert migrate.HEAD == migrate.REVISIONS[-1]
+
+
+def test_migrations_are_found_by_absolute_path():
+    d = migrate.migrations_dir()
+    assert d.is_absolute() and (d / "env.py").is_file()
+    assert migrate.alembic_config().get_main_option("script_location") == str(d)
+
+
+def test_schema_at_head_equals_the_sqlalchemy_metadata(tmp_path):
+    from sqlalchemy import create_engine
+
+    from kdb import schema
+
+    migrated = tmp_path / "migrated.kdb"
+    migrate.upgrade_sqlite(migrated)
+    declared = tmp_path / "declared.kdb"
+    engine = create_engine(f"sqlite:///{declared}")
+    schema.metadata.create_all(engine)
+    engine.dispose()
+
+    got = tables(migrated)
+    assert got.pop("alembic_version")[0][0][0] == "version_num"
+    assert got == tables(declared)
+    assert set(got) == set(schema.metadata.tables)
+    for name, table in schema.metadata.tables.items():
+        assert sorted(c[0] for c in got[name][0]) == sorted(c.name for c in table.columns)
+
+
+def test_alembic_sees_no_difference_at_head(tmp_path):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import create_engine
+
+    from kdb import schema
+
+    path = tmp_path / "head.kdb"
+    migrate.upgrade_sqlite(path)
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), schema.metadata) == []
+    engine.dispose()
+
+
+def test_the_hot_path_reads_columns_the_schema_has():
+    from kdb import schema, store
+
+    selected = store._FETCH.split("SELECT ", 1)[1].split(" FROM", 1)[0].split(", ")
+    assert set(selected) <= {c.name for c in schema.kernels.columns}
+
+
+def test_every_revision_downgrades_and_upgrades_again(tmp_path):
+    from alembic import command
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    path = tmp_path / "round.kdb"
+    migrate.upgrade_sqlite(path)
+    head = tables(path)
+    engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    with engine.begin() as conn:
+        command.downgrade(migrate.alembic_config(connection=conn), "base")
+    engine.dispose()
+    assert set(tables(path)) == {"alembic_version"}
+    migrate.upgrade_sqlite(path)
+    assert tables(path) == head
+
+
+# -- opening old and new files -------------------------------------------------------------
+
+@pytest.mark.parametrize("journal", ["wal", "delete"])
+def test_file_at_0001_is_upgraded_on_open_and_still_hits(cache_dir, journal):
+    a = attrs()
+    path = file_at_0001(cache_dir / "v1" / "a1.kdb", a, journal=journal)
+    conn = sqlite3.connect(path)
+    assert migrate.revision_of(conn) == "0001"
+    conn.close()
+
+    db = KernelDB()
+    hit = db.lookup(a)
+    assert hit is not None and hit.binary == BINARY and hit.tier == "user"
+    assert hit.compile_seconds == 0.5
+    conn = sqlite3.connect(path)
+    assert migrate.revision_of(conn) == migrate.HEAD
+    conn.close()
+    assert sql(path, "SELECT name, details, hits FROM kernels") == [("old", "{}", 3)]
+    assert not list(path.parent.glob("*.corrupt-*"))
+    # The upgraded file takes new entries and the latest revision's tables.
+    assert db.get_or_compile(attrs("__kernel void new() {}"), lambda: b"new") == b"new"
+    db.flush()
+    assert sql(path, "SELECT count(*) FROM kernels") == [(2,)]
+    assert sql(path, "SELECT count(*) FROM compile_log") == [(1,)]
+    assert dict(sql(path, "SELECT name, value FROM counters"))["hits.user"] == 1
+
+
+def test_revision_of_a_fresh_file_is_none(tmp_path):
+    conn = sqlite3.connect(tmp_path / "empty.kdb")
+    assert migrate.revision_of(conn) is None
+    conn.close()
+
+
+def test_file_from_a_future_revision_is_left_untouched(cache_dir, caplog):
+    a = attrs()
+    db = KernelDB()
+    db.put(a, BINARY)
+    db.close()
+    path = cache_dir / "v1" / "a1.kdb"
+    sql(path, "UPDATE alembic_version SET version_num = '9999'")
+    sql(path, "PRAGMA wal_checkpoint(TRUNCATE)")
+    before = path.read_bytes()
+
+    calls = []
+
+    def compile_fn():
+        calls.append(1)
+        return b"compiled by this process"
+
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.lookup(a) is None
+        assert db.get_or_compile(a, compile_fn) == b"compiled by this process"
+        db.flush()
+        assert db.get_or_compile(a, compile_fn) == b"compiled by this process"
+        db.close()
+    assert len(calls) == 2
+    assert path.read_bytes() == before
+    assert sql(path, "SELECT version_num FROM alembic_version") == [("9999",)]
+    assert sql(path, "SELECT count(*) FROM compile_log") == [(0,)]
+    notes = [r.getMessage() for r in caplog.records if "9999" in r.getMessage()]
+    assert len(notes) == 1
+    assert str(path) in notes[0] and "newer" in notes[0] and "Upgrade kdb" in notes[0]
+    assert not list(path.parent.glob("*.corrupt-*"))
+
+
+def test_two_processes_upgrade_an_old_file_at_once(cache_dir, run_py):
+    a = attrs()
+    path = file_at_0001(cache_dir / "v1" / "a1.kdb", a)
+    start = time.time() + 2.0  # both children open the file at the same moment
+    code = f"""
+        import time
+        import kdb
+        a = kdb.HashAttributes(backend="test", source={a.source!r}, arch="a1")
+        db = kdb.KernelDB()
+        time.sleep(max(0.0, {start!r} - time.time()))
+        hit = db.lookup(a)
+        print(hit.tier if hit else "miss", hit is not None and hit.binary == {BINARY!r})
+        db.flush()
+    """
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda _: run_py(code), range(2)))
+    for proc in procs:
+        assert proc.stdout.split() == ["user", "True"], proc.stderr
+        assert "Traceback" not in proc.stderr
+    conn = sqlite3.connect(path)
+    assert migrate.revision_of(conn) == migrate.HEAD
+    conn.close()
+    assert dict(sql(path, "SELECT name, value FROM counters"))["hits.user"] == 2
+
+
+def blocked_file_at_0001(path: Path, a: HashAttributes) -> Path:
+    """A 0001 file whose upgrade to 0002 fails (an index of that name already exists)."""
+    file_at_0001(path, a)
+    sql(path, "CREATE INDEX ix_kernels_name ON meta (name)")
+    return path
+
+
+def test_a_failed_upgrade_changes_nothing(tmp_path):
+    path = blocked_file_at_0001(tmp_path / "a1.kdb", attrs())
+    before = tables(path)
+    with pytest.raises(Exception, match="ix_kernels_name"):
+        migrate.upgrade_sqlite(path)
+    assert tables(path) == before  # one transaction: no half-migrated file
+    assert sql(path, "SELECT version_num FROM alembic_version") == [("0001",)]
+
+
+def test_a_failed_upgrade_on_open_is_a_warning_not_a_crash(cache_dir, caplog):
+    a = attrs()
+    path = blocked_file_at_0001(cache_dir / "v1" / "a1.kdb", a)
+    before = tables(path)
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.get_or_compile(a, lambda: b"compiled") == b"compiled"
+        assert db.put(a, b"compiled") is False
+        db.flush()
+    assert "could not be upgraded" in caplog.text and str(path) in caplog.text
+    assert tables(path) == before
+    assert not list(path.parent.glob("*.corrupt-*"))
+
+
+def test_a_failed_upgrade_raises_in_strict_mode(cache_dir, monkeypatch):
+    from kdb import CacheFaultError
+
+    a = attrs()
+    blocked_file_at_0001(cache_dir / "v1" / "a1.kdb", a)
+    monkeypatch.setenv("KDB_STRICT", "1")
+    with pytest.raises(CacheFaultError, match="could not be upgraded"):
+        KernelDB().get(a)
