@@ -15,9 +15,9 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from . import background, config, discovery, faults, latency
 from .codec import decode
@@ -29,8 +29,7 @@ log = logging.getLogger("kdb")
 trace_log = logging.getLogger("kdb.trace")
 
 
-@dataclass(frozen=True)
-class Hit:
+class Hit(NamedTuple):
     """A binary found in a tier."""
 
     binary: bytes
@@ -50,7 +49,6 @@ class _Pending:
 
     def empty(self) -> bool:
         return not (self.entries or self.logs or self.hits or self.counters)
-
 
 _instances: "weakref.WeakSet[KernelDB]" = weakref.WeakSet()
 
@@ -315,7 +313,6 @@ def _enable_trace_output() -> None:
         handler.setFormatter(logging.Formatter("kdb.trace: %(message)s"))
         trace_log.addHandler(handler)
 
-
 _default: KernelDB | None = None
 _default_config: tuple | None = None
 
@@ -326,8 +323,8 @@ def default_db() -> KernelDB:
     cfg = (str(config.cache_root()), tuple(map(str, config.system_dirs())),
            config.flag(config.ENV_DISABLE_CACHE), config.flag(config.ENV_TRACE))
     if _default is None or cfg != _default_config:
-        if _default is not None:
-            _default.flush()
+        # The old instance is not flushed here: that would make this build wait for every
+        # pending store. Its queued jobs hold it alive; its finalizer writes what is left.
         _default, _default_config = KernelDB(), cfg
     return _default
 
@@ -359,6 +356,5 @@ def _flush_all() -> None:
                 db._write(arch)
             except Exception as err:  # noqa: BLE001 - never fail an exiting program
                 log.warning("kdb: could not write bookkeeping at exit: %s", err)
-
 
 atexit.register(_flush_all)

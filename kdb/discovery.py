@@ -22,8 +22,9 @@ import importlib.util
 import logging
 import os
 import sys
-from dataclasses import dataclass
+
 from pathlib import Path
+from typing import NamedTuple
 
 from . import config
 
@@ -31,8 +32,7 @@ log = logging.getLogger("kdb")
 GROUP = "kdb.system"
 
 
-@dataclass(frozen=True)
-class SystemSource:
+class SystemSource(NamedTuple):
     """A system database file and where it came from."""
 
     arch: str
@@ -41,8 +41,7 @@ class SystemSource:
     problem: str = ""  # non-empty when the entry is broken (shown by `kdb info`)
 
 
-@dataclass(frozen=True)
-class _EntryPoint:
+class _EntryPoint(NamedTuple):
     dist: str
     version: str
     name: str

@@ -252,6 +252,7 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
                 "FROM kernels").fetchone()
             for name, value in (("arch", arch), ("format", str(config.FORMAT_MAJOR)),
                                 ("kdb_version", __version__), ("stored_bytes", str(stored)),
+                                ("raw_bytes", str(raw)), ("entries", str(count)),
                                 ("created", str(time.time()))):
                 conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
                              (name, value))

@@ -280,16 +280,20 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
     for t, path, a in _tier_files(user_dir, arch, None):
         try:
             with _reading(path, t) as conn:
-                n = _rows(conn, "SELECT count(*) FROM kernels")
+                totals = {k: int(v) for k, v in _rows(
+                    conn, "SELECT name, value FROM meta WHERE name IN "
+                          "('entries', 'raw_bytes', 'stored_bytes')")}
+                if "entries" not in totals:  # a file older than revision 0003: count once
+                    totals["entries"] = _rows(conn, "SELECT count(*) FROM kernels")[0][0]
+                    totals["raw_bytes"] = _rows(
+                        conn, "SELECT coalesce(sum(raw_size), 0) FROM kernels")[0][0]
                 if t == "user":
                     counters = dict(_rows(conn, "SELECT name, value FROM counters"))
-                    stored = _rows(conn, "SELECT value FROM meta WHERE name = 'stored_bytes'")
-                    raw = _rows(conn, "SELECT coalesce(sum(raw_size), 0) FROM kernels")
         except sqlite3.DatabaseError as err:
             log.warning("kdb: %s skipped: %s", path, err)
             continue
         s = per.setdefault(a, _empty_stats())
-        count = n[0][0] if n else 0
+        count = totals["entries"]
         if t == "system":
             s["system_entries"] += count
             continue
@@ -300,8 +304,8 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
         s["compiles"] += int(counters.get("compiles", 0))
         s["compile_seconds"] += float(counters.get("compile_seconds", 0.0))
         s["saved_seconds"] += float(counters.get("saved_seconds", 0.0))
-        s["stored_bytes"] += int(stored[0][0]) if stored else 0
-        s["raw_bytes"] += int(raw[0][0]) if raw else 0
+        s["stored_bytes"] += totals.get("stored_bytes", 0)
+        s["raw_bytes"] += totals.get("raw_bytes", 0)
     total = _empty_stats()
     for s in per.values():
         _add(total, s)

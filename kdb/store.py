@@ -17,9 +17,8 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from . import codec, faults, migrate
 from .config import BUSY_TIMEOUT_S
@@ -30,8 +29,7 @@ _FETCH = (
 )
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """What a hit needs from a stored entry."""
 
     codec: str
@@ -42,8 +40,7 @@ class Row:
     compile_seconds: float
 
 
-@dataclass
-class Entry:
+class Entry(NamedTuple):
     """A binary ready to be written, with its bookkeeping."""
 
     key: str
@@ -56,8 +53,7 @@ class Entry:
     details: dict | None = None
 
 
-@dataclass
-class CompileRecord:
+class CompileRecord(NamedTuple):
     """One row of the start-up latency log."""
 
     key: str
@@ -274,6 +270,8 @@ class KernelFile:
                         return None
                     if not self._migrate():
                         return None
+                    if rev is None:
+                        _describe(self.path)
         except sqlite3.DatabaseError as err:
             self._damaged(err)
             return None
@@ -295,12 +293,14 @@ class KernelFile:
         now = time.time()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            added = 0
+            added = added_raw = added_entries = 0
             for e in entries:
                 kind, blob = codec.encode(e.raw)
-                old = conn.execute("SELECT stored_size FROM kernels WHERE key = ?",
+                old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
                                    (e.key,)).fetchone()
                 added += len(blob) - (old[0] if old else 0)
+                added_raw += len(e.raw) - (old[1] if old else 0)
+                added_entries += 0 if old else 1
                 conn.execute(
                     "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
                     "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
@@ -310,8 +310,11 @@ class KernelFile:
                      json.dumps(e.details or {}, sort_keys=True), kind, blob, len(e.raw),
                      len(blob), codec.checksum(e.raw), e.compile_seconds, now, now),
                 )
-            if added:
-                _bump_meta(conn, "stored_bytes", added)
+            # Running totals, kept in the same transaction, so size checks never scan.
+            for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),
+                                ("entries", added_entries)):
+                if delta:
+                    _bump_meta(conn, name, delta)
             for r in logs:
                 conn.execute(
                     "INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
@@ -350,16 +353,19 @@ class KernelFile:
         keys = list(keys)
         try:
             conn.execute("BEGIN IMMEDIATE")
-            freed = removed = 0
+            freed = freed_raw = removed = 0
             for key in keys:
-                row = conn.execute("SELECT stored_size FROM kernels WHERE key = ?",
+                row = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
                                    (key,)).fetchone()
                 if row:
                     conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
                     freed += row[0]
+                    freed_raw += row[1]
                     removed += 1
-            if freed:
+            if removed:
                 _bump_meta(conn, "stored_bytes", -freed)
+                _bump_meta(conn, "raw_bytes", -freed_raw)
+                _bump_meta(conn, "entries", -removed)
             conn.execute("COMMIT")
             return removed
         except sqlite3.Error as err:
@@ -369,6 +375,21 @@ class KernelFile:
                 pass
             faults.fault(f"could not delete from {self.path} ({err})", once="del:" + str(self.path))
             return 0
+
+
+def _describe(path: Path) -> None:
+    """Facts about a new file in ``meta``: its arch, format version and the kdb that made it."""
+    from . import __version__
+    from .config import FORMAT_MAJOR
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.executemany(
+            "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
+            [("arch", path.stem), ("format", str(FORMAT_MAJOR)), ("kdb_version", __version__),
+             ("created", str(time.time()))])
+    finally:
+        conn.close()
 
 
 def _is_empty(conn: sqlite3.Connection) -> bool:

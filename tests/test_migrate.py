@@ -161,6 +161,15 @@ def test_file_at_0001_is_upgraded_on_open_and_still_hits(cache_dir, journal):
     assert dict(sql(path, "SELECT name, value FROM counters"))["hits.user"] == 1
 
 
+def test_upgrade_to_0003_computes_the_running_totals(tmp_path):
+    path = file_at_0001(tmp_path / "sm_90.kdb", attrs(), raw=BINARY)
+    migrate.upgrade_sqlite(path)
+    meta = dict(sql(path, "SELECT name, value FROM meta"))
+    [(stored,)] = sql(path, "SELECT stored_size FROM kernels")
+    assert (meta["entries"], meta["raw_bytes"], meta["stored_bytes"]) == (
+        "1", str(len(BINARY)), str(stored))
+
+
 def test_revision_of_a_fresh_file_is_none(tmp_path):
     conn = sqlite3.connect(tmp_path / "empty.kdb")
     assert migrate.revision_of(conn) is None

@@ -97,9 +97,18 @@ def test_stored_bytes_is_a_running_total(user):
     user.write([entry("a"), entry("b", raw=os.urandom(300))], [], {}, {})
     user.write([entry("a", raw=b"x" * 10_000)], [], {}, {})  # replace
     assert user.delete(["b", "absent"]) == 1
-    [(total,)] = sql(user.path, "SELECT value FROM meta WHERE name = 'stored_bytes'")
-    [(actual,)] = sql(user.path, "SELECT sum(stored_size) FROM kernels")
-    assert int(total) == actual
+    meta = dict(sql(user.path, "SELECT name, value FROM meta"))
+    [(stored, raw, count)] = sql(user.path,
+                                 "SELECT sum(stored_size), sum(raw_size), count(*) FROM kernels")
+    assert (int(meta["stored_bytes"]), int(meta["raw_bytes"]), int(meta["entries"])) == (
+        stored, raw, count) == (stored, 10_000, 1)
+
+
+def test_new_file_describes_itself_in_meta(user):
+    user.write([entry("a")], [], {}, {})
+    meta = dict(sql(user.path, "SELECT name, value FROM meta"))
+    assert meta["arch"] == user.path.stem and meta["format"] == "1"
+    assert meta["kdb_version"] and float(meta["created"]) > 0
 
 
 def test_logs_hits_and_counters_are_written(user):

@@ -172,8 +172,11 @@ def internal_options(ctx: cl.Context) -> list[str]:
 
 
 def _options_bytes(options: list[str]) -> bytes:
-    return " ".join(shlex.quote(o) if " " in o and not o.startswith('"') else o
-                    for o in options).encode("utf-8")
+    """The option string exactly as pyopencl would hand it to ``clBuildProgram``."""
+    to_bytes = getattr(cl, "_options_to_bytestring", None)
+    if to_bytes is not None:
+        return to_bytes(options)
+    return " ".join(options).encode("utf-8")
 
 
 def attributes_for(device: cl.Device, source: str, user_options: list[str],
@@ -246,7 +249,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
             try:
                 raw = cl._Program(ctx, devs, [h.binary for h in hits])
                 raw.build(opt_bytes, devs)
-                return _wrap(raw, wrapper)
+                return _keep_source(_wrap(raw, wrapper), text)
             except (cl.RuntimeError, cl.LogicError) as err:
                 for a, h in zip(attrs, hits):
                     if h.tier == "user":
@@ -256,8 +259,9 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     start = time.perf_counter()
     raw = cl._Program(ctx, text)
     if pyopencl_errors and wrapper is not None:
+        # As pyopencl's own uncached build does: the options appended to the message.
         wrapper._build_and_catch_errors(lambda: raw.build(opt_bytes, devs),
-                                        options_bytes=opt_bytes, source=text)
+                                        options_bytes=opt_bytes)
     else:
         raw.build(opt_bytes, devs)
     seconds = time.perf_counter() - start
@@ -269,6 +273,30 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
             missed.setdefault(a.key, (d, a))
     _store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
                  seconds)
+    return prg
+
+
+class _ProgramFromStore(cl.Program):
+    """A program loaded from stored binaries that still answers ``get_info(SOURCE)``.
+
+    OpenCL keeps no source for a program created from binaries; pyopencl users read
+    ``prg.source`` (code generators log it, tests compare it), so kdb keeps the text.
+    """
+
+    def get_info(self, arg):
+        if arg == cl.program_info.SOURCE:
+            return self.__dict__["_kdb_source"]
+        return super().get_info(arg)
+
+    @property
+    def source(self) -> str:
+        return self.__dict__["_kdb_source"]
+
+
+def _keep_source(prg: cl.Program, text: str) -> cl.Program:
+    prg.__dict__["_kdb_source"] = text
+    if type(prg) is cl.Program:  # the caller's own object after install(): same layout
+        prg.__class__ = _ProgramFromStore
     return prg
 
 
@@ -316,8 +344,9 @@ def install(db: KernelDB | None = None) -> None:
     _original_build = cl.Program.build
 
     def build(self, options=None, devices=None, cache_dir=None):  # noqa: ARG001 - pyopencl's signature
-        source = getattr(self, "_source", None)
-        if self._prg is not None or source is None:
+        # __dict__, not getattr: pyopencl's __getattr__ would try a kernel named "_source".
+        source = self.__dict__.get("_source")
+        if self.__dict__.get("_prg") is not None or source is None:
             return _original_build(self, options, devices, cache_dir)
         from pyopencl.tools import is_spirv
 
