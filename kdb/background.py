@@ -4,8 +4,8 @@ Reading a PoCL program's binaries makes PoCL generate code for every kernel of t
 it costs as much as the build, and done alongside the caller's builds and first launches it
 slowed a cold start by 1.5-3x here (PoCL serialises its compiler work behind one lock).
 So stores wait until the process has gone ``QUIET_S`` seconds without submitting one (its
-start-up burst is over), run at the lowest CPU priority, and are finished at exit or on
-:func:`drain`. A job still running when the exit budget (``KDB_STORE_TIMEOUT``) runs out is
+start-up burst is over) or another process waits for one of them (:mod:`kdb.claims`), run
+at the lowest CPU priority, and are finished at exit or on :func:`drain`. A job still running when the exit budget (``KDB_STORE_TIMEOUT``) runs out is
 abandoned: that kernel compiles again next run, nothing is half-written (SQLite's journal).
 After ``fork`` the child starts with an empty queue.
 """
@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Callable
 
-from . import config
+from . import claims, config
 
 log = logging.getLogger("kdb")
 
@@ -52,9 +52,9 @@ def _run() -> None:
         job = _q.get()
         while not _hurry.is_set():
             wait = QUIET_S - (time.monotonic() - _last_submit)
-            if wait <= 0:
+            if wait <= 0 or claims.any_wanted():  # another process waits for our entry
                 break
-            _hurry.wait(wait)
+            _hurry.wait(min(wait, 0.05))
         try:
             job()
         except BaseException as err:  # noqa: BLE001 - a store failure must not kill the thread

@@ -25,12 +25,17 @@ ENV_SHARED_URL = "KDB_SHARED_URL"
 ENV_STRICT = "KDB_STRICT"
 ENV_TRACE = "KDB_TRACE"
 ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
+ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
+ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
 
 #: Seconds a writer waits on a locked user database before giving up (and warning).
 BUSY_TIMEOUT_S = 5.0
 
 #: Seconds an exiting process may spend finishing its background stores.
 STORE_TIMEOUT_S = 120.0
+
+#: Seconds a process waits for another process that compiles the same kernel.
+WAIT_TIMEOUT_S = 60.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -49,20 +54,30 @@ def flag(name: str, explicit: bool | None = None) -> bool:
     raise ConfigError(f"{name}={os.environ[name]!r} is not a boolean; set it to 1 or 0")
 
 
-def store_timeout(explicit: float | None = None) -> float:
-    """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
+def seconds(name: str, default: float, explicit: float | None = None) -> float:
+    """A duration setting in seconds: ``explicit``, else the variable ``name``, else default."""
     if explicit is not None:
         return float(explicit)
-    raw = os.environ.get(ENV_STORE_TIMEOUT, "").strip()
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return STORE_TIMEOUT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{ENV_STORE_TIMEOUT}={raw!r} is not a number of seconds") from None
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
     if value < 0:
-        raise ConfigError(f"{ENV_STORE_TIMEOUT}={raw!r} must be >= 0")
+        raise ConfigError(f"{name}={raw!r} must be >= 0")
     return value
+
+
+def store_timeout(explicit: float | None = None) -> float:
+    """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
+    return seconds(ENV_STORE_TIMEOUT, STORE_TIMEOUT_S, explicit)
+
+
+def wait_timeout(explicit: float | None = None) -> float:
+    """Seconds a process waits for another that compiles the same kernel (``KDB_WAIT_TIMEOUT``)."""
+    return seconds(ENV_WAIT_TIMEOUT, WAIT_TIMEOUT_S, explicit)
 
 
 def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -95,6 +110,21 @@ def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -
     else:
         parts = [str(p) for p in explicit]
     return [Path(p).expanduser() for p in parts]
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` and any missing parents with mode 0700 (a cache holds code to run)."""
+    missing = []
+    p = Path(path)
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+    return Path(path)
 
 
 def check_arch(arch: object) -> str:

@@ -19,7 +19,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from . import background, config, discovery, faults, latency
+from . import background, claims, config, discovery, faults, latency
 from .codec import decode
 from .errors import InvalidArgumentError
 from .keys import HashAttributes
@@ -145,8 +145,16 @@ class KernelDB:
         raw = self._inflight.get(key)
         if raw is not None:
             return Hit(raw, "memory", "", 0.0)
+        hit = self._find(attrs, (*self.system_files(attrs.arch), self.user_file(attrs.arch)))
+        if hit is None:
+            self._count(attrs.arch, "misses", 1)
+            log.debug("kdb: miss %s %s", key[:16], attrs.name)
+        return hit
+
+    def _find(self, attrs: HashAttributes, files) -> Hit | None:
+        key = attrs.key
         expected = attrs.encoded().decode("utf-8")
-        for f in (*self.system_files(attrs.arch), self.user_file(attrs.arch)):
+        for f in files:
             row = f.fetch(key)
             if row is None:
                 continue
@@ -159,9 +167,45 @@ class KernelDB:
                         saved=row.compile_seconds)
             log.debug("kdb: hit %s %s in %s", key[:16], attrs.name, f.path)
             return Hit(raw, f.tier, str(f.path), row.compile_seconds)
-        self._count(attrs.arch, "misses", 1)
-        log.debug("kdb: miss %s %s", key[:16], attrs.name)
         return None
+
+    def claim_or_wait(self, attrs: HashAttributes) -> Hit | claims.Claim | None:
+        """After a miss: claim the key for compiling, or wait while another process does.
+
+        Returns the :class:`Hit` another process published meanwhile, a
+        :class:`~kdb.claims.Claim` (this process compiles; pass it to :meth:`put_later`,
+        which releases it once stored), or ``None`` when coordination is unavailable or the
+        wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway).
+        """
+        if self.disabled:
+            return None
+        directory = self.user_dir / "claims"
+        user = (self.user_file(attrs.arch),)
+        deadline = time.monotonic() + config.wait_timeout()
+        delay = 0.002
+        while True:
+            try:
+                claim = claims.try_claim(directory, attrs.key)
+            except OSError as err:
+                faults.fault(f"cannot coordinate compiles in {directory} ({err}); "
+                             "processes may compile the same kernel", once="claims")
+                return None
+            # Even with the claim: the holder may have published just before releasing it.
+            hit = self._find(attrs, user)
+            if hit is not None:
+                if claim is not None:
+                    claim.release()
+                return hit
+            if claim is not None:
+                return claim
+            claims.want(directory, attrs.key)
+            if time.monotonic() >= deadline:
+                log.warning("kdb: waited %.0f s for another process to compile %s; compiling "
+                            "it here (KDB_WAIT_TIMEOUT)", config.wait_timeout(),
+                            attrs.name or attrs.key[:16])
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     def get(self, attrs: HashAttributes) -> bytes | None:
         """The stored binary for ``attrs``, or ``None`` on a miss."""
@@ -176,15 +220,24 @@ class KernelDB:
         hit = self.lookup(attrs)
         if hit is not None:
             return hit.binary
-        start = time.perf_counter()
-        binary = compile_fn()
-        seconds = time.perf_counter() - start
-        if not isinstance(binary, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError(
-                f"compile_fn must return bytes, returned {type(binary).__name__}")
+        got = self.claim_or_wait(attrs)
+        if isinstance(got, Hit):
+            return got.binary
+        try:
+            start = time.perf_counter()
+            binary = compile_fn()
+            seconds = time.perf_counter() - start
+            if not isinstance(binary, (bytes, bytearray, memoryview)):
+                raise InvalidArgumentError(
+                    f"compile_fn must return bytes, returned {type(binary).__name__}")
+        except BaseException:
+            if got is not None:
+                got.release()
+            raise
         binary = bytes(binary)
         rec = self.record_compile(attrs, seconds)
-        self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec)
+        self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec,
+                       claim=got)
         return binary
 
     def record_compile(self, attrs: HashAttributes, seconds: float,
@@ -226,22 +279,31 @@ class KernelDB:
 
     def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
-                  log: CompileRecord | None = None) -> None:
-        """Store what ``produce()`` returns, on the background thread (None: store nothing)."""
+                  log: CompileRecord | None = None, claim: claims.Claim | None = None) -> None:
+        """Store what ``produce()`` returns, on the background thread (None: store nothing).
+
+        ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored.
+        """
         if log is not None:
             with self._lock:
                 self._pending.setdefault(attrs.arch, _Pending()).logs.append(log)
         if self.disabled:
+            if claim is not None:
+                claim.release()
             return
 
         def job() -> None:
-            raw = produce()
-            if raw is not None:
-                entry = self._entry(attrs, bytes(raw), compile_seconds, details)
-                self._inflight[entry.key] = entry.raw
-                with self._lock:
-                    self._pending.setdefault(attrs.arch, _Pending()).entries.append(entry)
-            self._write(attrs.arch)
+            try:
+                raw = produce()
+                if raw is not None:
+                    entry = self._entry(attrs, bytes(raw), compile_seconds, details)
+                    self._inflight[entry.key] = entry.raw
+                    with self._lock:
+                        self._pending.setdefault(attrs.arch, _Pending()).entries.append(entry)
+                self._write(attrs.arch)
+            finally:
+                if claim is not None:
+                    claim.release()
 
         background.submit(job)
 

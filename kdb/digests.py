@@ -15,6 +15,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
+
+from .config import private_dir
 
 _memo: dict[tuple[str, int, int], str] = {}
 _lock = threading.Lock()
@@ -69,9 +72,39 @@ def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
     return digest
 
 
+def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
+                 compute: Callable[[], Any],
+                 valid: Callable[[Any], bool] = lambda value: True) -> Any:
+    """A JSON value about a file, computed once per machine, kept in ``<memo_dir>/<name>.json``.
+
+    For facts that cost a subprocess (a compiler's ``--version`` output): the value is
+    remembered under the file's path, size and mtime, so a changed file recomputes it;
+    ``valid`` may reject a remembered value whose other inputs changed since.
+    """
+    p = os.path.realpath(os.fspath(path))
+    st = os.stat(p)
+    tag = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    store = memo_dir / f"{name}.json"
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if tag in known and valid(known[tag]):
+        return known[tag]
+    value = compute()
+    with _lock:
+        # Older values for the same file are stale: keep the memo from growing with them.
+        known = {k: v for k, v in known.items() if k.rsplit("|", 2)[0] != p}
+        known[tag] = value
+        _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
+    return value
+
+
 def _write_atomic(path: Path, text: str) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=".digests-", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

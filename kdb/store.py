@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 from . import codec, faults, migrate
-from .config import BUSY_TIMEOUT_S
+from .config import BUSY_TIMEOUT_S, private_dir
 
 _FETCH = (
     "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
@@ -247,7 +247,7 @@ class KernelFile:
         if not self.usable:
             return None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dir(self.path.parent)
             if not self.path.exists():
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
                 os.close(fd)

@@ -9,7 +9,6 @@ program that built them runs. Falls back to pyopencl when no OpenCL library is f
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 
@@ -31,7 +30,10 @@ def _libopencl() -> ctypes.CDLL | None:
                     break
     except OSError:
         pass
-    path = path or ctypes.util.find_library("OpenCL")
+    if not path:
+        from ctypes.util import find_library  # spawns ldconfig: only if the maps gave nothing
+
+        path = find_library("OpenCL")
     if not path:
         return None
     try:

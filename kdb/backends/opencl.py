@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import pyopencl as cl
 
 from .. import config
+from ..claims import Claim
 from ..db import KernelDB, default_db
 from ..digests import machine_digest
 from ..errors import CompileError, InvalidArgumentError, UnsupportedTypeError
@@ -243,8 +244,11 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     attrs = [attributes_for(d, text, user, added, label, arch, memo) for d in devs]
 
     hits: list = [None] * len(attrs)
+    held: dict[str, Claim] = {}
     if not db.disabled:
         hits = [db.lookup(a) for a in attrs]
+        if not all(hits):  # single flight: claim what missed, or wait for its compiler
+            hits, held = _claim_or_wait(db, attrs, hits)
         if all(hits):
             try:
                 raw = cl._Program(ctx, devs, [h.binary for h in hits])
@@ -257,13 +261,18 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
                 hits = [None] * len(attrs)  # rebuilt from source and stored again
 
     start = time.perf_counter()
-    raw = cl._Program(ctx, text)
-    if pyopencl_errors and wrapper is not None:
-        # As pyopencl's own uncached build does: the options appended to the message.
-        wrapper._build_and_catch_errors(lambda: raw.build(opt_bytes, devs),
-                                        options_bytes=opt_bytes)
-    else:
-        raw.build(opt_bytes, devs)
+    try:
+        raw = cl._Program(ctx, text)
+        if pyopencl_errors and wrapper is not None:
+            # As pyopencl's own uncached build does: the options appended to the message.
+            wrapper._build_and_catch_errors(lambda: raw.build(opt_bytes, devs),
+                                            options_bytes=opt_bytes)
+        else:
+            raw.build(opt_bytes, devs)
+    except BaseException:
+        for claim in held.values():
+            claim.release()
+        raise
     seconds = time.perf_counter() - start
     prg = _wrap(raw, wrapper)
     # Store only what missed, once per key (devices of one class share a key).
@@ -271,9 +280,26 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     for d, a, h in zip(devs, attrs, hits):
         if h is None:
             missed.setdefault(a.key, (d, a))
+    for key in set(held) - set(missed):  # claimed, then served another way: let go
+        held.pop(key).release()
     _store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
-                 seconds)
+                 seconds, held)
     return prg
+
+
+def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
+    """For each missed key: a hit published by another process meanwhile, or our claim."""
+    hits = list(hits)
+    held: dict[str, Claim] = {}
+    for i, (a, h) in enumerate(zip(attrs, hits)):
+        if h is not None or a.key in held:
+            continue
+        got = db.claim_or_wait(a)
+        if isinstance(got, Claim):
+            held[a.key] = got
+        elif got is not None:
+            hits = [got if b.key == a.key else x for b, x in zip(attrs, hits)]
+    return hits, held
 
 
 class _ProgramFromStore(cl.Program):
@@ -308,7 +334,8 @@ def _wrap(raw, wrapper: cl.Program | None) -> cl.Program:
     return wrapper
 
 
-def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float) -> None:
+def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
+                 held: dict[str, Claim]) -> None:
     """Record the compile now; read and store the binaries on the background thread."""
     per_device = seconds / max(len(devs), 1)
     binaries: dict[int, bytes] | None = None
@@ -328,7 +355,7 @@ def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: 
     for d, a in zip(devs, attrs):
         rec = db.record_compile(a, per_device)
         db.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
-                     details=device_details(d), log=rec)
+                     details=device_details(d), log=rec, claim=held.pop(a.key, None))
 
 
 # -- install ------------------------------------------------------------------------------
