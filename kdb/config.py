@@ -70,6 +70,38 @@ def seconds(name: str, default: float, explicit: float | None = None) -> float:
     return value
 
 
+#: Default cap of the user tier, per file (like Intel's and CUDA's caches).
+MAX_SIZE_DEFAULT = 1 << 30
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\s*\Z", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"500M"``, ``"2G"``, ``"1.5GiB"`` or a plain number (1024-based units).
+
+    >>> parse_size("500M"), parse_size("2g"), parse_size("0"), parse_size("4096")
+    (524288000, 2147483648, 0, 4096)
+    """
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ConfigError(f"size {text!r} is not understood; use bytes or a suffix: 500M, 2G")
+    number, unit = float(m.group(1)), m.group(2).lower()
+    return int(number * (1 << (10 * " kmgt".index(unit or " "))))
+
+
+def max_size(explicit: int | str | None = None) -> int:
+    """The user tier's cap in bytes (``KDB_CACHE_MAX_SIZE``); 0 means no cap."""
+    if explicit is not None:
+        return explicit if isinstance(explicit, int) else parse_size(explicit)
+    raw = os.environ.get(ENV_CACHE_MAX_SIZE, "").strip()
+    if not raw:
+        return MAX_SIZE_DEFAULT
+    try:
+        return parse_size(raw)
+    except ConfigError:
+        raise ConfigError(f"{ENV_CACHE_MAX_SIZE}={raw!r} is not a size; use bytes or a "
+                          "suffix such as 500M or 2G (0 = no cap)") from None
+
+
 def store_timeout(explicit: float | None = None) -> float:
     """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
     return seconds(ENV_STORE_TIMEOUT, STORE_TIMEOUT_S, explicit)

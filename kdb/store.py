@@ -20,8 +20,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
-from . import codec, faults, migrate
-from .config import BUSY_TIMEOUT_S, private_dir
+from . import codec, faults, fs, migrate
+from .config import BUSY_TIMEOUT_S, max_size, private_dir
 
 _FETCH = (
     "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
@@ -103,6 +103,8 @@ class KernelFile:
             return conn
         if not self.usable or not self.path.exists():
             return None
+        if not self.readonly and not self._checked and not self._trusted():
+            return None
         try:
             conn = self._open()
             if not self._checked and self._check(conn):
@@ -115,6 +117,18 @@ class KernelFile:
             return None
         self._local.conn, self._local.pid = conn, os.getpid()
         return conn
+
+    def _trusted(self) -> bool:
+        """A user file is code this process will run: refuse one others can change."""
+        why = fs.unsafe_reason(self.path) or fs.unsafe_reason(self.path.parent)
+        if why is None:
+            return True
+        self.usable = False
+        faults.fault(f"{self.path} is refused: {why}, and loading a binary from it would run "
+                     "code someone else can change. Make it yours and private (chmod 700 on "
+                     "the directory, 600 on the file) or set KDB_CACHE_DIR to a private "
+                     "directory; kernels are compiled meanwhile.", once="unsafe:" + str(self.path))
+        return False
 
     def _check(self, conn: sqlite3.Connection) -> bool:
         """Once per process: is this a kdb file at a revision this code can read?
@@ -260,7 +274,7 @@ class KernelFile:
                         self._damaged(sqlite3.DatabaseError("not a kdb database"))
                         return None
                     if rev is None:
-                        probe.execute("PRAGMA journal_mode=WAL")
+                        probe.execute(f"PRAGMA journal_mode={self._journal_mode()}")
                 finally:
                     probe.close()
                 if rev != migrate.HEAD:
@@ -284,18 +298,44 @@ class KernelFile:
         self._checked = True
         return self._conn()
 
+    def _journal_mode(self) -> str:
+        """WAL on local disks; a rollback journal where WAL does not work (network FS)."""
+        kind = fs.network_fs(self.path.parent)
+        if kind is None:
+            return "WAL"
+        faults.warn_once(
+            "netfs:" + str(self.path.parent),
+            "kdb: the kernel cache %s is on a network file system (%s), where SQLite's WAL "
+            "does not work: kdb uses a rollback journal there, and concurrent jobs may wait "
+            "on each other. Use a node-local KDB_CACHE_DIR (e.g. /tmp or $TMPDIR) instead.",
+            self.path.parent, kind)
+        return "DELETE"
+
     def write(self, entries: list[Entry], logs: list[CompileRecord],
-              hits: dict[str, tuple[int, float]], counters: dict[str, float]) -> bool:
-        """Store entries, log rows, hit counts and counters in one short transaction."""
+              hits: dict[str, tuple[int, float]], counters: dict[str, float],
+              cap: int | None = None) -> bool:
+        """Store entries, log rows, hit counts and counters in one short transaction.
+
+        With a ``cap`` (bytes, default ``KDB_CACHE_MAX_SIZE``; 0 = none), an insert that
+        would pass it evicts the least recently used entries until a third of it is free;
+        a binary larger than the cap is not stored.
+        """
         conn = self.ensure()
         if conn is None:
             return False
+        cap = max_size() if cap is None else cap
         now = time.time()
         try:
             conn.execute("BEGIN IMMEDIATE")
             added = added_raw = added_entries = 0
             for e in entries:
                 kind, blob = codec.encode(e.raw)
+                if cap and len(blob) > cap:
+                    faults.warn_once(f"toobig:{self.path}",
+                                     "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
+                                     "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
+                                     len(blob), e.name or e.key[:16], cap)
+                    continue
                 old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
                                    (e.key,)).fetchone()
                 added += len(blob) - (old[0] if old else 0)
@@ -315,6 +355,8 @@ class KernelFile:
                                 ("entries", added_entries)):
                 if delta:
                     _bump_meta(conn, name, delta)
+            if cap and added > 0 and _meta_int(conn, "stored_bytes") > cap:
+                _evict(conn, cap - cap // 3, keep={e.key for e in entries})
             for r in logs:
                 conn.execute(
                     "INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
@@ -344,6 +386,25 @@ class KernelFile:
                 faults.fault(f"could not write to {self.path} ({err}); entries not stored",
                              once="write:" + str(self.path))
             return False
+
+    def evict_to(self, target: int) -> tuple[int, int]:
+        """Remove least recently used entries until at most ``target`` bytes are stored;
+        returns (entries removed, bytes freed)."""
+        conn = self.ensure() if self.path.exists() else None
+        if conn is None:
+            return 0, 0
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            result = _evict(conn, target)
+            conn.execute("COMMIT")
+            return result
+        except sqlite3.Error as err:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            faults.fault(f"could not evict from {self.path} ({err})", once="evict:" + str(self.path))
+            return 0, 0
 
     def delete(self, keys: Iterable[str]) -> int:
         """Drop entries (corrupt, refused by the driver, or cleared); returns how many."""
@@ -394,6 +455,45 @@ def _describe(path: Path) -> None:
 
 def _is_empty(conn: sqlite3.Connection) -> bool:
     return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+
+
+def _meta_int(conn: sqlite3.Connection, name: str) -> int:
+    row = conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _evict(conn: sqlite3.Connection, target: int, keep: set[str] = frozenset()) -> tuple[int, int]:
+    """Inside a write transaction: drop LRU entries until ``stored_bytes <= target``.
+
+    Walks the ``last_access`` index oldest first, in batches, so the cost grows with what is
+    evicted, not with the size of the database.
+    """
+    excess = _meta_int(conn, "stored_bytes") - max(target, 0)
+    removed = freed = freed_raw = 0
+    after = -1.0
+    while excess > freed:
+        rows = conn.execute(
+            "SELECT key, stored_size, raw_size, last_access FROM kernels "
+            "WHERE last_access >= ? ORDER BY last_access LIMIT 256", (after,)).fetchall()
+        rows = [r for r in rows if r[0] not in keep]
+        if not rows:
+            break
+        for key, stored, raw, last in rows:
+            if freed >= excess:
+                break
+            conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
+            freed += stored
+            freed_raw += raw
+            removed += 1
+            after = last
+    if removed:
+        _bump_meta(conn, "stored_bytes", -freed)
+        _bump_meta(conn, "raw_bytes", -freed_raw)
+        _bump_meta(conn, "entries", -removed)
+        conn.execute(
+            "INSERT INTO counters (name, value) VALUES ('evicted', ?) ON CONFLICT(name) "
+            "DO UPDATE SET value = value + excluded.value", (removed,))
+    return removed, freed
 
 
 def _bump_meta(conn: sqlite3.Connection, name: str, delta: int) -> None:
