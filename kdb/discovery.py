@@ -18,7 +18,6 @@ by distribution name. Every file found serves; the first that holds a key answer
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import sys
@@ -108,6 +107,8 @@ def _resolve(ep: _EntryPoint) -> SystemSource:
     if not module.isidentifier():
         return SystemSource(arch, Path(), origin,
                             f"entry point value {ep.value!r} is not a top-level package name")
+    import importlib.util  # only when a package declares a system database
+
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as err:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .config import check_arch
@@ -89,52 +88,95 @@ def _pairs(name: str, values: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | No
     return tuple(sorted(out, key=lambda kv: (isinstance(kv[0], str), str(kv[0]))))
 
 
-@dataclass(frozen=True)
 class HashAttributes:
     """Everything that determines a compiled binary. Equal attributes, equal key.
 
     ``headers`` is a sequence of ``(include name, sha256 of the header's content)`` pairs:
     headers enter the key by content, never by path. ``compiler`` and ``environment`` are
     ``(name, value)`` pairs. ``name`` labels the entry for listings and is not hashed.
+
+    A frozen value written by hand rather than with ``@dataclass(frozen=True)``: importing
+    :mod:`dataclasses` (and the :mod:`inspect` it pulls in) costs ~8 ms, a third of a bare
+    Python start, on the path of a framework whose start-up should compile nothing.
     """
+
+    #: The attributes that enter the key, in constructor order; ``name`` follows them.
+    HASHED = ("backend", "source", "arch", "build_options", "internal_options", "headers",
+              "spec_constants", "compiler", "environment")
+    FIELDS = HASHED + ("name",)
+    __slots__ = FIELDS + ("_encoded", "_key")
 
     backend: str
     source: str
     arch: str
-    build_options: tuple[str, ...] = ()
-    internal_options: tuple[str, ...] = ()
-    headers: tuple[tuple[str, str], ...] = ()
-    spec_constants: tuple[tuple[Any, Any], ...] = ()
-    compiler: tuple[tuple[str, str], ...] = ()
-    environment: tuple[tuple[str, str], ...] = ()
-    name: str = field(default="", compare=False)
+    build_options: tuple[str, ...]
+    internal_options: tuple[str, ...]
+    headers: tuple[tuple[str, str], ...]
+    spec_constants: tuple[tuple[Any, Any], ...]
+    compiler: tuple[tuple[str, str], ...]
+    environment: tuple[tuple[str, str], ...]
+    name: str
 
-    def __post_init__(self) -> None:
+    def __init__(self, backend: str, source: str | bytes, arch: str,
+                 build_options: Iterable[str] = (), internal_options: Iterable[str] = (),
+                 headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+                 spec_constants: Iterable[tuple[Any, Any]] | Mapping[Any, Any] = (),
+                 compiler: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+                 environment: Iterable[tuple[str, str]] | Mapping[str, str] = (),
+                 name: str = "") -> None:
         set_ = object.__setattr__
-        if not isinstance(self.backend, str) or not self.backend:
+        if not isinstance(backend, str) or not backend:
             raise InvalidArgumentError("backend must be a non-empty string such as 'opencl'")
-        src = self.source
-        if isinstance(src, (bytes, bytearray)):
+        if isinstance(source, (bytes, bytearray)):
             try:
-                src = bytes(src).decode("utf-8")
+                source = bytes(source).decode("utf-8")
             except UnicodeDecodeError as err:
                 raise InvalidArgumentError(
                     "source is not valid UTF-8; pass the program text as str"
                 ) from err
-            set_(self, "source", src)
-        if not isinstance(src, str):
-            raise UnsupportedTypeError(f"source must be str or bytes, not {type(src).__name__}")
-        if not src.strip():
+        if not isinstance(source, str):
+            raise UnsupportedTypeError(f"source must be str or bytes, not {type(source).__name__}")
+        if not source.strip():
             raise InvalidArgumentError("source is empty; pass the kernel's program text")
-        check_arch(self.arch)
-        set_(self, "build_options", _str_tuple("build_options", self.build_options))
-        set_(self, "internal_options", _str_tuple("internal_options", self.internal_options))
-        set_(self, "headers", _str_pairs("headers", self.headers))
-        set_(self, "spec_constants", _pairs("spec_constants", self.spec_constants))
-        set_(self, "compiler", _str_pairs("compiler", self.compiler))
-        set_(self, "environment", _str_pairs("environment", self.environment))
-        if not isinstance(self.name, str):
-            raise UnsupportedTypeError(f"name must be str, not {type(self.name).__name__}")
+        check_arch(arch)
+        if not isinstance(name, str):
+            raise UnsupportedTypeError(f"name must be str, not {type(name).__name__}")
+        set_(self, "backend", backend)
+        set_(self, "source", source)
+        set_(self, "arch", arch)
+        set_(self, "build_options", _str_tuple("build_options", build_options))
+        set_(self, "internal_options", _str_tuple("internal_options", internal_options))
+        set_(self, "headers", _str_pairs("headers", headers))
+        set_(self, "spec_constants", _pairs("spec_constants", spec_constants))
+        set_(self, "compiler", _str_pairs("compiler", compiler))
+        set_(self, "environment", _str_pairs("environment", environment))
+        set_(self, "name", name)
+        set_(self, "_encoded", None)
+        set_(self, "_key", None)
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        raise AttributeError(f"HashAttributes is immutable; use .with_({attr}=...) for a copy")
+
+    def __delattr__(self, attr: str) -> None:
+        raise AttributeError("HashAttributes is immutable")
+
+    def _hashed(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.HASHED)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._hashed() == other._hashed()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._hashed())
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS)
+        return f"HashAttributes({parts})"
+
+    def __reduce__(self):
+        return (HashAttributes, tuple(getattr(self, f) for f in self.FIELDS))
 
     def canonical(self) -> dict[str, Any]:
         """The attributes as plain JSON data, the exact input of the key."""
@@ -153,7 +195,7 @@ class HashAttributes:
 
     def encoded(self) -> bytes:
         """Canonical bytes: sorted keys, no whitespace, UTF-8."""
-        cached = self.__dict__.get("_encoded")
+        cached = self._encoded
         if cached is None:
             text = json.dumps(
                 self.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
@@ -171,7 +213,7 @@ class HashAttributes:
     @property
     def key(self) -> str:
         """The sha256 hex digest of :meth:`encoded`."""
-        cached = self.__dict__.get("_key")
+        cached = self._key
         if cached is None:
             cached = hashlib.sha256(self.encoded()).hexdigest()
             object.__setattr__(self, "_key", cached)
@@ -179,7 +221,7 @@ class HashAttributes:
 
     def with_(self, **changes: Any) -> "HashAttributes":
         """A copy with some attributes replaced."""
-        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        fields = {f: getattr(self, f) for f in self.FIELDS}
         fields.update(changes)
         return HashAttributes(**fields)
 

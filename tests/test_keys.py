@@ -60,7 +60,7 @@ CHANGES = {
 
 
 def test_every_hashed_field_has_a_change_case():
-    hashed = {f for f, spec in HashAttributes.__dataclass_fields__.items() if spec.compare}
+    hashed = set(HashAttributes.HASHED)
     assert hashed == set(CHANGES)
 
 
@@ -243,7 +243,7 @@ def test_property_round_trip_through_canonical(a):
 @settings(max_examples=150, deadline=None)
 @given(attributes())
 def test_property_encoding_is_deterministic(a):
-    fields = {f: getattr(a, f) for f in HashAttributes.__dataclass_fields__}
+    fields = {f: getattr(a, f) for f in HashAttributes.FIELDS}
     again = HashAttributes(**fields)
     assert again.encoded() == a.encoded()
     assert again.key == a.key
@@ -274,3 +274,18 @@ def test_property_changing_one_attribute_changes_the_key(a, field, data):
     b = a.with_(**{field: data.draw(strategies[field])})
     same = b.canonical()[field] == a.canonical()[field]
     assert (b.key == a.key) == same
+
+
+def test_attributes_are_immutable_hashable_and_picklable():
+    import pickle
+
+    a = HashAttributes(backend="cuda", source="k", arch="sm_90", build_options=["-O3"],
+                       spec_constants={1: 2.5}, name="label")
+    with pytest.raises(AttributeError):
+        a.source = "other"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        del a.arch
+    b = pickle.loads(pickle.dumps(a))
+    assert b == a and b.key == a.key and b.name == "label"
+    assert len({a, b, a.with_(name="other")}) == 1  # the name is not hashed
+    assert "HashAttributes(backend='cuda'" in repr(a)
