@@ -91,6 +91,12 @@ def try_claim(directory: Path, key: str) -> Claim | None:
         os.close(fd)  # the holder released and unlinked it meanwhile: take the new file
 
 
+def held_here(key: str) -> bool:
+    """Whether this process holds the claim on ``key`` (its store is still pending)."""
+    with _lock:
+        return key in _held
+
+
 def want(directory: Path, key: str) -> None:
     """Tell the holder of ``key`` that this process waits for it."""
     try:

@@ -177,8 +177,8 @@ class KernelDB:
         which releases it once stored), or ``None`` when coordination is unavailable or the
         wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway).
         """
-        if self.disabled:
-            return None
+        if self.disabled or claims.held_here(attrs.key):
+            return None  # this process compiled it and is storing it: never wait on oneself
         directory = self.user_dir / "claims"
         user = (self.user_file(attrs.arch),)
         deadline = time.monotonic() + config.wait_timeout()
@@ -187,8 +187,11 @@ class KernelDB:
             try:
                 claim = claims.try_claim(directory, attrs.key)
             except OSError as err:
-                faults.fault(f"cannot coordinate compiles in {directory} ({err}); "
-                             "processes may compile the same kernel", once="claims")
+                # Same once-key as the user file's write faults: a read-only cache warns once.
+                faults.fault(f"cannot write to the kernel cache {self.user_dir} ({err}): kernels "
+                             "are compiled but may not be stored, and processes may compile the "
+                             "same kernel. Make it writable or set KDB_CACHE_DIR to a writable "
+                             "directory.", once=str(self.user_dir))
                 return None
             # Even with the claim: the holder may have published just before releasing it.
             hit = self._find(attrs, user)
@@ -236,6 +239,10 @@ class KernelDB:
             raise
         binary = bytes(binary)
         rec = self.record_compile(attrs, seconds)
+        if not self.disabled:
+            # The store waits for a quiet moment; until then this process answers a repeated
+            # request from memory instead of waiting on its own claim.
+            self._inflight[attrs.key] = binary
         self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec,
                        claim=got)
         return binary

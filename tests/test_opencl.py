@@ -612,3 +612,13 @@ def test_elementwise_kernel_served_after_install(cache_dir, run_py):
     assert first["correct"] and first["compiles"] >= 1
     second = json.loads(run_py(CHILD_ELWISE, env=env).stdout.strip().splitlines()[-1])
     assert second == {"compiles": 0, "correct": True}
+
+
+def test_a_repeated_build_in_one_process_is_served_from_memory(cache_dir, cl_ctx):
+    """Built, its binaries not yet stored: building it again neither compiles nor waits."""
+    first = kdb.opencl.build(cl_ctx, SRC, ["-DN=11"])
+    again = kdb.opencl.build(cl_ctx, SRC, ["-DN=11"])
+    assert len(latency.records()) == 1
+    assert again == first  # the same cl_program, as pyopencl compares programs
+    flush()
+    assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 1

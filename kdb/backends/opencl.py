@@ -242,6 +242,10 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     label = name or _label(text)
     memo = str(db.cache_root)
     attrs = [attributes_for(d, text, user, added, label, arch, memo) for d in devs]
+    memory_key = (ctx.int_ptr, tuple(d.int_ptr for d in devs), tuple(a.key for a in attrs))
+    built = _compiled.get(memory_key)
+    if built is not None:  # compiled by this process, its binaries not read back yet
+        return _wrap(built, wrapper)
 
     hits: list = [None] * len(attrs)
     held: dict[str, Claim] = {}
@@ -282,8 +286,10 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
             missed.setdefault(a.key, (d, a))
     for key in set(held) - set(missed):  # claimed, then served another way: let go
         held.pop(key).release()
+    if missed and not db.disabled:
+        _compiled[memory_key] = raw
     _store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
-                 seconds, held)
+                 seconds, held, forget=memory_key)
     return prg
 
 
@@ -334,8 +340,14 @@ def _wrap(raw, wrapper: cl.Program | None) -> cl.Program:
     return wrapper
 
 
+#: The memory tier: programs this process built from source whose binaries are not yet
+#: read back, keyed by (context, devices, keys). A repeated build is served at once instead
+#: of compiling again or waiting on this process's own claim.
+_compiled: dict[tuple, object] = {}
+
+
 def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
-                 held: dict[str, Claim]) -> None:
+                 held: dict[str, Claim], forget: tuple = ()) -> None:
     """Record the compile now; read and store the binaries on the background thread."""
     per_device = seconds / max(len(devs), 1)
     binaries: dict[int, bytes] | None = None
@@ -349,6 +361,9 @@ def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: 
                 except Exception as err:  # noqa: BLE001 - storing is best effort
                     log.warning("kdb: could not read program binaries: %s", err)
                     binaries = {}
+                finally:
+                    # From here the bytes are in KernelDB's in-flight map, then the user file.
+                    _compiled.pop(forget, None)
             return binaries.get(ptr) or None
         return produce
 

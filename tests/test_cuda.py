@@ -1,0 +1,394 @@
+"""kdb.cuda: cubins through the real nvcc (no GPU needed), keys, errors; pycuda loading on a GPU."""
+
+from __future__ import annotations
+
+import doctest
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import kdb
+import kdb.cuda
+from kdb import BackendUnavailableError, CompileError, InvalidArgumentError, UnsupportedTypeError
+from kdb.backends import cuda as backend
+from kdb.keys import differences
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+
+SCALE_SRC = "__global__ void scale(float *a) { a[threadIdx.x] *= SCALE; }\n"
+DOUBLE_SRC = "__global__ void twice(float *a) { a[threadIdx.x] *= 2.0f; }\n"
+HEADER_SRC = '#include "scale.cuh"\n' + SCALE_SRC
+
+# PTX spells float constants as their IEEE bits: 3.0f, 5.0f, 7.0f.
+PTX_3, PTX_5, PTX_7 = b"0f40400000", b"0f40A00000", b"0f40E00000"
+
+
+@pytest.fixture
+def db(cache_dir):
+    d = kdb.KernelDB()
+    yield d
+    d.close()
+
+
+def _wrapper(directory: Path, body: str) -> Path:
+    """An executable ``nvcc`` shell script in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "nvcc"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def counting_nvcc(tmp_path):
+    """A wrapper named nvcc that logs each invocation, then runs the real nvcc."""
+    log = tmp_path / "nvcc-calls.log"
+    wrapper = _wrapper(tmp_path / "bin", f'echo "$*" >> "{log}"\nexec "{NVCC}" "$@"\n')
+    return wrapper, log
+
+
+def _calls(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def _elf_sm(cubin: bytes) -> int:
+    """The SM version in a cubin's ELF header, read independently of kdb's helper."""
+    assert cubin[:4] == b"\x7fELF"
+    assert struct.unpack_from("<H", cubin, 18)[0] == 190  # EM_CUDA
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
+
+
+# -- compile ------------------------------------------------------------------------------
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cubin_is_built_for_the_requested_arch(db, arch, tmp_path):
+    cubin = kdb.cuda.compile(DOUBLE_SRC, arch=arch, db=db)
+    assert _elf_sm(cubin) == int(arch[3:])
+    assert kdb.cuda.cubin_arch(cubin) == arch
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump:  # the toolkit's own reading, where the toolkit ships it
+        path = tmp_path / "k.cubin"
+        path.write_bytes(cubin)
+        out = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True)
+        assert re.search(rf"\b{arch}\b", out.stdout + out.stderr)
+    db.flush()
+    hit = db.lookup(kdb.cuda.attributes_for(DOUBLE_SRC, arch=arch, memo_dir=db.cache_root))
+    assert hit is not None and hit.tier == "user" and hit.binary == cubin
+    assert (db.user_dir / f"{arch}.kdb").is_file()
+
+
+@needs_nvcc
+def test_ptx_and_fatbin_outputs(db):
+    ptx = kdb.cuda.compile(DOUBLE_SRC, arch="sm_90", output="ptx", db=db)
+    assert b".target sm_90" in ptx and b".entry _Z5twicePf" in ptx  # C++ mangled name
+    fatbin = kdb.cuda.compile(DOUBLE_SRC, arch="sm_90", output="fatbin", db=db)
+    assert fatbin[:4] == bytes.fromhex("50ed55ba")  # fatbin magic 0xba55ed50
+    keys = {kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90", output=o).key
+            for o in ("cubin", "ptx", "fatbin")}
+    assert len(keys) == 3
+
+
+@needs_nvcc
+def test_fresh_process_is_served_without_running_nvcc(cache_dir, counting_nvcc, run_py):
+    wrapper, log = counting_nvcc
+    env = {"PATH": f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"}
+    code = f"""
+        import hashlib, kdb.cuda
+        cubin = kdb.cuda.compile({DOUBLE_SRC!r}, arch="sm_90")
+        print(kdb.cuda.find_nvcc().path)
+        print(kdb.cuda.attributes_for({DOUBLE_SRC!r}, arch="sm_90").key)
+        print(hashlib.sha256(cubin).hexdigest())
+    """
+    first = run_py(code, env=env).stdout.split()
+    assert first[0] == str(wrapper)
+    calls = _calls(log)
+    assert sum("-cubin -arch=sm_90" in c for c in calls) == 1, calls
+    second = run_py(code, env=env).stdout.split()
+    assert second == first
+    assert _calls(log) == calls, "a warm process ran nvcc"
+    # The wrapper's path is not in the key: the toolkit's own nvcc gives the same key.
+    real = kdb.cuda.identity(kdb.cuda.find_nvcc(), cache_dir)
+    real_nvcc = os.path.join(real.toolkit, "bin", "nvcc")
+    assert kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90", nvcc=real_nvcc,
+                                   memo_dir=cache_dir).key == first[1]
+
+
+@needs_nvcc
+def test_key_holds_nothing_machine_local(db, tmp_path, counting_nvcc):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "scale.cuh").write_text("#define SCALE 3.0f\n")
+    attrs = kdb.cuda.attributes_for(HEADER_SRC, "sm_90", ["-I", str(inc)],
+                                    nvcc=counting_nvcc[0], memo_dir=db.cache_root)
+    ident = kdb.cuda.identity(counting_nvcc[0], db.cache_root)
+    text = attrs.encoded().decode()
+    for local in (str(tmp_path), ident.toolkit, NVCC, os.path.dirname(NVCC)):
+        assert local not in text
+    compiler = dict(attrs.compiler)
+    assert "release" in compiler["nvcc_version"]
+    assert {"nvcc_sha256", "cicc_sha256", "ptxas_sha256"} <= set(compiler)
+    assert dict(attrs.headers)["scale.cuh"] == hashlib.sha256(b"#define SCALE 3.0f\n").hexdigest()
+
+
+@needs_nvcc
+def test_header_edit_misses(db, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    header = inc / "scale.cuh"
+    header.write_text("#define SCALE 3.0f\n")
+    ptx = kdb.cuda.compile(HEADER_SRC, "sm_90", include_dirs=[inc], output="ptx", db=db)
+    assert PTX_3 in ptx
+    before = kdb.cuda.attributes_for(HEADER_SRC, "sm_90", include_dirs=[inc], output="ptx")
+    # -I in the options is the same request as include_dirs=.
+    assert kdb.cuda.attributes_for(HEADER_SRC, "sm_90", [f"-I{inc}"], output="ptx") == before
+    header.write_text("#define SCALE 5.0f\n")
+    after = kdb.cuda.attributes_for(HEADER_SRC, "sm_90", include_dirs=[inc], output="ptx")
+    assert after.key != before.key
+    assert differences(before.canonical(), after.canonical()) == ["headers"]
+    ptx = kdb.cuda.compile(HEADER_SRC, "sm_90", include_dirs=[inc], output="ptx", db=db)
+    assert PTX_5 in ptx and PTX_3 not in ptx
+
+
+@needs_nvcc
+def test_option_change_misses(db):
+    three = kdb.cuda.compile(SCALE_SRC, "sm_90", ["-DSCALE=3.0f"], output="ptx", db=db)
+    five = kdb.cuda.compile(SCALE_SRC, "sm_90", "-DSCALE=5.0f", output="ptx", db=db)
+    assert PTX_3 in three and PTX_5 in five
+    a3 = kdb.cuda.attributes_for(SCALE_SRC, "sm_90", ["-DSCALE=3.0f"], output="ptx")
+    # Before the background store lands, this process answers from memory (no nvcc, no wait).
+    assert db.lookup(a3).binary == three
+    db.flush()
+    assert db.lookup(a3).binary == three
+    assert db.lookup(a3.with_(build_options=("-DSCALE=4.0f",))) is None
+
+
+@needs_nvcc
+def test_nvcc_environment_variables_enter_the_key(db, monkeypatch):
+    plain = kdb.cuda.attributes_for(SCALE_SRC, "sm_90", output="ptx")
+    monkeypatch.setenv("NVCC_PREPEND_FLAGS", "-DSCALE=7.0f")
+    flagged = kdb.cuda.attributes_for(SCALE_SRC, "sm_90", output="ptx")
+    assert flagged.key != plain.key
+    assert dict(flagged.environment) == {"NVCC_PREPEND_FLAGS": "-DSCALE=7.0f"}
+    assert PTX_7 in kdb.cuda.compile(SCALE_SRC, "sm_90", output="ptx", db=db)
+
+
+@needs_nvcc
+def test_another_nvcc_misses(db, tmp_path, counting_nvcc):
+    """An nvcc that reports another version is another compiler: its own key, its own compile."""
+    _, log = counting_nvcc
+    other = _wrapper(tmp_path / "other", (
+        'if [ "$1" = "--version" ]; then\n'
+        f'  "{NVCC}" --version | sed "s/, V/, V99./"\n  exit 0\nfi\n'
+        f'echo "other $*" >> "{log}"\nexec "{NVCC}" "$@"\n'))
+    kdb.cuda.compile(DOUBLE_SRC, "sm_90", output="ptx", db=db)
+    db.flush()
+    mine = kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90", output="ptx")
+    theirs = kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90", output="ptx", nvcc=other)
+    assert "V99." in dict(theirs.compiler)["nvcc_version"]
+    assert differences(mine.canonical(), theirs.canonical()) == ["compiler"]
+    assert db.lookup(theirs) is None
+    kdb.cuda.compile(DOUBLE_SRC, "sm_90", output="ptx", db=db, nvcc=other)
+    assert any(c.startswith("other -ptx") for c in _calls(log))
+
+
+def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
+    piece = tmp_path / "ptxas"
+    piece.write_bytes(b"one")
+    st = piece.stat()
+    rec = {"version": "v", "sha256": {}, "stamps": {
+        "ptxas": f"{piece}|{st.st_size}|{st.st_mtime_ns}"}}
+    assert backend._still_valid(rec)
+    piece.write_bytes(b"three")
+    assert not backend._still_valid(rec)
+    piece.unlink()
+    assert not backend._still_valid(rec)
+    assert not backend._still_valid({"stamps": "garbage"})
+
+
+def test_machine_memo_keeps_one_value_per_file(tmp_path):
+    from kdb.digests import machine_memo
+
+    target = tmp_path / "tool"
+    target.write_text("a")
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"n": len(calls)}
+
+    assert machine_memo(tmp_path, "m", target, compute) == {"n": 1}
+    assert machine_memo(tmp_path, "m", target, compute) == {"n": 1}
+    assert machine_memo(tmp_path, "m", target, compute, valid=lambda v: False) == {"n": 2}
+    target.write_text("bb")
+    assert machine_memo(tmp_path, "m", target, compute) == {"n": 3}
+    assert len(json.loads((tmp_path / "m.json").read_text())) == 1
+
+
+# -- errors -------------------------------------------------------------------------------
+
+@needs_nvcc
+def test_nvcc_failure_raises_compile_error_with_its_message(db):
+    bad = "__global__ void broken(float *a) { a[0] = undefined_thing; }\n"
+    with pytest.raises(CompileError) as info:
+        kdb.cuda.compile(bad, "sm_90", ["-DX=1"], db=db)
+    err = info.value
+    assert "undefined_thing" in err.log and "undefined" in str(err)
+    assert "-arch=sm_90" in str(err) and "-DX=1" in str(err)
+    assert err.command[1:3] == ["-cubin", "-arch=sm_90"]
+    db.flush()
+    assert db.lookup(kdb.cuda.attributes_for(bad, "sm_90", ["-DX=1"])) is None
+
+
+def test_missing_nvcc_says_how_to_point_kdb_at_one(cache_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("KDB_NVCC", str(tmp_path / "nowhere" / "nvcc"))
+    with pytest.raises(BackendUnavailableError, match="KDB_NVCC"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_90")
+    monkeypatch.delenv("KDB_NVCC")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(BackendUnavailableError) as info:
+        kdb.cuda.compile(DOUBLE_SRC, "sm_90")
+    assert "KDB_NVCC" in str(info.value) and "CUDA_HOME" in str(info.value)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "SM_90", "gfx90a", "../sm_90", "sm_9", 90, None])
+def test_bad_arch_is_refused_before_nvcc_runs(arch, cache_dir, monkeypatch):
+    monkeypatch.setenv("PATH", "")  # nothing runs: validation comes first
+    with pytest.raises(InvalidArgumentError):
+        kdb.cuda.compile(DOUBLE_SRC, arch)
+
+
+def test_bad_output_and_options_are_refused(cache_dir, monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(InvalidArgumentError, match="output"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_90", output="elf")
+    with pytest.raises(InvalidArgumentError, match="real arch"):
+        kdb.cuda.compile(DOUBLE_SRC, "compute_90")
+    for opts in (["-arch=sm_80"], ["-o", "x.cubin"], ["--gpu-architecture", "sm_80"], ["-ptx"]):
+        with pytest.raises(InvalidArgumentError, match="set by kdb"):
+            kdb.cuda.compile(DOUBLE_SRC, "sm_90", opts)
+    with pytest.raises(UnsupportedTypeError):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_90", [3])
+    with pytest.raises(InvalidArgumentError):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_90", include_dirs="/usr/include")
+    with pytest.raises(InvalidArgumentError):
+        kdb.cuda.cubin_arch(b"not an elf file at all" * 4)
+
+
+# -- loading ------------------------------------------------------------------------------
+
+def test_source_module_without_pycuda_says_what_is_missing(cache_dir):
+    try:
+        import pycuda  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("pycuda is installed here")
+    with pytest.raises(BackendUnavailableError, match=r"kdb\[cuda\]"):
+        kdb.cuda.SourceModule(DOUBLE_SRC)
+
+
+@needs_nvcc
+def test_compile_never_imports_pycuda_and_loading_needs_a_driver(tmp_path, run_py):
+    """With a pycuda whose driver cannot load (no libcuda.so.1), compiling works untouched."""
+    fake = tmp_path / "site" / "pycuda"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "driver.py").write_text(
+        "raise ImportError('libcuda.so.1: cannot open shared object file')\n")
+    out = run_py(f"""
+        import sys, kdb, kdb.cuda
+        cubin = kdb.cuda.compile({DOUBLE_SRC!r}, arch="sm_90")
+        assert cubin[:4] == b"\\x7fELF"
+        assert not any(m.split(".")[0] == "pycuda" for m in sys.modules), "pycuda imported"
+        try:
+            kdb.cuda.SourceModule({DOUBLE_SRC!r})
+        except kdb.BackendUnavailableError as err:
+            print("unavailable:", err)
+    """, env={"PYTHONPATH": str(tmp_path / "site"), "KDB_CACHE_DIR": str(tmp_path / "c")})
+    assert "unavailable:" in out.stdout and "libcuda.so.1" in out.stdout
+
+
+def _gpu_driver():
+    drv = pytest.importorskip("pycuda.driver", reason="pycuda with a working driver")
+    try:
+        drv.init()
+        if drv.Device.count() == 0:
+            pytest.skip("no CUDA device")
+    except drv.Error as err:
+        pytest.skip(f"no CUDA device: {err}")
+    return drv
+
+
+@pytest.mark.gpu
+@needs_nvcc
+def test_source_module_runs_and_a_fresh_process_loads_it_from_kdb(cache_dir, counting_nvcc,
+                                                                  run_py):
+    _gpu_driver()
+    wrapper, log = counting_nvcc
+    env = {"PATH": f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"}
+    code = f"""
+        import numpy as np, pycuda.autoinit, pycuda.driver as drv, kdb.cuda
+        mod = kdb.cuda.SourceModule({DOUBLE_SRC!r})
+        a = np.arange(64, dtype=np.float32)
+        out = a.copy()
+        mod.get_function("twice")(drv.InOut(out), block=(64, 1, 1), grid=(1, 1))
+        assert np.array_equal(out, a * 2), out
+        print(mod.arch)
+    """
+    arch = run_py(code, env=env).stdout.strip()
+    assert re.fullmatch(r"sm_\d+", arch)
+    calls = _calls(log)
+    assert sum(f"-cubin -arch={arch}" in c for c in calls) == 1
+    run_py(code, env=env)
+    assert _calls(log) == calls, "the second process ran nvcc"
+
+
+# -- report, docs -------------------------------------------------------------------------
+
+@needs_nvcc
+def test_kdb_info_shows_the_cuda_toolchain(cache_dir):
+    from kdb.cli import cli
+
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert "CUDA toolchain" in result.output and "sm_90" in result.output
+    data = json.loads(CliRunner().invoke(cli, ["info", "--json"]).output)["cuda"]
+    assert data["nvcc"] == kdb.cuda.find_nvcc().path
+    assert "sm_80" in data["arches"] and "sm_90" in data["arches"]
+    assert data["release"] and not data["problem"]
+
+
+def test_kdb_info_without_nvcc_says_how_to_get_one(cache_dir, monkeypatch):
+    from kdb.cli import cli
+
+    for var in ("KDB_NVCC", "CUDA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", "")
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert "nvcc not found" in result.output and "KDB_NVCC" in result.output
+
+
+def test_doctests():
+    result = doctest.testmod(backend, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_public_module_exports(cache_dir):
+    import kdb.cuda as public
+
+    for name in public.__all__:
+        assert getattr(public, name) is getattr(backend, name)
