@@ -7,7 +7,8 @@ import importlib
 
 import pytest
 
-MODULES = ["kdb", "kdb.keys", "kdb.config", "kdb.includes", "kdb.backends.opencl"]
+MODULES = ["kdb", "kdb.keys", "kdb.config", "kdb.includes", "kdb.fs", "kdb.wheel",
+           "kdb.backends.common", "kdb.backends.opencl", "kdb.backends.cuda"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -43,6 +43,7 @@ from ..errors import (
 )
 from ..includes import header_digests, split_include_options
 from ..keys import HashAttributes
+from .common import label, source_text
 
 if TYPE_CHECKING:
     import subprocess
@@ -134,19 +135,11 @@ def kernel_names(source: str) -> list[str]:
 
 
 def _label(source: str) -> str:
-    names = kernel_names(source)
-    return ",".join(names[:4]) + (",..." if len(names) > 4 else "") if names else "module"
+    return label(_KERNEL_RE, source, "module")
 
 
 def _text(source: str | bytes) -> str:
-    if isinstance(source, bytes):
-        try:
-            return source.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise InvalidArgumentError("CUDA source is not valid UTF-8") from err
-    if not isinstance(source, str):
-        raise UnsupportedTypeError(f"source must be str or bytes, not {type(source).__name__}")
-    return source
+    return source_text(source, "CUDA")
 
 
 def cubin_arch(binary: bytes) -> str:

@@ -30,6 +30,7 @@ from ..errors import CompileError, InvalidArgumentError, UnsupportedTypeError
 from ..includes import header_digests, split_include_options
 from ..keys import HashAttributes
 from .clbinaries import library_of, program_binaries
+from .common import label, source_text
 
 log = logging.getLogger("kdb")
 BACKEND = "opencl"
@@ -139,8 +140,7 @@ def kernel_names(source: str) -> list[str]:
 
 
 def _label(source: str) -> str:
-    names = kernel_names(source)
-    return ",".join(names[:4]) + (",..." if len(names) > 4 else "") if names else "program"
+    return label(_KERNEL_RE, source, "program")
 
 
 # -- options ------------------------------------------------------------------------------
@@ -221,14 +221,7 @@ def build(ctx: cl.Context, source: str | bytes, options: str | Sequence[str] | N
 
 
 def _text(source: str | bytes) -> str:
-    if isinstance(source, bytes):
-        try:
-            return source.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise InvalidArgumentError("OpenCL source is not valid UTF-8") from err
-    if not isinstance(source, str):
-        raise UnsupportedTypeError(f"source must be str or bytes, not {type(source).__name__}")
-    return source
+    return source_text(source, "OpenCL")
 
 
 def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bool,
