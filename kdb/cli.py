@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,20 @@ def info(obj: _Settings, as_json: bool) -> None:
         click.echo("    system db: " + ("found" if d["system_db"] else
                                          f"MISSING ({d['arch']}.kdb): kernels compile at "
                                          "first use"))
+    _echo_cuda(data["cuda"])
+
+
+def _echo_cuda(cuda: dict[str, Any]) -> None:
+    click.echo("CUDA toolchain (kdb.cuda):")
+    if cuda["nvcc"] is None or cuda["problem"]:
+        click.echo(f"  ({cuda['problem']})")
+        return
+    click.echo(f"  nvcc:      {cuda['nvcc']} (from {cuda['found_by']})")
+    click.echo(f"  release:   {cuda['release']}  toolkit {cuda['toolkit']}")
+    click.echo(f"  arches:    {' '.join(cuda['arches']) or '(none listed)'}")
+    click.echo(f"  system db: {' '.join(cuda['system_db']) or 'none for these arches'}")
+    click.echo("  pycuda:    " + ("installed" if cuda["pycuda"] else
+                                  "not installed (loading needs pip install 'kdb[cuda]')"))
 
 
 @cli.command("ls")
@@ -197,11 +212,15 @@ def stats(obj: _Settings, arch: str | None, as_json: bool) -> None:
     def row(name: str, s: dict[str, Any]) -> list[Any]:
         return [name, s["hits"]["system"], s["hits"]["user"], s["misses"], s["compiles"],
                 f"{s['compile_seconds']:.2f}", f"{s['saved_seconds']:.2f}", s["entries"],
-                s["system_entries"], _bytes(s["stored_bytes"]), _bytes(s["raw_bytes"])]
+                s["system_entries"], _bytes(s["stored_bytes"]), _bytes(s["raw_bytes"]),
+                s["evicted"]]
 
     _table(["ARCH", "HITS SYSTEM", "HITS USER", "MISSES", "COMPILES", "COMPILE S", "SAVED S",
-            "ENTRIES", "SYSTEM ENTRIES", "STORED", "RAW"],
+            "ENTRIES", "SYSTEM ENTRIES", "STORED", "RAW", "EVICTED"],
            [row(a, s) for a, s in data["arches"].items()] + [row("total", data)])
+    click.echo(f"cap: {_bytes(data['cap'])} per user file ({config.ENV_CACHE_MAX_SIZE}); "
+               "least recently used entries are evicted past it" if data["cap"] else
+               f"cap: none ({config.ENV_CACHE_MAX_SIZE}=0)")
 
 
 @cli.command("log")
@@ -316,6 +335,84 @@ def clear(obj: _Settings, arch: str | None, yes: bool) -> None:
     click.echo(f"removed {len(removed)} file(s) from {obj.user_dir}")
 
 
+@cli.command()
+@click.option("--repair", is_flag=True,
+              help="Drop bad entries from user files, recompute their totals, move aside a "
+                   "user file that cannot be repaired. System files are never changed.")
+@click.option("--arch", default=None, help="Only this arch id's files.")
+@_json_option
+@click.pass_context
+def verify(ctx: click.Context, repair: bool, arch: str | None, as_json: bool) -> None:
+    """Check every tier's files: integrity, schema revision, and every entry's checksum.
+
+    Each entry must decode to its checksum, hold JSON attributes whose sha256 is its key,
+    and belong to its file's arch; each file's running totals must match its entries.
+    Exits with status 1 when anything is wrong (after --repair: when anything is left).
+
+    \b
+    Example:
+        kdb verify --repair
+    """
+    obj: _Settings = ctx.obj
+    data = report.verify(obj.user_dir, arch, repair=repair)
+    if as_json:
+        _emit_json(data)
+    else:
+        for f in data["files"]:
+            state = "ok" if f["ok"] else "BAD"
+            click.echo(f"{state:3}  {f['path']}  ({f['tier']}, {f['entries']} entries"
+                       + (f", rev {f['revision']}" if f["revision"] else "") + ")")
+            for text in f["problems"]:
+                click.echo(f"     problem: {text}")
+            for b in f["bad_entries"][:20]:
+                click.echo(f"     bad entry {b['key'][:16]} ({b['name'] or '-'}): "
+                           f"{b['problem']}")
+            if len(f["bad_entries"]) > 20:
+                click.echo(f"     ... and {len(f['bad_entries']) - 20} more bad entries")
+            for text in f["notes"]:
+                click.echo(f"     note: {text}")
+            for text in f["repaired"]:
+                click.echo(f"     repaired: {text}")
+        if not data["files"]:
+            click.echo(f"no kdb files found (user tier {obj.user_dir})")
+        bad = sum(1 for f in data["files"] if not f["ok"])
+        click.echo(f"{len(data['files'])} file(s), {data['entries']} entries: "
+                   + ("all sound" if data["ok"] else
+                      f"{bad} file(s) with problems, {data['bad_entries']} bad entries"
+                      + ("" if repair else "; `kdb verify --repair` fixes user files")))
+    if not data["ok"]:
+        ctx.exit(1)
+
+
+@cli.command()
+@click.option("--to", "size", required=True, metavar="SIZE",
+              help="Stored bytes to keep per user file: bytes or a suffix (500M, 2G); 0 "
+                   "empties the files.")
+@click.option("--arch", default=None, help="Only this arch id's file.")
+@_json_option
+@click.pass_obj
+def evict(obj: _Settings, size: str, arch: str | None, as_json: bool) -> None:
+    """Remove least recently used entries until each user file stores at most SIZE.
+
+    The cap KDB_CACHE_MAX_SIZE does this on every insert that would pass it; this command
+    does it now, to any size. Recency is the entries' last access, kept in the database.
+
+    \b
+    Example:
+        kdb evict --to 200M
+    """
+    rows = report.evict(obj.user_dir, config.parse_size(size), arch)
+    if as_json:
+        _emit_json(rows)
+        return
+    if not rows:
+        click.echo(f"no user files in {obj.user_dir}")
+        return
+    _table(["FILE", "REMOVED", "FREED", "ENTRIES LEFT", "STORED LEFT"],
+           [[r["path"], r["removed"], _bytes(r["freed"]), r["entries"],
+             _bytes(r["stored_bytes"])] for r in rows])
+
+
 @cli.command("migrate")
 @click.option("--check", is_flag=True,
               help="Only report; exit with status 1 if a file needs an upgrade.")
@@ -373,6 +470,161 @@ def demo(ctx: click.Context, kernels: int | None, json_out: str | None, keep: bo
     if keep:
         extra["keep"] = True
     ctx.exit(demo_main(kernels=kernels, json_out=json_out, **extra) or 0)
+
+
+# -- pack -----------------------------------------------------------------------------------
+
+class _PackProgress:
+    """Progress of ``kdb pack`` on stderr: a bar on a terminal, plain lines elsewhere."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.arch = ""
+        self.start = time.perf_counter()
+        self.bar: Any = None
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.render_finish()
+            self.bar = None
+
+    def step(self, arch: str, what: str) -> None:
+        self._close_bar()
+        if arch != self.arch:
+            self.arch, self.start = arch, time.perf_counter()
+        click.echo(f"{arch}: {what}", err=True)
+
+    def kernels(self, done: int, total: int, name: str) -> None:
+        """``done`` of ``total`` kernels built; ``name`` is being built now ('' at the end)."""
+        elapsed = time.perf_counter() - self.start
+        if not self.tty:
+            if done < total:
+                click.echo(f"  [{done + 1}/{total}] {name}  ({elapsed:.1f} s elapsed)", err=True)
+            elif name:
+                click.echo(f"  {total}/{total} built; {name}  ({elapsed:.1f} s elapsed)",
+                           err=True)
+            else:
+                click.echo(f"  {total}/{total} kernels done in {elapsed:.1f} s", err=True)
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=f"  {self.arch}", file=sys.stderr,
+                                         show_pos=True, show_eta=False,
+                                         item_show_func=lambda item: item)
+            self.bar.__enter__()
+        item = f"{name or 'done'}  {elapsed:.1f} s"
+        if done > self.bar.pos:
+            self.bar.update(done - self.bar.pos, item)
+        else:  # update() does not redraw for zero steps
+            self.bar.current_item = item
+            self.bar.render_progress()
+        if done >= total and not name:
+            self._close_bar()
+
+    def close(self) -> None:
+        self._close_bar()
+
+
+@cli.command("pack")
+@click.option("--arch", "arches", multiple=True, required=True, metavar="ARCH",
+              help="Arch id to pack for (repeatable); 'native' = the arches of the OpenCL "
+                   "devices present.")
+@click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="TOML manifest of the kernels to compile (see prebuilt/demo.toml).")
+@click.option("--from-db", "from_db", is_flag=False, flag_value="", default=None,
+              metavar="[PATH_OR_URL]",
+              help="Copy every entry of a user database: a .kdb file, a cache directory, or "
+                   "a sqlite:/// or file:/// URL; with no value, the user tier.")
+@click.option("--from-log", is_flag=True,
+              help="Copy exactly the kernels of the start-up latency log (`kdb log`) of the "
+                   "user tier, or of the --from-db database.")
+@click.option("--version", "pkg_version", default=None, metavar="VERSION",
+              help="Version of the wheels (e.g. 1.0.0). Without it only the .kdb files are "
+                   "written (for KDB_SYSTEM_DB_PATH).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for the <arch>.kdb files and the wheels.")
+@click.option("--name", "dist_prefix", default="kdb-system", show_default=True,
+              metavar="PREFIX", help="Wheel name prefix: wheels are <prefix>-<arch>. A framework shipping its "
+                   "own kernels picks its own, so its wheel installs beside kdb's.")
+@click.option("--keep-going", is_flag=True,
+              help="Pack the other kernels when one fails to compile (the exit status is "
+                   "still 1).")
+@_json_option
+@click.pass_context
+def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
+          from_db: str | None, from_log: bool, pkg_version: str | None, out_dir: Path,
+          dist_prefix: str, keep_going: bool, as_json: bool) -> None:
+    """Build read-only system databases <arch>.kdb and their wheels <prefix>-<arch>.
+
+    Kernels come from exactly one of: a manifest (compiled here: OpenCL kernels on the
+    device, so the arch must be present; CUDA kernels by nvcc for any sm_XX, no GPU
+    needed), a user database (--from-db), or the start-up latency log (--from-log).
+    Files are written at the head schema revision with journal_mode=DELETE, vacuumed, and
+    read back read-only. Installing a wheel is all a user does; kdb finds its file through
+    the entry point group kdb.system. Every system database found for an arch serves:
+    KDB_SYSTEM_DB_PATH directories in order, then packages by name; the first that holds a
+    key answers. Progress goes to stderr, the summary to stdout.
+
+    A kernel that fails to compile is reported by name with its build log and stops the
+    pack (exit status 1). With --keep-going the others are packed, the files and wheels
+    written, the failures listed, and the exit status is still 1, so that a build script
+    cannot ship an incomplete set unnoticed. Exit status 0 means every kernel was packed.
+
+    \b
+    Example:
+        kdb pack --arch native --manifest prebuilt/demo.toml --version 1.0.0 --out dist
+        kdb pack --arch pocl-x86_64-znver3 --from-log --out sysdb
+    """
+    from . import pack as packing
+
+    obj: _Settings = ctx.obj
+    if manifest is not None and (from_db is not None or from_log):
+        raise click.UsageError("give --manifest, or --from-db / --from-log, not both")
+    if manifest is None and from_db is None and not from_log:
+        raise click.UsageError("give one input: --manifest FILE, --from-db [PATH_OR_URL] or "
+                               "--from-log")
+    source: str | None = None
+    if from_db is not None or from_log:
+        source = from_db or str(obj.cache_root)  # no value: this command's user tier
+    progress = _PackProgress()
+    try:
+        results = packing.pack(list(arches), out_dir=out_dir, version=pkg_version,
+                               manifest=manifest, from_db=source, from_log=from_log,
+                               keep_going=keep_going, dist_prefix=dist_prefix,
+                               progress=progress.kernels, on_step=progress.step)
+    finally:
+        progress.close()
+    failed = [(r.arch, name, log) for r in results for name, log in r.failures]
+    if as_json:
+        _emit_json([{"arch": r.arch, "file": str(r.path), "entries": r.entries,
+                     "raw_bytes": r.raw_bytes, "stored_bytes": r.stored_bytes,
+                     "file_size": r.file_size, "wheel": str(r.wheel) if r.wheel else None,
+                     "wheel_size": r.wheel.stat().st_size if r.wheel else None,
+                     "seconds": r.seconds, "missing_keys": r.missing,
+                     "failures": [{"kernel": n, "reason": why} for n, why in r.failures]}
+                    for r in results])
+    else:
+        _table(["ARCH", "FILE", "ENTRIES", "RAW", "STORED", "FILE SIZE", "WHEEL", "WHEEL SIZE",
+                "SECONDS"],
+               [[r.arch, r.path.name, r.entries, _bytes(r.raw_bytes), _bytes(r.stored_bytes),
+                 _bytes(r.file_size), r.wheel.name if r.wheel else "-",
+                 _bytes(r.wheel.stat().st_size) if r.wheel else "-", f"{r.seconds:.1f}"]
+                for r in results])
+        click.echo(f"written to {out_dir}")
+        if pkg_version is None:
+            click.echo("no --version given: no wheels built; put the directory in "
+                       f"{config.ENV_SYSTEM_DB_PATH} to use the files")
+    for r in results:
+        if r.missing:
+            click.echo(f"warning: {r.arch}: {len(r.missing)} logged kernel(s) have no stored "
+                       "binary and were left out: " + ", ".join(k[:12] for k in r.missing),
+                       err=True)
+    for arch, name, why in failed:
+        click.echo(f"FAILED: kernel {name!r} ({arch}): "
+                   + "\n  | ".join(why.rstrip().splitlines()), err=True)
+    if failed:
+        click.echo(f"error: {len(failed)} kernel(s) could not be packed and were left out: "
+                   + ", ".join(f"{n} ({a})" for a, n, _ in failed), err=True)
+        ctx.exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -59,11 +59,18 @@ class PackResult:
     raw_bytes: int = 0
     stored_bytes: int = 0
     seconds: float = 0.0
-    failures: list[tuple[str, str]] = field(default_factory=list)  # (kernel, build log)
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (kernel, why + build log)
+    missing: list[str] = field(default_factory=list)  # keys asked for but not in the input
     wheel: Path | None = None
+
+    @property
+    def file_size(self) -> int:
+        """Bytes of the ``.kdb`` file on disk."""
+        return self.path.stat().st_size
 
 
 Progress = Callable[[int, int, str], None]  # (done, total, current kernel)
+Step = Callable[[str, str], None]  # (arch, what is being done now)
 
 
 # -- manifests ----------------------------------------------------------------------------
@@ -74,8 +81,9 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
     Format::
 
         [defaults]                     # optional, applies to every kernel
-        options = ["-cl-mad-enable"]
-        include_dirs = ["include"]
+        options = ["-cl-mad-enable"]   # put before each kernel's own options
+        include_dirs = ["include"]     # passed as -I <dir> after the options
+        backend = "opencl"             # or "cuda" (cross-compiled with nvcc)
 
         [[kernel]]
         name = "axpy"
@@ -83,6 +91,9 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         options = ["-DT=float"]
         defines = { N = 64 }           # appended as -DN=64
         arches = ["pocl-x86_64-znver3"]  # optional subset
+
+    A kernel is built with exactly the option list a framework passes at run time
+    (``options``, then ``defines``, then ``-I`` dirs), so that the keys match its lookups.
     """
     try:
         import tomllib
@@ -98,6 +109,9 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         raise InvalidArgumentError(f"manifest {path} is not valid TOML: {err}") from err
     base = path.resolve().parent
     defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict) or set(defaults) - {"options", "include_dirs", "backend"}:
+        raise InvalidArgumentError(f"manifest {path}: [defaults] may hold only 'options', "
+                                   "'include_dirs' and 'backend'")
     kernels = data.get("kernel", [])
     if not isinstance(kernels, list) or not kernels:
         raise InvalidArgumentError(f"manifest {path} lists no [[kernel]] tables")
@@ -123,7 +137,8 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
             try:
                 source = src_path.read_text(encoding="utf-8")
             except OSError as err:
-                raise InvalidArgumentError(f"{where} ({name}): cannot read {src_path}: {err}") from err
+                raise InvalidArgumentError(
+                    f"{where} ({name}): cannot read {src_path}: {err}") from err
         else:
             source = k["source"]
         options = [*_strings(defaults.get("options", []), where, "defaults.options"),
@@ -135,9 +150,16 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         dirs = [str((base / d).resolve()) for d in
                 (*_strings(defaults.get("include_dirs", []), where, "defaults.include_dirs"),
                  *_strings(k.get("include_dirs", []), where, "include_dirs"))]
-        arches = tuple(config.check_arch(a) for a in _strings(k.get("arches", []), where, "arches"))
-        specs.append(KernelSpec(name, source, tuple(options), tuple(dirs),
-                                k.get("backend", defaults.get("backend", "opencl")), arches))
+        try:
+            arches = tuple(config.check_arch(a)
+                           for a in _strings(k.get("arches", []), where, "arches"))
+        except InvalidArgumentError as err:
+            raise InvalidArgumentError(f"{where} ({name}): {err}") from err
+        backend = k.get("backend", defaults.get("backend", "opencl"))
+        if backend not in ("opencl", "cuda"):
+            raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
+                                       "packs; use 'opencl' or 'cuda'")
+        specs.append(KernelSpec(name, source, tuple(options), tuple(dirs), backend, arches))
     return specs
 
 
@@ -174,45 +196,111 @@ def opencl_arches() -> dict[str, object]:
     return found
 
 
+def applicable(specs: list[KernelSpec], arch: str) -> list[KernelSpec]:
+    """The specs to build for ``arch``: those naming it, else every spec of a back end that
+    can target it (CUDA kernels go to CUDA arches only, OpenCL kernels to every arch)."""
+    return [s for s in specs
+            if (arch in s.arches if s.arches else s.backend != "cuda" or _is_cuda_arch(arch))]
+
+
+def _is_cuda_arch(arch: str) -> bool:
+    """``sm_90``, ``sm_90a``, ``compute_80``: what nvcc targets.
+
+    >>> _is_cuda_arch("sm_90a"), _is_cuda_arch("pocl-x86_64-znver3")
+    (True, False)
+    """
+    import re
+
+    return re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", arch) is not None
+
+
 def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
                      keep_going: bool = False, progress: Progress | None = None
                      ) -> tuple[Path, list[tuple[str, str]]]:
     """Compile the specs for ``arch`` into a user file under ``work_dir``; returns its path
-    and the failures ``(kernel name, build log)``."""
+    and the failures ``(kernel name, why, with the build log)``.
+
+    OpenCL kernels are built on a device of that arch, which must be present; CUDA kernels
+    are cross-compiled by nvcc, no GPU needed. Both go through the same functions a framework
+    calls at run time (:func:`kdb.opencl.build`, :func:`kdb.backends.cuda.compile`), so the
+    keys are those it will look up.
+    """
     from .db import KernelDB
 
-    todo = [s for s in specs if not s.arches or arch in s.arches]
+    todo = applicable(specs, arch)
+    if not todo:
+        raise PackError(f"the manifest lists no kernel for arch {arch!r} (each names other "
+                        "'arches', or is a CUDA kernel and this is not a CUDA arch)")
     backends = {s.backend for s in todo}
-    if backends - {"opencl"}:
-        raise PackError(f"back end(s) {sorted(backends - {'opencl'})} cannot be packed by this "
-                        "kdb yet; only 'opencl' kernels are supported")
-    devices = opencl_arches()
-    if arch not in devices:
-        present = ", ".join(sorted(devices)) or "none"
-        raise PackError(f"no OpenCL device of arch {arch!r} is present, and OpenCL kernels "
-                        f"compile on the device; arches present here: {present}")
-    import pyopencl as cl
+    if backends - {"opencl", "cuda"}:
+        raise PackError(f"unknown back end(s) {sorted(backends - {'opencl', 'cuda'})} in the "
+                        "manifest; kdb packs 'opencl' and 'cuda' kernels")
+    ctx = None
+    if "opencl" in backends:
+        devices = opencl_arches()
+        if arch not in devices:
+            present = ", ".join(sorted(devices)) or "none"
+            raise PackError(f"no OpenCL device of arch {arch!r} is present, and OpenCL kernels "
+                            f"compile on the device; OpenCL arches present here: {present}")
+        import pyopencl as cl
 
-    from .backends.opencl import build
+        ctx = cl.Context([devices[arch]])
 
-    ctx = cl.Context([devices[arch]])
     db = KernelDB(cache_dir=work_dir, system_path=[], use_system=False, disabled=False)
     failures: list[tuple[str, str]] = []
-    for i, spec in enumerate(todo):
+    compiled: dict[str, list[str]] = {}  # kernel name -> keys its build compiled
+    try:
+        for i, spec in enumerate(todo):
+            if progress:
+                progress(i, len(todo), spec.name)
+            seen = len(latency.records())
+            try:
+                _compile_one(spec, arch, ctx, db)
+            except CompileError as err:
+                failures.append((spec.name, "the build failed; build log:\n"
+                                 + (err.log or str(err)).rstrip()))
+                if not keep_going:
+                    break
+            compiled[spec.name] = [r.key for r in latency.records()[seen:]]
         if progress:
-            progress(i, len(todo), spec.name)
-        try:
-            build(ctx, spec.source, spec.build_options(), db=db, name=spec.name)
-        except CompileError as err:
-            failures.append((spec.name, err.log))
-            if not keep_going:
-                break
+            progress(len(todo), len(todo), "storing the binaries")
+    finally:
+        db.close()
+        # These compiles are the product, not a slow start-up: no exit summary for them.
+        latency.reset()
+    path = db.user_file(arch).path
+    # The binaries are read back from the driver and stored in the background, where a
+    # failure is only logged: a kernel that compiled but was not stored is a failure here.
+    stored = _stored_keys(path)
+    for name, keys in compiled.items():
+        if any(k not in stored for k in keys):
+            failures.append((name, "compiled, but its binary could not be read back and "
+                                   "stored (see the kdb warnings above)"))
     if progress:
         progress(len(todo), len(todo), "")
-    db.close()
-    # These compiles are the product, not a slow start-up: keep them out of the exit summary.
-    latency.reset()
-    return db.user_file(arch).path, failures
+    return path, failures
+
+
+def _compile_one(spec: KernelSpec, arch: str, ctx: object, db: object) -> None:
+    if spec.backend == "opencl":
+        from .backends.opencl import build
+
+        build(ctx, spec.source, spec.build_options(), db=db, name=spec.name)
+    else:
+        from .backends import cuda
+
+        cuda.compile(spec.source, arch=arch, options=list(spec.options),
+                     include_dirs=list(spec.include_dirs), db=db, name=spec.name)
+
+
+def _stored_keys(path: Path) -> set[str]:
+    if not path.is_file():
+        return set()
+    f = KernelFile(path, tier="user", readonly=False)
+    try:
+        return {r[0] for r in f.query("SELECT key FROM kernels")}
+    finally:
+        f.close()
 
 
 # -- writing a system file ----------------------------------------------------------------
@@ -230,14 +318,15 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     tmp = Path(tmp_name)
     try:
         migrate.upgrade_sqlite(tmp)
-        conn = sqlite3.connect(tmp, isolation_level=None)
+        # URIs on (not every SQLite build enables them by default), for ATTACH's mode=ro.
+        conn = sqlite3.connect(_uri(tmp), uri=True, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=DELETE")
             conn.execute("BEGIN")
             for n, src in enumerate(sources):
                 if not Path(src).is_file():
                     raise PackError(f"source database {src} does not exist")
-                conn.execute(f"ATTACH DATABASE ? AS src{n}", (f"file:{src}?mode=ro",))
+                conn.execute(f"ATTACH DATABASE ? AS src{n}", (_uri(src, "?mode=ro"),))
                 if keys is None:
                     conn.execute(f"INSERT OR IGNORE INTO kernels ({_COLUMNS}) SELECT {_COLUMNS} "
                                  f"FROM src{n}.kernels WHERE arch = ?", (arch,))
@@ -247,6 +336,8 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
                                      f"{_COLUMNS} FROM src{n}.kernels WHERE arch = ? AND key = ?",
                                      (arch, key))
             conn.execute("UPDATE kernels SET hits = 0, last_access = created")
+            missing = [] if keys is None else sorted(
+                set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
             count, raw, stored = conn.execute(
                 "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
                 "FROM kernels").fetchone()
@@ -264,15 +355,34 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
             conn.close()
         if count == 0:
             raise PackError(f"no kernels for arch {arch!r} in the given input; nothing to pack")
+        tmp.chmod(0o644)  # mkstemp made it private; an installed system file is for everyone
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     _verify(dest, count)
-    return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored)
+    return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored,
+                      missing=missing)
+
+
+def _uri(path: str | os.PathLike[str], query: str = "") -> str:
+    """An SQLite ``file:`` URI for a path (``?``, ``#`` and ``%`` in it quoted).
+
+    >>> _uri("/tmp/a b?.kdb", "?mode=ro")
+    'file:/tmp/a%20b%3F.kdb?mode=ro'
+    """
+    import urllib.parse
+
+    return "file:" + urllib.parse.quote(os.path.abspath(path)) + query
 
 
 def _verify(path: Path, expected: int) -> None:
     """Open the file read-only, as kdb will at run time, and decode every entry."""
+    # Bytes 18-19 of the header are 1 for a rollback journal, 2 for WAL; an immutable
+    # connection's PRAGMA journal_mode does not look (sqlite.org/fileformat2.html#database_header).
+    with open(path, "rb") as fh:
+        header = fh.read(20)
+    if len(header) < 20 or header[18:20] != b"\x01\x01":
+        raise PackError(f"{path} is not in rollback-journal mode; a system file must not be WAL")
     f = KernelFile(path, tier="system", readonly=True)
     try:
         rows = f.query("SELECT key, codec, blob, raw_size, checksum FROM kernels")
@@ -281,9 +391,6 @@ def _verify(path: Path, expected: int) -> None:
         for key, kind, blob, raw_size, digest in rows:
             if codec.decode(kind, blob, raw_size, digest) is None:
                 raise PackError(f"{path}: entry {key[:16]} does not decode; the file is bad")
-        mode = f.query("PRAGMA journal_mode")[0][0]
-        if mode.lower() == "wal":
-            raise PackError(f"{path} is in WAL mode; a system file must use a rollback journal")
     finally:
         f.close()
 
@@ -320,10 +427,14 @@ def resolve_arches(arches: Iterable[str]) -> list[str]:
 
 
 def user_db_file(source: str | os.PathLike[str] | None, arch: str) -> Path:
-    """The user file of ``arch`` named by ``--from-db``: a file, a cache dir, or the default."""
+    """The user file of ``arch`` named by ``--from-db``: a file, a cache dir, or the default.
+
+    ``source`` may also be a URL of a local SQLite file or directory: ``sqlite:///path`` (the
+    SQLAlchemy spelling) or ``file:///path``.
+    """
     if source is None:
         return config.user_dir() / f"{arch}.kdb"
-    p = Path(source).expanduser()
+    p = Path(_url_path(os.fspath(source))).expanduser()
     if p.is_file():
         return p
     for candidate in (p / f"v{config.FORMAT_MAJOR}" / f"{arch}.kdb", p / f"{arch}.kdb"):
@@ -333,47 +444,90 @@ def user_db_file(source: str | os.PathLike[str] | None, arch: str) -> Path:
                     f"{p / f'v{config.FORMAT_MAJOR}' / f'{arch}.kdb'} and {p / f'{arch}.kdb'})")
 
 
+def _url_path(source: str) -> str:
+    """The local path of ``sqlite:///p`` or ``file:///p``; a plain path is returned as is.
+
+    >>> _url_path("sqlite:////tmp/c/v1/sm_90.kdb"), _url_path("file:///tmp/c"), _url_path("c")
+    ('/tmp/c/v1/sm_90.kdb', '/tmp/c', 'c')
+    """
+    import urllib.parse
+
+    scheme, sep, rest = source.partition(":")
+    if not sep or len(scheme) < 2 or not scheme.replace("+", "").isalpha():
+        return source  # no scheme (or a Windows drive letter)
+    if scheme in ("sqlite", "file"):
+        parsed = urllib.parse.urlsplit(source)
+        if parsed.netloc not in ("", "localhost"):
+            raise InvalidArgumentError(f"--from-db {source}: only local files can be read")
+        path = urllib.parse.unquote(parsed.path)
+        # sqlite:///rel is relative and sqlite:////abs absolute (SQLAlchemy's rule)
+        return path[1:] if scheme == "sqlite" and path.startswith("/") else path
+    raise InvalidArgumentError(
+        f"--from-db {source}: {scheme!r} URLs are not supported; give a user database file, a "
+        "cache directory, or a sqlite:/// or file:/// URL of one")
+
+
 def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str | None = None,
          manifest: str | os.PathLike[str] | None = None,
          from_db: str | os.PathLike[str] | None = None, from_log: bool = False,
-         keep_going: bool = False, progress: Progress | None = None,
-         on_arch: Callable[[str], None] | None = None) -> list[PackResult]:
+         keep_going: bool = False, dist_prefix: str = "kdb-system",
+         progress: Progress | None = None, on_step: Step | None = None) -> list[PackResult]:
     """Build ``<arch>.kdb`` for every arch from one input, and a wheel each if ``version``.
 
     Exactly one input: ``manifest`` (compiled here), ``from_db`` (copy a user database) or
-    ``from_log`` (copy the kernels of the start-up latency log of ``from_db``'s database).
+    ``from_log`` (copy the kernels of the start-up latency log of ``from_db``'s database, by
+    default the user tier's). A kernel that fails to compile raises :class:`PackError` with
+    its build log, unless ``keep_going``: then the others are packed and the failures are in
+    each result's ``failures``. Wheels are named ``<dist_prefix>-<arch>``.
     """
     if sum(x for x in (manifest is not None, from_log, from_db is not None and not from_log)) != 1:
         raise InvalidArgumentError("give exactly one input: --manifest FILE, --from-db [PATH] "
                                    "or --from-log")
-    from .wheel import build_wheel
+    from .wheel import build_wheel, check_version, dist_name
 
     out = Path(out_dir)
     specs = load_manifest(manifest) if manifest is not None else None
+    arch_list = resolve_arches(arches)
+    if version is not None:  # a bad version or name fails before any compile
+        check_version(version)
+        for arch in arch_list:
+            dist_name(arch, dist_prefix)
+
+    def step(arch: str, what: str) -> None:
+        if on_step:
+            on_step(arch, what)
+
     results = []
-    for arch in resolve_arches(arches):
-        if on_arch:
-            on_arch(arch)
+    for arch in arch_list:
         start = time.perf_counter()
         failures: list[tuple[str, str]] = []
         with tempfile.TemporaryDirectory(prefix="kdb-pack-") as work:
             if specs is not None:
+                step(arch, "compiling the manifest's kernels")
                 src, failures = compile_manifest(specs, arch, Path(work), keep_going=keep_going,
                                                  progress=progress)
                 if failures and not keep_going:
-                    name, log = failures[0]
-                    raise PackError(f"kernel {name!r} failed to compile for {arch}; fix it or "
-                                    f"pass --keep-going to pack the rest:\n{log.rstrip()}")
+                    name, why = failures[0]
+                    raise PackError(f"kernel {name!r} could not be packed for {arch} (fix it, "
+                                    f"or pass --keep-going to pack the others): {why}")
+                if failures and len(failures) == len(applicable(specs, arch)):
+                    raise PackError(f"no kernel could be packed for {arch} ("
+                                    + ", ".join(n for n, _ in failures) + "); the first, "
+                                    f"{failures[0][0]!r}: {failures[0][1]}")
                 keys = None
             else:
                 src = user_db_file(from_db, arch)
                 keys = log_keys(src) if from_log else None
                 if from_log and not keys:
                     raise PackError(f"the start-up latency log of {src} is empty for {arch}")
+                step(arch, f"copying {'the logged kernels' if from_log else 'the entries'} "
+                           f"of {src}")
+            step(arch, f"writing {out / f'{arch}.kdb'}")
             result = write_system_db(out / f"{arch}.kdb", arch, [src], keys)
         result.failures = failures
         if version is not None:
-            result.wheel = build_wheel(result.path, arch, version, out)
+            step(arch, f"building the wheel {dist_name(arch, dist_prefix)} {version}")
+            result.wheel = build_wheel(result.path, arch, version, out, dist_prefix=dist_prefix)
         result.seconds = time.perf_counter() - start
         results.append(result)
     return results

@@ -28,7 +28,7 @@ log = logging.getLogger("kdb")
 
 #: Counters kept in each user file's ``counters`` table (written by :mod:`kdb.db`).
 COUNTERS = ("hits.system", "hits.user", "misses", "compiles", "compile_seconds",
-            "saved_seconds")
+            "saved_seconds", "evicted")
 _HEX_RE = re.compile(r"[0-9a-f]{4,64}\Z")
 _SIDE_FILES = ("-wal", "-shm", ".lock")
 
@@ -194,6 +194,31 @@ def compiler_short(identity: dict[str, str]) -> str:
     return f"{text}, library sha256 {lib[:12]}" if lib else text
 
 
+def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
+    """The nvcc ``kdb.cuda`` would run, its release, and the arches it builds cubins for.
+
+    ``problem`` says why there is none (how to point kdb at one). ``pycuda`` tells whether
+    the loading half (``kdb.cuda.SourceModule``) can be imported at all.
+    """
+    import importlib.util
+
+    from .backends import cuda
+    from .errors import KdbError
+
+    out: dict[str, Any] = {"nvcc": None, "found_by": None, "release": "", "toolkit": "",
+                           "arches": [], "identity": {}, "problem": "",
+                           "pycuda": importlib.util.find_spec("pycuda") is not None}
+    try:
+        tool = cuda.find_nvcc()
+        out.update(nvcc=tool.path, found_by=tool.found_by)
+        ident = cuda.identity(tool, memo_dir)
+        out.update(release=ident.release, toolkit=ident.toolkit, identity=dict(ident.compiler),
+                   arches=cuda.target_arches(tool))
+    except KdbError as err:
+        out["problem"] = str(err)
+    return out
+
+
 def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
     """Everything ``kdb info`` shows: settings, user files, system databases, devices."""
     users = [describe_file(p, "user", p.name[: -len(".kdb")], "user dir")
@@ -210,6 +235,8 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
     for d in devices:
         d["system_db"] = None if d["arch"] is None else d["arch"] in usable
     missing = sorted({d["arch"] for d in devices if d["arch"] and d["arch"] not in usable})
+    cuda = cuda_toolchain(cache_root)
+    cuda["system_db"] = [a for a in cuda["arches"] if a in usable]
     return {
         "version": _version(),
         "cache_root": str(cache_root),
@@ -218,11 +245,27 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "schema_head": migrate.HEAD,
         "user_files": [asdict(f) for f in users],
         "system_path": [str(d) for d in config.system_dirs()],
-        "system_databases": [asdict(s) for s in systems],
+        "system_databases": [{**asdict(s), **_provider(s.origin)} for s in systems],
         "devices": devices,
         "devices_note": note,
         "missing_system": missing,
+        "cuda": cuda,
     }
+
+
+def _provider(origin: str) -> dict[str, str | None]:
+    """The providing package and version of a system database, from its origin.
+
+    >>> _provider("package kdb_system_sm_90 1.0.0")
+    {'package': 'kdb_system_sm_90', 'version': '1.0.0'}
+    >>> _provider("KDB_SYSTEM_DB_PATH")
+    {'package': None, 'version': None}
+    """
+    kind, _, rest = origin.partition(" ")
+    if kind != "package":
+        return {"package": None, "version": None}
+    name, _, version = rest.partition(" ")
+    return {"package": name, "version": version or None}
 
 
 def _version() -> str:
@@ -258,7 +301,7 @@ def entries(user_dir: Path, arch: str | None = None, tier: str | None = None) ->
 def _empty_stats() -> dict[str, Any]:
     return {"hits": {"system": 0, "user": 0}, "misses": 0, "compiles": 0,
             "compile_seconds": 0.0, "saved_seconds": 0.0, "entries": 0, "stored_bytes": 0,
-            "raw_bytes": 0, "system_entries": 0}
+            "raw_bytes": 0, "system_entries": 0, "evicted": 0}
 
 
 def _add(total: dict[str, Any], part: dict[str, Any]) -> None:
@@ -275,6 +318,8 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
 
     Hits of both tiers, misses and compiles are counted in the user file (system files are
     never written). Stored bytes come from the file's running total, not from a scan.
+    ``cap`` is ``KDB_CACHE_MAX_SIZE`` in bytes (per user file, 0 = none); ``evicted`` counts
+    the entries the cap (or ``kdb evict``) removed.
     """
     per: dict[str, dict[str, Any]] = {}
     for t, path, a in _tier_files(user_dir, arch, None):
@@ -302,6 +347,7 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
         s["hits"]["user"] += int(counters.get("hits.user", 0))
         s["misses"] += int(counters.get("misses", 0))
         s["compiles"] += int(counters.get("compiles", 0))
+        s["evicted"] += int(counters.get("evicted", 0))
         s["compile_seconds"] += float(counters.get("compile_seconds", 0.0))
         s["saved_seconds"] += float(counters.get("saved_seconds", 0.0))
         s["stored_bytes"] += totals.get("stored_bytes", 0)
@@ -310,6 +356,7 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
     for s in per.values():
         _add(total, s)
     total["arches"] = dict(sorted(per.items()))
+    total["cap"] = config.max_size()  # bytes per user file; 0 = no cap
     return total
 
 
@@ -595,3 +642,236 @@ def migrate_files(user_dir: Path, check: bool = False) -> list[dict[str, Any]]:
 def _revision(path: Path) -> str | None:
     with _reading(path, "user") as conn:
         return migrate.revision_of(conn)
+
+
+# -- verify ---------------------------------------------------------------------------------
+
+_VERIFY_SQL = ("SELECT key, name, arch, codec, blob, raw_size, stored_size, checksum, attributes "
+               "FROM kernels")
+
+
+def verify(user_dir: Path, arch: str | None = None, repair: bool = False) -> dict[str, Any]:
+    """Check every tier's files: integrity, schema revision, and every entry.
+
+    An entry is sound when its blob decodes to bytes whose sha256 is its checksum, its
+    attributes are JSON, its key is the sha256 of those attributes, and its arch is the
+    file's. A file's running totals in ``meta`` must equal its entries. With ``repair``,
+    user files (never system files) are fixed: bad entries are deleted and the totals
+    recomputed; a file that fails SQLite's integrity check (after a ``REINDEX``), or is not
+    a kdb database, is moved aside (``*.corrupt-<time>``; kdb creates a new one). A file
+    from a newer kdb, or one another user could change, is left alone.
+
+    Returns ``{"ok": bool, "files": [...], "entries": n, "bad_entries": n}``; each file has
+    ``problems`` (what is wrong), ``bad_entries`` (key, name, problem), ``notes`` and, after
+    a repair, ``repaired`` (what was done).
+    """
+    if arch is not None:
+        config.check_arch(arch)
+    files: list[dict[str, Any]] = []
+    for src in discovery.all_sources():
+        if arch is not None and src.arch != arch:
+            continue
+        if src.problem:
+            files.append(_file_result(src.path, "system", src.arch, [src.problem]))
+        else:
+            files.append(_verify_file(Path(src.path), "system", src.arch))
+    for path in user_files(user_dir, arch):
+        a = path.name[: -len(".kdb")]
+        result = _verify_file(path, "user", a)
+        if repair and not result["ok"]:
+            done = _repair(path, result)
+            if done:
+                result = _verify_file(path, "user", a) if path.exists() else _file_result(
+                    path, "user", a, [])
+                result["repaired"] = done
+        files.append(result)
+    return {"ok": all(f["ok"] for f in files), "files": files,
+            "entries": sum(f["entries"] for f in files),
+            "bad_entries": sum(len(f["bad_entries"]) for f in files)}
+
+
+def _file_result(path: Path, tier: str, arch: str, problems: list[str]) -> dict[str, Any]:
+    return {"path": str(path), "tier": tier, "arch": arch, "revision": None, "entries": 0,
+            "problems": problems, "bad_entries": [], "notes": [], "repaired": [],
+            "ok": not problems, "fatal": bool(problems), "unsafe": False}
+
+
+def _verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
+    from . import fs
+
+    out = _file_result(path, tier, arch, [])
+    problems: list[str] = out["problems"]
+    if tier == "user":
+        why = fs.unsafe_reason(path) or fs.unsafe_reason(path.parent)
+        if why:
+            problems.append(f"refused at run time: {why} (chmod 600 the file, 700 its directory)")
+            out["unsafe"] = True
+    else:
+        problems += _wal_problem(path)
+    if _size(path) == 0:
+        out["notes"].append("empty (created, not yet written)")
+        out["ok"] = not problems
+        return out
+    try:
+        with _reading(path, tier) as conn:
+            check = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+            if check != ["ok"]:
+                problems.append("integrity check failed: " + "; ".join(check[:3]))
+                out["fatal"] = True
+            rev = migrate.revision_of(conn)
+            out["revision"] = rev
+            if rev is None:
+                problems.append("not a kdb database (no schema revision)")
+                out["fatal"] = True
+            elif rev not in migrate.REVISIONS:
+                problems.append(f"schema revision {rev} is newer than this kdb "
+                                f"({migrate.HEAD}); upgrade kdb to check it")
+                out["future"] = True
+            else:
+                if rev != migrate.HEAD:
+                    out["notes"].append(f"at revision {rev} (head {migrate.HEAD})")
+                _verify_entries(conn, arch, out)
+    except sqlite3.DatabaseError as err:
+        problems.append(f"unreadable: {err}")
+        out["fatal"] = True
+    out["ok"] = not problems and not out["bad_entries"]
+    return out
+
+
+def _wal_problem(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            header = f.read(20)
+    except OSError:
+        return []
+    if header[18:20] != b"\x02\x02":
+        return []
+    return ["system file in WAL mode (kdb reads it immutable, ignoring any -wal); rebuild it "
+            "with `kdb pack`, which writes journal_mode=DELETE"]
+
+
+def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) -> None:
+    """Decode every entry and compare the running totals with what the file holds."""
+    import hashlib
+
+    from .codec import decode
+    from .store import _missing_tables
+
+    missing = _missing_tables(conn, out["revision"])
+    if missing:
+        out["problems"].append("missing table(s): " + ", ".join(missing))
+        out["fatal"] = True
+        return
+    count = raw_total = stored_total = 0
+    for key, name, row_arch, kind, blob, raw_size, stored_size, digest, attributes in \
+            conn.execute(_VERIFY_SQL):
+        count += 1
+        raw_total += raw_size or 0
+        stored_total += stored_size or 0
+        why = ""
+        if decode(kind, blob, raw_size, digest) is None:
+            why = "checksum mismatch (the blob does not decode to its checksum)"
+        elif not _is_json(attributes):
+            why = "attributes are not JSON"
+        elif hashlib.sha256(attributes.encode("utf-8")).hexdigest() != key:
+            why = "key is not the sha256 of the stored attributes"
+        elif row_arch != arch:
+            why = f"built for arch {row_arch!r}, found in the file of {arch!r}"
+        elif stored_size != len(blob):
+            why = f"stored_size {stored_size} but the blob has {len(blob)} bytes"
+        if why:
+            out["bad_entries"].append({"key": key, "name": name, "problem": why})
+    out["entries"] = count
+    if out["revision"] in migrate.REVISIONS[2:]:  # running totals since revision 0003
+        meta = {k: v for k, v in _rows(conn, "SELECT name, value FROM meta WHERE name IN "
+                                             "('entries', 'raw_bytes', 'stored_bytes')")}
+        want = {"entries": count, "raw_bytes": raw_total, "stored_bytes": stored_total}
+        wrong = [f"{k} {meta.get(k)} (holds {v})" for k, v in want.items()
+                 if str(meta.get(k)) != str(v)]
+        if wrong:
+            out["problems"].append("running totals in meta are wrong: " + ", ".join(wrong))
+
+
+def _is_json(text: Any) -> bool:
+    try:
+        json.loads(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _repair(path: Path, result: dict[str, Any]) -> list[str]:
+    """Fix one user file as :func:`verify` describes; returns what was done."""
+    from .store import KernelFile, _bump_meta
+
+    if result.get("unsafe") or result.get("future"):
+        return []
+    if result["fatal"] and _reindexed(path):
+        result = _verify_file(path, "user", result["arch"])
+        if result["ok"]:
+            return ["indexes rebuilt (REINDEX)"]
+    if result["fatal"]:
+        KernelFile(path, tier="user", readonly=False)._quarantine()
+        return ["moved aside as *.corrupt-<time>; kdb creates a new file on its next write"]
+    done = []
+    bad = [b["key"] for b in result["bad_entries"]]
+    conn = sqlite3.connect(path, timeout=config.BUSY_TIMEOUT_S, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        for key in bad:
+            conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
+        if bad:
+            done.append(f"dropped {len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}")
+        if result["revision"] in migrate.REVISIONS[2:]:
+            count, raw, stored = conn.execute(
+                "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
+                "FROM kernels").fetchone()
+            conn.execute("DELETE FROM meta WHERE name IN ('entries', 'raw_bytes', "
+                         "'stored_bytes')")
+            for name, value in (("entries", count), ("raw_bytes", raw),
+                                ("stored_bytes", stored)):
+                _bump_meta(conn, name, value)
+            done.append("running totals recomputed")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return done
+
+
+def _reindexed(path: Path) -> bool:
+    """Try ``REINDEX`` on a file whose integrity check failed; True if it then passes."""
+    try:
+        conn = sqlite3.connect(path, timeout=config.BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            conn.execute("REINDEX")
+            return conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False
+
+
+# -- evict ----------------------------------------------------------------------------------
+
+def evict(user_dir: Path, target: int, arch: str | None = None) -> list[dict[str, Any]]:
+    """Remove least recently used entries until each user file stores at most ``target``
+    bytes (the cap applies per file); returns, per file, what was removed and what is left.
+    """
+    from .store import KernelFile
+
+    if isinstance(target, bool) or not isinstance(target, int) or target < 0:
+        raise InvalidArgumentError(f"eviction target must be a size in bytes >= 0, not "
+                                   f"{target!r}")
+    out = []
+    for path in user_files(user_dir, arch):
+        f = KernelFile(path, tier="user", readonly=False)
+        try:
+            removed, freed = f.evict_to(target)
+            left = dict(f.query("SELECT name, value FROM meta WHERE name IN "
+                                "('entries', 'stored_bytes')"))
+        finally:
+            f.close()
+        out.append({"path": str(path), "arch": path.name[: -len(".kdb")], "removed": removed,
+                    "freed": freed, "entries": int(left.get("entries", 0)),
+                    "stored_bytes": int(left.get("stored_bytes", 0))})
+    return out

@@ -15,48 +15,73 @@ import tempfile
 from pathlib import Path
 
 from . import config
-from .errors import KdbError
+from .errors import InvalidArgumentError, KdbError
 
 
 class WheelBuildError(KdbError):
     """The packaging tools could not build a system-database wheel."""
 
 
-_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([ab]|rc)?[0-9]*(\.post[0-9]+)?(\.dev[0-9]+)?$")
+_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
+                         r"(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
+_PREFIX_RE = re.compile(r"^[a-z]([a-z0-9._-]*[a-z0-9])?$")
+
+#: Distribution name prefix of the wheels ``kdb pack`` builds (``kdb-system-<arch>``).
+DEFAULT_PREFIX = "kdb-system"
 
 
-def dist_name(arch: str) -> str:
-    """The distribution name for an arch: ``kdb-system-<arch>``, with ``+``/``-`` feature
+def check_version(version: str) -> str:
+    """``version`` if it is a package version (PEP 440, public part), else raise.
+
+    >>> check_version("2026.11.1"), check_version("1.0.0rc1")
+    ('2026.11.1', '1.0.0rc1')
+    """
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        raise InvalidArgumentError(f"version {version!r} is not a valid package version "
+                                   "(for example 1.0.0, 2026.11.1 or 1.0.0rc1)")
+    return version
+
+
+def dist_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The distribution name for an arch: ``<prefix>-<arch>``, with ``+``/``-`` feature
     flags spelled ``-on``/``-off`` so that the name is valid.
+
+    A framework that ships its own system databases picks its own ``prefix`` (for example
+    ``myfw-kernels``), so that its package and kdb's for the same arch install side by side.
 
     >>> dist_name("sm_90"), dist_name("gfx90a_sramecc+_xnack-")
     ('kdb-system-sm_90', 'kdb-system-gfx90a_sramecc-on_xnack-off')
+    >>> dist_name("sm_90", "myfw-kernels")
+    'myfw-kernels-sm_90'
     """
     config.check_arch(arch)
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise InvalidArgumentError(
+            f"package name prefix {prefix!r} is not valid: use lower-case letters, digits and "
+            "'._-', starting with a letter (for example 'kdb-system' or 'myfw-kernels')")
     name = re.sub(r"-(?=_|$)", "-off", arch.replace("+", "-on"))
-    return f"kdb-system-{name}"
+    return f"{prefix}-{name}"
 
 
-def module_name(arch: str) -> str:
+def module_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The importable package name that holds the file.
 
     >>> module_name("pocl-x86_64-znver3")
     'kdb_system_pocl_x86_64_znver3'
     """
-    return re.sub(r"[^a-z0-9_]", "_", dist_name(arch).lower())
+    return re.sub(r"[^a-z0-9_]", "_", dist_name(arch, prefix).lower())
 
 
-def build_wheel(kdb_file: Path, arch: str, version: str, out_dir: Path) -> Path:
-    """Build ``kdb-system-<arch>-<version>-py3-none-any.whl`` around ``kdb_file``."""
-    if not _VERSION_RE.match(version):
-        raise WheelBuildError(f"version {version!r} is not a valid package version "
-                              "(for example 1.0.0 or 2026.11.1)")
+def build_wheel(kdb_file: Path, arch: str, version: str, out_dir: Path,
+                dist_prefix: str = DEFAULT_PREFIX) -> Path:
+    """Build ``<dist_prefix>-<arch>-<version>-py3-none-any.whl`` around ``kdb_file``."""
+    check_version(version)
     kdb_file = Path(kdb_file)
     if kdb_file.name != f"{arch}.kdb":
         raise WheelBuildError(f"{kdb_file} must be named {arch}.kdb")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    mod = module_name(arch)
+    mod = module_name(arch, dist_prefix)
     with tempfile.TemporaryDirectory(prefix="kdb-wheel-") as tmp:
         proj = Path(tmp) / "project"
         pkg = proj / mod
@@ -65,8 +90,9 @@ def build_wheel(kdb_file: Path, arch: str, version: str, out_dir: Path) -> Path:
         (pkg / "__init__.py").write_text(
             f'"""System kernel database for arch {arch} (data only; kdb reads {arch}.kdb)."""\n',
             encoding="utf-8")
-        (proj / "pyproject.toml").write_text(_PYPROJECT.format(
-            dist=dist_name(arch), version=version, arch=arch, mod=mod), encoding="utf-8")
+        text = _PYPROJECT.format(dist=dist_name(arch, dist_prefix), version=version, arch=arch,
+                                 mod=mod)
+        (proj / "pyproject.toml").write_text(text, encoding="utf-8")
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                "--quiet", "--wheel-dir", str(Path(tmp) / "dist"), str(proj)]
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -75,3 +75,33 @@ def run_py(tmp_path):
         return proc
 
     return run
+
+
+def run_checked(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,
+                timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run a command; fail the test with its output if it exits non-zero."""
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="session")
+def kdb_venv(tmp_path_factory) -> Path:
+    """A new virtual environment holding the kdb wheel built from this tree, pyopencl[pocl]
+    and numpy: what a user gets from ``pip install kdb``. Built once per session (the tests
+    of the wheel and of ``kdb pack`` share it); pip's cache makes the installs quick.
+    """
+    import venv
+
+    tmp = tmp_path_factory.mktemp("kdb-venv")
+    dist = tmp / "dist"
+    run_checked([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", dist, REPO],
+                cwd=tmp)
+    wheels = list(dist.glob("kdb-*.whl"))
+    assert len(wheels) == 1, wheels
+    env_dir = tmp / "venv"
+    venv.create(env_dir, with_pip=True)
+    run_checked([env_dir / "bin" / "python", "-m", "pip", "install", "--quiet", wheels[0],
+                 "pyopencl[pocl]", "numpy"], cwd=tmp)
+    return env_dir

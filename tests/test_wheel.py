@@ -8,38 +8,23 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import venv
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import run_checked
 
 pytestmark = pytest.mark.slow
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+    return run_checked(cmd, cwd, env).stdout
 
 
-@pytest.fixture(scope="module")
-def installed_venv(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("wheel")
-    dist = tmp / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dist),
-          str(REPO)], cwd=tmp)
-    wheels = list(dist.glob("kdb-*.whl"))
-    assert len(wheels) == 1
-    env_dir = tmp / "venv"
-    venv.create(env_dir, with_pip=True)
-    py = env_dir / "bin" / "python"
-    _run([str(py), "-m", "pip", "install", "--quiet", str(wheels[0])], cwd=tmp)
-    return env_dir
+@pytest.fixture
+def installed_venv(kdb_venv) -> Path:
+    """The session's new virtual environment with the kdb wheel installed (conftest)."""
+    return kdb_venv
 
 
 def test_installed_kdb_info_runs(installed_venv, tmp_path):

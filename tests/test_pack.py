@@ -1,0 +1,538 @@
+"""`kdb pack`: system databases built from a manifest, a user database or the start-up latency
+log, wrapped in wheels that a new virtual environment installs and serves from."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import doctest
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import REPO, run_checked
+from kdb import HashAttributes, KernelDB, demo, discovery, latency, migrate, report, wheel
+from kdb import pack as packing
+from kdb.cli import cli
+from kdb.errors import InvalidArgumentError
+
+NOSYS = demo.MISSING_SYSTEM_DB
+SCALE = "__kernel void scale(__global float *x, float a) { x[get_global_id(0)] *= a; }\n"
+ADD = "__kernel void add_n(__global int *x) { x[get_global_id(0)] += N; }\n"
+BROKEN = "__kernel void broken(__global float *x) { x[0] = undeclared_thing; }\n"
+SMALL_MANIFEST = f'''
+[[kernel]]
+name = "scale"
+source = """{SCALE}"""
+
+[[kernel]]
+name = "add_n"
+source = """{ADD}"""
+defines = {{ N = 3 }}
+'''
+
+
+def invoke(*args: object) -> object:
+    """Run ``kdb ARGS`` in this process; stdout and stderr kept apart."""
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def keys_in(path: Path) -> set[str]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)  # sees a user file's WAL too
+    try:
+        return {r[0] for r in conn.execute("SELECT key FROM kernels")}
+    finally:
+        conn.close()
+
+
+def rows_of(path: Path) -> list[tuple[str, str, str]]:
+    """(key, name, attributes) of every entry."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        return conn.execute("SELECT key, name, attributes FROM kernels ORDER BY name").fetchall()
+    finally:
+        conn.close()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def arch(cl_ctx) -> str:
+    """The arch of this machine's PoCL device (what `--arch native` packs)."""
+    from kdb.opencl import arch_of
+
+    return arch_of(cl_ctx.devices[0])
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory, cl_ctx, arch) -> dict:
+    """`kdb pack --arch native` of a two-kernel manifest, with a wheel: the CLI's result."""
+    tmp = tmp_path_factory.mktemp("small-pack")
+    manifest = tmp / "small.toml"
+    manifest.write_text(SMALL_MANIFEST)
+    out = tmp / "out"
+    result = invoke("pack", "--arch", "native", "--manifest", manifest, "--version", "1.2.3",
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    return {"manifest": manifest, "out": out, "file": out / f"{arch}.kdb", "result": result}
+
+
+# -- the manifest ----------------------------------------------------------------------------
+
+def test_demo_manifest_builds_exactly_what_the_demo_builds():
+    """Same sources, same option list (options, then -I <demo_kernels>): the same keys."""
+    specs = packing.load_manifest(REPO / "prebuilt" / "demo.toml")
+    assert [s.name for s in specs] == [p.name for p in demo.PROGRAMS]
+    for spec, prog in zip(specs, demo.PROGRAMS):
+        assert spec.backend == "opencl" and spec.arches == ()
+        assert spec.source == (demo.KERNEL_DIR / prog.file).read_text()
+        assert spec.build_options() == [*prog.options, "-I", str(demo.KERNEL_DIR)]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "no [[kernel]]"),
+    ("[[kernel]]\nname = 'a'\n", "exactly one of 'file' or 'source'"),
+    ("[[kernel]]\nname = 'a'\nsource = 'x'\n[[kernel]]\nname = 'a'\nsource = 'y'\n",
+     "duplicate kernel name"),
+    ("[[kernel]]\nname = 'a'\nsource = 'x'\nflags = []\n", "unknown keys"),
+    ("[[kernel]]\nname = 'a'\nfile = 'absent.cl'\n", "cannot read"),
+    ("[[kernel]]\nname = 'a'\nsource = 'x'\narches = ['../x']\n", "not valid"),
+    ("[[kernel\n", "not valid TOML"),
+])
+def test_a_bad_manifest_is_a_clear_error(tmp_path, text, message):
+    path = tmp_path / "m.toml"
+    path.write_text(text)
+    with pytest.raises(InvalidArgumentError, match="m.toml") as err:
+        packing.load_manifest(path)
+    assert message in str(err.value)
+
+
+def test_manifest_defaults_defines_and_relative_paths(tmp_path):
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "k.cl").write_text(SCALE)
+    path = tmp_path / "m.toml"
+    path.write_text('[defaults]\noptions = ["-cl-mad-enable"]\ninclude_dirs = ["inc"]\n'
+                    '[[kernel]]\nname = "k"\nfile = "k.cl"\noptions = ["-DA=1"]\n'
+                    'defines = { B = 2, C = true }\n')
+    [spec] = packing.load_manifest(path)
+    assert spec.source == SCALE
+    assert spec.build_options() == ["-cl-mad-enable", "-DA=1", "-DB=2", "-DC=1",
+                                     "-I", str(tmp_path / "inc")]
+
+
+def test_pack_and_wheel_doctests():
+    for module in (packing, wheel):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+# -- pack from a manifest --------------------------------------------------------------------
+
+def test_pack_reports_progress_and_a_summary(small, arch):
+    result = small["result"]
+    err = result.stderr
+    assert "[1/2] scale" in err and "[2/2] add_n" in err and "2/2 kernels done" in err
+    assert f"{arch}: writing" in err and "building the wheel" in err
+    header, row = result.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["ARCH", "FILE", "ENTRIES"] and "SECONDS" in header
+    assert row.split()[:3] == [arch, f"{arch}.kdb", "2"]
+    assert f"{wheel.module_name(arch)}-1.2.3-py3-none-any.whl" in row
+    assert {name for _, name, _ in rows_of(small["file"])} == {"scale", "add_n"}
+
+
+def test_packed_file_is_a_read_only_system_database(small, arch, tmp_path, monkeypatch,
+                                                    cl_ctx):
+    """journal_mode=DELETE, head revision, vacuumed, readable without write access, and
+    byte for byte unchanged after serving as a system tier."""
+    import pyopencl as cl
+
+    import kdb.opencl
+
+    packed = small["file"]
+    assert packed.stat().st_mode & 0o777 == 0o644
+    d = tmp_path / "system"
+    d.mkdir()
+    path = d / packed.name
+    shutil.copyfile(packed, path)
+    header = path.read_bytes()[:100]
+    assert header[:16] == b"SQLite format 3\x00"
+    assert header[18:20] == b"\x01\x01"  # rollback journal, not WAL (2, 2)
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert migrate.revision_of(conn) == migrate.HEAD
+        assert conn.execute("PRAGMA freelist_count").fetchone()[0] == 0  # vacuumed
+        meta = dict(conn.execute("SELECT name, value FROM meta"))
+        assert conn.execute("SELECT count(*) FROM compile_log").fetchone()[0] == 0
+        assert conn.execute("SELECT sum(hits) FROM kernels").fetchone()[0] == 0
+    finally:
+        conn.close()
+    assert meta["arch"] == arch
+    before = sha256(path)
+    path.chmod(0o444)
+    d.chmod(0o555)
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(d))
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        db = KernelDB()
+        for key, name, attributes in rows_of(path):
+            hit = db.lookup(HashAttributes.from_canonical(attributes, name))
+            assert (hit.tier, hit.path) == ("system", str(path)), name
+        prg = kdb.opencl.build(cl_ctx, SCALE, [], db=db, name="scale")
+        assert prg.get_info(cl.program_info.KERNEL_NAMES) == "scale"
+        assert latency.records() == []  # served, not compiled
+        db.close()
+    finally:
+        d.chmod(0o755)
+    assert sha256(path) == before
+    assert sorted(p.name for p in d.iterdir()) == [path.name]
+
+
+def test_wheel_holds_the_file_the_entry_point_and_a_valid_record(small, arch):
+    mod, dist = wheel.module_name(arch), wheel.dist_name(arch)
+    [whl] = small["out"].glob("*.whl")
+    assert whl.name == f"{mod}-1.2.3-py3-none-any.whl"
+    info = f"{mod}-1.2.3.dist-info"
+    with zipfile.ZipFile(whl) as z:
+        names = set(z.namelist())
+        assert z.read(f"{mod}/{arch}.kdb") == small["file"].read_bytes()
+        entry_points = z.read(f"{info}/entry_points.txt").decode()
+        assert discovery._parse_group(entry_points, discovery.GROUP) == [(arch, mod)]
+        tags = z.read(f"{info}/WHEEL").decode().splitlines()
+        assert "Tag: py3-none-any" in tags and "Root-Is-Purelib: true" in tags
+        metadata = z.read(f"{info}/METADATA").decode().splitlines()
+        assert f"Name: {dist}" in metadata and "Version: 1.2.3" in metadata
+        record = list(csv.reader(io.StringIO(z.read(f"{info}/RECORD").decode())))
+        assert {row[0] for row in record} == names  # every file listed, nothing else
+        assert not any(n.endswith(".py") and n != f"{mod}/__init__.py" for n in names)
+        for path, digest, size in record:
+            if path == f"{info}/RECORD":
+                assert (digest, size) == ("", "")
+                continue
+            data = z.read(path)
+            algo, _, value = digest.partition("=")
+            assert algo == "sha256", path
+            expect = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert value == expect.decode(), path
+            assert int(size) == len(data), path
+
+
+def test_a_kernel_that_fails_to_compile_is_named_with_its_log(tmp_path, arch, cl_ctx):
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(SMALL_MANIFEST.replace('[[kernel]]\nname = "add_n"',
+                                               f'[[kernel]]\nname = "broken"\nsource = '
+                                               f'"""{BROKEN}"""\n\n[[kernel]]\nname = "add_n"'))
+    out = tmp_path / "out"
+    result = invoke("pack", "--arch", arch, "--manifest", manifest, "--version", "1.0",
+                    "--out", out)
+    assert result.exit_code == 1
+    assert "kernel 'broken' could not be packed" in result.stderr
+    assert "undeclared_thing" in result.stderr  # the build log
+    assert "--keep-going" in result.stderr
+    assert "[3/3] add_n" not in result.stderr  # it stopped at the failure
+    assert not out.exists() or list(out.iterdir()) == []
+
+    result = invoke("pack", "--arch", arch, "--manifest", manifest, "--version", "1.0",
+                    "--out", out, "--keep-going", "--json")
+    assert result.exit_code == 1  # documented: a failure is never a success
+    [res] = json.loads(result.stdout)
+    assert res["entries"] == 2 and Path(res["wheel"]).is_file()
+    [failure] = res["failures"]
+    assert failure["kernel"] == "broken" and "undeclared_thing" in failure["reason"]
+    assert "FAILED: kernel 'broken'" in result.stderr and "undeclared_thing" in result.stderr
+    assert {name for _, name, _ in rows_of(out / f"{arch}.kdb")} == {"scale", "add_n"}
+
+
+def test_an_opencl_arch_that_is_not_present_names_those_that_are(small, arch, tmp_path):
+    result = invoke("pack", "--arch", "sm_90", "--manifest", small["manifest"], "--out",
+                    tmp_path / "out")
+    assert result.exit_code == 1
+    assert "'sm_90'" in result.stderr and arch in result.stderr
+    assert "present" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--arch", "../x"], "not valid"),
+    (["--arch", "native", "--version", "one"], "not a valid package version"),
+    (["--arch", "native", "--version", "1.0", "--name", "Bad Name"], "prefix"),
+])
+def test_bad_arguments_fail_before_compiling(small, tmp_path, args, message):
+    result = invoke("pack", "--manifest", small["manifest"], "--out", tmp_path / "out", *args)
+    assert result.exit_code == 1 and message in result.stderr
+    assert "[1/2]" not in result.stderr
+
+
+@pytest.mark.parametrize("inputs", [[], ["--manifest", "m.toml", "--from-log"],
+                                    ["--manifest", "m.toml", "--from-db", "x.kdb"]])
+def test_exactly_one_input_is_required(tmp_path, inputs):
+    result = invoke("pack", "--arch", "native", "--out", tmp_path, *inputs)
+    assert result.exit_code == 2 and "--manifest" in result.stderr
+
+
+CUDA_SRC = ('extern "C" __global__ void saxpy(float a, const float *x, float *y) '
+            '{ int i = threadIdx.x; y[i] += A * a * x[i]; }')
+
+
+def test_cuda_arches_cross_compile_without_a_gpu(tmp_path, monkeypatch):
+    """nvcc builds sm_80 and sm_90 here (no GPU); kdb.cuda.compile then hits the packed file.
+    OpenCL kernels of the same manifest go to OpenCL arches only when named for them."""
+    cuda = pytest.importorskip("kdb.backends.cuda")
+    try:
+        cuda.find_nvcc()
+    except Exception as err:  # noqa: BLE001 - no toolkit on this machine
+        pytest.skip(f"no nvcc: {err}")
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(f"""
+[[kernel]]
+name = "saxpy"
+backend = "cuda"
+source = '{CUDA_SRC}'
+defines = {{ A = 2 }}
+
+[[kernel]]
+name = "scale"
+source = \"\"\"{SCALE}\"\"\"
+arches = ["pocl-x86_64-znver3", "pocl-x86_64-skylake"]
+""")
+    out = tmp_path / "out"
+    result = invoke("pack", "--arch", "sm_80", "--arch", "sm_90", "--manifest", manifest,
+                    "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    assert [(r["arch"], r["entries"]) for r in json.loads(result.stdout)] == [("sm_80", 1),
+                                                                              ("sm_90", 1)]
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(out))
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path / "cache"))
+    for arch in ("sm_80", "sm_90"):
+        cubin = cuda.compile(CUDA_SRC, arch=arch, options=["-DA=2"], name="saxpy")
+        assert cuda.cubin_arch(cubin) == arch
+    assert latency.records() == []  # both served by the packed files
+
+
+# -- pack from the latency log or a user database --------------------------------------------
+
+def test_from_log_packs_exactly_the_logged_kernels_and_from_db_all(cache_dir, cl_ctx, arch,
+                                                                   tmp_path):
+    import kdb.opencl
+
+    db = KernelDB()
+    sources = [SCALE, ADD, "__kernel void twice(__global float *x) { x[0] *= 2.0f; }"]
+    for i, src in enumerate(sources):
+        kdb.opencl.build(cl_ctx, src, ["-DN=1"], db=db, name=f"k{i}")
+    db.flush()
+    logged = {r.key for r in latency.records()}
+    assert len(logged) == 3
+    latency.reset()
+    kdb.opencl.build(cl_ctx, SCALE, ["-DN=1"], db=db, name="k0")  # a hit: not logged
+    assert latency.records() == []
+    extra = HashAttributes(backend="test", source="stored, never compiled", arch=arch)
+    assert db.put(extra, b"\x01" * 256)
+    db.close()
+    user_file = cache_dir / "v1" / f"{arch}.kdb"
+    assert keys_in(user_file) == logged | {extra.key}
+
+    result = invoke("pack", "--arch", arch, "--from-log", "--out", tmp_path / "log")
+    assert result.exit_code == 0, result.output
+    assert keys_in(tmp_path / "log" / f"{arch}.kdb") == logged
+
+    for i, source in enumerate(([], [user_file], [f"sqlite:///{user_file}"],
+                                [f"file://{cache_dir}"])):
+        out = tmp_path / f"db{i}"
+        result = invoke("--cache-dir", cache_dir, "pack", "--arch", arch, "--from-db", *source,
+                        "--out", out)
+        assert result.exit_code == 0, result.output
+        assert keys_in(out / f"{arch}.kdb") == logged | {extra.key}, source
+
+
+def test_from_db_errors_are_clear(cache_dir, arch, tmp_path):
+    result = invoke("pack", "--arch", arch, "--from-db", tmp_path / "nothing", "--out", tmp_path)
+    assert result.exit_code == 1 and "no database for arch" in result.stderr
+    result = invoke("pack", "--arch", arch, "--from-db", "postgresql://h/db", "--out", tmp_path)
+    assert result.exit_code == 1 and "not supported" in result.stderr
+    result = invoke("pack", "--arch", arch, "--from-log", "--out", tmp_path)
+    assert result.exit_code == 1 and "no database for arch" in result.stderr
+
+
+# -- several system databases for one arch ---------------------------------------------------
+
+def _split(small: dict, arch: str, dest: Path) -> dict[str, Path]:
+    """One system file per kernel of the small pack, each in its own directory."""
+    out = {}
+    for key, name, _ in rows_of(small["file"]):
+        res = packing.write_system_db(dest / name / f"{arch}.kdb", arch, [small["file"]], {key})
+        assert res.entries == 1
+        out[name] = res.path
+    return out
+
+
+def test_two_system_directories_for_one_arch_both_serve(small, arch, tmp_path, monkeypatch,
+                                                        cl_ctx, caplog):
+    import kdb.opencl
+
+    files = _split(small, arch, tmp_path / "sys")
+    full = tmp_path / "full"
+    full.mkdir()
+    shutil.copyfile(small["file"], full / f"{arch}.kdb")
+    order = [files["scale"].parent, full, files["add_n"].parent]
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", os.pathsep.join(map(str, order)))
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path / "cache"))
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        kdb.opencl.build(cl_ctx, SCALE, [], db=db, name="scale")
+        kdb.opencl.build(cl_ctx, ADD, ["-DN=3"], db=db, name="add_n")
+    assert latency.records() == []
+    assert NOSYS not in caplog.text
+    served = {name: db.lookup(HashAttributes.from_canonical(attrs, name)).path
+              for _, name, attrs in rows_of(small["file"])}
+    # The first directory that holds a key answers: add_n is in `full` before its own file.
+    assert served == {"scale": str(files["scale"]), "add_n": str(full / f"{arch}.kdb")}
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH",
+                       os.pathsep.join(str(files[n].parent) for n in ("scale", "add_n")))
+    db = KernelDB()
+    served = {name: db.lookup(HashAttributes.from_canonical(attrs, name)).path
+              for _, name, attrs in rows_of(small["file"])}
+    assert served == {n: str(p) for n, p in files.items()}
+
+
+def test_a_system_file_from_a_newer_schema_is_skipped_and_the_next_serves(
+        small, arch, tmp_path, monkeypatch, caplog):
+    future, good = tmp_path / "future", tmp_path / "good"
+    for d in (future, good):
+        d.mkdir()
+        shutil.copyfile(small["file"], d / f"{arch}.kdb")
+    conn = sqlite3.connect(future / f"{arch}.kdb")
+    with conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    conn.close()
+    before = sha256(future / f"{arch}.kdb")
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", f"{future}{os.pathsep}{good}")
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path / "cache"))
+    [(_, name, attrs)] = [r for r in rows_of(small["file"]) if r[1] == "scale"]
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        hit = KernelDB().lookup(HashAttributes.from_canonical(attrs, name))
+    assert hit.path == str(good / f"{arch}.kdb")
+    assert "9999" in caplog.text and str(future / f"{arch}.kdb") in caplog.text
+    assert sha256(future / f"{arch}.kdb") == before
+    systems = {s["path"]: s for s in report.info(tmp_path / "cache" / "v1",
+                                                 tmp_path / "cache")["system_databases"]}
+    assert "newer than this kdb" in systems[str(future / f"{arch}.kdb")]["problem"]
+    assert systems[str(good / f"{arch}.kdb")]["problem"] == ""
+
+
+def test_two_installed_packages_for_one_arch_both_serve_and_info_lists_them(
+        small, arch, tmp_path, monkeypatch, caplog):
+    """Two wheels for one arch (kdb's and a framework's, `--name`), installed by pip; a
+    package whose file is gone is reported by `kdb info` and skipped, never fatal."""
+    files = _split(small, arch, tmp_path / "sys")
+    wheels = []
+    for name, prefix, version in (("scale", "kdb-system", "1.0"),
+                                  ("add_n", "myfw-kernels", "2.0")):
+        result = invoke("pack", "--arch", arch, "--from-db", files[name], "--version", version,
+                        "--name", prefix, "--out", tmp_path / "wheels")
+        assert result.exit_code == 0, result.output
+        wheels.append(tmp_path / "wheels" /
+                      f"{wheel.module_name(arch, prefix)}-{version}-py3-none-any.whl")
+    site = tmp_path / "site"
+    run_checked([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                 site, *wheels], cwd=tmp_path)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path / "cache"))
+    kdb_mod, fw_mod = wheel.module_name(arch), wheel.module_name(arch, "myfw-kernels")
+    srcs = discovery.sources_for(arch, [])
+    assert [(s.origin, s.path) for s in srcs] == [
+        (f"package {kdb_mod} 1.0", site / kdb_mod / f"{arch}.kdb"),
+        (f"package {fw_mod} 2.0", site / fw_mod / f"{arch}.kdb")]
+    db = KernelDB(system_path=[])
+    attrs = {name: HashAttributes.from_canonical(a, name) for _, name, a in rows_of(small["file"])}
+    assert db.lookup(attrs["scale"]).path == str(site / kdb_mod / f"{arch}.kdb")
+    assert db.lookup(attrs["add_n"]).path == str(site / fw_mod / f"{arch}.kdb")
+
+    result = invoke("info", "--json")
+    assert result.exit_code == 0, result.output
+    listed = {s["package"]: s for s in json.loads(result.stdout)["system_databases"]
+              if s["arch"] == arch}
+    for mod, version in ((kdb_mod, "1.0"), (fw_mod, "2.0")):
+        s = listed[mod]
+        assert (s["version"], s["entries"], s["problem"]) == (version, 1, "")
+        assert s["size"] == (site / mod / f"{arch}.kdb").stat().st_size
+    text = invoke("info").stdout
+    assert f"package {fw_mod} 2.0" in text and "1 entries" in text
+
+    (site / fw_mod / f"{arch}.kdb").unlink()  # a broken install
+    result = invoke("info", "--json")
+    assert result.exit_code == 0
+    [broken] = [s for s in json.loads(result.stdout)["system_databases"]
+                if s["package"] == fw_mod]
+    assert broken["problem"] == "file missing"
+    assert "BROKEN: file missing" in invoke("info").stdout
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        db = KernelDB(system_path=[])
+        assert db.lookup(attrs["add_n"]) is None
+        assert db.lookup(attrs["scale"]).tier == "system"
+    assert "file missing" in caplog.text and fw_mod in caplog.text
+
+
+# -- end to end: a new virtual environment ---------------------------------------------------
+
+def _demo_worker(venv: Path, work: Path) -> tuple[dict, str]:
+    """Run the demo's worker with the venv's Python, an empty user cache and PoCL cache."""
+    work.mkdir()
+    out = work / "figures.json"
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "kdb.demo", "--worker", str(out)], cwd=work,
+        env={**os.environ, "KDB_CACHE_DIR": str(work / "kdb-cache"),
+             "POCL_CACHE_DIR": str(work / "pocl-cache")},
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text()), proc.stderr
+
+
+@pytest.mark.slow
+def test_installed_system_wheel_serves_the_demo_with_zero_compiles(kdb_venv, arch, tmp_path):
+    n = len(demo.PROGRAMS)
+    out = tmp_path / "dist"
+    kdb_script = Path(sys.executable).parent / "kdb"
+    proc = run_checked([kdb_script, "pack", "--arch", "native", "--manifest",
+                        REPO / "prebuilt" / "demo.toml", "--version", "0.1.0", "--out", out],
+                       cwd=tmp_path)
+    assert f"[{n}/{n}] nbody" in proc.stderr and f"{n}/{n} kernels done" in proc.stderr
+    [whl] = out.glob("*.whl")
+    assert whl.name == f"{wheel.module_name(arch)}-0.1.0-py3-none-any.whl"
+    assert whl.name in proc.stdout
+    pip = [kdb_venv / "bin" / "python", "-m", "pip"]
+    run_checked([*pip, "install", "--quiet", "--no-deps", whl], cwd=tmp_path)
+    try:
+        figures, stderr = _demo_worker(kdb_venv, tmp_path / "with-wheel")
+        assert figures["arch"] == arch
+        assert figures["compiles"] == 0, figures["compiled"]
+        assert NOSYS not in stderr, stderr
+        assert figures["kernels"] == n and figures["ok"]
+        assert [r["name"] for r in figures["results"] if r["ok"]] == [p.name for p in
+                                                                       demo.PROGRAMS]
+        info = json.loads(run_checked([kdb_venv / "bin" / "kdb", "info", "--json"],
+                                      cwd=tmp_path).stdout)
+        [sysdb] = [s for s in info["system_databases"] if s["arch"] == arch]
+        assert sysdb["path"].startswith(str(kdb_venv))
+        assert (sysdb["package"], sysdb["version"]) == (wheel.module_name(arch), "0.1.0")
+        assert (sysdb["entries"], sysdb["problem"]) == (n, "")
+        assert sysdb["size"] == (out / f"{arch}.kdb").stat().st_size
+        assert sha256(Path(sysdb["path"])) == sha256(out / f"{arch}.kdb")
+    finally:
+        run_checked([*pip, "uninstall", "--yes", "--quiet", wheel.dist_name(arch)],
+                    cwd=tmp_path)
+    figures, stderr = _demo_worker(kdb_venv, tmp_path / "without-wheel")
+    assert NOSYS in stderr
+    assert figures["compiles"] == n and figures["ok"]
