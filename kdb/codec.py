@@ -1,6 +1,10 @@
 """Binary blobs as stored: zstd-compressed, with a sha256 of the raw bytes.
 
-A blob whose checksum does not match is reported as ``None`` (a miss), never returned.
+A blob that does not decode, or whose content does not match, is reported as ``None`` (a
+miss), never returned. zstd frames are written with their own content checksum (XXH64),
+which zstd verifies while decompressing: on the hit path that check replaces the sha256,
+which costs more than the decompression itself (40 us against 31 us for a 70 KB binary).
+The sha256 stays in every row, and ``thorough=True`` (``kdb verify``, ``kdb pack``) checks it.
 Compressor objects are not thread-safe, so each thread gets its own.
 """
 
@@ -14,6 +18,7 @@ import zstandard
 ZSTD = "zstd"
 RAW = "raw"
 LEVEL = 3
+_FRAME_CHECKSUM_FLAG = 0x04  # bit 2 of a zstd frame's header descriptor (byte 4)
 
 _local = threading.local()
 
@@ -27,27 +32,33 @@ def encode(raw: bytes) -> tuple[str, bytes]:
     """``(codec, stored bytes)``: zstd unless compression would not shrink the binary."""
     comp = getattr(_local, "c", None)
     if comp is None:
-        comp = _local.c = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True)
+        comp = _local.c = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True,
+                                                   write_checksum=True)
     blob = comp.compress(raw)
     if len(blob) >= len(raw):
         return RAW, bytes(raw)
     return ZSTD, blob
 
 
-def decode(codec: str, blob: bytes, raw_size: int, digest: str) -> bytes | None:
-    """The raw binary, or ``None`` when the blob is damaged or its checksum differs."""
+def decode(codec: str, blob: bytes, raw_size: int, digest: str,
+           thorough: bool = False) -> bytes | None:
+    """The raw binary, or ``None`` when the blob is damaged or its content differs."""
     try:
         if codec == ZSTD:
             dec = getattr(_local, "d", None)
             if dec is None:
                 dec = _local.d = zstandard.ZstdDecompressor()
             raw = dec.decompress(blob, max_output_size=raw_size)
+            verified = len(blob) > 4 and blob[4] & _FRAME_CHECKSUM_FLAG  # zstd checked it
         elif codec == RAW:
             raw = bytes(blob)
+            verified = False
         else:
             return None
     except zstandard.ZstdError:
         return None
-    if len(raw) != raw_size or hashlib.sha256(raw).hexdigest() != digest:
+    if len(raw) != raw_size:
+        return None
+    if (thorough or not verified) and hashlib.sha256(raw).hexdigest() != digest:
         return None
     return raw

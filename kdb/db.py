@@ -4,12 +4,15 @@ A hit is :meth:`KernelDB.lookup` read top to bottom: key, system files, user fil
 and collision check, a counter bumped in memory. No lock, no write, no SQLAlchemy. Misses
 are compiled by the caller's function outside any transaction, and stored by the
 background writer (:mod:`kdb.background`) in one short transaction together with the
-batched access bookkeeping.
+batched access bookkeeping. With ``KDB_SHARED_URL`` set, a lookup that missed both local
+tiers asks the shared tier (:mod:`kdb.shared`, a PostgreSQL server) before compiling; the
+hooks are marked "shared tier".
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import threading
@@ -33,7 +36,7 @@ class Hit(NamedTuple):
     """A binary found in a tier."""
 
     binary: bytes
-    tier: str  # "memory", "system" or "user"
+    tier: str  # "memory", "system", "user" or "shared"
     path: str
     compile_seconds: float
 
@@ -49,6 +52,12 @@ class _Pending:
 
     def empty(self) -> bool:
         return not (self.entries or self.logs or self.hits or self.counters)
+
+    def worth_creating_a_file(self) -> bool:
+        """Entries and log rows are; counters alone are not: creating a user file runs the
+        alembic migrations (~0.5 s), which a process that only hit the system tier would
+        otherwise pay at exit. Its counts go to the user file once one exists."""
+        return bool(self.entries or self.logs)
 
 _instances: "weakref.WeakSet[KernelDB]" = weakref.WeakSet()
 
@@ -67,6 +76,8 @@ class KernelDB:
                  system_path: str | os.PathLike[str] | list | None = None, *,
                  disabled: bool | None = None, trace: bool | None = None,
                  use_system: bool = True) -> None:
+        _check_arguments(cache_dir, system_path, disabled=disabled, trace=trace,
+                         use_system=use_system)
         self.cache_root = config.cache_root(cache_dir)
         self.user_dir = config.user_dir(cache_dir)
         self.system_dirs = config.system_dirs(system_path)
@@ -146,6 +157,8 @@ class KernelDB:
         if raw is not None:
             return Hit(raw, "memory", "", 0.0)
         hit = self._find(attrs, (*self.system_files(attrs.arch), self.user_file(attrs.arch)))
+        if hit is None and os.environ.get(config.ENV_SHARED_URL):  # shared tier (kdb.shared)
+            hit = self._shared_hit(attrs)
         if hit is None:
             self._count(attrs.arch, "misses", 1)
             log.debug("kdb: miss %s %s", key[:16], attrs.name)
@@ -175,17 +188,32 @@ class KernelDB:
         Returns the :class:`Hit` another process published meanwhile, a
         :class:`~kdb.claims.Claim` (this process compiles; pass it to :meth:`put_later`,
         which releases it once stored), or ``None`` when coordination is unavailable or the
-        wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway).
+        wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway). With a shared tier the claim
+        also holds the key's cross-node lock; a process that holds this node's claim while
+        another node compiles the key waits for the shared entry, and past the bound
+        compiles it with that claim.
         """
         if self.disabled or claims.held_here(attrs.key):
             return None  # this process compiled it and is storing it: never wait on oneself
         directory = self.user_dir / "claims"
         user = (self.user_file(attrs.arch),)
+        shared = self._shared()  # shared tier: the cross-node lock and its hits (None: off)
+        if shared is None and not (user[0].usable and user[0]._trusted()):
+            return None  # a refused user file: nothing to wait for, and no claims written there
         deadline = time.monotonic() + config.wait_timeout()
+        try:
+            return self._claim_loop(attrs, directory, user, shared, deadline)
+        finally:
+            if shared is not None:
+                shared.unwant(attrs.key)
+
+    def _claim_loop(self, attrs: HashAttributes, directory, user, shared, deadline):
+        """Poll with bounded back-off: this node's claim first, then the cross-node lock."""
         delay = 0.002
+        claim = None
         while True:
             try:
-                claim = claims.try_claim(directory, attrs.key)
+                claim = claim or claims.try_claim(directory, attrs.key)
             except OSError as err:
                 # Same once-key as the user file's write faults: a read-only cache warns once.
                 faults.fault(f"cannot write to the kernel cache {self.user_dir} ({err}): kernels "
@@ -193,20 +221,27 @@ class KernelDB:
                              "same kernel. Make it writable or set KDB_CACHE_DIR to a writable "
                              "directory.", once=str(self.user_dir))
                 return None
+            # Shared tier: with the local claim, take the cross-node lock too (None: no server).
+            locked = shared.try_lock(attrs.key) if shared and claim else None
             # Even with the claim: the holder may have published just before releasing it.
-            hit = self._find(attrs, user)
+            hit = self._find(attrs, user) or (self._shared_hit(attrs) if shared else None)
             if hit is not None:
+                if locked:
+                    shared.unlock(attrs.key)
                 if claim is not None:
                     claim.release()
                 return hit
-            if claim is not None:
-                return claim
-            claims.want(directory, attrs.key)
+            if claim is not None and locked is not False:
+                return shared.adopt(claim) if locked else claim
+            if claim is None:
+                claims.want(directory, attrs.key)
+            else:  # this node's claim is ours, another node compiles it: ask it to hurry
+                shared.want(attrs.key)
             if time.monotonic() >= deadline:
                 log.warning("kdb: waited %.0f s for another process to compile %s; compiling "
                             "it here (KDB_WAIT_TIMEOUT)", config.wait_timeout(),
                             attrs.name or attrs.key[:16])
-                return None
+                return claim  # ours if this node's claim is: its other processes wait for us
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
 
@@ -220,6 +255,10 @@ class KernelDB:
     def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
                        details: dict[str, Any] | None = None) -> bytes:
         """The stored binary, or ``compile_fn()``'s result, stored in the background."""
+        if not callable(compile_fn):
+            raise InvalidArgumentError(
+                f"compile_fn must be a function returning bytes, not {type(compile_fn).__name__}")
+        _check_details(details)
         hit = self.lookup(attrs)
         if hit is not None:
             return hit.binary
@@ -254,6 +293,8 @@ class KernelDB:
         if not self.disabled:
             missed.append("system" if self._system.get(attrs.arch) else "system(none)")
             missed.append("user")
+            if self._shared() is not None:
+                missed.append("shared")
         if reason is None:
             reason = ("cache disabled (KDB_DISABLE_CACHE)" if self.disabled
                       else f"no system database for {attrs.arch}"
@@ -271,6 +312,10 @@ class KernelDB:
             raise InvalidArgumentError(f"binary must be bytes, not {type(binary).__name__}")
         if not isinstance(attrs, HashAttributes):
             raise InvalidArgumentError(f"expected kdb.HashAttributes, got {type(attrs).__name__}")
+        _check_details(details)
+        if isinstance(compile_seconds, bool) or not isinstance(compile_seconds, (int, float)):
+            raise InvalidArgumentError(
+                f"compile_seconds must be a number, not {type(compile_seconds).__name__}")
         if self.disabled:
             return False
         self.flush()
@@ -281,16 +326,23 @@ class KernelDB:
         if mine is not None:
             pending.logs, pending.hits, pending.counters = mine.logs, mine.hits, mine.counters
             pending.entries[:0] = mine.entries
-        return self.user_file(attrs.arch).write(pending.entries, pending.logs, pending.hits,
-                                                pending.counters)
+        written = self.user_file(attrs.arch).write(pending.entries, pending.logs, pending.hits,
+                                                   pending.counters)
+        shared = self._shared()  # shared tier: a compile is published to both
+        if shared is not None:
+            shared.publish(pending.entries[-1:])
+        return written
 
     def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
-                  log: CompileRecord | None = None, claim: claims.Claim | None = None) -> None:
+                  log: CompileRecord | None = None, claim: claims.Claim | None = None,
+                  publish: bool = True) -> None:
         """Store what ``produce()`` returns, on the background thread (None: store nothing).
 
-        ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored.
+        ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
+        user tier, and published to the shared tier unless ``publish`` is false).
         """
+        _check_details(details)
         if log is not None:
             with self._lock:
                 self._pending.setdefault(attrs.arch, _Pending()).logs.append(log)
@@ -300,6 +352,7 @@ class KernelDB:
             return
 
         def job() -> None:
+            entry = None
             try:
                 raw = produce()
                 if raw is not None:
@@ -308,6 +361,9 @@ class KernelDB:
                     with self._lock:
                         self._pending.setdefault(attrs.arch, _Pending()).entries.append(entry)
                 self._write(attrs.arch)
+                shared = self._shared() if publish and entry is not None else None
+                if shared is not None:  # shared tier: published before the claim is released
+                    shared.publish([entry], [log] if log is not None else [])
             finally:
                 if claim is not None:
                     claim.release()
@@ -335,6 +391,43 @@ class KernelDB:
                      attributes=attrs.encoded().decode("utf-8"), raw=raw,
                      compile_seconds=seconds, details=details)
 
+    # -- shared tier (kdb.shared; only when KDB_SHARED_URL is set) ------------------------
+
+    def _shared(self):
+        """The shared tier, or ``None`` when ``KDB_SHARED_URL`` is unset (read when used)."""
+        url = config.shared_url()
+        if url is None or self.disabled or not self.use_system:
+            return None
+        from . import shared  # SQLAlchemy loads here, never on a local hit
+
+        return shared.tier(url)
+
+    def _shared_hit(self, attrs: HashAttributes) -> Hit | None:
+        """After the local tiers missed: the shared entry, copied into the user tier."""
+        shared = self._shared()
+        row = shared.fetch(attrs.key) if shared is not None else None
+        if row is None:
+            return None
+        raw = decode(row.codec, row.blob, row.raw_size, row.checksum)
+        if raw is None or row.attributes != attrs.encoded().decode("utf-8"):
+            faults.fault(f"entry {attrs.key[:16]} in the shared tier {shared.shown} is "
+                         "unusable: " + ("checksum mismatch" if raw is None else
+                                         "key collision (stored attributes differ)")
+                         + "; it is dropped and compiled again", once="bad:shared:" + attrs.key)
+            background.submit(lambda: shared.drop(attrs.key))
+            return None
+        self._count(attrs.arch, "hits.shared", 1, saved=row.compile_seconds)
+        log.debug("kdb: hit %s %s in %s", attrs.key[:16], attrs.name, shared.shown)
+        self._inflight[attrs.key] = raw  # served from memory until the copy is stored
+        try:
+            details = json.loads(row.details)
+        except ValueError:
+            details = None
+        self.put_later(attrs, lambda: raw, compile_seconds=row.compile_seconds,
+                       details=details, publish=False)
+        background.submit(lambda: shared.touch(attrs.key))
+        return Hit(raw, "shared", shared.shown, row.compile_seconds)
+
     # -- bookkeeping ----------------------------------------------------------------------
 
     def _count(self, arch: str, counter: str, n: float, key: str | None = None,
@@ -356,7 +449,10 @@ class KernelDB:
             p = self._pending.pop(arch, None)
         if p is None or p.empty() or self.disabled:
             return
-        self.user_file(arch).write(p.entries, p.logs, p.hits, p.counters)
+        f = self.user_file(arch)
+        if not p.worth_creating_a_file() and not f.path.exists():
+            return
+        f.write(p.entries, p.logs, p.hits, p.counters)
         for e in p.entries:
             self._inflight.pop(e.key, None)
 
@@ -373,6 +469,37 @@ class KernelDB:
         self.flush()
         for f in (*self._user.values(), *(f for fs in self._system.values() for f in fs)):
             f.close()
+
+
+def _check_arguments(cache_dir: object, system_path: object, **flags: object) -> None:
+    """The caller's mistakes in ``KernelDB(...)`` as :class:`InvalidArgumentError`, at once."""
+    paths = (str, os.PathLike)
+    if cache_dir is not None and not isinstance(cache_dir, paths):
+        raise InvalidArgumentError(
+            f"cache_dir must be a path (str or os.PathLike), not {type(cache_dir).__name__}")
+    items = system_path if isinstance(system_path, (list, tuple)) else [system_path]
+    if system_path is not None and not all(isinstance(p, paths) for p in items):
+        raise InvalidArgumentError(
+            "system_path must be a path, an os.pathsep-separated string, or a list of paths; "
+            f"got {system_path!r}")
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise InvalidArgumentError(f"{name} must be True, False or None, not {value!r}")
+
+
+def _check_details(details: object) -> None:
+    """``details`` is stored as JSON: refuse what JSON cannot hold before anything runs."""
+    if details is None:
+        return
+    if not isinstance(details, dict):
+        raise InvalidArgumentError(
+            f"details must be a dict of JSON values, not {type(details).__name__}")
+    try:
+        json.dumps(details, sort_keys=True)
+    except (TypeError, ValueError) as err:
+        raise InvalidArgumentError(
+            f"details must hold only JSON values (str, numbers, bools, lists, dicts with str "
+            f"keys): {err}") from None
 
 
 def _enable_trace_output() -> None:
@@ -410,6 +537,8 @@ def _write_left_over(pending: dict[str, _Pending], lock: threading.Lock,
         if p.empty():
             continue
         f = files.get(arch) or KernelFile(user_dir / f"{arch}.kdb", tier="user", readonly=False)
+        if not p.worth_creating_a_file() and not f.path.exists():
+            continue
         try:
             f.write(p.entries, p.logs, p.hits, p.counters)
         except Exception as err:  # noqa: BLE001 - runs at collection or exit: never raise

@@ -389,7 +389,7 @@ def _verify(path: Path, expected: int) -> None:
         if len(rows) != expected:
             raise PackError(f"{path}: wrote {expected} entries but read back {len(rows)}")
         for key, kind, blob, raw_size, digest in rows:
-            if codec.decode(kind, blob, raw_size, digest) is None:
+            if codec.decode(kind, blob, raw_size, digest, thorough=True) is None:
                 raise PackError(f"{path}: entry {key[:16]} does not decode; the file is bad")
     finally:
         f.close()
@@ -426,14 +426,19 @@ def resolve_arches(arches: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def user_db_file(source: str | os.PathLike[str] | None, arch: str) -> Path:
+def user_db_file(source: str | os.PathLike[str] | None, arch: str,
+                 work_dir: Path | None = None) -> Path:
     """The user file of ``arch`` named by ``--from-db``: a file, a cache dir, or the default.
 
     ``source`` may also be a URL of a local SQLite file or directory: ``sqlite:///path`` (the
-    SQLAlchemy spelling) or ``file:///path``.
+    SQLAlchemy spelling) or ``file:///path``; or the shared tier's URL
+    (``postgresql+psycopg://...``), whose ``arch`` entries and compile log are exported into
+    a SQLite file in ``work_dir`` first.
     """
     if source is None:
         return config.user_dir() / f"{arch}.kdb"
+    if _is_server_url(os.fspath(source)):  # the shared tier (kdb.shared)
+        return _export_shared(os.fspath(source), arch, work_dir)
     p = Path(_url_path(os.fspath(source))).expanduser()
     if p.is_file():
         return p
@@ -442,6 +447,38 @@ def user_db_file(source: str | os.PathLike[str] | None, arch: str) -> Path:
             return candidate
     raise PackError(f"--from-db {source}: no database for arch {arch!r} there (looked for "
                     f"{p / f'v{config.FORMAT_MAJOR}' / f'{arch}.kdb'} and {p / f'{arch}.kdb'})")
+
+
+def _is_server_url(source: str) -> bool:
+    """Whether ``source`` is a database server's SQLAlchemy URL (not a local file).
+
+    >>> _is_server_url("postgresql+psycopg://u@db/k"), _is_server_url("sqlite:///x.kdb")
+    (True, False)
+    """
+    scheme, sep, _ = source.partition("://")
+    return (bool(sep) and len(scheme) > 1 and scheme.split("+")[0] not in ("sqlite", "file")
+            and scheme.replace("+", "").isalnum())
+
+
+def _export_shared(url: str, arch: str, work_dir: Path | None) -> Path:
+    """Export the shared tier's ``arch`` entries into ``<work_dir>/shared-<arch>.kdb``."""
+    from .shared import SharedTier, mask
+
+    if work_dir is None:
+        raise InvalidArgumentError("exporting from a database server needs a work_dir")
+    tier = SharedTier(url)
+    dest = Path(work_dir) / f"shared-{arch}.kdb"
+    try:
+        count = tier.export(arch, dest)
+    except KdbError as err:
+        raise PackError(f"--from-db {mask(url)}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - a server fault, reported without the URL's secrets
+        raise PackError(f"--from-db {mask(url)}: could not read the shared tier "
+                        f"({tier.reason(err)})") from None
+    if count == 0:
+        raise PackError(f"--from-db {mask(url)}: the shared tier holds no kernels for arch "
+                        f"{arch!r}")
+    return dest
 
 
 def _url_path(source: str) -> str:
@@ -465,6 +502,15 @@ def _url_path(source: str) -> str:
     raise InvalidArgumentError(
         f"--from-db {source}: {scheme!r} URLs are not supported; give a user database file, a "
         "cache directory, or a sqlite:/// or file:/// URL of one")
+
+
+def _shown(source: str | os.PathLike[str] | None) -> str | None:
+    """A server URL as it may be shown (password masked); ``None`` for a local source."""
+    if source is None or not _is_server_url(os.fspath(source)):
+        return None
+    from .shared import mask
+
+    return mask(os.fspath(source))
 
 
 def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str | None = None,
@@ -516,12 +562,13 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
                                     f"{failures[0][0]!r}: {failures[0][1]}")
                 keys = None
             else:
-                src = user_db_file(from_db, arch)
+                src = user_db_file(from_db, arch, work_dir=Path(work))
+                shown = _shown(from_db) or src  # the shared tier: its URL, password masked
                 keys = log_keys(src) if from_log else None
                 if from_log and not keys:
-                    raise PackError(f"the start-up latency log of {src} is empty for {arch}")
+                    raise PackError(f"the start-up latency log of {shown} is empty for {arch}")
                 step(arch, f"copying {'the logged kernels' if from_log else 'the entries'} "
-                           f"of {src}")
+                           f"of {shown}")
             step(arch, f"writing {out / f'{arch}.kdb'}")
             result = write_system_db(out / f"{arch}.kdb", arch, [src], keys)
         result.failures = failures

@@ -27,7 +27,7 @@ from .keys import differences
 log = logging.getLogger("kdb")
 
 #: Counters kept in each user file's ``counters`` table (written by :mod:`kdb.db`).
-COUNTERS = ("hits.system", "hits.user", "misses", "compiles", "compile_seconds",
+COUNTERS = ("hits.system", "hits.user", "hits.shared", "misses", "compiles", "compile_seconds",
             "saved_seconds", "evicted")
 _HEX_RE = re.compile(r"[0-9a-f]{4,64}\Z")
 _SIDE_FILES = ("-wal", "-shm", ".lock")
@@ -185,13 +185,16 @@ def opencl_devices(memo_dir: Path) -> tuple[list[dict[str, Any]], str]:
 def compiler_short(identity: dict[str, str]) -> str:
     """One line naming a compiler: platform, driver version, library digest prefix.
 
-    >>> compiler_short({"platform": "PoCL", "driver_version": "3.0", "library_sha256": "ab" * 32})
-    'PoCL 3.0, library sha256 abababababab'
+    >>> compiler_short({"platform": "PoCL", "driver_version": "3.0", "library": "sha256:" + "ab" * 32})
+    'PoCL 3.0, library sha256:abababababab'
     """
     text = " ".join(v for v in (identity.get("platform", ""),
                                 identity.get("driver_version", "")) if v)
-    lib = identity.get("library_sha256")
-    return f"{text}, library sha256 {lib[:12]}" if lib else text
+    lib = identity.get("library")
+    if not lib:
+        return text
+    kind, _, digest = lib.partition(":")
+    return f"{text}, library {kind}:{digest[:12]}"
 
 
 def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
@@ -250,7 +253,20 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "devices_note": note,
         "missing_system": missing,
         "cuda": cuda,
+        "shared": shared_summary(),
     }
+
+
+def shared_summary() -> dict[str, Any] | None:
+    """The shared tier (``KDB_SHARED_URL``) as ``kdb info`` and ``kdb stats`` show it: URL
+    with its password masked, reachable, revision, entries, bytes, server-wide hits and
+    compiles, entries per arch; ``None`` when no URL is set."""
+    url = config.shared_url()
+    if url is None:
+        return None
+    from . import shared
+
+    return shared.tier(url).summary()
 
 
 def _provider(origin: str) -> dict[str, str | None]:
@@ -322,6 +338,7 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
     the entries the cap (or ``kdb evict``) removed.
     """
     per: dict[str, dict[str, Any]] = {}
+    shared_hits = 0  # hits this node's user files counted from the shared tier
     for t, path, a in _tier_files(user_dir, arch, None):
         try:
             with _reading(path, t) as conn:
@@ -345,6 +362,7 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
         s["entries"] += count
         s["hits"]["system"] += int(counters.get("hits.system", 0))
         s["hits"]["user"] += int(counters.get("hits.user", 0))
+        shared_hits += int(counters.get("hits.shared", 0))
         s["misses"] += int(counters.get("misses", 0))
         s["compiles"] += int(counters.get("compiles", 0))
         s["evicted"] += int(counters.get("evicted", 0))
@@ -357,6 +375,9 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
         _add(total, s)
     total["arches"] = dict(sorted(per.items()))
     total["cap"] = config.max_size()  # bytes per user file; 0 = no cap
+    total["shared"] = shared_summary()  # None without KDB_SHARED_URL
+    if total["shared"] is not None:
+        total["shared"]["hits_here"] = shared_hits
     return total
 
 
@@ -769,7 +790,7 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
         raw_total += raw_size or 0
         stored_total += stored_size or 0
         why = ""
-        if decode(kind, blob, raw_size, digest) is None:
+        if decode(kind, blob, raw_size, digest, thorough=True) is None:
             why = "checksum mismatch (the blob does not decode to its checksum)"
         elif not _is_json(attributes):
             why = "attributes are not JSON"

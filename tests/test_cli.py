@@ -178,7 +178,8 @@ def test_info_shows_devices_files_and_system_dbs(store, tmp_path):
     assert systems["sm_90"]["origin"] == "KDB_SYSTEM_DB_PATH"
     assert systems["gfx90a"]["problem"]  # broken, reported, not fatal
     pocl = [d for d in data["devices"] if d["arch"] == store["pocl"]]
-    assert pocl and pocl[0]["identity"]["library_sha256"][:12] in pocl[0]["compiler"]
+    kind, _, digest = pocl[0]["identity"]["library"].partition(":")
+    assert pocl and f"{kind}:{digest[:12]}" in pocl[0]["compiler"]
     assert pocl[0]["compiler"] and pocl[0]["system_db"] is False
     assert store["pocl"] in data["missing_system"]
 

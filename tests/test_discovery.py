@@ -122,6 +122,7 @@ def test_path_variable_lists_several_directories_in_order(cache_dir, tmp_path, m
 
 
 def test_hits_on_the_system_tier_are_counted_in_the_user_file(cache_dir, system_dir):
+    KernelDB(system_path=[]).put(attrs("__kernel void other() {}"), USER_BINARY)  # a user file
     db = KernelDB()
     db.get(attrs())
     db.get(attrs())
@@ -129,6 +130,14 @@ def test_hits_on_the_system_tier_are_counted_in_the_user_file(cache_dir, system_
     counters = dict(sql(cache_dir / "v1" / f"{ARCH}.kdb", "SELECT name, value FROM counters"))
     assert counters["hits.system"] == 2
     assert "misses" not in counters
+
+
+def test_a_process_that_only_hits_the_system_tier_creates_no_user_file(cache_dir, system_dir):
+    """Creating one would run the alembic migrations at exit just to store two counters."""
+    db = KernelDB()
+    assert db.lookup(attrs()).tier == "system"
+    db.flush()
+    assert not (cache_dir / "v1" / f"{ARCH}.kdb").exists()
 
 
 def test_system_tier_is_checked_before_the_user_tier(cache_dir, system_dir):

@@ -210,6 +210,21 @@ def test_codec_round_trip_and_refusals():
     assert codec.decode(kind, bytes(flipped), len(raw), digest) is None
     assert codec.decode(kind, blob[:-3], len(raw), digest) is None
     assert codec.decode(kind, blob, len(raw) - 1, digest) is None
-    assert codec.decode(kind, blob, len(raw), "0" * 64) is None
+    assert codec.decode(kind, blob, len(raw), "0" * 64, thorough=True) is None
     assert codec.decode("lz4", blob, len(raw), digest) is None
     assert codec.decode(codec.RAW, raw[:-1] + b"x", len(raw), digest) is None
+
+
+def test_zstd_frames_carry_their_own_checksum_and_thorough_checks_the_sha256():
+    raw = b"kernel binary " * 500
+    kind, blob = codec.encode(raw)
+    assert kind == codec.ZSTD and blob[4] & 0x04  # zstd's content checksum is in the frame
+    right = codec.checksum(raw)
+    assert codec.decode(kind, blob, len(raw), right) == raw
+    assert codec.decode(kind, blob, len(raw), right, thorough=True) == raw
+    flipped = bytearray(blob)
+    flipped[len(blob) // 2] ^= 0x10
+    assert codec.decode(kind, bytes(flipped), len(raw), right) is None  # zstd refuses it
+    # A wrong sha256 column is caught by the thorough check (kdb verify, kdb pack).
+    assert codec.decode(kind, blob, len(raw), "0" * 64, thorough=True) is None
+    assert codec.decode(kind, blob, len(raw) + 1, right) is None

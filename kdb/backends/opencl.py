@@ -25,7 +25,7 @@ import pyopencl as cl
 from .. import config
 from ..claims import Claim
 from ..db import KernelDB, default_db
-from ..digests import machine_digest
+from ..digests import library_id
 from ..errors import CompileError, InvalidArgumentError, UnsupportedTypeError
 from ..includes import header_digests, split_include_options
 from ..keys import HashAttributes
@@ -46,6 +46,10 @@ ENV_VARS = (
 _KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)")
 _HSTR_RE = re.compile(r"HSTR:\s*(\S+)")
 _SAFE_RE = re.compile(r"[^a-z0-9_.+-]+")
+# shlex.split lexes in Python one character at a time (16 s for a 1 MB option string); with
+# no quote or escape in the string its answer is a split on its four whitespace characters.
+_QUOTING_RE = re.compile(r"[\"'\\]")
+_SPACE_RE = re.compile(r"[ \t\r\n]+")
 
 
 # -- device identity ----------------------------------------------------------------------
@@ -93,7 +97,7 @@ def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
     lib = library_of(plat.int_ptr) or library_of(device.int_ptr)
     if lib:
         try:
-            ident.append(("library_sha256", machine_digest(lib, _memo_dir(memo_dir))))
+            ident.append(("library", library_id(lib, _memo_dir(memo_dir))))
         except OSError as err:
             log.debug("kdb: cannot digest %s: %s", lib, err)
     return tuple(ident)
@@ -106,7 +110,7 @@ def _memo_dir(path: str):
 
 
 def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
-    """Compiler identity: platform, versions, and a content digest of the ICD library."""
+    """Compiler identity: platform, versions, and the ICD library's build ID (or sha256)."""
     memo = memo_dir or str(config.cache_root())
     return _identity_of_ptr(device.int_ptr, device, memo)
 
@@ -150,14 +154,31 @@ def split_options(options: str | Sequence[str] | None) -> list[str]:
     if options is None:
         return []
     if isinstance(options, str):
-        return shlex.split(options)
+        if not _QUOTING_RE.search(options):  # shlex's answer, without its per-character lexer
+            stripped = options.strip(" \t\r\n")
+            return _SPACE_RE.split(stripped) if stripped else []
+        try:
+            return shlex.split(options)
+        except ValueError as err:  # "No closing quotation": a KdbError, still a ValueError
+            raise InvalidArgumentError(
+                f"build options {options[:80]!r} cannot be split like a shell line ({err}); "
+                "close the quote or pass the options as a list") from None
     out = []
-    for opt in options:
+    for opt in _items(options, "build options"):
         if not isinstance(opt, str):
             raise UnsupportedTypeError(
                 f"build options must be strings; got {type(opt).__name__} ({opt!r})")
         out.append(opt)
     return out
+
+
+def _items(values: Any, what: str) -> list:
+    try:
+        return list(values)
+    except TypeError:
+        raise UnsupportedTypeError(
+            f"{what} must be a string or a list of strings, not {type(values).__name__}"
+        ) from None
 
 
 def internal_options(ctx: cl.Context) -> list[str]:
@@ -211,6 +232,16 @@ def build(ctx: cl.Context, source: str | bytes, options: str | Sequence[str] | N
     """
     if not isinstance(ctx, cl.Context):
         raise InvalidArgumentError(f"ctx must be a pyopencl.Context, not {type(ctx).__name__}")
+    if db is not None and not isinstance(db, KernelDB):
+        raise InvalidArgumentError(f"db must be a kdb.KernelDB, not {type(db).__name__}")
+    if devices is not None:
+        try:
+            given = list(devices)
+        except TypeError:
+            given = []
+        if not given or not all(isinstance(d, cl.Device) for d in given):
+            raise InvalidArgumentError("devices must be a non-empty list of pyopencl.Device "
+                                       "of ctx, or None for all of ctx's devices")
     try:
         return _build(ctx, source, options, devices, db, name, arch, pyopencl_errors=False)
     except cl.RuntimeError as err:
