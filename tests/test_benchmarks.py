@@ -1,0 +1,90 @@
+"""benchmarks/run.py: one command prints tables and writes JSON of a known shape.
+
+The cheapest scenario (``hit``) runs for real in --quick mode; no timing is asserted, only
+that every arm was measured and every ratio is taken against the reference arm.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "benchmarks" / "run.py"
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RUN), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def quick_hit(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "hit.json"
+    proc = _run("--quick", "--only", "hit", "--json", str(out), "--silent")
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc, json.loads(out.read_text(encoding="utf-8"))
+
+
+def test_quick_hit_writes_only_that_scenario(quick_hit):
+    _, data = quick_hit
+    assert set(data) == {"meta", "scenarios"}
+    assert list(data["scenarios"]) == ["hit"]
+    meta = data["meta"]
+    assert meta["quick"] is True
+    assert meta["kdb_version"]
+    assert meta["seconds"] > 0
+    hit = data["scenarios"]["hit"]
+    assert hit["status"] == "ok", hit["reason"]
+    assert {t["name"] for t in hit["tables"]} == {"fresh process, spawn to exit",
+                                                  "warm process, one hit"}
+
+
+def test_every_arm_has_a_median_and_a_ratio_to_the_reference(quick_hit):
+    _, data = quick_hit
+    for table in data["scenarios"]["hit"]["tables"]:
+        keys = [m["key"] for m in table["metrics"]]
+        assert keys == [str(4 * 1024), str(70 * 1024), str(1 << 20)]
+        arms = {row["arm"]: row for row in table["rows"]}
+        assert table["reference"] in arms
+        assert "kdb" in arms
+        for row in table["rows"]:
+            assert row["label"]
+            assert set(row["metrics"]) == set(keys), row["arm"]
+            for cell in row["metrics"].values():
+                assert cell["median"] > 0
+                assert cell["n"] == len(cell["samples"]) >= 1
+                assert cell["min"] <= cell["median"] <= cell["max"]
+                assert cell["ratio"] is not None
+        for cell in arms[table["reference"]]["metrics"].values():
+            assert cell["ratio"] == pytest.approx(1.0)
+
+
+def test_checks_name_a_design_figure_and_its_target(quick_hit):
+    _, data = quick_hit
+    checks = data["scenarios"]["hit"]["checks"]
+    assert len(checks) == 2
+    for c in checks:
+        assert set(c) == {"figure", "target", "value", "met", "detail"}
+        assert c["target"].startswith("<= ")
+        assert c["value"] > 0
+        assert c["met"] in (True, False)
+
+
+def test_tables_are_printed(quick_hit):
+    proc, _ = quick_hit
+    assert "=== hit:" in proc.stdout
+    assert "python -c pass" in proc.stdout
+    assert "import kdb + 1 hit" in proc.stdout
+    assert "DESIGN section 10" in proc.stdout
+
+
+def test_unknown_scenario_is_refused(tmp_path):
+    proc = _run("--only", "nosuch", "--json", str(tmp_path / "x.json"))
+    assert proc.returncode == 2
+    assert "unknown scenario" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
