@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[opencl,pack,test]'
+	$(BIN)/python -m pip install --quiet -e '.[opencl,pack,postgres,test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/kdb demo
 
 test: $(STAMP)
+	bash tools/ensure_postgres.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

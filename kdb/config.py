@@ -22,6 +22,9 @@ ENV_SYSTEM_DB_PATH = "KDB_SYSTEM_DB_PATH"
 ENV_DISABLE_CACHE = "KDB_DISABLE_CACHE"
 ENV_CACHE_MAX_SIZE = "KDB_CACHE_MAX_SIZE"
 ENV_SHARED_URL = "KDB_SHARED_URL"
+ENV_SHARED_CONNECT_TIMEOUT = "KDB_SHARED_CONNECT_TIMEOUT"
+ENV_SHARED_STATEMENT_TIMEOUT = "KDB_SHARED_STATEMENT_TIMEOUT"
+ENV_SHARED_RETRY = "KDB_SHARED_RETRY"
 ENV_STRICT = "KDB_STRICT"
 ENV_TRACE = "KDB_TRACE"
 ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
@@ -36,6 +39,12 @@ STORE_TIMEOUT_S = 120.0
 
 #: Seconds a process waits for another process that compiles the same kernel.
 WAIT_TIMEOUT_S = 60.0
+
+#: The shared tier's bounds: seconds to connect, seconds a statement may run, and seconds
+#: between attempts to reach a server that failed (kdb uses its local tiers meanwhile).
+SHARED_CONNECT_TIMEOUT_S = 3.0
+SHARED_STATEMENT_TIMEOUT_S = 5.0
+SHARED_RETRY_S = 30.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -110,6 +119,12 @@ def store_timeout(explicit: float | None = None) -> float:
 def wait_timeout(explicit: float | None = None) -> float:
     """Seconds a process waits for another that compiles the same kernel (``KDB_WAIT_TIMEOUT``)."""
     return seconds(ENV_WAIT_TIMEOUT, WAIT_TIMEOUT_S, explicit)
+
+
+def shared_url(explicit: str | None = None) -> str | None:
+    """The shared tier's SQLAlchemy URL (``KDB_SHARED_URL``); ``None`` when it is off."""
+    url = explicit if explicit is not None else os.environ.get(ENV_SHARED_URL, "")
+    return url.strip() or None
 
 
 def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:

@@ -259,6 +259,7 @@ class KernelDB:
             raise InvalidArgumentError(
                 f"compile_fn must be a function returning bytes, not {type(compile_fn).__name__}")
         _check_details(details)
+        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         hit = self.lookup(attrs)
         if hit is not None:
             return hit.binary
@@ -343,6 +344,7 @@ class KernelDB:
         user tier, and published to the shared tier unless ``publish`` is false).
         """
         _check_details(details)
+        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         if log is not None:
             with self._lock:
                 self._pending.setdefault(attrs.arch, _Pending()).logs.append(log)

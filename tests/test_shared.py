@@ -1,0 +1,705 @@
+"""The shared tier against a real PostgreSQL server on loopback, started by the fixture.
+
+Two "nodes" are two KDB_CACHE_DIRs sharing one server; children are real processes on the
+PoCL device. Skipped, with the reason, where no PostgreSQL server binaries or no psycopg
+are installed (``make test`` installs both on a fresh Debian machine).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kdb import HashAttributes, KernelDB
+
+PASSWORD = "pw-Xq7-s3cret"
+BINARY = b"\x7fELF pretend kernel binary " * 200
+KERNEL = "__kernel void k%d(__global float *a) { a[get_global_id(0)] += %d.0f; }"
+
+
+# -- the server ------------------------------------------------------------------------------
+
+def _pg_bindir() -> Path | None:
+    """Where initdb, pg_ctl and postgres are: PATH, else Debian's /usr/lib/postgresql/N/bin."""
+    found = shutil.which("initdb")
+    if found:
+        d = Path(os.path.realpath(found)).parent
+        if (d / "pg_ctl").exists() and (d / "postgres").exists():
+            return d
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                  key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0)
+    for d in reversed(dirs):
+        if Path(d, "initdb").exists() and Path(d, "pg_ctl").exists():
+            return Path(d)
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PgServer:
+    """A throw-away PostgreSQL cluster on 127.0.0.1 (initdb refuses root: run as postgres)."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.base = Path(tempfile.mkdtemp(prefix="kdb-pg-"))
+        self.data = self.base / "data"
+        self.logfile = self.base / "server.log"
+        self.port = _free_port()
+        self.as_root = os.geteuid() == 0
+        if self.as_root:
+            shutil.chown(self.base, "postgres")
+        pwfile = self.base / "pw"
+        pwfile.write_text(PASSWORD + "\n")
+        if self.as_root:
+            shutil.chown(pwfile, "postgres")
+        self._run("initdb", "-D", self.data, "-U", "kdb", f"--pwfile={pwfile}",
+                  "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync")
+        pwfile.unlink()
+
+    def _run(self, tool: str, *args: object) -> None:
+        cmd = [str(self.bindir / tool), *map(str, args)]
+        if self.as_root:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            log = self.logfile.read_text() if self.logfile.exists() else ""
+            raise RuntimeError(f"{tool} failed:\n{proc.stdout}\n{proc.stderr}\n{log}")
+
+    def start(self) -> None:
+        opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
+                "-c unix_socket_directories='' -c fsync=off -c max_connections=200")
+        self._run("pg_ctl", "-D", self.data, "-l", self.logfile, "-w", "-t", "60", "-o", opts,
+                  "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop")
+
+    def url(self, db: str = "postgres", password: str | None = PASSWORD) -> str:
+        auth = f"kdb:{password}" if password is not None else "kdb"
+        return f"postgresql+psycopg://{auth}@127.0.0.1:{self.port}/{db}"
+
+    def sql(self, statement: str, db: str = "postgres", params: tuple = ()) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="kdb", password=PASSWORD,
+                             dbname=db, autocommit=True, connect_timeout=10) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    def close(self) -> None:
+        try:
+            self.stop("immediate")
+        except RuntimeError:
+            pass
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _make_server() -> PgServer:
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'kdb[postgres]')")
+    bindir = _pg_bindir()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries (initdb/pg_ctl); on Debian: apt-get install "
+                    "postgresql, or run `make test`, which installs them")
+    if os.geteuid() == 0:
+        try:
+            import pwd
+
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root, and no 'postgres' user to run initdb as")
+    server = PgServer(bindir)
+    try:
+        server.start()
+    except Exception:
+        server.close()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg():
+    """One PostgreSQL server for the session, always stopped at the end."""
+    server = _make_server()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def shared_url(pg, request, monkeypatch) -> str:
+    """A fresh database on the session server, set as KDB_SHARED_URL for this test."""
+    import kdb.shared
+    from kdb import background
+
+    import hashlib
+
+    tag = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8]
+    name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name.lower())[:40]
+    name += "_" + tag
+    pg.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    pg.sql(f'CREATE DATABASE "{name}"')
+    url = pg.url(name)
+    monkeypatch.setenv("KDB_SHARED_URL", url)
+    kdb.shared.reset()
+    yield url
+    background.drain()  # stores and hit counts queued for this database, before forgetting it
+    kdb.shared.reset()
+
+
+def attrs(i: int = 0, arch: str = "a1") -> HashAttributes:
+    return HashAttributes(backend="test", source=f"kernel {i}", arch=arch, name=f"k{i}")
+
+
+def shared_keys(pg: PgServer, url: str) -> set[str]:
+    db = url.rsplit("/", 1)[1]
+    return {r[0] for r in pg.sql("SELECT key FROM kernels", db)}
+
+
+def user_counter(cache: Path, arch: str, name: str) -> float:
+    conn = sqlite3.connect(cache / "v1" / f"{arch}.kdb")
+    try:
+        row = conn.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+    finally:
+        conn.close()
+    return row[0] if row else 0
+
+
+# -- children on the PoCL device -------------------------------------------------------------
+
+CHILD = textwrap.dedent('''
+    import json, os, sys, time
+    import pyopencl as cl
+    import kdb, kdb.opencl
+    from kdb import latency
+
+    plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+    ctx = cl.Context(plat.get_devices())
+    go = os.environ.get("GO_FILE")
+    while go and not os.path.exists(go):
+        time.sleep(0.01)
+    compiled = []
+    for phase in sys.argv[1:]:
+        if phase == "sync":  # let the parent act between two builds
+            kdb.default_db().flush()
+            print("sync", flush=True)
+            sys.stdin.readline()
+            continue
+        if phase.startswith("sleep"):
+            time.sleep(float(phase[5:]))
+            continue
+        for i in map(int, phase.split(",")):
+            kdb.opencl.build(ctx, %r %% (i, i), name=f"k{i}")
+    kdb.default_db().flush()
+    print(json.dumps([r.name for r in latency.records()]), flush=True)
+''' % KERNEL)
+
+
+def _child_env(cache: Path, pocl: Path, url: str | None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, KDB_CACHE_DIR=str(cache), POCL_CACHE_DIR=str(pocl), **extra)
+    if url is None:
+        env.pop("KDB_SHARED_URL", None)
+    else:
+        env["KDB_SHARED_URL"] = url
+    return env
+
+
+def run_child(tmp_path: Path, cache: Path, url: str | None, *phases: str,
+              **extra: str) -> tuple[list[str], str]:
+    """Run CHILD to the end; returns (names it compiled, its stderr)."""
+    pocl = tmp_path / f"pocl-{time.monotonic_ns()}"
+    proc = subprocess.run([sys.executable, "-c", CHILD, *phases], capture_output=True,
+                          text=True, timeout=300, env=_child_env(cache, pocl, url, **extra))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+# -- two nodes, one server -------------------------------------------------------------------
+
+def test_second_node_compiles_nothing_the_first_compiled(shared_url, pg, tmp_path):
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    compiled, _ = run_child(tmp_path, node_a, shared_url, "0,1,2")
+    assert sorted(compiled) == ["k0", "k1", "k2"]
+    assert len(shared_keys(pg, shared_url)) == 3  # published to the server
+
+    compiled, _ = run_child(tmp_path, node_b, shared_url, "0,1,2,3")
+    assert compiled == ["k3"]  # only what the first node never built
+    assert user_counter(node_b, _arch(), "hits.shared") == 3
+    # The shared hits were copied into node B's user tier: served without the server now.
+    compiled, _ = run_child(tmp_path, node_b, None, "0,1,2,3")
+    assert compiled == []
+    assert len(shared_keys(pg, shared_url)) == 4
+
+
+def _arch() -> str:
+    import pyopencl as cl
+
+    from kdb.backends.opencl import arch_of
+
+    plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+    return arch_of(plat.get_devices()[0])
+
+
+@pytest.mark.slow
+def test_eight_processes_on_two_nodes_compile_each_kernel_once(shared_url, pg, tmp_path):
+    kernels = 10
+    go = tmp_path / "go"
+    procs = []
+    for n in range(8):
+        node = tmp_path / ("node-a" if n % 2 == 0 else "node-b")
+        order = [(i + n) % kernels for i in range(kernels)]  # every process wants all of them
+        env = _child_env(node, tmp_path / f"pocl-{n}", shared_url, GO_FILE=str(go))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", CHILD, ",".join(map(str, order))], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    time.sleep(1.0)  # imports done: start together
+    go.touch()
+    compiled: list[str] = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert "Traceback" not in err and "waited" not in err, err
+        compiled += json.loads(out.strip().splitlines()[-1])
+    assert sorted(compiled) == sorted(f"k{i}" for i in range(kernels))
+    assert len(shared_keys(pg, shared_url)) == kernels
+
+
+def test_server_stopped_mid_run_costs_no_correctness(tmp_path):
+    """A dedicated server, stopped between two builds of a child, then started again."""
+    server = _make_server()
+    try:
+        server.sql("CREATE DATABASE mid")
+        url = server.url("mid")
+        node = tmp_path / "node"
+        env = _child_env(node, tmp_path / "pocl", url, KDB_SHARED_RETRY="1")
+        child = subprocess.Popen([sys.executable, "-c", CHILD, "0,1", "sync", "2,3", "sync",
+                                  "sleep1.5", "4"], env=env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "sync"
+        assert shared_keys(server, url) == _keys_of(node, {"k0", "k1"})
+        server.stop("immediate")  # the child's connections die under it
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "sync"
+        server.start()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        assert sorted(json.loads(out.strip().splitlines()[-1])) == ["k0", "k1", "k2", "k3", "k4"]
+        assert err.count("shared tier") == 1, err  # one warning for the whole outage
+        assert "Traceback" not in err
+        assert PASSWORD not in err and "***" in err
+        # Nothing lost locally: every kernel is in the node's user tier.
+        assert len(_keys_of(node, {f"k{i}" for i in range(5)})) == 5
+        # Retried after KDB_SHARED_RETRY: the build after the restart was published again.
+        assert shared_keys(server, url) == _keys_of(node, {"k0", "k1", "k4"})
+    finally:
+        server.close()
+
+
+def _keys_of(node: Path, names: set[str]) -> set[str]:
+    conn = sqlite3.connect(next((node / "v1").glob("*.kdb")))
+    try:
+        rows = conn.execute("SELECT key, name FROM kernels").fetchall()
+    finally:
+        conn.close()
+    return {k for k, n in rows if n in names}
+
+
+# -- in-process: tiers, locks, failures ------------------------------------------------------
+
+def test_lookup_order_user_then_shared_then_compile(shared_url, cache_dir, tmp_path):
+    other = KernelDB(cache_dir=tmp_path / "other-node")
+    assert other.get_or_compile(attrs(1), lambda: BINARY) == BINARY
+    other.flush()
+
+    db = KernelDB()
+    calls = []
+    hit = db.lookup(attrs(1))
+    assert hit.tier == "shared" and hit.binary == BINARY and "***" in hit.path
+    assert db.get_or_compile(attrs(2), lambda: calls.append(1) or BINARY + b"2") == BINARY + b"2"
+    db.flush()
+    assert calls == [1]
+    # The shared hit was copied into the user tier, the compile went to both.
+    assert db.lookup(attrs(1)).tier == "user" and db.lookup(attrs(2)).tier == "user"
+    assert KernelDB(cache_dir=tmp_path / "third").lookup(attrs(2)).tier == "shared"
+
+
+def test_cross_node_lock_and_want(shared_url):
+    """Two tiers (two sessions, as two nodes): one holds a key, the other waits and asks."""
+    from kdb import claims
+    from kdb.shared import WANT_CHECK_S, SharedTier
+
+    a, b = SharedTier(shared_url), SharedTier(shared_url)
+    key = attrs(7).key
+    assert a.try_lock(key) is True
+    assert b.try_lock(key) is False
+    assert a.wanted(key) is False
+    b.want(key)
+    time.sleep(WANT_CHECK_S)
+    assert a.wanted(key) is True
+    b.unwant(key)
+    time.sleep(WANT_CHECK_S)
+    assert a.wanted(key) is False
+    a.unlock(key)
+    assert b.try_lock(key) is True
+    b.unlock(key)
+
+    # An adopted local claim carries the lock: any_wanted() (the writer's urgency) sees b wait.
+    claim = claims.try_claim(Path(tempfile.mkdtemp()), key)
+    a.adopt(claim)
+    assert a.try_lock(key) is True and b.try_lock(key) is False
+    b.want(key)
+    time.sleep(WANT_CHECK_S)
+    assert claims.any_wanted()
+    claim.release()
+    assert b.try_lock(key) is True  # released with the claim
+
+
+def test_claim_waits_for_the_other_node_and_takes_its_entry(shared_url, cache_dir, tmp_path):
+    from kdb.shared import SharedTier
+
+    other = SharedTier(shared_url)  # another node, compiling attrs(3)
+    assert other.try_lock(attrs(3).key)
+    db = KernelDB()
+
+    def publish_later():
+        time.sleep(0.5)
+        node = KernelDB(cache_dir=tmp_path / "node-x")
+        other.publish([node._entry(attrs(3), BINARY, 0.1, None)])
+        other.unlock(attrs(3).key)
+
+    t = threading.Thread(target=publish_later)
+    t.start()
+    got = db.claim_or_wait(attrs(3))
+    t.join()
+    assert got.tier == "shared" and got.binary == BINARY
+
+
+def test_server_refusing_warns_once_and_compiles_locally(cache_dir, monkeypatch, caplog):
+    import kdb.shared
+
+    port = _free_port()  # nothing listens there
+    url = f"postgresql+psycopg://kdb:{PASSWORD}@127.0.0.1:{port}/kdb"
+    monkeypatch.setenv("KDB_SHARED_URL", url)
+    kdb.shared.reset()
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        for i in range(3):
+            assert db.get_or_compile(attrs(i), lambda: BINARY) == BINARY
+        db.flush()
+    warnings = [r.getMessage() for r in caplog.records if "shared tier" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert PASSWORD not in caplog.text and "kdb:***@" in warnings[0]
+    assert all(db.lookup(attrs(i)).tier == "user" for i in range(3))  # nothing lost locally
+    kdb.shared.reset()
+
+
+def test_silent_server_is_bounded_and_retried_at_most_every_n_seconds(cache_dir, monkeypatch,
+                                                                      caplog):
+    """A server that accepts and never answers: the connect times out, once, then the tier
+    is skipped until KDB_SHARED_RETRY has passed."""
+    import kdb.shared
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"postgresql+psycopg://kdb@127.0.0.1:{listener.getsockname()[1]}/kdb"
+    monkeypatch.setenv("KDB_SHARED_URL", url)
+    monkeypatch.setenv("KDB_SHARED_CONNECT_TIMEOUT", "1")
+    monkeypatch.setenv("KDB_SHARED_RETRY", "600")
+    kdb.shared.reset()
+    try:
+        db = KernelDB()
+        with caplog.at_level(logging.WARNING, logger="kdb"):
+            for i in range(4):
+                assert db.get_or_compile(attrs(i), lambda: BINARY) == BINARY
+            db.flush()
+        assert len(accepted) == 1  # one attempt for four compiles, their lookups and stores
+        assert sum("shared tier" in r.getMessage() for r in caplog.records) == 1
+        assert db.lookup(attrs(3)).tier == "user"
+    finally:
+        listener.close()
+        for s in accepted:
+            s.close()
+        kdb.shared.reset()
+
+
+def test_frozen_server_is_cut_off_by_the_client_bound(pg, shared_url, cache_dir, monkeypatch,
+                                                      caplog):
+    """The server's processes stop answering mid-session (SIGSTOP: a hung host or disk),
+    where its own statement_timeout cannot fire: the client's bound cuts the connection."""
+    import signal
+
+    monkeypatch.setenv("KDB_SHARED_STATEMENT_TIMEOUT", "1")
+    monkeypatch.setenv("KDB_SHARED_CONNECT_TIMEOUT", "1")
+    db = KernelDB()
+    assert db.get_or_compile(attrs(0), lambda: BINARY) == BINARY
+    db.flush()  # published; the connections stay open in the pool
+    name = shared_url.rsplit("/", 1)[1]
+    pids = [r[0] for r in pg.sql("SELECT pid FROM pg_stat_activity WHERE datname = %s AND "
+                                 "application_name = 'kdb'", params=(name,))]
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    got = []
+
+    def work():
+        got.append(db.get_or_compile(attrs(1), lambda: BINARY + b"1"))
+        got.append(db.get_or_compile(attrs(2), lambda: BINARY + b"2"))
+        db.flush()
+        got.append("done")
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="kdb"):
+            worker = threading.Thread(target=work, daemon=True)
+            worker.start()
+            worker.join(60)  # far past the bound: a hang fails the test, not the suite
+            hung = worker.is_alive()
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    worker.join(30)
+    assert not hung and got == [BINARY + b"1", BINARY + b"2", "done"]
+    warnings = [r.getMessage() for r in caplog.records if "shared tier" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert db.lookup(attrs(2)).tier == "user"
+
+
+@pytest.mark.parametrize("source", ["PGPASSWORD", "PGPASSFILE"])
+def test_password_from_the_postgresql_environment_or_password_file(source, pg, shared_url,
+                                                                   tmp_path, monkeypatch):
+    from kdb.shared import SharedTier
+
+    bare = shared_url.replace(f":{PASSWORD}@", "@")
+    assert PASSWORD not in bare
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))
+    assert SharedTier(bare).engine() is None  # no password anywhere: refused (one warning)
+    if source == "PGPASSWORD":
+        monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    else:
+        passfile = tmp_path / "pgpass"
+        passfile.write_text(f"127.0.0.1:{pg.port}:*:kdb:{PASSWORD}\n")
+        passfile.chmod(0o600)
+        monkeypatch.setenv("PGPASSFILE", str(passfile))
+    assert SharedTier(bare).engine() is not None
+
+
+def test_no_sqlalchemy_on_a_hit_with_the_url_set(shared_url, cache_dir, run_py):
+    KernelDB().put(attrs(1), BINARY)
+    proc = run_py("""
+        import sys
+        from kdb import HashAttributes, KernelDB
+        hit = KernelDB().lookup(HashAttributes(backend="test", source="kernel 1", arch="a1",
+                                               name="k1"))
+        print(hit.tier, "sqlalchemy" in sys.modules, "psycopg" in sys.modules)
+    """)
+    assert proc.stdout.split() == ["user", "False", "False"]
+
+
+# -- schema: migrations and revisions on PostgreSQL ------------------------------------------
+
+def test_migrations_from_the_previous_revision_apply(pg, shared_url):
+    import sqlalchemy as sa
+
+    from kdb import migrate
+    from kdb.shared import SharedTier, create_engine, upgrade
+
+    engine = create_engine(shared_url)
+    try:
+        with engine.connect() as conn:
+            upgrade(conn, "0002")
+            conn.execute(sa.text(
+                "INSERT INTO kernels (key, arch, backend, attributes, codec, blob, raw_size, "
+                "stored_size, checksum, created, last_access) VALUES "
+                "('k', 'a1', 'test', '{}', 'raw', '\\x00', 1, 1, 'c', 0, 0)"))
+            conn.commit()
+    finally:
+        engine.dispose()
+    db = shared_url.rsplit("/", 1)[1]
+    assert pg.sql("SELECT version_num FROM alembic_version", db) == [("0002",)]
+    tier = SharedTier(shared_url)
+    assert tier.engine() is not None  # first use upgrades to head
+    assert pg.sql("SELECT version_num FROM alembic_version", db) == [(migrate.HEAD,)]
+    totals = dict(pg.sql("SELECT name, value FROM meta", db))
+    assert totals["entries"] == "1" and totals["raw_bytes"] == "1"
+
+
+def test_concurrent_upgraders_take_turns(pg, shared_url):
+    from kdb import migrate
+    from kdb.shared import SharedTier
+
+    errors: list[BaseException] = []
+    tiers = [SharedTier(shared_url) for _ in range(4)]
+
+    def first_use(t):
+        try:
+            assert t.engine() is not None
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=first_use, args=(t,)) for t in tiers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    db = shared_url.rsplit("/", 1)[1]
+    assert pg.sql("SELECT version_num FROM alembic_version", db) == [(migrate.HEAD,)]
+    assert pg.sql("SELECT count(*) FROM meta WHERE name = 'format'", db) == [(1,)]
+
+
+def test_schema_from_the_future_turns_the_tier_off(pg, shared_url, cache_dir, caplog):
+    from kdb.shared import SharedTier
+
+    assert SharedTier(shared_url).engine() is not None
+    db = shared_url.rsplit("/", 1)[1]
+    pg.sql("UPDATE alembic_version SET version_num = '9999'", db)
+    import kdb.shared
+
+    kdb.shared.reset()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert KernelDB().get_or_compile(attrs(1), lambda: BINARY) == BINARY
+    assert "newer than this kdb" in caplog.text and PASSWORD not in caplog.text
+    assert pg.sql("SELECT version_num FROM alembic_version", db) == [("9999",)]  # untouched
+
+
+# -- CLI: info, stats, pack ------------------------------------------------------------------
+
+def test_info_and_stats_show_the_shared_tier_with_the_password_masked(shared_url, cache_dir):
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    db = KernelDB()
+    db.get_or_compile(attrs(1), lambda: BINARY)
+    db.flush()
+    KernelDB(cache_dir=cache_dir / "elsewhere").lookup(attrs(1))  # a shared hit
+    runner = CliRunner()
+    for args in (["info"], ["info", "--json"], ["stats"], ["stats", "--json"]):
+        res = runner.invoke(cli, args)
+        assert res.exit_code == 0, res.output
+        assert PASSWORD not in res.output, args
+        assert "kdb:***@127.0.0.1" in res.output, args
+    data = json.loads(runner.invoke(cli, ["stats", "--json"]).output)
+    assert data["shared"]["entries"] == 1 and data["shared"]["reachable"] is True
+    assert data["shared"]["compiles"] == 1
+    info = json.loads(runner.invoke(cli, ["info", "--json"]).output)
+    assert info["shared"]["revision"] is not None and info["shared"]["entries"] == 1
+
+
+def test_info_reads_only_and_reports_an_unreachable_server(pg, shared_url, cache_dir,
+                                                           monkeypatch):
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    runner = CliRunner()
+    info = json.loads(runner.invoke(cli, ["info", "--json"]).stdout)
+    assert info["shared"]["revision"] is None and "no kdb schema yet" in info["shared"]["problem"]
+    db = shared_url.rsplit("/", 1)[1]
+    assert pg.sql("SELECT to_regclass('alembic_version')", db) == [(None,)]  # nothing created
+
+    monkeypatch.setenv("KDB_SHARED_URL", f"postgresql://kdb:{PASSWORD}@127.0.0.1:{_free_port()}/x")
+    res = runner.invoke(cli, ["info"])
+    assert res.exit_code == 0 and "unreachable" in res.output
+    assert PASSWORD not in res.output and "kdb:***@127.0.0.1" in res.output
+
+
+def test_pack_from_db_accepts_the_shared_url(shared_url, cache_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    other = KernelDB(cache_dir=tmp_path / "node")
+    for i in range(3):
+        other.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
+    other.get_or_compile(attrs(9, arch="a2"), lambda: BINARY)
+    other.flush()
+    res = CliRunner().invoke(cli, ["pack", "--arch", "a1", "--from-db", shared_url,
+                                   "--out", str(tmp_path / "out"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert PASSWORD not in res.output
+    [result] = json.loads(res.stdout)
+    assert result["entries"] == 3
+    sysdb = KernelDB(cache_dir=tmp_path / "fresh", system_path=[tmp_path / "out"])
+    assert sysdb.lookup(attrs(1)).tier == "system"
+    # --from-log: exactly the kernels the cluster compiled (the shared compile log).
+    res = CliRunner().invoke(cli, ["pack", "--arch", "a2", "--from-log", "--from-db",
+                                   shared_url, "--out", str(tmp_path / "out2"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)[0]["entries"] == 1
+
+
+def test_pack_from_an_unreachable_server_fails_with_the_password_masked(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    monkeypatch.delenv("KDB_SHARED_URL", raising=False)
+    url = f"postgresql+psycopg://kdb:{PASSWORD}@127.0.0.1:{_free_port()}/kdb"
+    res = CliRunner().invoke(cli, ["pack", "--arch", "a1", "--from-db", url,
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert "kdb:***@127.0.0.1" in res.output and PASSWORD not in res.output
+
+
+@pytest.mark.parametrize("url", [
+    f"postgresql+psycopg://kdb:{PASSWORD}@127.0.0.1:notaport/kdb",  # unparsable
+    f"mysql://kdb:{PASSWORD}@127.0.0.1/kdb",  # not PostgreSQL
+    f"postgresql+psycopg2://kdb:{PASSWORD}@127.0.0.1/kdb",  # a driver that is not installed
+])
+def test_unusable_url_turns_the_tier_off_without_showing_the_password(url, cache_dir,
+                                                                      monkeypatch, caplog):
+    import importlib.util
+
+    import kdb.shared
+
+    if "psycopg2" in url and importlib.util.find_spec("psycopg2") is not None:
+        pytest.skip("psycopg2 is installed here")
+
+    monkeypatch.setenv("KDB_SHARED_URL", url)
+    kdb.shared.reset()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert KernelDB().get_or_compile(attrs(1), lambda: BINARY) == BINARY
+    assert "shared tier" in caplog.text and PASSWORD not in caplog.text
+    kdb.shared.reset()
+
+
+def test_doctests_of_the_shared_module():
+    import doctest
+
+    import kdb.shared
+
+    result = doctest.testmod(kdb.shared)
+    assert result.attempted > 0 and result.failed == 0
