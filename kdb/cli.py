@@ -128,6 +128,7 @@ def info(obj: _Settings, as_json: bool) -> None:
         click.echo(f"  {Path(f['path']).name}  rev {f['revision'] or '-'}  "
                    f"{f['entries']} entries  {_bytes(f['size'])}"
                    + (f"  [{f['problem']}]" if f["problem"] else ""))
+    _echo_shared(data["shared"])
     click.echo(f"system path ({config.ENV_SYSTEM_DB_PATH}): "
                + (os.pathsep.join(data["system_path"]) or "not set"))
     click.echo("system databases:")
@@ -151,6 +152,21 @@ def info(obj: _Settings, as_json: bool) -> None:
                                          f"MISSING ({d['arch']}.kdb): kernels compile at "
                                          "first use"))
     _echo_cuda(data["cuda"])
+
+
+def _echo_shared(shared: dict[str, Any] | None) -> None:
+    """The shared tier's lines of ``kdb info`` (its URL comes masked from the library)."""
+    if shared is None:
+        click.echo(f"shared tier: off ({config.ENV_SHARED_URL} not set)")
+        return
+    click.echo(f"shared tier: {shared['url']} ({config.ENV_SHARED_URL})")
+    if shared["problem"]:
+        click.echo(f"  [{shared['problem']}]")
+        return
+    click.echo(f"  rev {shared['revision'] or '-'}  {shared['entries']} entries  "
+               f"{_bytes(shared['stored_bytes'])}  "
+               + (", ".join(f"{a}: {v['entries']}" for a, v in shared["arches"].items())
+                  or "no arches yet"))
 
 
 def _echo_cuda(cuda: dict[str, Any]) -> None:
@@ -221,6 +237,13 @@ def stats(obj: _Settings, arch: str | None, as_json: bool) -> None:
     click.echo(f"cap: {_bytes(data['cap'])} per user file ({config.ENV_CACHE_MAX_SIZE}); "
                "least recently used entries are evicted past it" if data["cap"] else
                f"cap: none ({config.ENV_CACHE_MAX_SIZE}=0)")
+    shared = data.get("shared")
+    if shared is not None:
+        click.echo(f"shared tier {shared['url']}: " + (
+            f"{shared['entries']} entries, {_bytes(shared['stored_bytes'])} stored, "
+            f"{shared['hits']} hits and {shared['compiles']} compiles by every node, "
+            f"{shared['hits_here']} hits here" if not shared["problem"]
+            else shared["problem"]))
 
 
 @cli.command("log")
@@ -532,8 +555,9 @@ class _PackProgress:
               help="TOML manifest of the kernels to compile (see prebuilt/demo.toml).")
 @click.option("--from-db", "from_db", is_flag=False, flag_value="", default=None,
               metavar="[PATH_OR_URL]",
-              help="Copy every entry of a user database: a .kdb file, a cache directory, or "
-                   "a sqlite:/// or file:/// URL; with no value, the user tier.")
+              help="Copy every entry of a user database: a .kdb file, a cache directory, "
+                   "a sqlite:/// or file:/// URL, or the shared tier's URL "
+                   "(postgresql+psycopg://...); with no value, the user tier.")
 @click.option("--from-log", is_flag=True,
               help="Copy exactly the kernels of the start-up latency log (`kdb log`) of the "
                    "user tier, or of the --from-db database.")

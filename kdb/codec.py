@@ -43,6 +43,8 @@ def encode(raw: bytes) -> tuple[str, bytes]:
 def decode(codec: str, blob: bytes, raw_size: int, digest: str,
            thorough: bool = False) -> bytes | None:
     """The raw binary, or ``None`` when the blob is damaged or its content differs."""
+    if not (isinstance(blob, bytes) and isinstance(raw_size, int) and isinstance(digest, str)):
+        return None  # a damaged row: SQLite's columns are typed by the record, not the schema
     try:
         if codec == ZSTD:
             dec = getattr(_local, "d", None)
@@ -55,7 +57,7 @@ def decode(codec: str, blob: bytes, raw_size: int, digest: str,
             verified = False
         else:
             return None
-    except zstandard.ZstdError:
+    except (zstandard.ZstdError, ValueError, OverflowError):  # a negative or huge raw_size
         return None
     if len(raw) != raw_size:
         return None

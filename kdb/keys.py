@@ -45,13 +45,21 @@ def encode_value(value: Any) -> list[str]:
     )
 
 
+def _iterate(name: str, values: Any) -> list:
+    try:
+        return list(values)
+    except TypeError:
+        raise UnsupportedTypeError(
+            f"{name} must be a sequence, not {type(values).__name__}") from None
+
+
 def _str_tuple(name: str, values: Iterable[Any] | str | None) -> tuple[str, ...]:
     if values is None:
         return ()
     if isinstance(values, str):
         raise InvalidArgumentError(f"{name} must be a sequence of strings, not one string")
     out = []
-    for v in values:
+    for v in _iterate(name, values):
         if not isinstance(v, str):
             raise UnsupportedTypeError(
                 f"{name} must hold strings; got {type(v).__name__} ({v!r})"
@@ -74,7 +82,7 @@ def _str_pairs(name: str, values: Mapping[str, str] | Iterable[tuple[str, str]] 
 def _pairs(name: str, values: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None) -> tuple:
     if values is None:
         return ()
-    items = values.items() if isinstance(values, Mapping) else values
+    items = values.items() if isinstance(values, Mapping) else _iterate(name, values)
     out = []
     for pair in items:
         try:

@@ -31,6 +31,8 @@ COUNTERS = ("hits.system", "hits.user", "hits.shared", "misses", "compiles", "co
             "saved_seconds", "evicted")
 _HEX_RE = re.compile(r"[0-9a-f]{4,64}\Z")
 _SIDE_FILES = ("-wal", "-shm", ".lock")
+#: What reading a damaged file raises (a damaged schema's error message is not UTF-8).
+_DAMAGED = (sqlite3.DatabaseError, UnicodeDecodeError)
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def describe_file(path: Path, tier: str, arch: str, origin: str) -> FileReport:
         with _reading(path, tier) as conn:
             rev = migrate.revision_of(conn)
             entries = _rows(conn, "SELECT count(*) FROM kernels")
-    except sqlite3.DatabaseError as err:
+    except _DAMAGED as err:
         return FileReport(arch, str(path), tier, origin, size, 0, None, f"unreadable: {err}")
     count = entries[0][0] if entries else 0
     problem = ""
@@ -301,7 +303,7 @@ def entries(user_dir: Path, arch: str | None = None, tier: str | None = None) ->
                 rows = _rows(conn, "SELECT key, name, arch, backend, raw_size, stored_size, "
                              "hits, last_access, created, compile_seconds FROM kernels "
                              "ORDER BY last_access DESC")
-        except sqlite3.DatabaseError as err:
+        except _DAMAGED as err:
             log.warning("kdb: %s skipped: %s", path, err)
             continue
         for r in rows:
@@ -351,7 +353,7 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
                         conn, "SELECT coalesce(sum(raw_size), 0) FROM kernels")[0][0]
                 if t == "user":
                     counters = dict(_rows(conn, "SELECT name, value FROM counters"))
-        except sqlite3.DatabaseError as err:
+        except _DAMAGED as err:
             log.warning("kdb: %s skipped: %s", path, err)
             continue
         s = per.setdefault(a, _empty_stats())
@@ -398,7 +400,7 @@ def compile_log(user_dir: Path, limit: int | None = 50, arch: str | None = None)
         try:
             with _reading(path, "user") as conn:
                 rows = _rows(conn, sql, params)
-        except sqlite3.DatabaseError as err:
+        except _DAMAGED as err:
             log.warning("kdb: %s skipped: %s", path, err)
             continue
         out += [_log_record(r) for r in rows]
@@ -469,7 +471,7 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
                     logs += [_log_record(r) for r in _rows(
                         conn, "SELECT at, key, name, arch, backend, seconds, missed, reason, "
                         f"pid FROM compile_log WHERE {where} ORDER BY at DESC", params)]
-        except sqlite3.DatabaseError as err:
+        except _DAMAGED as err:
             log.warning("kdb: %s skipped: %s", path, err)
     keys = {e["key"] for e in found} | {r["key"] for r in logs}
     if not keys:
@@ -502,7 +504,7 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
                 for e in _entry_rows(conn, near_where, (key, name, backend, arch), t, path,
                                      limit=1000):
                     candidates.setdefault(e["key"], e)
-        except sqlite3.DatabaseError:
+        except _DAMAGED:
             continue  # reported above
     ranked = []
     for e in candidates.values():
@@ -654,7 +656,7 @@ def migrate_files(user_dir: Path, check: bool = False) -> list[dict[str, Any]]:
                         migrate.upgrade_sqlite(path)
                 rec["to"] = _revision(path)
                 rec["action"] = "upgraded"
-        except sqlite3.DatabaseError as err:
+        except _DAMAGED as err:
             rec.update(action="skipped", to=None, problem=f"unreadable: {err}")
         out.append(rec)
     return out
@@ -738,7 +740,7 @@ def _verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
             check = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
             if check != ["ok"]:
                 problems.append("integrity check failed: " + "; ".join(check[:3]))
-                out["fatal"] = True
+                out["fatal"] = out["integrity"] = True
             rev = migrate.revision_of(conn)
             out["revision"] = rev
             if rev is None:
@@ -752,7 +754,7 @@ def _verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
                 if rev != migrate.HEAD:
                     out["notes"].append(f"at revision {rev} (head {migrate.HEAD})")
                 _verify_entries(conn, arch, out)
-    except sqlite3.DatabaseError as err:
+    except _DAMAGED as err:
         problems.append(f"unreadable: {err}")
         out["fatal"] = True
     out["ok"] = not problems and not out["bad_entries"]
@@ -787,10 +789,13 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
     for key, name, row_arch, kind, blob, raw_size, stored_size, digest, attributes in \
             conn.execute(_VERIFY_SQL):
         count += 1
-        raw_total += raw_size or 0
-        stored_total += stored_size or 0
+        raw_total += raw_size if isinstance(raw_size, int) else 0
+        stored_total += stored_size if isinstance(stored_size, int) else 0
         why = ""
-        if decode(kind, blob, raw_size, digest, thorough=True) is None:
+        if not all(isinstance(v, t) for v, t in ((key, str), (name, str), (row_arch, str),
+                                                  (attributes, str), (stored_size, int))):
+            why = "damaged row (a column holds a value of the wrong type)"
+        elif decode(kind, blob, raw_size, digest, thorough=True) is None:
             why = "checksum mismatch (the blob does not decode to its checksum)"
         elif not _is_json(attributes):
             why = "attributes are not JSON"
@@ -827,7 +832,7 @@ def _repair(path: Path, result: dict[str, Any]) -> list[str]:
 
     if result.get("unsafe") or result.get("future"):
         return []
-    if result["fatal"] and _reindexed(path):
+    if result.get("integrity") and _reindexed(path):
         result = _verify_file(path, "user", result["arch"])
         if result["ok"]:
             return ["indexes rebuilt (REINDEX)"]
@@ -860,15 +865,19 @@ def _repair(path: Path, result: dict[str, Any]) -> list[str]:
 
 
 def _reindexed(path: Path) -> bool:
-    """Try ``REINDEX`` on a file whose integrity check failed; True if it then passes."""
+    """Try ``REINDEX`` on a file whose integrity check failed; True (and committed) if the
+    file then passes, else rolled back: damaged indexes are rebuilt, damaged tables are not."""
     try:
         conn = sqlite3.connect(path, timeout=config.BUSY_TIMEOUT_S, isolation_level=None)
         try:
+            conn.execute("BEGIN IMMEDIATE")
             conn.execute("REINDEX")
-            return conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            ok = conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            conn.execute("COMMIT" if ok else "ROLLBACK")
+            return ok
         finally:
             conn.close()
-    except sqlite3.DatabaseError:
+    except _DAMAGED:
         return False
 
 

@@ -23,6 +23,10 @@ from typing import Iterable, NamedTuple
 from . import codec, faults, fs, migrate
 from .config import BUSY_TIMEOUT_S, max_size, private_dir
 
+#: What a damaged file raises. Python's sqlite3 decodes SQLite's error message as UTF-8, and
+#: the message of a damaged schema quotes bytes of the file: UnicodeDecodeError, not an Error.
+_DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError)
+
 _FETCH = (
     "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
     "FROM kernels WHERE key = ?"
@@ -103,13 +107,16 @@ class KernelFile:
             return conn
         if not self.usable or not self.path.exists():
             return None
-        if not self.readonly and not self._checked and not self._trusted():
-            return None
+        if not self.readonly and not self._checked:
+            if not self._trusted():
+                return None
+            if not _writable(self.path):
+                self._read_only_cache()
         try:
             conn = self._open()
             if not self._checked and self._check(conn):
                 conn = self._open()  # _check closed it to upgrade the file
-        except sqlite3.DatabaseError as err:
+        except _DAMAGE as err:
             self._damaged(err)
             return None
         if not self.usable:
@@ -130,6 +137,15 @@ class KernelFile:
                      "directory; kernels are compiled meanwhile.", once="unsafe:" + str(self.path))
         return False
 
+    def _read_only_cache(self) -> None:
+        """The user file exists but cannot be written (a read-only cache directory): use its
+        entries, store nothing. Opened immutable: a WAL file needs a writable ``-shm`` beside
+        it, and nobody can commit to a file in a directory no one may write."""
+        self.readonly = True
+        faults.fault(f"the kernel cache {self.path.parent} is read-only: kernels stored there "
+                     "are used, new ones are compiled but not stored. Make it writable or set "
+                     "KDB_CACHE_DIR to a writable directory.", once=str(self.path.parent))
+
     def _check(self, conn: sqlite3.Connection) -> bool:
         """Once per process: is this a kdb file at a revision this code can read?
 
@@ -138,11 +154,18 @@ class KernelFile:
         with self._lock:
             if self._checked:
                 return False
+            if self.tier == "system" and not self._wal_ok():
+                return False
             rev = migrate.revision_of(conn)
+            missing = _missing_tables(conn, rev)
+            if missing:
+                conn.close()
+                raise sqlite3.DatabaseError(
+                    f"schema revision {rev} but no table {', '.join(missing)}")
             if rev == migrate.HEAD or (self.readonly and rev in migrate.REVISIONS):
                 self._checked = True
                 return False
-            if rev is None and not self.readonly and _is_empty(conn):
+            if rev is None and self.tier == "user" and _is_empty(conn):
                 self._checked = True  # created but not migrated yet: reads miss, writer migrates
                 return False
             if rev in migrate.REVISIONS and not self.readonly:
@@ -167,6 +190,35 @@ class KernelFile:
                     once=str(self.path),
                 )
             return False
+
+    def _wal_ok(self) -> bool:
+        """A system file should be in rollback-journal mode (``kdb pack`` writes it so).
+
+        One left in WAL mode is read as its main file (``immutable=1`` ignores the WAL) with
+        a warning; if a non-empty ``-wal`` lies beside it, commits the main file lacks (or a
+        half-done checkpoint) may sit there, so the file is skipped instead.
+        """
+        try:
+            with open(self.path, "rb") as f:
+                header = f.read(20)
+        except OSError:
+            return True  # opening reports it
+        if header[18:20] != b"\x02\x02":  # sqlite.org/fileformat2.html#database_header
+            return True
+        try:
+            wal = os.stat(str(self.path) + "-wal").st_size
+        except OSError:
+            wal = 0
+        if wal:
+            self.usable = False
+        faults.fault(
+            f"system database {self.path} is in WAL mode"
+            + (f" with a {wal}-byte -wal file beside it that a read-only reader cannot use; "
+               "it is skipped" if wal else "; it is read, but should be rebuilt")
+            + ". Rebuild it with `kdb pack` (which writes journal_mode=DELETE) or run "
+            "`sqlite3 FILE 'PRAGMA journal_mode=DELETE'` on a writable copy.",
+            once="walsys:" + str(self.path))
+        return not wal
 
     def _upgrade(self) -> None:
         with migrate.file_lock(self.path):
@@ -226,7 +278,7 @@ class KernelFile:
             return None
         try:
             row = conn.execute(_FETCH, (key,)).fetchone()
-        except sqlite3.DatabaseError as err:
+        except _DAMAGE as err:
             if "no such table" in str(err):
                 return None  # a file the writer has created but not migrated yet
             if "locked" in str(err) or "busy" in str(err):
@@ -235,7 +287,11 @@ class KernelFile:
             self.close()
             self._damaged(err)
             return None
-        return Row(*row) if row else None
+        if row is None:
+            return None
+        if row[5].__class__ is not float:  # a damaged row's column may hold any type
+            row = (*row[:5], float(row[5]) if isinstance(row[5], int) else 0.0)
+        return Row(*row)
 
     def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
         """Read-only query for the CLI and ``explain``; an unusable file yields no rows."""
@@ -244,7 +300,7 @@ class KernelFile:
             return []
         try:
             return conn.execute(sql, tuple(params)).fetchall()
-        except sqlite3.DatabaseError as err:
+        except _DAMAGE as err:
             if "no such table" in str(err):
                 return []
             raise
@@ -262,6 +318,8 @@ class KernelFile:
             return None
         try:
             private_dir(self.path.parent)
+            if not self._trusted():  # never create a file where others could change it
+                return None
             if not self.path.exists():
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
                 os.close(fd)
@@ -286,7 +344,7 @@ class KernelFile:
                         return None
                     if rev is None:
                         _describe(self.path)
-        except sqlite3.DatabaseError as err:
+        except _DAMAGE as err:
             self._damaged(err)
             return None
         except OSError as err:
@@ -318,16 +376,16 @@ class KernelFile:
 
         With a ``cap`` (bytes, default ``KDB_CACHE_MAX_SIZE``; 0 = none), an insert that
         would pass it evicts the least recently used entries until a third of it is free;
-        a binary larger than the cap is not stored.
+        a binary larger than the cap is not stored. True when everything given was written.
         """
+        cap = max_size() if cap is None else cap  # a bad KDB_CACHE_MAX_SIZE: before any write
         conn = self.ensure()
         if conn is None:
             return False
-        cap = max_size() if cap is None else cap
         now = time.time()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            added = added_raw = added_entries = 0
+            added = added_raw = added_entries = skipped = 0
             for e in entries:
                 kind, blob = codec.encode(e.raw)
                 if cap and len(blob) > cap:
@@ -335,6 +393,7 @@ class KernelFile:
                                      "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
                                      "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
                                      len(blob), e.name or e.key[:16], cap)
+                    skipped += 1
                     continue
                 old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
                                    (e.key,)).fetchone()
@@ -355,7 +414,9 @@ class KernelFile:
                                 ("entries", added_entries)):
                 if delta:
                     _bump_meta(conn, name, delta)
-            if cap and added > 0 and _meta_int(conn, "stored_bytes") > cap:
+            # Any insert over the cap evicts, not only one that grows the file: the cap may
+            # have been lowered since the file was filled.
+            if cap and len(entries) > skipped and _meta_int(conn, "stored_bytes") > cap:
                 _evict(conn, cap - cap // 3, keep={e.key for e in entries})
             for r in logs:
                 conn.execute(
@@ -373,19 +434,24 @@ class KernelFile:
                     "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
                     "DO UPDATE SET value = value + excluded.value", (name, delta))
             conn.execute("COMMIT")
-            return True
-        except sqlite3.Error as err:
+            return not skipped
+        except (sqlite3.Error, UnicodeDecodeError) as err:
             try:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            if isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err):
+            if isinstance(err, UnicodeDecodeError) or (
+                    isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err)):
                 self.close()
                 self._damaged(err)
             else:
                 faults.fault(f"could not write to {self.path} ({err}); entries not stored",
                              once="write:" + str(self.path))
             return False
+        except BaseException:  # never leave the transaction open on this thread's connection
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     def evict_to(self, target: int) -> tuple[int, int]:
         """Remove least recently used entries until at most ``target`` bytes are stored;
@@ -398,7 +464,7 @@ class KernelFile:
             result = _evict(conn, target)
             conn.execute("COMMIT")
             return result
-        except sqlite3.Error as err:
+        except (sqlite3.Error, UnicodeDecodeError) as err:
             try:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
@@ -429,7 +495,7 @@ class KernelFile:
                 _bump_meta(conn, "entries", -removed)
             conn.execute("COMMIT")
             return removed
-        except sqlite3.Error as err:
+        except (sqlite3.Error, UnicodeDecodeError) as err:
             try:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
@@ -451,6 +517,25 @@ def _describe(path: Path) -> None:
              ("created", str(time.time()))])
     finally:
         conn.close()
+
+
+#: Tables each revision has (a file that lacks one is damaged, not merely old).
+_TABLES = {"0001": ("kernels", "meta")}
+
+
+def _missing_tables(conn: sqlite3.Connection, rev: str | None) -> list[str]:
+    if rev not in migrate.REVISIONS:
+        return []
+    need = _TABLES.get(rev, ("kernels", "meta", "compile_log", "counters"))
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return [t for t in need if t not in have]
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process can write ``path`` and create its journal beside it."""
+    if not path.exists():
+        return True  # created by the writer, which reports what fails
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
 
 
 def _is_empty(conn: sqlite3.Connection) -> bool:

@@ -1,0 +1,287 @@
+"""The size cap of the user tier: parsing, LRU eviction, recency, and totals that never scan."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from kdb import ConfigError, HashAttributes, KernelDB, config, report
+from kdb.cli import cli
+from kdb.store import Entry, KernelFile
+
+LONG = os.environ.get("KDB_LONG_TESTS") == "1"
+SIZE = 4000  # incompressible: stored as is, so stored_size == SIZE exactly
+
+
+def attrs(i: int, arch: str = "a1") -> HashAttributes:
+    return HashAttributes(backend="test", source=f"kernel {i}", arch=arch, name=f"k{i}")
+
+
+def blob(i: int, size: int = SIZE) -> bytes:
+    return random.Random(i).randbytes(size)
+
+
+def sql(path, query, params=()):
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(query, params).fetchall()
+    finally:
+        conn.close()
+
+
+def stored_names(path) -> list[str]:
+    return sorted(r[0] for r in sql(path, "SELECT name FROM kernels"))
+
+
+def meta_totals(path) -> dict[str, int]:
+    return {k: int(v) for k, v in sql(
+        path, "SELECT name, value FROM meta WHERE name IN ('entries', 'raw_bytes', "
+              "'stored_bytes')")}
+
+
+def scanned_totals(path) -> dict[str, int]:
+    [(n, raw, stored)] = sql(path, "SELECT count(*), coalesce(sum(raw_size), 0), "
+                                   "coalesce(sum(stored_size), 0) FROM kernels")
+    return {"entries": n, "raw_bytes": raw, "stored_bytes": stored}
+
+
+def cli_ok(args: list[str]) -> str:
+    result = CliRunner().invoke(cli, args, catch_exceptions=True)
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.output
+
+
+# -- KDB_CACHE_MAX_SIZE --------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, value", [
+    ("500M", 500 << 20), ("2G", 2 << 30), ("0", 0), ("4096", 4096), ("1.5GiB", 3 << 29),
+    ("64k", 64 << 10), (" 2g ", 2 << 30), ("1T", 1 << 40),
+])
+def test_cap_sizes_are_parsed(monkeypatch, text, value):
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", text)
+    assert config.max_size() == value
+
+
+def test_cap_default_is_one_gib(monkeypatch):
+    monkeypatch.delenv("KDB_CACHE_MAX_SIZE", raising=False)
+    assert config.max_size() == 1 << 30
+
+
+@pytest.mark.parametrize("junk", ["junk", "-1", "5X", "1e3", "M", "2 G B", "0x10", "½G"])
+def test_a_cap_that_is_not_a_size_is_a_config_error(monkeypatch, cache_dir, junk):
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", junk)
+    with pytest.raises(ConfigError, match="KDB_CACHE_MAX_SIZE.*500M"):
+        config.max_size()
+    with pytest.raises(ConfigError):  # a caller's mistake: raised, not a warning
+        KernelDB(use_system=False).put(attrs(0), blob(0))
+    assert not (cache_dir / "v1").exists()  # nothing written
+
+
+# -- eviction ------------------------------------------------------------------------------
+
+def fill(db: KernelDB, n: int) -> None:
+    for i in range(n):
+        assert db.put(attrs(i), blob(i))
+
+
+def test_an_insert_past_the_cap_evicts_lru_until_a_third_is_free(cache_dir, monkeypatch):
+    cap = 7 * SIZE + 100  # seven fit; the eighth passes the cap
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", str(cap))
+    db = KernelDB(use_system=False)
+    fill(db, 7)
+    path = cache_dir / "v1" / "a1.kdb"
+    assert len(stored_names(path)) == 7
+    assert db.put(attrs(7), blob(7))
+    stored = meta_totals(path)["stored_bytes"]
+    assert stored <= cap - cap // 3  # a third of the cap is free
+    # Oldest first: k0, k1, k2, k3 go (8 * 4000 = 32000 down to <= 18734); the new one stays.
+    assert stored_names(path) == ["k4", "k5", "k6", "k7"]
+    assert db.get(attrs(7)) == blob(7)
+    assert sql(path, "SELECT value FROM counters WHERE name = 'evicted'") == [(4.0,)]
+
+
+def test_a_hit_refreshes_recency_so_the_entry_survives(cache_dir, monkeypatch):
+    cap = 7 * SIZE + 100
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", str(cap))
+    db = KernelDB(use_system=False)
+    fill(db, 7)
+    assert db.get(attrs(0)) == blob(0)  # the oldest entry, used again
+    db.flush()  # hits are batched; recency lands in the database here
+    assert db.put(attrs(7), blob(7))
+    names = stored_names(cache_dir / "v1" / "a1.kdb")
+    assert "k0" in names and "k7" in names
+    assert names == ["k0", "k5", "k6", "k7"]  # k1..k4 were least recently used
+
+
+def test_a_binary_larger_than_the_cap_is_not_stored(cache_dir, monkeypatch, caplog):
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", str(3 * SIZE))
+    db = KernelDB(use_system=False)
+    fill(db, 2)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.put(attrs(9), blob(9, 4 * SIZE)) is False
+        out = db.get_or_compile(attrs(10), lambda: blob(10, 5 * SIZE))
+        db.flush()
+    assert out == blob(10, 5 * SIZE)  # the caller gets its binary all the same
+    path = cache_dir / "v1" / "a1.kdb"
+    assert stored_names(path) == ["k0", "k1"]  # nothing evicted for a binary that cannot fit
+    assert "exceeds the cache cap" in caplog.text
+    assert caplog.text.count("exceeds the cache cap") == 1  # once per file and process
+    assert db.get(attrs(9)) is None
+
+
+def test_no_cap_stores_everything(cache_dir, monkeypatch):
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", "0")
+    db = KernelDB(use_system=False)
+    fill(db, 10)
+    assert len(stored_names(cache_dir / "v1" / "a1.kdb")) == 10
+
+
+def test_kdb_evict_and_kdb_stats_show_it(cache_dir, monkeypatch):
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", "2G")
+    db = KernelDB(use_system=False)
+    fill(db, 6)
+    db.close()
+    before = json.loads(cli_ok(["stats", "--json"]))
+    assert before["cap"] == 2 << 30 and before["evicted"] == 0 and before["entries"] == 6
+    rows = json.loads(cli_ok(["evict", "--to", str(3 * SIZE), "--json"]))
+    path = cache_dir / "v1" / "a1.kdb"
+    assert rows == [{"path": str(path), "arch": "a1", "removed": 3, "freed": 3 * SIZE,
+                     "entries": 3, "stored_bytes": 3 * SIZE}]
+    assert stored_names(path) == ["k3", "k4", "k5"]
+    after = json.loads(cli_ok(["stats", "--json"]))
+    assert after["evicted"] == 3 and after["arches"]["a1"]["evicted"] == 3
+    assert after["entries"] == 3 and after["stored_bytes"] == 3 * SIZE
+    text = cli_ok(["stats"])
+    assert "EVICTED" in text and "cap: 2.0 GiB per user file" in text
+    assert "k3" not in cli_ok(["evict", "--to", "1G"])  # a table of files, not entries
+    assert json.loads(cli_ok(["evict", "--to", "1G", "--json"]))[0]["removed"] == 0
+    assert json.loads(cli_ok(["evict", "--to", "0", "--json"]))[0]["entries"] == 0
+    assert stored_names(path) == []
+
+
+def test_kdb_evict_refuses_a_bad_size(cache_dir):
+    result = CliRunner().invoke(cli, ["evict", "--to", "lots"])
+    assert result.exit_code != 0 and "500M" in result.output
+    assert "Traceback" not in result.output
+    with pytest.raises(Exception, match="size in bytes"):
+        report.evict(cache_dir / "v1", -5)
+
+
+def test_stats_show_no_cap(cache_dir, monkeypatch):
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", "0")
+    KernelDB(use_system=False).put(attrs(0), blob(0))
+    assert "cap: none" in cli_ok(["stats"])
+
+
+# -- totals that never scan ----------------------------------------------------------------
+
+def _traced(monkeypatch) -> list[str]:
+    """Every SQL statement run by connections opened from now on."""
+    seen: list[str] = []
+    real = sqlite3.connect
+
+    def connect(*args, **kwargs):
+        conn = real(*args, **kwargs)
+        conn.set_trace_callback(seen.append)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    return seen
+
+
+def _scans(statements: list[str]) -> list[str]:
+    return [s for s in statements
+            if ("count(" in s.lower() or "sum(" in s.lower()) and "kernels" in s.lower()]
+
+
+def test_stats_and_size_checks_read_meta_not_scans(cache_dir, monkeypatch):
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", str(5 * SIZE))
+    db = KernelDB(use_system=False)
+    fill(db, 3)  # the file exists and is migrated before tracing starts
+    db.close()
+    seen = _traced(monkeypatch)
+    db = KernelDB(use_system=False)
+    for i in range(3, 9):  # passes the cap twice: size checks and evictions
+        db.put(attrs(i), blob(i))
+    data = report.stats(cache_dir / "v1")
+    assert data["evicted"] > 0
+    assert seen and not _scans(seen), _scans(seen)
+    assert any("FROM meta" in s for s in seen)
+
+
+class TotalsMachine(RuleBasedStateMachine):
+    """Random puts, replacements, deletes, hits and evictions: the running totals in
+    ``meta`` always equal a scan, and what is stored is what the model says."""
+
+    @initialize()
+    def open_file(self):
+        self.dir = tempfile.mkdtemp(prefix="kdb-cap-")
+        self.file = KernelFile(Path(self.dir) / "v1" / "a1.kdb", tier="user", readonly=False)
+        self.model: dict[str, int] = {}  # key -> stored size (incompressible blobs)
+        self.cap = 0
+
+    def teardown(self):
+        self.file.close()
+
+    def _entry(self, k: int, size: int) -> Entry:
+        return Entry(key=f"key{k}", arch="a1", backend="test", name=f"k{k}",
+                     attributes=json.dumps({"k": k}), raw=os.urandom(size))
+
+    @rule(k=st.integers(0, 15), size=st.integers(1, 3000), cap=st.sampled_from([0, 0, 12000]))
+    def put(self, k, size, cap):
+        assert self.file.write([self._entry(k, size)], [], {}, {}, cap=cap) is True
+        self.model[f"key{k}"] = size
+        if cap and sum(self.model.values()) > cap:
+            present = {r[0] for r in self.file.query("SELECT key FROM kernels")}
+            assert f"key{k}" in present  # the new entry is never its own victim
+            assert sum(v for kk, v in self.model.items() if kk in present) <= cap - cap // 3
+            self.model = {kk: v for kk, v in self.model.items() if kk in present}
+
+    @rule(ks=st.lists(st.integers(0, 15), max_size=4))
+    def delete(self, ks):
+        keys = {f"key{k}" for k in ks}
+        assert self.file.delete(keys) == len(keys & set(self.model))
+        for key in keys:
+            self.model.pop(key, None)
+
+    @rule(k=st.integers(0, 15), n=st.integers(1, 3))
+    def hit(self, k, n):
+        import time
+        self.file.write([], [], {f"key{k}": (n, time.time())}, {"hits.user": n})
+
+    @rule(to=st.integers(0, 20000))
+    def evict(self, to):
+        removed, freed = self.file.evict_to(to)
+        present = {r[0] for r in self.file.query("SELECT key FROM kernels")}
+        gone = set(self.model) - present
+        assert removed == len(gone) and freed == sum(self.model[k] for k in gone)
+        assert sum(self.model[k] for k in present) <= to
+        self.model = {k: v for k, v in self.model.items() if k in present}
+
+    @invariant()
+    def totals_equal_a_scan(self):
+        path = self.file.path
+        if not path.exists():
+            return
+        meta = {"entries": 0, "raw_bytes": 0, "stored_bytes": 0} | meta_totals(path)
+        assert meta == scanned_totals(path)
+        assert meta["entries"] == len(self.model)
+        assert meta["stored_bytes"] == sum(self.model.values())
+        assert {r[0] for r in self.file.query("SELECT key FROM kernels")} == set(self.model)
+
+
+TestTotals = TotalsMachine.TestCase
+TestTotals.settings = settings(max_examples=200 if LONG else 25, stateful_step_count=30,
+                               deadline=None,
+                               suppress_health_check=[HealthCheck.too_slow])
