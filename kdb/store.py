@@ -456,12 +456,27 @@ class KernelFile:
     def evict_to(self, target: int) -> tuple[int, int]:
         """Remove least recently used entries until at most ``target`` bytes are stored;
         returns (entries removed, bytes freed)."""
+        return self._change("evict from", lambda conn: _evict(conn, target), (0, 0))
+
+    def delete(self, keys: Iterable[str]) -> int:
+        """Drop entries (corrupt, refused by the driver, or cleared); returns how many."""
+        keys = list(keys)
+
+        def drop(conn: sqlite3.Connection) -> int:
+            rows = [(key, *row) for key in keys for row in conn.execute(
+                "SELECT stored_size, raw_size FROM kernels WHERE key = ?", (key,))]
+            return _remove(conn, rows)[0]
+
+        return self._change("delete from", drop, 0)
+
+    def _change(self, what: str, change, default):
+        """Run ``change(conn)`` in one immediate transaction; a failure is a fault, not fatal."""
         conn = self.ensure() if self.path.exists() else None
         if conn is None:
-            return 0, 0
+            return default
         try:
             conn.execute("BEGIN IMMEDIATE")
-            result = _evict(conn, target)
+            result = change(conn)
             conn.execute("COMMIT")
             return result
         except (sqlite3.Error, UnicodeDecodeError) as err:
@@ -469,39 +484,8 @@ class KernelFile:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            faults.fault(f"could not evict from {self.path} ({err})", once="evict:" + str(self.path))
-            return 0, 0
-
-    def delete(self, keys: Iterable[str]) -> int:
-        """Drop entries (corrupt, refused by the driver, or cleared); returns how many."""
-        conn = self.ensure() if self.path.exists() else None
-        if conn is None:
-            return 0
-        keys = list(keys)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            freed = freed_raw = removed = 0
-            for key in keys:
-                row = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
-                                   (key,)).fetchone()
-                if row:
-                    conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
-                    freed += row[0]
-                    freed_raw += row[1]
-                    removed += 1
-            if removed:
-                _bump_meta(conn, "stored_bytes", -freed)
-                _bump_meta(conn, "raw_bytes", -freed_raw)
-                _bump_meta(conn, "entries", -removed)
-            conn.execute("COMMIT")
-            return removed
-        except (sqlite3.Error, UnicodeDecodeError) as err:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            faults.fault(f"could not delete from {self.path} ({err})", once="del:" + str(self.path))
-            return 0
+            faults.fault(f"could not {what} {self.path} ({err})", once=f"{what}:{self.path}")
+            return default
 
 
 def _describe(path: Path) -> None:
@@ -550,35 +534,41 @@ def _meta_int(conn: sqlite3.Connection, name: str) -> int:
 def _evict(conn: sqlite3.Connection, target: int, keep: set[str] = frozenset()) -> tuple[int, int]:
     """Inside a write transaction: drop LRU entries until ``stored_bytes <= target``.
 
-    Walks the ``last_access`` index oldest first, in batches, so the cost grows with what is
-    evicted, not with the size of the database.
+    Reads the ``last_access`` index oldest first and stops as soon as enough is chosen, so
+    the cost grows with what is evicted, not with the size of the database.
     """
     excess = _meta_int(conn, "stored_bytes") - max(target, 0)
-    removed = freed = freed_raw = 0
-    after = -1.0
-    while excess > freed:
-        rows = conn.execute(
-            "SELECT key, stored_size, raw_size, last_access FROM kernels "
-            "WHERE last_access >= ? ORDER BY last_access LIMIT 256", (after,)).fetchall()
-        rows = [r for r in rows if r[0] not in keep]
-        if not rows:
-            break
-        for key, stored, raw, last in rows:
-            if freed >= excess:
+    victims: list[tuple[str, int, int]] = []
+    chosen = 0
+    if excess > 0:
+        cursor = conn.execute(
+            "SELECT key, stored_size, raw_size FROM kernels ORDER BY last_access")
+        for key, stored, raw in cursor:
+            if key in keep:
+                continue
+            victims.append((key, stored, raw))
+            chosen += stored
+            if chosen >= excess:
                 break
-            conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
-            freed += stored
-            freed_raw += raw
-            removed += 1
-            after = last
+        cursor.close()
+    removed, freed = _remove(conn, victims)
     if removed:
-        _bump_meta(conn, "stored_bytes", -freed)
-        _bump_meta(conn, "raw_bytes", -freed_raw)
-        _bump_meta(conn, "entries", -removed)
         conn.execute(
             "INSERT INTO counters (name, value) VALUES ('evicted', ?) ON CONFLICT(name) "
             "DO UPDATE SET value = value + excluded.value", (removed,))
     return removed, freed
+
+
+def _remove(conn: sqlite3.Connection, rows: list[tuple[str, int, int]]) -> tuple[int, int]:
+    """Delete ``(key, stored_size, raw_size)`` rows and keep the running totals true."""
+    for key, _, _ in rows:
+        conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
+    freed = sum(r[1] for r in rows)
+    if rows:
+        _bump_meta(conn, "stored_bytes", -freed)
+        _bump_meta(conn, "raw_bytes", -sum(r[2] for r in rows))
+        _bump_meta(conn, "entries", -len(rows))
+    return len(rows), freed
 
 
 def _bump_meta(conn: sqlite3.Connection, name: str, delta: int) -> None:

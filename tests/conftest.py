@@ -19,6 +19,18 @@ for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE
     os.environ.pop(_var, None)
 
 TESTS_DIR = Path(__file__).resolve().parent
+
+
+def sql(path, query: str, params=()) -> list[tuple]:
+    """Run one statement on a SQLite file with a fresh connection (committed) and return rows."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            return conn.execute(query, params).fetchall()
+    finally:
+        conn.close()
 REPO = TESTS_DIR.parent
 
 

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kdb import ConfigError, HashAttributes, KernelDB, config, report
 from kdb.cli import cli
 from kdb.store import Entry, KernelFile
+from conftest import sql
 
 LONG = os.environ.get("KDB_LONG_TESTS") == "1"
 SIZE = 4000  # incompressible: stored as is, so stored_size == SIZE exactly
@@ -30,14 +31,6 @@ def attrs(i: int, arch: str = "a1") -> HashAttributes:
 
 def blob(i: int, size: int = SIZE) -> bytes:
     return random.Random(i).randbytes(size)
-
-
-def sql(path, query, params=()):
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 def stored_names(path) -> list[str]:

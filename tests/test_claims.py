@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ import pytest
 from kdb import HashAttributes, KernelDB, background, claims
 from kdb.claims import Claim
 from kdb.db import Hit
+from conftest import sql
 
 LONG = os.environ.get("KDB_LONG_TESTS") == "1"
 
@@ -31,14 +31,6 @@ LONG = os.environ.get("KDB_LONG_TESTS") == "1"
 def attrs(i: int | str = 0, arch: str = "a1") -> HashAttributes:
     return HashAttributes(backend="test", source=f"__kernel void k{i}() {{}}", arch=arch,
                           name=f"k{i}")
-
-
-def sql(path, query, params=()):
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 def start_together(code: str, n: int, work: Path, env: dict[str, str],

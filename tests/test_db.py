@@ -5,13 +5,13 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import sqlite3
 import stat
 
 import pytest
 
 import kdb
 from kdb import CacheFaultError, HashAttributes, InvalidArgumentError, KernelDB
+from conftest import sql
 
 NOSYS = "no system kernel database"
 BINARY = b"\x7fELF pretend kernel binary " * 300  # compressible, like real binaries
@@ -23,15 +23,6 @@ def attrs(source: str = "__kernel void k() {}", arch: str = "a1", **kw) -> HashA
 
 def user_path(cache_dir, arch="a1"):
     return cache_dir / "v1" / f"{arch}.kdb"
-
-
-def sql(path, query, params=()):
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 class Compiler:

@@ -7,13 +7,13 @@ import hashlib
 import logging
 import os
 import shutil
-import sqlite3
 import sys
 from pathlib import Path
 
 import pytest
 
 from kdb import HashAttributes, KernelDB, discovery, migrate
+from conftest import sql
 
 ARCH = "fake-arch"
 FAKE_SITE = Path(__file__).resolve().parent / "data" / "site"
@@ -24,15 +24,6 @@ USER_BINARY = b"binary from the user database " * 64
 
 def attrs(source: str = "__kernel void sys() {}", arch: str = ARCH) -> HashAttributes:
     return HashAttributes(backend="test", source=source, arch=arch, name="sys")
-
-
-def sql(path, query, params=()):
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 def build_system_db(dest: Path, entries: dict[HashAttributes, bytes], arch: str = ARCH) -> Path:

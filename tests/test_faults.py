@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from kdb import HashAttributes, KernelDB, codec, config, fs, migrate, report
+from conftest import sql
 
 LONG = os.environ.get("KDB_LONG_TESTS") == "1"
 
@@ -30,15 +31,6 @@ LONG = os.environ.get("KDB_LONG_TESTS") == "1"
 def attrs(name: str, arch: str = "a1") -> HashAttributes:
     return HashAttributes(backend="test", source=f"__kernel void {name}() {{}}", arch=arch,
                           name=name)
-
-
-def sql(path, query, params=()):
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 def warnings_of(caplog) -> list[str]:

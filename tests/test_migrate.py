@@ -12,21 +12,13 @@ from pathlib import Path
 import pytest
 
 from kdb import HashAttributes, KernelDB, codec, migrate
+from conftest import sql
 
 BINARY = b"an old kernel binary " * 100
 
 
 def attrs(source: str = "__kernel void old() {}") -> HashAttributes:
     return HashAttributes(backend="test", source=source, arch="a1", name="old")
-
-
-def sql(path, query, params=()):
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 def tables(path) -> dict[str, tuple]:

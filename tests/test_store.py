@@ -12,6 +12,7 @@ import pytest
 
 from kdb import CacheFaultError, codec, migrate
 from kdb.store import CompileRecord, Entry, KernelFile
+from conftest import sql
 
 
 def entry(key: str = "k1", raw: bytes = b"kernel binary " * 200, **kw) -> Entry:
@@ -22,15 +23,6 @@ def entry(key: str = "k1", raw: bytes = b"kernel binary " * 200, **kw) -> Entry:
 @pytest.fixture
 def user(tmp_path) -> KernelFile:
     return KernelFile(tmp_path / "v1" / "a1.kdb", tier="user", readonly=False)
-
-
-def sql(path, query, params=()):
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 # -- reads and writes ----------------------------------------------------------------------
