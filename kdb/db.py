@@ -372,12 +372,17 @@ class KernelDB:
 
         background.submit(job)
 
-    def discard(self, attrs: HashAttributes, reason: str) -> None:
-        """Drop a user-tier entry that proved bad (e.g. the driver refused the binary)."""
+    def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:
+        """Drop an entry that proved bad (e.g. the driver refused the binary) from the user
+        tier, and from the shared tier too when it came from there."""
         faults.fault(f"entry {attrs.key[:16]} ({attrs.name or 'unnamed'}) dropped: {reason}",
                      once="discard:" + attrs.key)
+        self._inflight.pop(attrs.key, None)
         f = self.user_file(attrs.arch)
         background.submit(lambda: f.delete([attrs.key]))
+        shared = self._shared() if tier == "shared" else None
+        if shared is not None:
+            background.submit(lambda: shared.drop(attrs.key))
 
     def _bad_entry(self, f: KernelFile, attrs: HashAttributes, reason: str) -> None:
         if f.tier == "user":

@@ -284,8 +284,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
                 return _keep_source(_wrap(raw, wrapper), text)
             except (cl.RuntimeError, cl.LogicError) as err:
                 for a, h in zip(attrs, hits):
-                    if h.tier == "user":
-                        db.discard(a, f"the driver refused the stored binary ({err})")
+                    if h.tier in ("user", "shared", "memory"):
+                        db.discard(a, f"the driver refused the stored binary ({err})", h.tier)
                 hits = [None] * len(attrs)  # rebuilt from source and stored again
 
     start = time.perf_counter()
