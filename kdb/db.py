@@ -520,11 +520,17 @@ _default: KernelDB | None = None
 _default_config: tuple | None = None
 
 
+#: Every variable the default KernelDB's configuration depends on.
+_DEFAULT_DB_VARIABLES = (config.ENV_CACHE_DIR, config.ENV_SYSTEM_DB_PATH, config.ENV_DISABLE_CACHE,
+                         config.ENV_TRACE, "XDG_CACHE_HOME", "HOME", "LOCALAPPDATA")
+
+
 def default_db() -> KernelDB:
     """The process's KernelDB for the current environment (rebuilt if the variables change)."""
     global _default, _default_config
-    cfg = (str(config.cache_root()), tuple(map(str, config.system_dirs())),
-           config.flag(config.ENV_DISABLE_CACHE), config.flag(config.ENV_TRACE))
+    # The raw variables, compared as strings: resolving paths on every build cost ~50 us.
+    environ = os.environ
+    cfg = tuple(environ.get(name) for name in _DEFAULT_DB_VARIABLES)
     if _default is None or cfg != _default_config:
         # The old instance is not flushed here: that would make this build wait for every
         # pending store. Its queued jobs hold it alive; its finalizer writes what is left.
