@@ -348,7 +348,8 @@ def target_arches(nvcc: Nvcc | str) -> list[str]:
     """The real arches (``sm_XX``) this nvcc builds cubins for (``--list-gpu-code``)."""
     path = nvcc.path if isinstance(nvcc, Nvcc) else os.fspath(nvcc)
     proc = _run([path, "--list-gpu-code"])
-    return [a for a in proc.stdout.decode("utf-8", "replace").split() if _ARCH_RE.match(a)]
+    found = [a for a in proc.stdout.decode("utf-8", "replace").split() if _ARCH_RE.match(a)]
+    return sorted(set(found), key=lambda a: int("".join(c for c in a if c.isdigit()) or 0))
 
 
 # -- requests -----------------------------------------------------------------------------
