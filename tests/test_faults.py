@@ -465,8 +465,9 @@ def _without_dac_override(probe_dir: Path) -> list[str] | None:
     return prefix if proc.returncode != 0 and "PermissionError" in proc.stderr else None
 
 
-READ_ONLY_CHILD = """
-    import json, logging
+#: Start of a child that records kdb's warnings in ``seen``.
+CATCHING_CHILD = """
+    import json, logging, os, random, resource, signal
     import kdb
     from kdb import HashAttributes, KernelDB
     seen = []
@@ -474,6 +475,9 @@ READ_ONLY_CHILD = """
         def emit(self, record):
             seen.append(record.getMessage())
     logging.getLogger("kdb").addHandler(Catch(logging.WARNING))
+"""
+
+READ_ONLY_CHILD = CATCHING_CHILD + """
     def a(name):
         return HashAttributes(backend="test", source=f"__kernel void {name}() {{}}", arch="a1")
     db = KernelDB(use_system=False)
@@ -525,15 +529,7 @@ def test_a_read_only_cache_compiles_warns_once_and_stores_nothing(existing, cach
     assert tree(cache_dir) == before  # nothing stored, nothing moved aside
 
 
-DISK_FULL_CHILD = """
-    import json, logging, os, random, resource, signal
-    import kdb
-    from kdb import HashAttributes, KernelDB
-    seen = []
-    class Catch(logging.Handler):
-        def emit(self, record):
-            seen.append(record.getMessage())
-    logging.getLogger("kdb").addHandler(Catch(logging.WARNING))
+DISK_FULL_CHILD = CATCHING_CHILD + """
     def a(name):
         return HashAttributes(backend="test", source=name, arch="a1", name=name)
     rnd = random.Random(1)
