@@ -5,9 +5,12 @@ it costs as much as the build, and done alongside the caller's builds and first 
 slowed a cold start by 1.5-3x here (PoCL serialises its compiler work behind one lock).
 So stores wait until the process has gone ``QUIET_S`` seconds without submitting one (its
 start-up burst is over) or another process waits for one of them (:mod:`kdb.claims`), run
-at the lowest CPU priority, and are finished at exit or on :func:`drain`. A job still running when the exit budget (``KDB_STORE_TIMEOUT``) runs out is
-abandoned: that kernel compiles again next run, nothing is half-written (SQLite's journal).
-After ``fork`` the child starts with an empty queue.
+at the lowest CPU priority, and are finished at exit or on :func:`drain`. Jobs not done
+when the exit budget (``KDB_STORE_TIMEOUT``) runs out are abandoned: those kernels compile
+again next run, and nothing is half-written (SQLite's journal). A job already inside
+PoCL's ``clGetProgramInfo`` cannot be interrupted, and PoCL makes the exiting process wait
+for it (measured: 27 s for a scan program with a 2 s budget). After ``fork`` the child
+starts with an empty queue.
 """
 
 from __future__ import annotations

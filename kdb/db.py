@@ -18,7 +18,6 @@ import os
 import threading
 import time
 import weakref
-
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -58,6 +57,7 @@ class _Pending:
         alembic migrations (~0.5 s), which a process that only hit the system tier would
         otherwise pay at exit. Its counts go to the user file once one exists."""
         return bool(self.entries or self.logs)
+
 
 _instances: "weakref.WeakSet[KernelDB]" = weakref.WeakSet()
 
@@ -127,6 +127,8 @@ class KernelDB:
         return files
 
     def _warn_no_system(self, arch: str) -> None:
+        from .wheel import dist_name  # the package name `kdb pack` gives this arch
+
         latency.note_missing_system(arch)
         dirs = ", ".join(str(d) for d in self.system_dirs) or "none set"
         faults.warn_once(
@@ -135,10 +137,10 @@ class KernelDB:
             "(%s) and in installed packages (entry point group %r). Kernels for this device "
             "will be compiled at first use and stored in %s, so the first start-up will be "
             "slow. To fix it, install the system database package for this arch "
-            "(pip install kdb-system-%s, if your framework publishes one), or build one with "
+            "(pip install %s, if your framework publishes one), or build one with "
             "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
             arch, f"{arch}.kdb", dirs, discovery.GROUP, self.user_dir / f"{arch}.kdb",
-            arch, arch,
+            dist_name(arch), arch,
         )
 
     # -- the hot path ---------------------------------------------------------------------
@@ -516,6 +518,7 @@ def _enable_trace_output() -> None:
         handler.setFormatter(logging.Formatter("kdb.trace: %(message)s"))
         trace_log.addHandler(handler)
 
+
 _default: KernelDB | None = None
 _default_config: tuple | None = None
 
@@ -567,5 +570,6 @@ def _flush_all() -> None:
                 db._write(arch)
             except Exception as err:  # noqa: BLE001 - never fail an exiting program
                 log.warning("kdb: could not write bookkeeping at exit: %s", err)
+
 
 atexit.register(_flush_all)

@@ -20,6 +20,7 @@ _INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.
 _MACRO_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.MULTILINE)
 _HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cl", ".clh", ".cuh", ".inc", ".inl")
 
+
 def _read_text(path: str) -> str:
     with open(path, "rb") as f:
         return f.read().decode("utf-8", errors="replace")

@@ -19,7 +19,6 @@ from .errors import InvalidArgumentError, UnsupportedTypeError
 KEY_FORMAT = 1
 
 
-
 def encode_value(value: Any) -> list[str]:
     """A specialization-constant value as ``[type tag, text]``; unknown types raise.
 

@@ -15,10 +15,13 @@ import pytest
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="kdb-tests-"))
 os.environ["KDB_CACHE_DIR"] = str(_SESSION_TMP / "kdb-cache")
 os.environ.setdefault("POCL_CACHE_DIR", str(_SESSION_TMP / "pocl-cache"))
-for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE"):
+for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE",
+             "KDB_CACHE_MAX_SIZE", "KDB_SHARED_URL", "KDB_WAIT_TIMEOUT", "KDB_STORE_TIMEOUT",
+             "KDB_NVCC"):
     os.environ.pop(_var, None)
 
 TESTS_DIR = Path(__file__).resolve().parent
+REPO = TESTS_DIR.parent
 
 
 def sql(path, query: str, params=()) -> list[tuple]:
@@ -31,7 +34,6 @@ def sql(path, query: str, params=()) -> list[tuple]:
             return conn.execute(query, params).fetchall()
     finally:
         conn.close()
-REPO = TESTS_DIR.parent
 
 
 @pytest.fixture(autouse=True)
