@@ -629,3 +629,48 @@ def test_a_repeated_build_in_one_process_is_served_from_memory(cache_dir, cl_ctx
     assert again == first  # the same cl_program, as pyopencl compares programs
     flush()
     assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 1
+
+
+MULTI_DEVICE_CHILD = """
+    import json
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import latency
+
+    plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+    devs = plat.get_devices()
+    ctx = cl.Context(devs)
+    prg = kdb.opencl.build(ctx, SRC, ["-DN=5"])
+    sizes = [len(b) for b in prg.binaries]
+    results = []
+    for dev in devs:
+        q = cl.CommandQueue(ctx, dev)
+        x = np.arange(64, dtype=np.float32)
+        mf = cl.mem_flags
+        xb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
+        yb = cl.Buffer(ctx, mf.WRITE_ONLY, x.nbytes)
+        prg.axpb(q, x.shape, None, xb, yb, np.float32(2))
+        y = np.empty_like(x)
+        cl.enqueue_copy(q, y, yb)
+        results.append(bool(np.allclose(y, 2 * x + 5)))
+    print(json.dumps({"devices": len(devs), "compiles": len(latency.records()),
+                      "binaries": sizes, "correct": results}))
+"""
+
+
+def test_a_context_with_two_devices_stores_and_loads_a_binary_per_device(cache_dir, run_py):
+    """PoCL offers two CPU devices with POCL_DEVICES="basic pthread" (different drivers, so
+    different compiler identities: two keys, two entries, one program built from both)."""
+    env = {"KDB_CACHE_DIR": str(cache_dir), "POCL_DEVICES": "basic pthread"}
+    code = f"SRC = {SRC!r}\n" + textwrap.dedent(MULTI_DEVICE_CHILD)
+    first = json.loads(run_py(code, env=env).stdout.strip().splitlines()[-1])
+    if first["devices"] != 2:
+        pytest.skip("this PoCL does not offer two devices")
+    assert first["compiles"] == 2 and first["correct"] == [True, True]
+    second = json.loads(run_py(code, env=env).stdout.strip().splitlines()[-1])
+    assert second["compiles"] == 0 and second["correct"] == [True, True]
+    assert all(second["binaries"])  # each device got its own stored binary
+    arch_ids = {p.stem for p in (cache_dir / "v1").glob("*.kdb")}
+    assert len(arch_ids) == 1
+    assert len(kernel_rows(cache_dir, arch_ids.pop())) == 2
