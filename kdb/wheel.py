@@ -8,10 +8,6 @@ Installing the wheel is all a user does; kdb finds the file without importing th
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from . import config
@@ -75,6 +71,11 @@ def module_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:
 def build_wheel(kdb_file: Path, arch: str, version: str, out_dir: Path,
                 dist_prefix: str = DEFAULT_PREFIX) -> Path:
     """Build ``<dist_prefix>-<arch>-<version>-py3-none-any.whl`` around ``kdb_file``."""
+    import shutil  # here, not at import: the missing-system-db warning imports dist_name
+    import subprocess
+    import sys
+    import tempfile
+
     check_version(version)
     kdb_file = Path(kdb_file)
     if kdb_file.name != f"{arch}.kdb":
