@@ -18,6 +18,7 @@ import platform as _platform
 import re
 import shlex
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 import pyopencl as cl
@@ -97,16 +98,10 @@ def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
     lib = library_of(plat.int_ptr) or library_of(device.int_ptr)
     if lib:
         try:
-            ident.append(("library", library_id(lib, _memo_dir(memo_dir))))
+            ident.append(("library", library_id(lib, Path(memo_dir))))
         except OSError as err:
             log.debug("kdb: cannot digest %s: %s", lib, err)
     return tuple(ident)
-
-
-def _memo_dir(path: str):
-    from pathlib import Path
-
-    return Path(path)
 
 
 def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
