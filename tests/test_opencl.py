@@ -145,7 +145,8 @@ def quiet_tempdir(tmp_path, monkeypatch):
 
 # -- miss then hit across processes -------------------------------------------------------
 
-CHILD_BUILD = """
+#: Start of a child process: PoCL, kdb.opencl, and ``axpb_ok`` to run and check the kernel.
+CHILD_PRELUDE = """
     import json
     import numpy as np
     import pyopencl as cl
@@ -153,18 +154,23 @@ CHILD_BUILD = """
     from kdb import latency
 
     plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+
+    def axpb_ok(ctx, q, prg, a, n, size):
+        x = np.arange(size, dtype=np.float32)
+        mf = cl.mem_flags
+        xb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
+        yb = cl.Buffer(ctx, mf.WRITE_ONLY, x.nbytes)
+        prg.axpb(q, x.shape, None, xb, yb, np.float32(a))
+        y = np.empty_like(x)
+        cl.enqueue_copy(q, y, yb)
+        return bool(np.allclose(y, a * x + n))
+"""
+
+CHILD_BUILD = CHILD_PRELUDE + """
     ctx = cl.Context(plat.get_devices())
     prg = kdb.opencl.build(ctx, SRC, ["-DN=7"])
-    q = cl.CommandQueue(ctx)
-    x = np.arange(256, dtype=np.float32)
-    mf = cl.mem_flags
-    xb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
-    yb = cl.Buffer(ctx, mf.WRITE_ONLY, x.nbytes)
-    prg.axpb(q, x.shape, None, xb, yb, np.float32(3))
-    y = np.empty_like(x)
-    cl.enqueue_copy(q, y, yb)
     print(json.dumps({"compiles": len(latency.records()),
-                      "correct": bool(np.allclose(y, 3 * x + 7)),
+                      "correct": axpb_ok(ctx, cl.CommandQueue(ctx), prg, 3, 7, 256),
                       "arch": kdb.opencl.arch_of(ctx.devices[0])}))
 """
 
@@ -631,29 +637,12 @@ def test_a_repeated_build_in_one_process_is_served_from_memory(cache_dir, cl_ctx
     assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 1
 
 
-MULTI_DEVICE_CHILD = """
-    import json
-    import numpy as np
-    import pyopencl as cl
-    import kdb.opencl
-    from kdb import latency
-
-    plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+MULTI_DEVICE_CHILD = CHILD_PRELUDE + """
     devs = plat.get_devices()
     ctx = cl.Context(devs)
     prg = kdb.opencl.build(ctx, SRC, ["-DN=5"])
     sizes = [len(b) for b in prg.binaries]
-    results = []
-    for dev in devs:
-        q = cl.CommandQueue(ctx, dev)
-        x = np.arange(64, dtype=np.float32)
-        mf = cl.mem_flags
-        xb = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
-        yb = cl.Buffer(ctx, mf.WRITE_ONLY, x.nbytes)
-        prg.axpb(q, x.shape, None, xb, yb, np.float32(2))
-        y = np.empty_like(x)
-        cl.enqueue_copy(q, y, yb)
-        results.append(bool(np.allclose(y, 2 * x + 5)))
+    results = [axpb_ok(ctx, cl.CommandQueue(ctx, dev), prg, 2, 5, 64) for dev in devs]
     print(json.dumps({"devices": len(devs), "compiles": len(latency.records()),
                       "binaries": sizes, "correct": results}))
 """
