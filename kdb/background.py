@@ -16,7 +16,6 @@ starts with an empty queue.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import queue
 import sys
@@ -24,9 +23,9 @@ import threading
 import time
 from typing import Callable
 
-from . import claims, config
+from . import claims, config, logs
 
-log = logging.getLogger("kdb")
+log = logs.get("kdb")
 
 #: Seconds without a new submission before stores start (the start-up burst is over).
 QUIET_S = 5.0

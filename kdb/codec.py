@@ -10,7 +10,6 @@ Compressor objects are not thread-safe, so each thread gets its own.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 import zstandard
@@ -24,7 +23,9 @@ _local = threading.local()
 
 
 def checksum(raw: bytes) -> str:
-    """sha256 hex of the raw binary."""
+    """sha256 hex of the raw binary (:mod:`hashlib` loads OpenSSL: on a store, not a hit)."""
+    import hashlib
+
     return hashlib.sha256(raw).hexdigest()
 
 
@@ -61,6 +62,6 @@ def decode(codec: str, blob: bytes, raw_size: int, digest: str,
         return None
     if len(raw) != raw_size:
         return None
-    if (thorough or not verified) and hashlib.sha256(raw).hexdigest() != digest:
+    if (thorough or not verified) and checksum(raw) != digest:
         return None
     return raw

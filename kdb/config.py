@@ -51,6 +51,28 @@ _FALSE = {"", "0", "false", "no", "off"}
 _ARCH_RE = re.compile(r"[a-z0-9][a-z0-9_.+-]*\Z")
 
 
+def environ_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The values of ``names`` in ``os.environ`` (``None`` where unset), read in one go.
+
+    A build reads ~20 variables to key its kernel and pick its database; through
+    ``os.environ.get`` (which encodes each name and decodes each value) that cost ~15 us a
+    build, on POSIX CPython the same lookups in the mapping's own dict cost ~2 us.
+    """
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    if os.name != "posix" or type(data) is not dict:
+        return tuple(environ.get(n) for n in names)
+    encoded = _ENCODED_NAMES.get(names)
+    if encoded is None:
+        encoded = _ENCODED_NAMES[names] = tuple(os.fsencode(n) for n in names)
+    get = data.get
+    values = [get(n) for n in encoded]
+    return tuple(v if v is None else os.fsdecode(v) for v in values)
+
+
+_ENCODED_NAMES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+
 def flag(name: str, explicit: bool | None = None) -> bool:
     """A boolean setting: ``explicit`` if given, else the variable ``name`` (``1``/``0``...)."""
     if explicit is not None:

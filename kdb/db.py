@@ -12,32 +12,36 @@ hooks are marked "shared tier".
 from __future__ import annotations
 
 import atexit
-import json
-import logging
 import os
+import sys
 import threading
 import time
 import weakref
-from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from collections import namedtuple
 
-from . import background, claims, config, discovery, faults, latency
+from . import config, discovery, faults, latency, logs
 from .codec import decode
 from .errors import InvalidArgumentError
 from .keys import HashAttributes
 from .store import CompileRecord, Entry, KernelFile
 
-log = logging.getLogger("kdb")
-trace_log = logging.getLogger("kdb.trace")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ~2 ms to import; annotations are strings here
+    from pathlib import Path
+    from typing import Any, Callable
+
+    from . import claims
+
+log = logs.get("kdb")
+trace_log = logs.get("kdb.trace")
 
 
-class Hit(NamedTuple):
-    """A binary found in a tier."""
+class Hit(namedtuple("Hit", "binary tier path compile_seconds")):
+    """A binary found in a tier: ``binary`` (bytes), ``tier`` ("memory", "system", "user" or
+    "shared"), ``path`` (the file or server it came from) and ``compile_seconds`` (what
+    compiling it cost when it was stored)."""
 
-    binary: bytes
-    tier: str  # "memory", "system", "user" or "shared"
-    path: str
-    compile_seconds: float
+    __slots__ = ()
 
 
 class _Pending:
@@ -119,7 +123,7 @@ class KernelDB:
             if not self.use_system:
                 files = self._system[arch] = []
                 return files
-            srcs = discovery.sources_for(arch, self.system_dirs)
+            srcs = discovery.sources_for(arch, self.system_dirs, memo_dir=self.cache_root)
             files = self._system[arch] = [
                 KernelFile(s.path, tier="system", readonly=True) for s in srcs]
             if not files:
@@ -195,6 +199,8 @@ class KernelDB:
         another node compiles the key waits for the shared entry, and past the bound
         compiles it with that claim.
         """
+        from . import claims  # a miss: the hit path never needs it
+
         if self.disabled or claims.held_here(attrs.key):
             return None  # this process compiled it and is storing it: never wait on oneself
         directory = self.user_dir / "claims"
@@ -211,6 +217,8 @@ class KernelDB:
 
     def _claim_loop(self, attrs: HashAttributes, directory, user, shared, deadline):
         """Poll with bounded back-off: this node's claim first, then the cross-node lock."""
+        from . import claims
+
         delay = 0.002
         claim = None
         while True:
@@ -372,7 +380,7 @@ class KernelDB:
                 if claim is not None:
                     claim.release()
 
-        background.submit(job)
+        _background().submit(job)
 
     def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:
         """Drop an entry that proved bad (e.g. the driver refused the binary) from the user
@@ -381,10 +389,10 @@ class KernelDB:
                      once="discard:" + attrs.key)
         self._inflight.pop(attrs.key, None)
         f = self.user_file(attrs.arch)
-        background.submit(lambda: f.delete([attrs.key]))
+        _background().submit(lambda: f.delete([attrs.key]))
         shared = self._shared() if tier == "shared" else None
         if shared is not None:
-            background.submit(lambda: shared.drop(attrs.key))
+            _background().submit(lambda: shared.drop(attrs.key))
 
     def _bad_entry(self, f: KernelFile, attrs: HashAttributes, reason: str) -> None:
         if f.tier == "user":
@@ -423,18 +431,20 @@ class KernelDB:
                          "unusable: " + ("checksum mismatch" if raw is None else
                                          "key collision (stored attributes differ)")
                          + "; it is dropped and compiled again", once="bad:shared:" + attrs.key)
-            background.submit(lambda: shared.drop(attrs.key))
+            _background().submit(lambda: shared.drop(attrs.key))
             return None
         self._count(attrs.arch, "hits.shared", 1, saved=row.compile_seconds)
         log.debug("kdb: hit %s %s in %s", attrs.key[:16], attrs.name, shared.shown)
         self._inflight[attrs.key] = raw  # served from memory until the copy is stored
         try:
+            import json
+
             details = json.loads(row.details)
         except ValueError:
             details = None
         self.put_later(attrs, lambda: raw, compile_seconds=row.compile_seconds,
                        details=details, publish=False)
-        background.submit(lambda: shared.touch(attrs.key))
+        _background().submit(lambda: shared.touch(attrs.key))
         return Hit(raw, "shared", shared.shown, row.compile_seconds)
 
     # -- bookkeeping ----------------------------------------------------------------------
@@ -467,7 +477,8 @@ class KernelDB:
 
     def flush(self) -> None:
         """Finish background stores and write batched bookkeeping; strict mode re-raises."""
-        errors = background.drain()
+        bg = sys.modules.get(_BACKGROUND)  # never imported: nothing was submitted
+        errors = bg.drain() if bg is not None else []
         for arch in list(self._pending):
             self._write(arch)
         if errors and config.flag(config.ENV_STRICT):
@@ -503,6 +514,8 @@ def _check_details(details: object) -> None:
     if not isinstance(details, dict):
         raise InvalidArgumentError(
             f"details must be a dict of JSON values, not {type(details).__name__}")
+    import json
+
     try:
         json.dumps(details, sort_keys=True)
     except (TypeError, ValueError) as err:
@@ -512,11 +525,24 @@ def _check_details(details: object) -> None:
 
 
 def _enable_trace_output() -> None:
-    trace_log.setLevel(logging.DEBUG)
-    if not trace_log.handlers and not logging.getLogger().handlers:
+    import logging
+
+    trace = trace_log.logger()
+    trace.setLevel(logging.DEBUG)
+    if not trace.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("kdb.trace: %(message)s"))
-        trace_log.addHandler(handler)
+        trace.addHandler(handler)
+
+
+_BACKGROUND = __name__.rpartition(".")[0] + ".background"
+
+
+def _background():
+    """:mod:`kdb.background`, imported by the first store (its queue costs ~1 ms to import)."""
+    from . import background
+
+    return background
 
 
 _default: KernelDB | None = None
@@ -532,8 +558,7 @@ def default_db() -> KernelDB:
     """The process's KernelDB for the current environment (rebuilt if the variables change)."""
     global _default, _default_config
     # The raw variables, compared as strings: resolving paths on every build cost ~50 us.
-    environ = os.environ
-    cfg = tuple(environ.get(name) for name in _DEFAULT_DB_VARIABLES)
+    cfg = config.environ_values(_DEFAULT_DB_VARIABLES)
     if _default is None or cfg != _default_config:
         # The old instance is not flushed here: that would make this build wait for every
         # pending store. Its queued jobs hold it alive; its finalizer writes what is left.
@@ -563,7 +588,9 @@ def _write_left_over(pending: dict[str, _Pending], lock: threading.Lock,
 
 def _flush_all() -> None:
     """At exit: finish background stores within their budget, then write bookkeeping."""
-    background.finish()
+    bg = sys.modules.get(_BACKGROUND)
+    if bg is not None:  # never imported: nothing was submitted
+        bg.finish()
     for db in list(_instances):
         for arch in list(db._pending):
             try:

@@ -7,13 +7,12 @@ for test suites and CI that want to see them.
 
 from __future__ import annotations
 
-import logging
 import threading
 
-from . import config
+from . import config, logs
 from .errors import CacheFaultError
 
-log = logging.getLogger("kdb")
+log = logs.get("kdb")
 _seen: set[str] = set()
 _lock = threading.Lock()
 

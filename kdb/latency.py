@@ -8,14 +8,14 @@ kernels, how many seconds, and the missing system databases if that is why.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import threading
 import time
 
+from . import logs
 from .store import CompileRecord
 
-log = logging.getLogger("kdb")
+log = logs.get("kdb")
 
 _records: list[CompileRecord] = []
 _missing_system: dict[str, str] = {}  # arch -> file name looked for

@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from . import codec, config, latency, migrate
 from .errors import CompileError, InvalidArgumentError, KdbError
-from .store import KernelFile
+from .store import KernelFile, sqlite_uri
 
 #: Columns copied from a user file into a system file (every column of ``kernels``).
 _COLUMNS = ("key, arch, backend, name, attributes, details, codec, dict_id, blob, raw_size, "
@@ -319,14 +319,14 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     try:
         migrate.upgrade_sqlite(tmp)
         # URIs on (not every SQLite build enables them by default), for ATTACH's mode=ro.
-        conn = sqlite3.connect(_uri(tmp), uri=True, isolation_level=None)
+        conn = sqlite3.connect(sqlite_uri(tmp), uri=True, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=DELETE")
             conn.execute("BEGIN")
             for n, src in enumerate(sources):
                 if not Path(src).is_file():
                     raise PackError(f"source database {src} does not exist")
-                conn.execute(f"ATTACH DATABASE ? AS src{n}", (_uri(src, "?mode=ro"),))
+                conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
                 if keys is None:
                     conn.execute(f"INSERT OR IGNORE INTO kernels ({_COLUMNS}) SELECT {_COLUMNS} "
                                  f"FROM src{n}.kernels WHERE arch = ?", (arch,))
@@ -362,17 +362,6 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     _verify(dest, count)
     return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored,
                       missing=missing)
-
-
-def _uri(path: str | os.PathLike[str], query: str = "") -> str:
-    """An SQLite ``file:`` URI for a path (``?``, ``#`` and ``%`` in it quoted).
-
-    >>> _uri("/tmp/a b?.kdb", "?mode=ro")
-    'file:/tmp/a%20b%3F.kdb?mode=ro'
-    """
-    import urllib.parse
-
-    return "file:" + urllib.parse.quote(os.path.abspath(path)) + query
 
 
 def _verify(path: Path, expected: int) -> None:

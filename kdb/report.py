@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import sqlite3
-import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,6 +22,7 @@ from typing import Any, Iterator
 from . import config, discovery, migrate
 from .errors import InvalidArgumentError
 from .keys import differences
+from .store import sqlite_uri
 
 log = logging.getLogger("kdb")
 
@@ -55,7 +55,7 @@ class FileReport:
 def _reading(path: Path, tier: str) -> Iterator[sqlite3.Connection]:
     """A read-only connection; system files are immutable, user files may be in use."""
     mode = "ro&immutable=1" if tier == "system" else "ro"
-    uri = "file:" + urllib.parse.quote(str(path)) + "?mode=" + mode
+    uri = sqlite_uri(path, "mode=" + mode)
     conn = sqlite3.connect(uri, uri=True, timeout=config.BUSY_TIMEOUT_S)
     try:
         yield conn

@@ -251,6 +251,19 @@ def test_property_encoding_is_deterministic(a):
     assert HashAttributes.from_canonical(json.loads(a.encoded())).key == a.key
 
 
+@settings(max_examples=300, deadline=None)
+@given(attributes())
+def test_property_encoding_is_json_dumps_of_canonical(a):
+    """encoded() writes the JSON itself (json and hashlib cost ~4 ms to import on the hit
+    path): it must stay byte for byte what json.dumps makes of canonical(), and the key the
+    OpenSSL sha256 of it, for any text (control characters, quotes, non-ASCII)."""
+    import hashlib
+
+    want = json.dumps(a.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert a.encoded() == want.encode("utf-8")
+    assert a.key == hashlib.sha256(want.encode("utf-8")).hexdigest()
+
+
 @settings(max_examples=200, deadline=None)
 @given(attributes(), attributes())
 def test_property_different_attributes_different_keys(a, b):

@@ -296,6 +296,24 @@ def test_key_is_equal_across_virtual_environments(cache_dir, cl_ctx, tmp_path):
     assert c.key != a.key
 
 
+def test_back_end_attributes_are_what_the_constructor_makes_of_them(cl_ctx, tmp_path, monkeypatch):
+    """The back end builds its attributes with HashAttributes.normalized (no per-item checks):
+    its values must already be in the constructor's form, or its keys would differ from
+    those of the same attributes built any other way (explain, pack, a framework)."""
+    monkeypatch.setenv("POCL_WORK_GROUP_METHOD", "cbs")
+    monkeypatch.setenv("AMD_OCL_BUILD_OPTIONS", "-O3")
+    (tmp_path / "b.h").write_text("#define B 2\n")
+    (tmp_path / "a.h").write_text('#include "b.h"\n#define A 1\n')
+    src = '#include "a.h"\n#include <pyopencl-complex.h>\n' + SRC
+    dev = cl_ctx.devices[0]
+    a = kdb.opencl.attributes_for(dev, src, ["-DZ=1", "-I", str(tmp_path), "-DA=2"],
+                                  internal_options(cl_ctx), name="k")
+    again = kdb.HashAttributes(**{f: getattr(a, f) for f in kdb.HashAttributes.FIELDS})
+    assert again == a
+    assert again.encoded() == a.encoded() and again.key == a.key
+    assert len(a.headers) >= 3 and len(a.environment) == 2 and len(a.compiler) >= 5
+
+
 def test_stored_key_holds_no_path_and_hits_from_another_include_dir(cache_dir, cl_ctx, tmp_path):
     dev = cl_ctx.devices[0]
     dirs = [tmp_path / "env1" / "inc", tmp_path / "env2" / "x" / "inc"]

@@ -21,7 +21,6 @@ key) to pin one.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shlex
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from .. import config
+from .. import config, logs
 from ..db import KernelDB, default_db
 from ..digests import machine_digest, machine_memo
 from ..errors import (
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
 
 # subprocess, tempfile and glob are imported where nvcc runs: a hit never needs them.
 
-log = logging.getLogger("kdb")
+log = logs.get("kdb")
 BACKEND = "cuda"
 
 #: Output kinds and the nvcc flag that makes each.

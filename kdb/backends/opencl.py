@@ -12,7 +12,6 @@ programs from binaries or IL, ``compile()`` and ``link_program()`` pass through 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import platform as _platform
 import re
@@ -23,7 +22,7 @@ from typing import Any, Sequence
 
 import pyopencl as cl
 
-from .. import config
+from .. import config, logs
 from ..claims import Claim
 from ..db import KernelDB, default_db
 from ..digests import library_id
@@ -33,16 +32,17 @@ from ..keys import HashAttributes
 from .clbinaries import library_of, program_binaries
 from .common import label, source_text
 
-log = logging.getLogger("kdb")
+log = logs.get("kdb")
 BACKEND = "opencl"
 
-#: Variables that change what OpenCL compilers produce; their values enter the key.
-ENV_VARS = (
+#: Variables that change what OpenCL compilers produce; their values enter the key. Sorted,
+#: as the key wants its pairs.
+ENV_VARS = tuple(sorted((
     "POCL_EXTRA_BUILD_FLAGS", "POCL_WORK_GROUP_METHOD", "POCL_WORK_GROUP_SPECIALIZATION",
     "POCL_MAX_WORK_GROUP_SIZE", "POCL_VECTORIZER_PREFER_SCALAR", "POCL_FORCE_FLOAT_DENORMALS",
     "AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND", "CL_CONFIG_CPU_TARGET_ARCH",
     "IGC_ExtraOCLOptions", "IGC_ExtraOCLInternalOptions",
-)
+)))
 
 _KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)")
 _HSTR_RE = re.compile(r"HSTR:\s*(\S+)")
@@ -101,7 +101,7 @@ def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
             ident.append(("library", library_id(lib, Path(memo_dir))))
         except OSError as err:
             log.debug("kdb: cannot digest %s: %s", lib, err)
-    return tuple(ident)
+    return tuple(sorted(ident))  # the key's order: HashAttributes.normalized takes it as is
 
 
 def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
@@ -123,10 +123,10 @@ def device_details(device: cl.Device) -> dict[str, Any]:
 
 
 def environment() -> tuple[tuple[str, str], ...]:
-    """The compiler-relevant environment variables that are set."""
+    """The compiler-relevant environment variables that are set, sorted by name."""
     # Named lookups only: iterating os.environ costs ~0.15 ms, per build, on the hit path.
-    environ = os.environ
-    return tuple((k, environ[k]) for k in ENV_VARS if k in environ)
+    values = config.environ_values(ENV_VARS)
+    return tuple((k, v) for k, v in zip(ENV_VARS, values) if v is not None)
 
 
 def kernel_names(source: str) -> list[str]:
@@ -178,10 +178,20 @@ def _items(values: Any, what: str) -> list:
 
 def internal_options(ctx: cl.Context) -> list[str]:
     """The options pyopencl adds to every build (its include dir, per-platform, env)."""
+    return _internal_options(ctx.devices[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _platform_name_of_ptr(ptr: int, device: cl.Device) -> str:
+    return device.platform.name
+
+
+def _internal_options(device: cl.Device) -> list[str]:
     opts: list[str] = []
     opts += list(getattr(cl, "_DEFAULT_BUILD_OPTIONS", []))
     opts += list(getattr(cl, "_DEFAULT_INCLUDE_OPTIONS", []))
-    opts += list(getattr(cl, "_PLAT_BUILD_OPTIONS", {}).get(ctx.devices[0].platform.name, []))
+    platform = _platform_name_of_ptr(device.int_ptr, device)
+    opts += list(getattr(cl, "_PLAT_BUILD_OPTIONS", {}).get(platform, []))
     forced = os.environ.get("PYOPENCL_BUILD_OPTIONS")
     if forced:
         opts += forced.split()
@@ -203,7 +213,7 @@ def attributes_for(device: cl.Device, source: str, user_options: list[str],
     user_rest, user_dirs = split_include_options(user_options)
     added_rest, added_dirs = split_include_options(added_options)
     dirs = [os.path.abspath(d.strip('"')) for d in (*user_dirs, *added_dirs)]
-    return HashAttributes(
+    return HashAttributes.normalized(
         backend=BACKEND,
         source=source,
         arch=arch or arch_of(device),
@@ -256,11 +266,11 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     text = _text(source)
     devs = list(devices) if devices is not None else list(ctx.devices)
     user = split_options(options)
-    added = internal_options(ctx)
+    added = _internal_options(devs[0])
     opt_bytes = _options_bytes(user + added)
-    label = name or _label(text)
     memo = str(db.cache_root)
-    attrs = [attributes_for(d, text, user, added, label, arch, memo) for d in devs]
+    # Unlabelled until a miss: a hit never shows the label, and finding it scans the source.
+    attrs = [attributes_for(d, text, user, added, name or "", arch, memo) for d in devs]
     memory_key = (ctx.int_ptr, tuple(d.int_ptr for d in devs), tuple(a.key for a in attrs))
     built = _compiled.get(memory_key)
     if built is not None:  # compiled by this process, its binaries not read back yet
@@ -280,7 +290,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
             except (cl.RuntimeError, cl.LogicError) as err:
                 for a, h in zip(attrs, hits):
                     if h.tier in ("user", "shared", "memory"):
-                        db.discard(a, f"the driver refused the stored binary ({err})", h.tier)
+                        db.discard(a.with_(name=name or _label(text)),
+                                   f"the driver refused the stored binary ({err})", h.tier)
                 hits = [None] * len(attrs)  # rebuilt from source and stored again
 
     start = time.perf_counter()
@@ -298,6 +309,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
         raise
     seconds = time.perf_counter() - start
     prg = _wrap(raw, wrapper)
+    label = name or _label(text)
+    attrs = [a if a.name == label else a.with_(name=label) for a in attrs]
     # Store only what missed, once per key (devices of one class share a key).
     missed: dict[str, tuple] = {}
     for d, a, h in zip(devs, attrs, hits):
