@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -300,6 +301,245 @@ def test_garbled_entry_points_file_is_not_fatal(cache_dir, fake_site):
     ep_file = fake_site / "kdb_system_broken-0.1.dist-info" / "entry_points.txt"
     ep_file.write_text("[kdb.system\n= \n==\nfake-arch\n[kdb.system]\n = x\nfake-arch =\n")
     assert KernelDB().lookup(attrs()).tier == "system"
+
+
+# -- the cache of the entry point scan -----------------------------------------------------
+
+def settle(path: Path, age: float = 60.0, mtime_ns: int | None = None) -> int:
+    """Date a directory back ``age`` seconds (or to ``mtime_ns``), as one pip wrote a while
+    ago: only a settled directory's scan is cached. Returns its new st_mtime_ns."""
+    if mtime_ns is None:
+        mtime_ns = time.time_ns() - int(age * 1e9)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+    return path.stat().st_mtime_ns
+
+
+def new_process() -> None:
+    """Forget what this process memoized, as a new process would start: only the file is left."""
+    discovery._memo.clear()
+    discovery._read.clear()
+
+
+def ours(eps) -> list[tuple[str, str, str, str]]:
+    return [tuple(ep) for ep in eps if ep.dist.lower().replace("-", "_").startswith("kdb_sys")]
+
+
+def add_dist(site: Path, dirname: str, entry_points: str | bytes | None) -> Path:
+    d = site / dirname
+    d.mkdir()
+    if isinstance(entry_points, str):
+        (d / "entry_points.txt").write_text(entry_points)
+    elif entry_points is not None:
+        (d / "entry_points.txt").write_bytes(entry_points)
+    return d
+
+
+FAKE_EP = ("kdb_system_fake", "1.0", ARCH, "kdb_system_fake")
+NOT_UTF8 = b"\xff\xfe[kdb.system]\nfake-arch = x\n"
+
+
+def test_second_call_reads_the_cache_not_the_dist_infos(fake_site, tmp_path, monkeypatch,
+                                                        caplog):
+    memo = tmp_path / "memo"
+    memo_file = memo / "entry-points.txt"
+    monkeypatch.setattr(sys, "path", [str(fake_site)])  # no directory that others may change
+    mtime = settle(fake_site)
+    new_process()
+    first = discovery.entry_points(memo_dir=memo)
+    assert FAKE_EP in ours(first)
+    written = memo_file.read_bytes()
+    assert (discovery.GROUP, str(fake_site)) in discovery._load(str(memo_file))
+    assert [p.name for p in memo.iterdir()] == ["entry-points.txt"]  # no temporary left
+
+    # The dist-infos change without a change of the site's mtime: the cache keeps answering.
+    (fake_site / "kdb_system_fake-1.0.dist-info" / "entry_points.txt").write_bytes(NOT_UTF8)
+    shutil.rmtree(fake_site / "kdb_system_broken-0.1.dist-info")
+    settle(fake_site, mtime_ns=mtime)
+    memo_file.unlink()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert discovery.entry_points(memo_dir=memo) == first  # this process's memo...
+        assert not memo_file.exists()  # ...read no file and wrote none: nothing changed
+        memo_file.write_bytes(written)
+        inode = memo_file.stat().st_ino
+        new_process()
+        assert discovery.entry_points(memo_dir=memo) == first  # the file, in a new process
+    assert caplog.text == ""
+    assert memo_file.stat().st_ino == inode  # not rewritten: nothing changed
+
+    # A new mtime (as pip's install or removal of a dist-info gives) means a rescan.
+    settle(fake_site, age=30)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert ours(discovery.entry_points(memo_dir=memo)) == []
+    assert "kdb_system_fake-1.0.dist-info" in caplog.text
+
+
+def test_an_installed_distribution_is_seen_at_once_and_by_a_new_process(
+        fake_site, tmp_path, run_py):
+    memo = tmp_path / "memo"
+    only_fake(fake_site)
+    settle(fake_site)
+    new_process()
+    assert ours(discovery.entry_points(memo_dir=memo)) == [FAKE_EP]
+    extra = ("kdb_system_extra", "2.0", "extra-arch", "kdb_system_fake")
+    add_dist(fake_site, "kdb_system_extra-2.0.dist-info",
+             "[kdb.system]\nextra-arch = kdb_system_fake\n")
+    assert ours(discovery.entry_points(memo_dir=memo)) == [extra, FAKE_EP]  # not yet settled
+
+    settle(fake_site)
+    new_process()
+    assert ours(discovery.entry_points(memo_dir=memo)) == [extra, FAKE_EP]
+    settle(fake_site, age=30)  # a later install, seen by a new process from the stale file
+    shutil.rmtree(fake_site / "kdb_system_fake-1.0.dist-info")
+    mtime = settle(fake_site, age=20)
+    code = f"""
+        import sys
+        sys.path.insert(0, {str(fake_site)!r})
+        from kdb import discovery
+        for ep in discovery.entry_points(memo_dir={str(memo)!r}):
+            print(*ep, sep="|")
+    """
+    lines = run_py(code).stdout.splitlines()
+    assert [tuple(line.split("|")) for line in lines if line.startswith("kdb_sys")] == [extra]
+    record = discovery._load(str(memo / "entry-points.txt"))[(discovery.GROUP, str(fake_site))]
+    assert record[0] == mtime
+    # The next process reads that record, not the dist-info (now unreadable).
+    (fake_site / "kdb_system_extra-2.0.dist-info" / "entry_points.txt").write_bytes(NOT_UTF8)
+    proc = run_py(code)
+    assert [tuple(line.split("|")) for line in proc.stdout.splitlines()
+            if line.startswith("kdb_sys")] == [extra]
+    assert "cannot read" not in proc.stderr
+
+
+@pytest.mark.parametrize("damage", [
+    lambda text: b"",
+    lambda text: b"\x00\xff garbage\n" * 10,
+    lambda text: text[: text.index(b"\nP\t") + 1],  # cut short (by a crash, say)
+    lambda text: text[: text.index(b"\nS\t") + 1] + b"end\n",  # a record without its names
+    lambda text: text.replace(b"D\t", b"D\tx", 1),  # an mtime that is not a number
+    lambda text: text.replace(b"\nS\t", b"\nP\ta\tb\nS\t", 1),  # a bad entry line
+    lambda text: text.replace(b"kdb entry points 1", b"kdb entry points 2"),
+])
+def test_a_corrupt_cache_file_is_ignored_and_rewritten(fake_site, tmp_path, damage):
+    memo = tmp_path / "memo"
+    memo_file = memo / "entry-points.txt"
+    settle(fake_site)
+    new_process()
+    expected = discovery.entry_points(memo_dir=memo)
+    good = memo_file.read_bytes()
+    memo_file.write_bytes(damage(good))
+    assert discovery._load(str(memo_file)) == {}
+    new_process()
+    assert discovery.entry_points(memo_dir=memo) == expected
+    record = discovery._load(str(memo_file))[(discovery.GROUP, str(fake_site))]
+    assert record[0] == fake_site.stat().st_mtime_ns
+
+
+@pytest.mark.parametrize("junk", [False, True], ids=["cached", "unreadable-file"])
+def test_shadowing_across_directories_is_the_same_with_the_cache(fake_site, tmp_path,
+                                                                 monkeypatch, caplog, junk):
+    """The first distribution of a normalised name on sys.path wins, whether or not it
+    declares entry points; a directory with an unreadable entry_points.txt is never cached,
+    so its warning comes on every call."""
+    memo = tmp_path / "memo"
+    front = tmp_path / "front"
+    front.mkdir()
+    add_dist(front, "kdb_system_fake-2.0.dist-info", None)  # hides kdb_system_fake 1.0
+    add_dist(front, "Kdb_System_Broken-0.2.dist-info",
+             "[kdb.system]\nfake-arch = kdb_system_fake\n")
+    add_dist(front, "kdb_system_broken-0.3.dist-info", "[kdb.system]\nlater = x\n")
+    add_dist(front, "kdb_system_front-1.0.dist-info", "[kdb.system]\nfront-arch = front\n")
+    if junk:
+        add_dist(front, "kdb_system_junk-1.0.dist-info", NOT_UTF8)
+    add_dist(fake_site, "kdb_system_front-0.9.dist-info", "[kdb.system]\nhidden = y\n")
+    add_dist(fake_site, "kdb_system_fron-1.0.dist-info", "[kdb.system]\nfron = z\n")  # a prefix
+    (tmp_path / "archive.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+    monkeypatch.syspath_prepend(str(fake_site))  # again: a second time changes nothing
+    for entry in (front, tmp_path / "archive.zip", tmp_path / "missing"):
+        monkeypatch.syspath_prepend(str(entry))
+    # Of two names in one directory, the first os.listdir gives wins (it need not be sorted).
+    broken = {"Kdb_System_Broken-0.2.dist-info": ("Kdb_System_Broken", "0.2", "fake-arch",
+                                                  "kdb_system_fake"),
+              "kdb_system_broken-0.3.dist-info": ("kdb_system_broken", "0.3", "later", "x")}
+    first_broken = next(n for n in os.listdir(front) if n in broken)
+    expected = sorted([broken[first_broken], ("kdb_system_front", "1.0", "front-arch", "front"),
+                       ("kdb_system_fron", "1.0", "fron", "z")],
+                      key=lambda ep: (ep[0].lower(), ep[2]))
+
+    def cached_dirs() -> set[str]:
+        return {path for _, path in discovery._load(str(memo / "entry-points.txt"))}
+
+    def calls() -> list:
+        with caplog.at_level(logging.WARNING, logger="kdb"):
+            caplog.clear()
+            result = discovery.entry_points(memo_dir=memo)
+        assert ours(result) == expected
+        assert ("kdb_system_junk-1.0.dist-info" in caplog.text) == junk
+        assert "kdb_system_broken-0.1" not in caplog.text
+        return result
+
+    new_process()
+    plain = calls()  # not settled: a plain scan, nothing cached
+    assert not cached_dirs() & {str(front), str(fake_site)}
+    assert calls() == plain
+    settle(front)
+    settle(fake_site)
+    new_process()
+    assert calls() == plain  # scanned and written
+    assert calls() == plain  # this process's memo
+    new_process()
+    assert calls() == plain  # the file
+    cached = cached_dirs()
+    assert str(fake_site) in cached
+    assert (str(front) in cached) != junk
+    assert not cached & {str(tmp_path / "archive.zip"), str(tmp_path / "missing")}
+
+
+def test_the_current_directory_on_sys_path_is_cached_by_its_real_path(fake_site, tmp_path,
+                                                                      monkeypatch):
+    memo = tmp_path / "memo"
+    other = tmp_path / "other"
+    other.mkdir()
+    add_dist(other, "kdb_system_other-1.0.dist-info", "[kdb.system]\nother-arch = other\n")
+    settle(fake_site, mtime_ns=settle(other))  # the same mtime: only the path tells them apart
+    monkeypatch.setattr(sys, "path", ["", *sys.path[1:]])  # fake_site only as the cwd
+    new_process()
+    for _ in range(2):
+        monkeypatch.chdir(fake_site)
+        assert ours(discovery.entry_points(memo_dir=memo))[-1] == FAKE_EP
+        monkeypatch.chdir(other)
+        assert ours(discovery.entry_points(memo_dir=memo)) == [
+            ("kdb_system_other", "1.0", "other-arch", "other")]
+        new_process()
+
+
+@pytest.mark.parametrize("how", ["under-a-file", "file-is-a-directory", "read-only"])
+def test_an_unwritable_cache_still_gives_the_right_answer(fake_site, tmp_path, how):
+    if how == "under-a-file":
+        (tmp_path / "file").write_text("")
+        memo = tmp_path / "file" / "memo"
+    else:
+        memo = tmp_path / "memo"
+        memo.mkdir()
+        if how == "file-is-a-directory":
+            (memo / "entry-points.txt").mkdir()
+        else:
+            memo.chmod(0o555)  # root writes anyway: then this only shows nothing breaks
+    try:
+        only_fake(fake_site)
+        settle(fake_site)
+        for _ in range(2):
+            new_process()
+            assert ours(discovery.entry_points(memo_dir=memo)) == [FAKE_EP]
+            assert ours(discovery.entry_points(memo_dir=memo)) == [FAKE_EP]
+        add_dist(fake_site, "kdb_system_extra-2.0.dist-info", "[kdb.system]\nx = y\n")
+        settle(fake_site, age=30)
+        assert ours(discovery.entry_points(memo_dir=memo)) == [
+            ("kdb_system_extra", "2.0", "x", "y"), FAKE_EP]
+        if how != "under-a-file":
+            assert all(p.name == "entry-points.txt" for p in memo.iterdir())  # no temporary
+    finally:
+        if how == "read-only":
+            memo.chmod(0o755)
 
 
 # -- the missing system database warning ---------------------------------------------------
