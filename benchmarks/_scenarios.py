@@ -57,7 +57,6 @@ def warm(ws: Workspace, o: Outcome) -> None:
     o.title = (f"Warm start: a fresh process builds {n_k} distinct OpenCL kernels on PoCL "
                f"and launches each once (median of {runs} runs)")
     primed, floor, sysdir = kdb_primed(ws), floor_bins(ws), system_dir(ws)
-    digests = primed.cache_dir / "digests.json"
 
     metrics = [Metric("build", "build"), Metric("launch", "1st launch"),
                Metric("import_kdb", "import kdb.opencl", ratio=False),
@@ -68,10 +67,19 @@ def warm(ws: Workspace, o: Outcome) -> None:
     empty_t = o.table("PoCL cache empty: each run gets a fresh, empty POCL_CACHE_DIR",
                       "floor_empty", metrics)
 
-    def sys_memo_cache() -> Path:
-        d = ws.fresh("kdb-sys-memo")
-        if digests.exists():
-            shutil.copy2(digests, d / "digests.json")
+    def sys_after_start() -> Path:
+        """What a first start that only hit the system tier leaves in KDB_CACHE_DIR (the
+        entry-point scan, digests): later starts begin from a copy of it."""
+        def build() -> Path:
+            d = ws.fresh("kdb-sys-first")
+            child("opencl", {**kern, "mode": "kdb"},
+                  ws.env(KDB_CACHE_DIR=d, KDB_SYSTEM_DB_PATH=sysdir,
+                         POCL_CACHE_DIR=pocl_copy(ws)))
+            return d
+
+        first = ws.memo("kdb_sys_first_start", build)
+        d = ws.fresh("kdb-sys-later")
+        shutil.copytree(first, d, dirs_exist_ok=True)
         return d
 
     kern = {"workload": "kernels", "kernels": n_k}
@@ -84,12 +92,13 @@ def warm(ws: Workspace, o: Outcome) -> None:
         (warm_t, "kdb_user", "kdb user tier",
          lambda: ({"mode": "kdb"}, ws.env(KDB_CACHE_DIR=primed.cache_dir,
                                           POCL_CACHE_DIR=pocl_copy(ws)))),
-        (warm_t, "kdb_system", "kdb system tier (empty KDB_CACHE_DIR)",
+        (warm_t, "kdb_system", "kdb system tier, first start (empty KDB_CACHE_DIR)",
          lambda: ({"mode": "kdb"}, ws.env(KDB_CACHE_DIR=ws.fresh("kdb-empty"),
                                           KDB_SYSTEM_DB_PATH=sysdir,
                                           POCL_CACHE_DIR=pocl_copy(ws)))),
-        (warm_t, "kdb_system_memo", "kdb system tier (KDB_CACHE_DIR: digests.json only)",
-         lambda: ({"mode": "kdb"}, ws.env(KDB_CACHE_DIR=sys_memo_cache(),
+        (warm_t, "kdb_system_later", "kdb system tier, later start (KDB_CACHE_DIR as the "
+                                    "first left it)",
+         lambda: ({"mode": "kdb"}, ws.env(KDB_CACHE_DIR=sys_after_start(),
                                           KDB_SYSTEM_DB_PATH=sysdir,
                                           POCL_CACHE_DIR=pocl_copy(ws)))),
         (warm_t, "floor", "floor (plain files, clCreateProgramWithBinary)",
@@ -129,8 +138,10 @@ def warm(ws: Workspace, o: Outcome) -> None:
     o.checks += [
         at_most("warm start build phase, kdb user tier vs floor",
                 warm_t.ratio("kdb_user", "build"), 1.2),
-        at_most("warm start build phase, kdb system tier (empty cache dir) vs floor",
-                warm_t.ratio("kdb_system", "build"), 1.2),
+        at_most("warm start build phase, kdb system tier, first start (empty cache dir) vs "
+                "floor", warm_t.ratio("kdb_system", "build"), 1.2),
+        at_most("warm start build phase, kdb system tier, later start vs floor",
+                warm_t.ratio("kdb_system_later", "build"), 1.2),
         at_least("warm start build phase, PoCL's own cache vs kdb user tier",
                  warm_t.ratio("pocl", "build", "kdb_user"), 25),
         at_least("warm start build phase, no cache vs kdb user tier",

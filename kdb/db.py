@@ -131,8 +131,6 @@ class KernelDB:
         return files
 
     def _warn_no_system(self, arch: str) -> None:
-        from .wheel import dist_name  # the package name `kdb pack` gives this arch
-
         latency.note_missing_system(arch)
         dirs = ", ".join(str(d) for d in self.system_dirs) or "none set"
         faults.warn_once(
@@ -144,7 +142,7 @@ class KernelDB:
             "(pip install %s, if your framework publishes one), or build one with "
             "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
             arch, f"{arch}.kdb", dirs, discovery.GROUP, self.user_dir / f"{arch}.kdb",
-            dist_name(arch), arch,
+            discovery.dist_name(arch), arch,
         )
 
     # -- the hot path ---------------------------------------------------------------------
@@ -550,15 +548,19 @@ _default_config: tuple | None = None
 
 
 #: Every variable the default KernelDB's configuration depends on.
-_DEFAULT_DB_VARIABLES = (config.ENV_CACHE_DIR, config.ENV_SYSTEM_DB_PATH, config.ENV_DISABLE_CACHE,
+DEFAULT_DB_VARIABLES = (config.ENV_CACHE_DIR, config.ENV_SYSTEM_DB_PATH, config.ENV_DISABLE_CACHE,
                          config.ENV_TRACE, "XDG_CACHE_HOME", "HOME", "LOCALAPPDATA")
 
 
-def default_db() -> KernelDB:
-    """The process's KernelDB for the current environment (rebuilt if the variables change)."""
+def default_db(variables: tuple[str | None, ...] | None = None) -> KernelDB:
+    """The process's KernelDB for the current environment (rebuilt if the variables change).
+
+    ``variables``: the values of ``DEFAULT_DB_VARIABLES``, for a back end that reads them
+    together with its own in one :func:`config.environ_values` call.
+    """
     global _default, _default_config
     # The raw variables, compared as strings: resolving paths on every build cost ~50 us.
-    cfg = config.environ_values(_DEFAULT_DB_VARIABLES)
+    cfg = config.environ_values(DEFAULT_DB_VARIABLES) if variables is None else variables
     if _default is None or cfg != _default_config:
         # The old instance is not flushed here: that would make this build wait for every
         # pending store. Its queued jobs hold it alive; its finalizer writes what is left.

@@ -26,15 +26,43 @@ by distribution name. Every file found serves; the first that holds a key answer
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections import namedtuple
 from pathlib import Path
 
-from . import config, logs
+from . import config, errors, logs
 
 log = logs.get("kdb")
 GROUP = "kdb.system"
+
+#: Distribution name prefix of the wheels ``kdb pack`` builds (``kdb-system-<arch>``).
+DEFAULT_PREFIX = "kdb-system"
+
+
+def dist_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """The distribution name for an arch: ``<prefix>-<arch>``, with ``+``/``-`` feature
+    flags spelled ``-on``/``-off`` so that the name is valid.
+
+    A framework that ships its own system databases picks its own ``prefix`` (for example
+    ``myfw-kernels``), so that its package and kdb's for the same arch install side by side.
+
+    >>> dist_name("sm_90"), dist_name("gfx90a_sramecc+_xnack-")
+    ('kdb-system-sm_90', 'kdb-system-gfx90a_sramecc-on_xnack-off')
+    >>> dist_name("sm_90", "myfw-kernels")
+    'myfw-kernels-sm_90'
+    """
+    config.check_arch(arch)
+    if prefix != DEFAULT_PREFIX and (  # the missing-system-db warning: no regex to compile
+            not isinstance(prefix, str) or not re.match(r"^[a-z]([a-z0-9._-]*[a-z0-9])?$", prefix)):
+        raise errors.InvalidArgumentError(
+            f"package name prefix {prefix!r} is not valid: use lower-case letters, digits and "
+            "'._-', starting with a letter (for example 'kdb-system' or 'myfw-kernels')")
+    name = arch.replace("+", "-on").replace("-_", "-off_")  # a "-" flag before "_" or at the end
+    if name.endswith("-"):
+        name += "off"
+    return f"{prefix}-{name}"
 
 
 class SystemSource(namedtuple("SystemSource", "arch path origin problem", defaults=("",))):
@@ -138,7 +166,7 @@ def entry_points(group: str = GROUP,
                 found.extend(eps)
         earlier.append(rec[1])
     if scanned and memo_file:
-        _save(memo_file, keep)
+        _save_at_exit(memo_file, keep)
     found.sort(key=lambda ep: (ep.dist.lower(), ep.name))
     return found
 
@@ -241,6 +269,26 @@ def _load(memo_file: str) -> dict[tuple[str, str], tuple]:
     if cur is not None and cur[1] is None:
         return {}
     return {key: tuple(rec) for key, rec in out.items()}
+
+
+#: Records to write, per cache file: written at exit (or by :func:`flush`), off the start-up
+#: path of the process whose first start it is (the write cost ~0.3 ms there).
+_unsaved: dict[str, dict[tuple[str, str], tuple]] = {}
+
+
+def _save_at_exit(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:
+    if not _unsaved:
+        import atexit
+
+        atexit.register(flush)
+    _unsaved.setdefault(memo_file, {}).update(records)
+
+
+def flush() -> None:
+    """Write the scans this process made to the cache file (at exit, or when called)."""
+    while _unsaved:
+        memo_file, records = _unsaved.popitem()
+        _save(memo_file, list(records.items()))
 
 
 def _save(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:

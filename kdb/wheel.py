@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from . import config
+from .discovery import DEFAULT_PREFIX, dist_name
 from .errors import InvalidArgumentError, KdbError
 
 
@@ -18,14 +19,8 @@ class WheelBuildError(KdbError):
     """The packaging tools could not build a system-database wheel."""
 
 
-# Patterns, not compiled ones: the missing-system-db warning imports this module for
-# dist_name() on a start-up path, and compiling _VERSION_RE there cost ~0.2 ms (re caches).
-_VERSION_RE = (r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
-               r"(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
-_PREFIX_RE = r"^[a-z]([a-z0-9._-]*[a-z0-9])?$"
-
-#: Distribution name prefix of the wheels ``kdb pack`` builds (``kdb-system-<arch>``).
-DEFAULT_PREFIX = "kdb-system"
+_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
+                         r"(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
 
 
 def check_version(version: str) -> str:
@@ -34,31 +29,10 @@ def check_version(version: str) -> str:
     >>> check_version("2026.11.1"), check_version("1.0.0rc1")
     ('2026.11.1', '1.0.0rc1')
     """
-    if not isinstance(version, str) or not re.match(_VERSION_RE, version):
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
         raise InvalidArgumentError(f"version {version!r} is not a valid package version "
                                    "(for example 1.0.0, 2026.11.1 or 1.0.0rc1)")
     return version
-
-
-def dist_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:
-    """The distribution name for an arch: ``<prefix>-<arch>``, with ``+``/``-`` feature
-    flags spelled ``-on``/``-off`` so that the name is valid.
-
-    A framework that ships its own system databases picks its own ``prefix`` (for example
-    ``myfw-kernels``), so that its package and kdb's for the same arch install side by side.
-
-    >>> dist_name("sm_90"), dist_name("gfx90a_sramecc+_xnack-")
-    ('kdb-system-sm_90', 'kdb-system-gfx90a_sramecc-on_xnack-off')
-    >>> dist_name("sm_90", "myfw-kernels")
-    'myfw-kernels-sm_90'
-    """
-    config.check_arch(arch)
-    if not isinstance(prefix, str) or not re.match(_PREFIX_RE, prefix):
-        raise InvalidArgumentError(
-            f"package name prefix {prefix!r} is not valid: use lower-case letters, digits and "
-            "'._-', starting with a letter (for example 'kdb-system' or 'myfw-kernels')")
-    name = re.sub(r"-(?=_|$)", "-off", arch.replace("+", "-on"))
-    return f"{prefix}-{name}"
 
 
 def module_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kdb import HashAttributes, KernelDB, discovery, migrate
 from conftest import sql
@@ -315,7 +318,9 @@ def settle(path: Path, age: float = 60.0, mtime_ns: int | None = None) -> int:
 
 
 def new_process() -> None:
-    """Forget what this process memoized, as a new process would start: only the file is left."""
+    """End this process as far as the cache goes (write the cache file, as at exit) and
+    forget what it memoized, as a new process would start: only the file is left."""
+    discovery.flush()
     discovery._memo.clear()
     discovery._read.clear()
 
@@ -347,6 +352,8 @@ def test_second_call_reads_the_cache_not_the_dist_infos(fake_site, tmp_path, mon
     new_process()
     first = discovery.entry_points(memo_dir=memo)
     assert FAKE_EP in ours(first)
+    assert not memo_file.exists()  # written at exit, off the start-up path
+    discovery.flush()
     written = memo_file.read_bytes()
     assert (discovery.GROUP, str(fake_site)) in discovery._load(str(memo_file))
     assert [p.name for p in memo.iterdir()] == ["entry-points.txt"]  # no temporary left
@@ -358,6 +365,7 @@ def test_second_call_reads_the_cache_not_the_dist_infos(fake_site, tmp_path, mon
     memo_file.unlink()
     with caplog.at_level(logging.WARNING, logger="kdb"):
         assert discovery.entry_points(memo_dir=memo) == first  # this process's memo...
+        discovery.flush()
         assert not memo_file.exists()  # ...read no file and wrote none: nothing changed
         memo_file.write_bytes(written)
         inode = memo_file.stat().st_ino
@@ -425,11 +433,13 @@ def test_a_corrupt_cache_file_is_ignored_and_rewritten(fake_site, tmp_path, dama
     settle(fake_site)
     new_process()
     expected = discovery.entry_points(memo_dir=memo)
+    discovery.flush()
     good = memo_file.read_bytes()
     memo_file.write_bytes(damage(good))
     assert discovery._load(str(memo_file)) == {}
     new_process()
     assert discovery.entry_points(memo_dir=memo) == expected
+    discovery.flush()
     record = discovery._load(str(memo_file))[(discovery.GROUP, str(fake_site))]
     assert record[0] == fake_site.stat().st_mtime_ns
 
@@ -466,6 +476,7 @@ def test_shadowing_across_directories_is_the_same_with_the_cache(fake_site, tmp_
                       key=lambda ep: (ep[0].lower(), ep[2]))
 
     def cached_dirs() -> set[str]:
+        discovery.flush()
         return {path for _, path in discovery._load(str(memo / "entry-points.txt"))}
 
     def calls() -> list:
@@ -535,6 +546,7 @@ def test_an_unwritable_cache_still_gives_the_right_answer(fake_site, tmp_path, h
         settle(fake_site, age=30)
         assert ours(discovery.entry_points(memo_dir=memo)) == [
             ("kdb_system_extra", "2.0", "x", "y"), FAKE_EP]
+        discovery.flush()
         if how != "under-a-file":
             assert all(p.name == "entry-points.txt" for p in memo.iterdir())  # no temporary
     finally:
@@ -563,3 +575,15 @@ def test_missing_warning_names_the_arch_that_has_none(cache_dir, system_dir, cap
     assert len(warnings) == 1
     assert "'other-arch'" in warnings[0] and "other-arch.kdb" in warnings[0]
     assert str(system_dir) in warnings[0]
+
+
+# -- the package name of an arch's system database ------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(r"[a-z0-9][a-z0-9_.+-]{0,16}", fullmatch=True))
+def test_dist_name_spells_feature_flags_as_pip_accepts_them(arch):
+    """dist_name runs on the missing-system-db warning's path, with string operations
+    where a regex would have to be compiled: it must still mean what the regex said."""
+    want = "kdb-system-" + re.sub(r"-(?=_|$)", "-off", arch.replace("+", "-on"))
+    assert discovery.dist_name(arch) == want
+    assert discovery.dist_name(arch, "myfw-kernels") == want.replace("kdb-system", "myfw-kernels")

@@ -107,6 +107,19 @@ def test_canonical_encoding_is_pinned():
     assert a.key == PINNED_KEY
 
 
+def test_a_process_without_hashlib_computes_the_same_keys(run_py):
+    """Keys are hashed with the builtin sha256 while nothing has loaded hashlib (a bare
+    `import kdb` + hit), with OpenSSL's otherwise: both must give the pinned key."""
+    out = run_py(f"""
+        import sys
+        import kdb
+        a = kdb.HashAttributes(**{BASE!r})
+        print("hashlib" in sys.modules, "json" in sys.modules, a.key, a.encoded().decode())
+    """).stdout.split(" ", 3)
+    assert out[:3] == ["False", "False", PINNED_KEY]
+    assert out[3].rstrip("\n") == PINNED_ENCODING
+
+
 def test_key_is_sha256_of_encoding():
     import hashlib
 
