@@ -126,6 +126,9 @@ def base_env(ws: "Workspace") -> dict[str, str]:
            if not k.startswith(_OWNED_PREFIXES) and k not in _OWNED}
     env["XDG_CACHE_HOME"] = str(ws.path / "xdg-cache")  # nothing lands in the real home cache
     env["KDB_CACHE_DIR"] = str(ws.path / "kdb-unused")  # each arm sets its own
+    # Children store before they exit, so what they stored can be counted at once; the
+    # scenarios about exit (cold, many) set the default, detach, and wait for the worker.
+    env["KDB_STORE_AT_EXIT"] = "wait"
     return env
 
 
@@ -365,6 +368,19 @@ class Workspace:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def wait_detached(cache_dir: Path, timeout: float = 900) -> float:
+    """Wait for the detached store a child left (KDB_STORE_AT_EXIT=detach) to finish: its
+    spec read and every claim it inherited released. Returns the seconds waited."""
+    start = time.perf_counter()
+    deadline = start + timeout
+    for v in cache_dir.glob("v*"):
+        while list(v.glob(".handoff-*.json")) or list((v / "claims").glob("*.lock")):
+            if time.perf_counter() > deadline:
+                raise BenchError(f"the detached store in {v} did not finish in {timeout:g} s")
+            time.sleep(0.02)
+    return time.perf_counter() - start
 
 
 def kdb_files(cache_dir: Path) -> list[Path]:

@@ -56,6 +56,24 @@ class Claim:
         os.close(fd)  # after the unlink: a waiter that opened the old file re-checks the inode
 
 
+    def hand_over(self) -> int | None:
+        """The claim's descriptor, for a process this one starts to inherit (``pass_fds``):
+        the ``flock`` lives as long as any descriptor of it is open, so the claim outlives
+        this process. This process forgets it; the heir releases it with :func:`adopt`."""
+        with _lock:
+            _held.pop(self.key, None)
+            fd, self._fd = self._fd, None
+        return fd
+
+
+def adopt(directory: Path, key: str, fd: int) -> Claim:
+    """A claim handed over by the process that started this one (see :meth:`Claim.hand_over`)."""
+    claim = Claim(directory, key, fd)
+    with _lock:
+        _held[key] = claim
+    return claim
+
+
 def try_claim(directory: Path, key: str) -> Claim | None:
     """Claim ``key`` if no other process holds it; ``None`` if one does.
 

@@ -28,6 +28,7 @@ ENV_SHARED_RETRY = "KDB_SHARED_RETRY"
 ENV_STRICT = "KDB_STRICT"
 ENV_TRACE = "KDB_TRACE"
 ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
+ENV_STORE_AT_EXIT = "KDB_STORE_AT_EXIT"
 ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
 ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
 
@@ -136,6 +137,23 @@ def max_size(explicit: int | str | None = None) -> int:
 def store_timeout(explicit: float | None = None) -> float:
     """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
     return seconds(ENV_STORE_TIMEOUT, STORE_TIMEOUT_S, explicit)
+
+
+#: What an exiting process does with stores it has not started (``KDB_STORE_AT_EXIT``).
+STORE_AT_EXIT = ("detach", "wait")
+
+
+def store_at_exit(explicit: str | None = None) -> str:
+    """``detach``: an exiting process hands the OpenCL stores it has not started (reading a
+    program's binaries back from PoCL can take seconds) to a detached, low-priority process
+    and exits at once; ``wait``: it stores them itself within ``KDB_STORE_TIMEOUT``."""
+    raw = explicit if explicit is not None else os.environ.get(ENV_STORE_AT_EXIT, "")
+    value = raw.strip().lower() or STORE_AT_EXIT[0]
+    if value not in STORE_AT_EXIT:
+        raise ConfigError(f"{ENV_STORE_AT_EXIT}={raw!r} is not one of {', '.join(STORE_AT_EXIT)}:"
+                          " 'detach' (the default) stores in a detached process after exit, "
+                          "'wait' stores before the process exits")
+    return value
 
 
 def wait_timeout(explicit: float | None = None) -> float:

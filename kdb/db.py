@@ -345,11 +345,14 @@ class KernelDB:
     def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
                   log: CompileRecord | None = None, claim: claims.Claim | None = None,
-                  publish: bool = True) -> None:
+                  publish: bool = True, redo: dict | None = None) -> None:
         """Store what ``produce()`` returns, on the background thread (None: store nothing).
 
         ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
         user tier, and published to the shared tier unless ``publish`` is false).
+        ``redo`` (back ends): ``{"program": ..., "device": index}`` describing how a detached
+        process can build the binary again, should this process exit first
+        (:mod:`kdb.handoff`).
         """
         _check_details(details)
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
@@ -378,7 +381,13 @@ class KernelDB:
                 if claim is not None:
                     claim.release()
 
-        _background().submit(job)
+        handed = None
+        if redo is not None:
+            from .handoff import Redo
+
+            handed = Redo(self, redo["program"], redo["device"], attrs, compile_seconds,
+                          details, claim)
+        _background().submit(job, handed)
 
     def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:
         """Drop an entry that proved bad (e.g. the driver refused the binary) from the user

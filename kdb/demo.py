@@ -330,6 +330,9 @@ def _run_child(label: str, cache_dir: Path, pocl_dir: Path, work: Path,
     env = dict(os.environ)
     env["KDB_CACHE_DIR"] = str(cache_dir)
     env["POCL_CACHE_DIR"] = str(pocl_dir)
+    # Store before exiting, not in a detached process: the warm run starts right after
+    # and should show hits, not a wait for that process's claims.
+    env["KDB_STORE_AT_EXIT"] = "wait"
     cmd = [sys.executable, "-m", "kdb.demo", "--worker", str(out),
            "--kernels", ",".join(p.name for p in programs)]
     start = time.perf_counter()

@@ -379,8 +379,23 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     if missed and not db.disabled:
         _compiled[memory_key] = raw
     _store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
-                 seconds, held, forget=memory_key)
+                 seconds, held, forget=memory_key, program=_program_spec(text, opt_bytes, devs))
     return prg
+
+
+def _program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
+    """How a detached process can build this program again (:mod:`kdb.handoff`): ``devices``
+    in the build's order, as ``(name, index among the platform's devices)``; None when it
+    cannot (sub-devices, which it could not find again)."""
+    try:
+        platform = devs[0].platform
+        roots = [d.int_ptr for d in platform.get_devices()]
+        where = [(d.name, roots.index(d.int_ptr)) for d in devs]
+        options = bytes(opt_bytes).decode("latin-1")
+    except (ValueError, TypeError, cl.Error):
+        return None
+    return {"source": text, "options": options, "platform": platform.name,
+            "devices": where, "cwd": os.getcwd(), "ptrs": [d.int_ptr for d in devs]}
 
 
 def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
@@ -437,7 +452,7 @@ _compiled: dict[tuple, object] = {}
 
 
 def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
-                 held: dict[str, Claim], forget: tuple = ()) -> None:
+                 held: dict[str, Claim], forget: tuple = (), program: dict | None = None) -> None:
     """Record the compile now; read and store the binaries on the background thread."""
     per_device = seconds / max(len(devs), 1)
     binaries: dict[int, bytes] | None = None
@@ -457,10 +472,15 @@ def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: 
             return binaries.get(ptr) or None
         return produce
 
+    ptrs = program.pop("ptrs") if program is not None else []
     for d, a in zip(devs, attrs):
         rec = db.record_compile(a, per_device)
+        again = None
+        if d.int_ptr in ptrs:  # a detached process can redo it, should this one exit first
+            again = {"program": program, "device": ptrs.index(d.int_ptr)}
         db.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
-                     details=device_details(d), log=rec, claim=held.pop(a.key, None))
+                     details=device_details(d), log=rec, claim=held.pop(a.key, None),
+                     redo=again)
 
 
 # -- install ------------------------------------------------------------------------------
