@@ -16,7 +16,16 @@ import zstandard
 
 ZSTD = "zstd"
 RAW = "raw"
+#: zstd levels: LEVEL compresses best for its cost; FAST_LEVEL (-1) leaves literals without
+#: Huffman coding, so its frames decompress about twice as fast. On the 20 PoCL binaries of
+#: the benchmarks: 0.572 of the raw size against 0.557, 20 us against 41 us to decompress
+#: each (53 KB), a tenth of what a warm start spends per kernel besides PoCL. Data whose
+#: redundancy is in its byte statistics rather than in repeats does not shrink at -1 at all,
+#: and cubins shrink 13% less: a store keeps the fast frame only when it is at most
+#: FAST_SLACK times the size of the LEVEL frame. Frames of any level decode alike.
 LEVEL = 3
+FAST_LEVEL = -1
+FAST_SLACK = 1.05
 _FRAME_CHECKSUM_FLAG = 0x04  # bit 2 of a zstd frame's header descriptor (byte 4)
 
 _local = threading.local()
@@ -30,15 +39,25 @@ def checksum(raw: bytes) -> str:
 
 
 def encode(raw: bytes) -> tuple[str, bytes]:
-    """``(codec, stored bytes)``: zstd unless compression would not shrink the binary."""
-    comp = getattr(_local, "c", None)
-    if comp is None:
-        comp = _local.c = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True,
-                                                   write_checksum=True)
-    blob = comp.compress(raw)
+    """``(codec, stored bytes)``: zstd unless compression would not shrink the binary (on
+    stores only: it compresses twice to choose the level, see :data:`FAST_SLACK`)."""
+    fast, best = _compressor(FAST_LEVEL).compress(raw), _compressor(LEVEL).compress(raw)
+    blob = fast if len(fast) <= len(best) * FAST_SLACK else best
     if len(blob) >= len(raw):
         return RAW, bytes(raw)
     return ZSTD, blob
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """This thread's compressor for ``level`` (they are not thread-safe)."""
+    comps = getattr(_local, "c", None)
+    if comps is None:
+        comps = _local.c = {}
+    comp = comps.get(level)
+    if comp is None:
+        comp = comps[level] = zstandard.ZstdCompressor(level=level, write_content_size=True,
+                                                       write_checksum=True)
+    return comp
 
 
 def decode(codec: str, blob: bytes, raw_size: int, digest: str,

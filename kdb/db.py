@@ -170,13 +170,12 @@ class KernelDB:
 
     def _find(self, attrs: HashAttributes, files) -> Hit | None:
         key = attrs.key
-        expected = attrs.encoded().decode("utf-8")
         for f in files:
             row = f.fetch(key)
             if row is None:
                 continue
             raw = decode(row.codec, row.blob, row.raw_size, row.checksum)
-            if raw is None or row.attributes != expected:
+            if raw is None or row.attributes != attrs.encoded().decode("utf-8"):
                 self._bad_entry(f, attrs, "checksum mismatch" if raw is None
                                 else "key collision (stored attributes differ)")
                 continue

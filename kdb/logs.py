@@ -43,8 +43,11 @@ class LazyLogger:
         return self.logger().isEnabledFor(level)
 
     def debug(self, msg: str, *args: object, **kwargs) -> None:
-        if not self._dormant():
-            self.logger().debug(msg, *args, stacklevel=kwargs.pop("stacklevel", 1) + 1, **kwargs)
+        if self._dormant():
+            return
+        logger = self.logger()
+        if logger.isEnabledFor(10):  # a hit logs one; mostly nobody listens
+            logger.debug(msg, *args, stacklevel=kwargs.pop("stacklevel", 1) + 1, **kwargs)
 
     def info(self, msg: str, *args: object, **kwargs) -> None:
         if not self._dormant():

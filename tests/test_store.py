@@ -207,6 +207,28 @@ def test_codec_round_trip_and_refusals():
     assert codec.decode(codec.RAW, raw[:-1] + b"x", len(raw), digest) is None
 
 
+def test_the_fast_level_is_kept_only_when_it_compresses_nearly_as_well():
+    """Frames of zstd's fast level decompress about twice as fast (a warm start's hits);
+    data it cannot shrink (redundancy in byte statistics, not in repeats) gets level 3."""
+    import random
+
+    import zstandard
+
+    def frame(level: int, raw: bytes) -> bytes:
+        return zstandard.ZstdCompressor(level=level, write_content_size=True,
+                                        write_checksum=True).compress(raw)
+
+    rnd = random.Random(7)
+    repeats = b"".join(rnd.choice([b"define i32 @k", b"store float", b"%x = fadd"])
+                       for _ in range(4000)) + rnd.randbytes(2000)
+    statistics = bytes(b & 0x0F | 0x40 for b in rnd.randbytes(40_000))  # 4 bits a byte
+    for raw, level in ((repeats, codec.FAST_LEVEL), (statistics, codec.LEVEL)):
+        kind, blob = codec.encode(raw)
+        assert kind == codec.ZSTD and blob == frame(level, raw), level
+        assert codec.decode(kind, blob, len(raw), codec.checksum(raw)) == raw
+    assert len(frame(codec.FAST_LEVEL, statistics)) >= len(statistics)  # why level 3 there
+
+
 def test_zstd_frames_carry_their_own_checksum_and_thorough_checks_the_sha256():
     raw = b"kernel binary " * 500
     kind, blob = codec.encode(raw)
