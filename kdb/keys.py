@@ -301,9 +301,10 @@ class HashAttributes:
         """The sha256 hex digest of :meth:`encoded`."""
         cached = self._key
         if cached is None:
-            # OpenSSL's is ~2x faster; use it when something (pyopencl does) loaded it.
-            loaded = sys.modules.get("hashlib")
-            cached = (sha256 if loaded is None else loaded.sha256)(self.encoded()).hexdigest()
+            # OpenSSL's is ~2x faster: use it when something has loaded it. Not merely
+            # imported: another thread may be halfway through importing it.
+            openssl = getattr(sys.modules.get("hashlib"), "sha256", None)
+            cached = (openssl or sha256)(self.encoded()).hexdigest()
             object.__setattr__(self, "_key", cached)
         return cached
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -118,6 +119,16 @@ def test_a_process_without_hashlib_computes_the_same_keys(run_py):
     """).stdout.split(" ", 3)
     assert out[:3] == ["False", "False", PINNED_KEY]
     assert out[3].rstrip("\n") == PINNED_ENCODING
+
+
+def test_a_hashlib_halfway_through_its_import_is_not_used(monkeypatch):
+    """Another thread (the background writer) may be importing hashlib while a key is
+    hashed: sys.modules then holds a module without sha256 yet. Seen in CI as an
+    AttributeError ('partially initialized module') in a build."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "hashlib", types.ModuleType("hashlib"))
+    assert base().key == PINNED_KEY
 
 
 def test_key_is_sha256_of_encoding():
