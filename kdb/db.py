@@ -483,8 +483,9 @@ class KernelDB:
 
     def flush(self) -> None:
         """Finish background stores and write batched bookkeeping; strict mode re-raises."""
-        bg = sys.modules.get(_BACKGROUND)  # never imported: nothing was submitted
-        errors = bg.drain() if bg is not None else []
+        # Never imported: nothing was submitted. (Imported, not taken from sys.modules: the
+        # import waits for a thread that is halfway through it.)
+        errors = _background().drain() if _BACKGROUND in sys.modules else []
         for arch in list(self._pending):
             self._write(arch)
         if errors and config.flag(config.ENV_STRICT):
@@ -598,9 +599,8 @@ def _write_left_over(pending: dict[str, _Pending], lock: threading.Lock,
 
 def _flush_all() -> None:
     """At exit: finish background stores within their budget, then write bookkeeping."""
-    bg = sys.modules.get(_BACKGROUND)
-    if bg is not None:  # never imported: nothing was submitted
-        bg.finish()
+    if _BACKGROUND in sys.modules:  # never imported: nothing was submitted
+        _background().finish()
     for db in list(_instances):
         for arch in list(db._pending):
             try:
