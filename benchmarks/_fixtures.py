@@ -128,3 +128,34 @@ def system_dir(ws: Workspace) -> Path:
         return d
 
     return ws.memo("system_dir", build)
+
+
+def regular_install(ws: Workspace) -> tuple[Path | None, str]:
+    """``(python, "")`` of a new virtual environment holding kdb installed from a wheel of
+    this tree (what ``pip install kdb`` gives a user), or ``(None, why)`` when it cannot be
+    built here. The benchmarks' own environment has kdb installed editable, and its finder
+    imports pathlib and re at every start, bare ``python -c pass`` included."""
+
+    def build() -> tuple[Path | None, str]:
+        import subprocess
+        import venv
+
+        from _harness import PYTHON, REPO
+
+        d = ws.path / "regular-install"
+        ws.log("building a wheel of kdb and a virtual environment for it")
+        try:
+            subprocess.run([PYTHON, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w",
+                            str(d / "dist"), str(REPO)], check=True, capture_output=True,
+                           text=True, timeout=600)
+            venv.EnvBuilder(with_pip=True).create(d / "venv")
+            py = d / "venv" / "bin" / "python"
+            wheels = sorted((d / "dist").glob("kdb-*.whl"))
+            subprocess.run([str(py), "-m", "pip", "install", "--quiet", str(wheels[-1])],
+                           check=True, capture_output=True, text=True, timeout=900)
+        except (subprocess.SubprocessError, OSError, IndexError) as err:
+            out = getattr(err, "stderr", "") or ""
+            return None, f"{err} {out.strip().splitlines()[-1:] or ''}"
+        return py, ""
+
+    return ws.memo("regular_install", build)
