@@ -165,10 +165,10 @@ def finish() -> None:
         log.warning("kdb: %s; storing before exit", err)
         detach = False
     if detach and os.name == "posix" and _pid == os.getpid():  # pass_fds, new sessions
-        redo = take_redoable()
-        if redo:
-            from . import handoff
+        from . import handoff
 
+        redo = take_redoable() if handoff.can_detach() else []
+        if redo:
             handoff.start(redo)
     budget = config.store_timeout()
     for err in drain(budget):

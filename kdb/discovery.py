@@ -134,7 +134,10 @@ def entry_points(group: str = GROUP,
             continue
         if st.st_mode & 0o170000 != 0o040000:  # not a directory (a zip file): nothing to list
             continue
-        key = (group, path if os.path.isabs(path) else os.path.abspath(path))
+        try:
+            key = (group, path if os.path.isabs(path) else os.path.abspath(path))
+        except OSError:  # a relative entry under a deleted working directory
+            continue
         rec = _memo.get(key)
         if rec is None or rec[0] != st.st_mtime_ns:
             if memo_file is None:

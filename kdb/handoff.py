@@ -43,6 +43,15 @@ class Redo:
         self.seconds, self.details, self.claim = seconds, details, claim
 
 
+def can_detach() -> bool:
+    """Whether ``sys.executable -m kdb.handoff`` would start Python: not in an application
+    that embeds Python or is frozen (its executable is the application itself)."""
+    exe = sys.executable
+    if not exe or getattr(sys, "frozen", False):
+        return False
+    return os.path.basename(exe).lower().startswith(("python", "pypy"))
+
+
 def start(redos: list[Redo]) -> None:
     """Write the spec and start the detached process (at exit; never raises)."""
     try:

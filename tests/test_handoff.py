@@ -151,3 +151,31 @@ def test_a_claim_handed_over_outlives_its_process(tmp_path, run_py):
                 time.sleep(0.02)
     finally:
         os.close(fd)
+
+
+def test_only_a_python_executable_is_started(monkeypatch):
+    """In an application that embeds Python, or a frozen one, sys.executable is the
+    application: starting it with -m kdb.handoff would start the application again."""
+    monkeypatch.setattr("sys.executable", "/usr/bin/python3.11")
+    assert handoff.can_detach()
+    for exe in ("/opt/app/bin/mysim", ""):
+        monkeypatch.setattr("sys.executable", exe)
+        assert not handoff.can_detach()
+    monkeypatch.setattr("sys.executable", "/usr/bin/python3")
+    monkeypatch.setattr("sys.frozen", True, raising=False)
+    assert not handoff.can_detach()
+
+
+def test_a_build_under_a_deleted_working_directory_is_served(cache_dir, run_py, tmp_path):
+    """os.getcwd() fails there: the build still works (no detached store is described
+    for it; it is stored before exit) and so does the system-database lookup."""
+    gone = tmp_path / "gone"
+    code = BUILD.format(n=2).replace(
+        "import json, sys", f"import json, os, sys\n    os.mkdir({str(gone)!r}); "
+                            f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})")
+    import json
+
+    out = json.loads(run_py(code, env={"KDB_STORE_AT_EXIT": "detach"}).stdout.splitlines()[-1])
+    assert out["compiles"] == 2
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 2

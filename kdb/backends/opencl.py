@@ -392,10 +392,11 @@ def _program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
         roots = [d.int_ptr for d in platform.get_devices()]
         where = [(d.name, roots.index(d.int_ptr)) for d in devs]
         options = bytes(opt_bytes).decode("latin-1")
-    except (ValueError, TypeError, cl.Error):
+        cwd = os.getcwd()
+    except (ValueError, TypeError, OSError, cl.Error):  # OSError: a deleted working directory
         return None
     return {"source": text, "options": options, "platform": platform.name,
-            "devices": where, "cwd": os.getcwd(), "ptrs": [d.int_ptr for d in devs]}
+            "devices": where, "cwd": cwd, "ptrs": [d.int_ptr for d in devs]}
 
 
 def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
