@@ -91,7 +91,7 @@ def _start(redos: list[Redo]) -> None:
                 "claim_dir": None if fd is None else str(r.claim.directory)})
         archs = {r.attrs.arch for r in group}
         spec = {"cache_dir": str(db.cache_root), "programs": list(programs.values()),
-                "bookkeeping": _take_bookkeeping(db, archs)}
+                "bookkeeping": db.take_bookkeeping(archs)}
         user_dir = private_dir(db.user_dir)
         path = user_dir / f".handoff-{os.getpid()}-{id(group)}.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -110,20 +110,6 @@ def _start(redos: list[Redo]) -> None:
         finally:
             for fd in fds:
                 os.close(fd)  # the detached process holds them now (or nobody: released)
-
-
-def _take_bookkeeping(db, archs: set[str]) -> dict:
-    """The latency log rows and counters pending for ``archs``: the detached process writes
-    them, so that an exit never creates and migrates a user file (~0.5 s)."""
-    out = {}
-    with db._lock:
-        for arch in archs:
-            p = db._pending.pop(arch, None)
-            if p is not None:
-                out[arch] = {"logs": [list(rec) for rec in p.logs],
-                             "hits": {k: list(v) for k, v in p.hits.items()},
-                             "counters": p.counters}
-    return out
 
 
 # -- the detached process -------------------------------------------------------------------
