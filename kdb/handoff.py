@@ -132,9 +132,13 @@ def main(argv: list[str]) -> int:
 
     db = KernelDB(cache_dir=spec["cache_dir"])  # with the shared tier, if one is set
     for arch, book in spec["bookkeeping"].items():
-        db.user_file(arch).write([], [CompileRecord(*row) for row in book["logs"]],
-                                 {k: tuple(v) for k, v in book["hits"].items()},
-                                 book["counters"])
+        try:
+            db.user_file(arch).write([], [CompileRecord(*row) for row in book["logs"]],
+                                     {k: tuple(v) for k, v in book["hits"].items()},
+                                     book["counters"])
+        except Exception as err:  # noqa: BLE001 - the binaries matter more: go on
+            print(f"{stamp} kdb store worker {os.getpid()}: could not write the latency log "
+                  f"of {arch}: {err}", flush=True)
     failed = 0
     for prog in spec["programs"]:
         try:
