@@ -187,6 +187,7 @@ def _scan(path: str, mtime_ns: int, group: str) -> tuple | None:
     norms: dict[str, None] = {}  # ordered; the first of a name in the directory wins
     items = []
     clean = True
+    tag = group.encode("utf-8")
     for d in names:
         if not d.endswith(".dist-info"):
             continue
@@ -198,8 +199,10 @@ def _scan(path: str, mtime_ns: int, group: str) -> tuple | None:
         if "\t" in d or "\n" in d:
             clean = False
         try:
-            with open(os.path.join(path, d, "entry_points.txt"), encoding="utf-8") as f:
-                text = f.read()
+            data = _read_bytes(os.path.join(path, d, "entry_points.txt"))
+            if tag not in data:  # most distributions: not worth decoding and parsing
+                continue
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as err:  # a broken plugin is never fatal
             if not isinstance(err, FileNotFoundError):
                 items.append((norm, (), (d, err)))
@@ -214,6 +217,21 @@ def _scan(path: str, mtime_ns: int, group: str) -> tuple | None:
     if not clean:
         return (mtime_ns, set(norms), items)
     return (mtime_ns, "\t" + "".join(n + "\t" for n in norms), items)
+
+
+def _read_bytes(path: str) -> bytes:
+    """A small file's bytes through the os module: ``open()`` builds a buffered text reader
+    per file, a cost a first start paid for every installed distribution."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def _memo_file(memo_dir: str | os.PathLike[str] | None) -> str:

@@ -300,6 +300,17 @@ def test_unreadable_entry_points_file_is_not_fatal(cache_dir, fake_site, caplog)
     assert "kdb_system_broken-0.1.dist-info" in caplog.text
 
 
+def test_another_groups_undecodable_entry_points_file_is_none_of_our_business(
+        cache_dir, fake_site, caplog):
+    """A file that does not mention kdb.system is not decoded at all (the scan reads bytes
+    and looks for the group's name first): no warning about another package's file."""
+    ep_file = fake_site / "kdb_system_broken-0.1.dist-info" / "entry_points.txt"
+    ep_file.write_bytes(b"\xff\xfe[console_scripts]\ntool = x:main\n")
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert KernelDB().lookup(attrs()).tier == "system"
+    assert "kdb_system_broken" not in caplog.text
+
+
 def test_garbled_entry_points_file_is_not_fatal(cache_dir, fake_site):
     ep_file = fake_site / "kdb_system_broken-0.1.dist-info" / "entry_points.txt"
     ep_file.write_text("[kdb.system\n= \n==\nfake-arch\n[kdb.system]\n = x\nfake-arch =\n")
