@@ -464,6 +464,38 @@ def _evict_once(path) -> tuple[float, float, int]:
     return t1 - t0, t3 - t2, removed
 
 
+def _zstd_levels(ws: Workspace, o: Outcome, user_file: Path) -> None:
+    """What kdb.codec chooses between: the real PoCL binaries at zstd's LEVEL and FAST_LEVEL,
+    their size against the raw bytes and the time to decompress one (median of 50 rounds)."""
+    import time
+
+    import zstandard
+
+    from kdb import codec
+
+    conn = sqlite3.connect(f"file:{user_file}?mode=ro", uri=True)
+    try:
+        stored = conn.execute("SELECT codec, blob, raw_size, checksum FROM kernels").fetchall()
+    finally:
+        conn.close()
+    raws = [codec.decode(*row) for row in stored]
+    t = o.table(f"zstd levels on the real PoCL binaries ({len(raws)} kernels)", str(codec.LEVEL),
+                [Metric("ratio", "compressed / raw", unit="x"),
+                 Metric("decode", "decompress one", unit="us")])
+    dctx = zstandard.ZstdDecompressor()
+    for level in (codec.LEVEL, codec.FAST_LEVEL):
+        t.arm(str(level), f"level {level}")
+        comp = zstandard.ZstdCompressor(level=level, write_content_size=True,
+                                        write_checksum=True)
+        frames = [comp.compress(raw) for raw in raws]
+        t.add(str(level), "ratio", sum(map(len, frames)) / sum(map(len, raws)))
+        for _ in range(50):
+            start = time.perf_counter()
+            for frame, raw in zip(frames, raws):
+                dctx.decompress(frame, max_output_size=len(raw))
+            t.add(str(level), "decode", (time.perf_counter() - start) / len(frames))
+
+
 def scale(ws: Workspace, o: Outcome) -> None:
     sizes = (100, 1000) if ws.opts.quick else (1000, 10_000, 100_000)
     runs = ws.opts.n(3)
@@ -535,6 +567,7 @@ def scale(ws: Workspace, o: Outcome) -> None:
                      ("file_raw", fb / raw if raw else None),
                      ("stored_raw", stored / raw if raw else None)):
             size_t.add(arm, k, v)
+    _zstd_levels(ws, o, primed.user_file)
     big = str(sizes[-1])
     o.checks += [
         at_most(f"scale: hit with {sizes[-1]:,} entries vs {sizes[0]:,}", t.ratio(big, "hit"), 1.5),

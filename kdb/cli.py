@@ -53,6 +53,18 @@ def _emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
+def _json_or_empty(rows: list, as_json: bool, empty: str) -> bool:
+    """Show ``rows`` as JSON, or say ``empty`` when there are none; True when that was all
+    (the caller prints its table otherwise)."""
+    if as_json:
+        _emit_json(rows)
+        return True
+    if not rows:
+        click.echo(empty)
+        return True
+    return False
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="User tier root (overrides KDB_CACHE_DIR).")
@@ -196,11 +208,7 @@ def ls_(obj: _Settings, arch: str | None, tier: str | None, as_json: bool) -> No
         kdb ls --arch pocl-x86_64-znver3 --tier user
     """
     rows = report.entries(obj.user_dir, arch, tier)
-    if as_json:
-        _emit_json(rows)
-        return
-    if not rows:
-        click.echo("no entries")
+    if _json_or_empty(rows, as_json, "no entries"):
         return
     _table(["KEY", "NAME", "ARCH", "BACKEND", "TIER", "RAW", "STORED", "HITS",
             "LAST ACCESS", "CREATED"],
@@ -260,11 +268,7 @@ def log_(obj: _Settings, limit: int, arch: str | None, as_json: bool) -> None:
         kdb log --limit 20 --json
     """
     rows = report.compile_log(obj.user_dir, limit, arch)
-    if as_json:
-        _emit_json(rows)
-        return
-    if not rows:
-        click.echo("no compiles recorded")
+    if _json_or_empty(rows, as_json, "no compiles recorded"):
         return
     _table(["WHEN", "NAME", "ARCH", "SECONDS", "MISSED", "REASON", "PID", "KEY"],
            [[_when(r["at"]), _cut(r["name"] or "-", 32), r["arch"], f"{r['seconds']:.3f}",

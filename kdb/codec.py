@@ -19,7 +19,8 @@ RAW = "raw"
 #: zstd levels: LEVEL compresses best for its cost; FAST_LEVEL (-1) leaves literals without
 #: Huffman coding, so its frames decompress about twice as fast. On the 20 PoCL binaries of
 #: the benchmarks: 0.572 of the raw size against 0.557, 20 us against 41 us to decompress
-#: each (53 KB), a tenth of what a warm start spends per kernel besides PoCL. Data whose
+#: each (53 KB), a tenth of what a warm start spends per kernel besides PoCL (table "zstd
+#: levels" of ``benchmarks/run.py --only scale``). Data whose
 #: redundancy is in its byte statistics rather than in repeats does not shrink at -1 at all,
 #: and cubins shrink 13% less: a store keeps the fast frame only when it is at most
 #: FAST_SLACK times the size of the LEVEL frame. Frames of any level decode alike.

@@ -17,7 +17,8 @@ _WARNING = 30
 
 
 class LazyLogger:
-    """The subset of :class:`logging.Logger` kdb uses, resolved on first real use."""
+    """The part of :class:`logging.Logger` kdb uses on its hot path (debug, warning,
+    isEnabledFor), resolved on first real use."""
 
     __slots__ = ("name", "_logger")
 
@@ -49,22 +50,12 @@ class LazyLogger:
         if logger.isEnabledFor(10):  # a hit logs one; mostly nobody listens
             logger.debug(msg, *args, stacklevel=kwargs.pop("stacklevel", 1) + 1, **kwargs)
 
-    def info(self, msg: str, *args: object, **kwargs) -> None:
-        if not self._dormant():
-            self.logger().info(msg, *args, stacklevel=kwargs.pop("stacklevel", 1) + 1, **kwargs)
-
     def warning(self, msg: str, *args: object, **kwargs) -> None:
         if self._dormant() and not kwargs.get("exc_info"):
             _last_resort(msg, args)
         else:
             self.logger().warning(msg, *args, stacklevel=kwargs.pop("stacklevel", 1) + 1,
                                   **kwargs)
-
-    def error(self, msg: str, *args: object, **kwargs) -> None:
-        if self._dormant() and not kwargs.get("exc_info"):
-            _last_resort(msg, args)
-        else:
-            self.logger().error(msg, *args, stacklevel=kwargs.pop("stacklevel", 1) + 1, **kwargs)
 
 
 def _last_resort(msg: str, args: tuple) -> None:

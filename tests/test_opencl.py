@@ -82,36 +82,32 @@ def user_path(cache_dir: Path, arch_id: str) -> Path:
     return cache_dir / "v1" / f"{arch_id}.kdb"
 
 
-def kernel_rows(cache_dir: Path, arch_id: str) -> list[dict]:
-    """Every entry of the user file (empty when the file or its table does not exist)."""
+def _user_rows(cache_dir: Path, arch_id: str, query: str, as_dicts: bool = False) -> list:
+    """Rows of ``query`` on the user file (none when the file or its table does not exist)."""
     path = user_path(cache_dir, arch_id)
     if not path.exists():
         return []
     conn = sqlite3.connect(path)
-    conn.row_factory = sqlite3.Row
+    if as_dicts:
+        conn.row_factory = sqlite3.Row
     try:
-        return [dict(r) for r in conn.execute("SELECT * FROM kernels ORDER BY created")]
+        rows = conn.execute(query).fetchall()
     except sqlite3.OperationalError as err:
         if "no such table" in str(err):
             return []
         raise
     finally:
         conn.close()
+    return [dict(r) for r in rows] if as_dicts else rows
+
+
+def kernel_rows(cache_dir: Path, arch_id: str) -> list[dict]:
+    """Every entry of the user file (empty when the file or its table does not exist)."""
+    return _user_rows(cache_dir, arch_id, "SELECT * FROM kernels ORDER BY created", True)
 
 
 def table_rows(cache_dir: Path, arch_id: str, table: str) -> list[tuple]:
-    path = user_path(cache_dir, arch_id)
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute(f"SELECT * FROM {table}").fetchall()  # noqa: S608 - fixed names
-    except sqlite3.OperationalError as err:
-        if "no such table" in str(err):
-            return []
-        raise
-    finally:
-        conn.close()
+    return _user_rows(cache_dir, arch_id, f"SELECT * FROM {table}")  # noqa: S608 - fixed names
 
 
 def stored_raw(row: dict) -> bytes | None:

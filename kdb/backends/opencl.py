@@ -123,10 +123,12 @@ def device_details(device: cl.Device) -> dict[str, Any]:
     }
 
 
-def environment() -> tuple[tuple[str, str], ...]:
-    """The compiler-relevant environment variables that are set, sorted by name."""
+def environment(values: tuple[str | None, ...] | None = None) -> tuple[tuple[str, str], ...]:
+    """The compiler-relevant environment variables that are set, sorted by name
+    (``values``: theirs in ENV_VARS order, when the caller has read them already)."""
     # Named lookups only: iterating os.environ costs ~0.15 ms, per build, on the hit path.
-    values = config.environ_values(ENV_VARS)
+    if values is None:
+        values = config.environ_values(ENV_VARS)
     return tuple((k, v) for k, v in zip(ENV_VARS, values) if v is not None)
 
 
@@ -212,20 +214,27 @@ def attributes_for(device: cl.Device, source: str, user_options: list[str],
                    added_options: list[str], name: str = "", arch: str | None = None,
                    memo_dir: str | None = None) -> HashAttributes:
     """The hash attributes of building ``source`` for ``device`` with these options."""
-    user_rest, user_dirs = split_include_options(user_options)
-    added_rest, added_dirs = split_include_options(added_options)
-    dirs = [os.path.abspath(d.strip('"')) for d in (*user_dirs, *added_dirs)]
+    user_rest, added_rest, include_dirs = _split_options(user_options, added_options)
+    dirs = [os.path.abspath(d) for d in include_dirs]
     return HashAttributes.normalized(
         backend=BACKEND,
         source=source,
         arch=arch or arch_of(device),
-        build_options=tuple(user_rest),
-        internal_options=tuple(added_rest),
+        build_options=user_rest,
+        internal_options=added_rest,
         headers=header_digests(source, dirs),
         compiler=compiler_identity(device, memo_dir),
         environment=environment(),
         name=name,
     )
+
+
+def _split_options(user: list[str], added: list[str]) -> tuple[tuple, tuple, tuple]:
+    """``(user options, added options, include dirs)``: ``-I`` options enter the key as the
+    headers they find, never as paths (the dirs are relative to the cwd of the build)."""
+    user_rest, user_dirs = split_include_options(user)
+    added_rest, added_dirs = split_include_options(added)
+    return tuple(user_rest), tuple(added_rest), (*user_dirs, *added_dirs)
 
 
 # -- build --------------------------------------------------------------------------------
@@ -280,13 +289,10 @@ class _Plan:
         user = split_options(options)
         added = _internal_options(self.devs[0], env[-1])
         self.opt_bytes = _options_bytes(user + added)
-        self.user_rest, user_dirs = (tuple(x) for x in split_include_options(user))
-        added_rest, added_dirs = split_include_options(added)
-        self.added_rest = tuple(added_rest)
-        self.include_dirs = tuple(d.strip('"') for d in (*user_dirs, *added_dirs))
+        self.user_rest, self.added_rest, self.include_dirs = _split_options(user, added)
         self.archs = [arch or arch_of(d) for d in self.devs]
         self.compilers = [compiler_identity(d, memo) for d in self.devs]
-        self.environment = tuple((k, v) for k, v in zip(ENV_VARS, env) if v is not None)
+        self.environment = environment(env)  # zip stops at PYOPENCL_BUILD_OPTIONS
 
 
 #: Per context object: plans by (devices, options, arch, cache root, environment).
