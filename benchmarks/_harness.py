@@ -371,14 +371,17 @@ class Workspace:
 
 
 def wait_detached(cache_dir: Path, timeout: float = 900) -> float:
-    """Wait for the detached store a child left (KDB_STORE_AT_EXIT=detach) to finish: its
-    spec read and every claim it inherited released. Returns the seconds waited."""
+    """Wait for the store worker a child left (KDB_STORE_AT_EXIT=detach) to finish: every
+    job stored and no worker running. Returns the seconds waited."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from kdb import spool
+
     start = time.perf_counter()
     deadline = start + timeout
     for v in cache_dir.glob("v*"):
-        while list(v.glob(".handoff-*.json")) or list((v / "claims").glob("*.lock")):
+        while spool.jobs(v) or any(spool.worker_running(d) for d in (v / "spool").glob("*")):
             if time.perf_counter() > deadline:
-                raise BenchError(f"the detached store in {v} did not finish in {timeout:g} s")
+                raise BenchError(f"the store worker in {v} did not finish in {timeout:g} s")
             time.sleep(0.02)
     return time.perf_counter() - start
 

@@ -631,6 +631,86 @@ def cuda(ws: Workspace, o: Outcome) -> None:
                        "compile (the call alone)")
 
 
+# -- 7. a test suite run twice, back to back -------------------------------------------------
+
+SUITE_PARTS = ("array", "kernels")
+SUITE_SCRIPT = Path(__file__).resolve().parent / "_suite_workload.py"
+
+
+def _suite_run(env: dict[str, str], scale: int) -> dict[str, float]:
+    """The suite's processes, each started as soon as the previous one exited."""
+    out = {"wall": 0.0, "compiles": 0, "programs": 0, "slowest_part": 0.0}
+    for part in SUITE_PARTS:
+        p = command([PYTHON, str(SUITE_SCRIPT), part, str(scale)], env, timeout=1800)
+        out[part] = p.wall
+        out["wall"] += p.wall
+        out["compiles"] += p.data.get("compiles", 0)
+        out["programs"] += p.data.get("programs", 0)
+    return out
+
+
+def suite(ws: Workspace, o: Outcome) -> None:
+    scale = 1 if ws.opts.quick else 2
+    runs = ws.opts.n(1)
+    o.title = ("Suite: a framework's test suite (unmodified pyopencl code: arrays, math, "
+               "reductions, scans, kernels with #include; every result checked), "
+               f"{len(SUITE_PARTS)} processes back to back, run twice in a row")
+    metrics = [Metric("run1", "run 1"), Metric("run2", "run 2"),
+               Metric("c1", "compiles run 1", unit="n", ratio=False),
+               Metric("c2", "compiles run 2", unit="n", ratio=False),
+               Metric("programs", "programs a run", unit="n", ratio=False),
+               Metric("after", "store worker after run 2", ratio=False),
+               Metric("run3", "run 3 (later)"),
+               Metric("c3", "compiles run 3", unit="n", ratio=False)]
+    limits = {"kept": 0.6, "fresh": 0.5}
+    for policy in ("kept", "fresh"):
+        t = o.table(f"PoCL's cache {policy} between run 1 and run 2"
+                    + (" (only kdb's cache survives)" if policy == "fresh" else "")
+                    + f"; median of {runs}; run 3 starts once kdb's store worker is idle",
+                    "nokdb", metrics)
+        t.arm("nokdb", "no kdb (plain pyopencl)")
+        t.arm("kdb", "kdb through kdb.opencl.install(), defaults")
+        ratios_2_to_1: list[float] = []
+        for r in range(runs):
+            for arm in ("nokdb", "kdb"):
+                ws.log(f"suite: PoCL cache {policy}, {arm}, run {r + 1}/{runs}")
+                cache = ws.fresh("kdb-suite")
+                pocl = ws.fresh("pocl-suite")
+                env = ws.env(KDB_CACHE_DIR=cache, KDB_STORE_AT_EXIT=None,
+                             KDB_SUITE="1" if arm == "kdb" else None)
+                one = _suite_run({**env, "POCL_CACHE_DIR": str(pocl)}, scale)
+                if policy == "fresh":
+                    pocl = ws.fresh("pocl-suite")
+                two = _suite_run({**env, "POCL_CACHE_DIR": str(pocl)}, scale)
+                t.add(arm, "run1", one["wall"])
+                t.add(arm, "run2", two["wall"])
+                t.add(arm, "c1", one["compiles"])
+                t.add(arm, "c2", two["compiles"])
+                t.add(arm, "programs", one["programs"])
+                if arm == "kdb":
+                    ratios_2_to_1 += [two[p] / one[p] for p in SUITE_PARTS]
+                    t.add(arm, "after", wait_detached(cache, timeout=3600))
+                if policy == "fresh":
+                    pocl = ws.fresh("pocl-suite")
+                three = _suite_run({**env, "POCL_CACHE_DIR": str(pocl)}, scale)
+                t.add(arm, "run3", three["wall"])
+                t.add(arm, "c3", three["compiles"])
+        o.checks.append(at_most(f"suite, PoCL cache {policy}: run 1, kdb vs no kdb",
+                                t.ratio("kdb", "run1"), 1.1))
+        o.checks.append(at_most(f"suite, PoCL cache {policy}: run 2, kdb vs no kdb",
+                                t.ratio("kdb", "run2"), limits[policy]))
+        o.checks.append(at_most(f"suite, PoCL cache {policy}: run 2 compiles, kdb",
+                                t.median("kdb", "c2"), 0, unit=" compiles"))
+        o.checks.append(at_most(f"suite, PoCL cache {policy}: run 3 compiles, kdb",
+                                t.median("kdb", "c3"), 0, unit=" compiles"))
+        o.checks.append(at_most(f"suite, PoCL cache {policy}: slowest process of run 2 vs "
+                                "the same process in run 1, kdb", max(ratios_2_to_1), 1.0))
+    o.notes.append("Each run's time is every process from spawn to exit, started back to back, "
+                   "so whatever kdb leaves running (its store worker) is paid for by the next "
+                   "process; 'store worker after run 2' is how long it went on after run 2.")
+
+
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
+    "suite": suite,
 }

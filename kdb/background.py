@@ -1,21 +1,14 @@
 """One background thread per process that stores binaries off the caller's critical path.
 
-Reading a PoCL program's binaries makes PoCL generate code for every kernel of the program:
-it costs as much as the build, and done alongside the caller's builds and first launches it
-slowed a cold start by 1.5-3x here (PoCL serialises its compiler work behind one lock).
-So stores wait until the process has gone ``QUIET_S`` seconds without submitting one (its
-start-up burst is over) or another process waits for one of them (:mod:`kdb.claims`), and
-run at the lowest CPU priority.
-
-At exit, stores not started yet that can be redone elsewhere (OpenCL programs: a
-description of the build comes with the job) are handed to a detached, low-priority
-process (:mod:`kdb.handoff`, ``KDB_STORE_AT_EXIT=detach``, the default), with their claims,
-so the process exits at once: reading the binaries of pyopencl's scan kernels kept a
-process 35 s past its end. The rest (and everything with ``KDB_STORE_AT_EXIT=wait``) is
-finished here within ``KDB_STORE_TIMEOUT``; what is left then is abandoned (it compiles
-again next run; SQLite's journal leaves nothing half-written). A job already inside PoCL's
-``clGetProgramInfo`` cannot be interrupted, and PoCL makes the exiting process wait for it.
-After ``fork`` the child starts with no jobs.
+Stores a back end can hand to the store worker (:mod:`kdb.spool`) go there; this thread
+writes the rest: binaries a caller passed as bytes, shared-tier copies, drops, and, with
+``KDB_STORE_AT_EXIT=wait`` (or where no worker can be started), the OpenCL stores too.
+Reading a PoCL program's binaries competes with the caller's builds for PoCL's compiler
+lock, so stores wait until the process has gone ``QUIET_S`` seconds without submitting one
+(its start-up burst is over) or another process waits for one of them (:mod:`kdb.claims`),
+and run at the lowest CPU priority. At exit they are finished within
+``KDB_STORE_TIMEOUT``; what is left then is abandoned (it compiles again next run; SQLite's
+journal leaves nothing half-written). After ``fork`` the child starts with no jobs.
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ log = logs.get("kdb")
 #: Seconds without a new submission before stores start (the start-up burst is over).
 QUIET_S = 5.0
 
-#: A job: the function, and what a detached process needs to redo it (or None).
-_jobs: "deque[tuple[Callable[[], None], object]]" = deque()
+_jobs: "deque[Callable[[], None]]" = deque()
 _cond = threading.Condition()
 _unfinished = 0  # submitted and not done (queued, running, or handed over)
 _thread: threading.Thread | None = None
@@ -65,10 +57,10 @@ def _next_job() -> Callable[[], None]:
             if _jobs:
                 quiet = QUIET_S - (time.monotonic() - _last_submit)
                 if _hurry or quiet <= 0:
-                    return _jobs.popleft()[0]
+                    return _jobs.popleft()
             _cond.wait(0.05 if _jobs else None)
             if _jobs and not _hurry and claims.any_wanted():  # another process waits for us
-                return _jobs.popleft()[0]
+                return _jobs.popleft()
 
 
 def _run() -> None:
@@ -87,12 +79,8 @@ def _run() -> None:
                 _cond.notify_all()
 
 
-def submit(job: Callable[[], None], redo: object = None) -> None:
-    """Run ``job`` on the background thread once the process is quiet (or at drain).
-
-    ``redo``: what a detached process needs to do the job instead, should this process
-    exit first (see :mod:`kdb.handoff`); ``None`` for jobs only this process can do.
-    """
+def submit(job: Callable[[], None]) -> None:
+    """Run ``job`` on the background thread once the process is quiet (or at drain)."""
     global _thread, _pid, _last_submit, _unfinished
     with _cond:
         _last_submit = time.monotonic()
@@ -100,7 +88,7 @@ def submit(job: Callable[[], None], redo: object = None) -> None:
             _thread = threading.Thread(target=_run, name="kdb-store", daemon=True)
             _pid = os.getpid()
             _thread.start()
-        _jobs.append((job, redo))
+        _jobs.append(job)
         _unfinished += 1
         _cond.notify_all()
 
@@ -108,20 +96,6 @@ def submit(job: Callable[[], None], redo: object = None) -> None:
 def pending() -> int:
     """Jobs submitted and not finished yet."""
     return _unfinished
-
-
-def take_redoable() -> list:
-    """Remove the queued jobs a detached process can redo; returns their ``redo`` values."""
-    global _unfinished
-    with _cond:
-        taken = [redo for _, redo in _jobs if redo is not None]
-        if taken:
-            kept = [(job, redo) for job, redo in _jobs if redo is None]
-            _jobs.clear()
-            _jobs.extend(kept)
-            _unfinished -= len(taken)
-            _cond.notify_all()
-    return taken
 
 
 def drain(timeout: float | None = None) -> list[BaseException]:
@@ -153,23 +127,11 @@ _finished = False
 
 
 def finish() -> None:
-    """At exit, once: hand redoable stores to a detached process (``KDB_STORE_AT_EXIT=detach``),
-    finish the others within ``KDB_STORE_TIMEOUT``, and report what is left."""
+    """At exit, once: finish the stores within ``KDB_STORE_TIMEOUT`` and report what is left."""
     global _finished
     if _finished:
         return
     _finished = True
-    try:
-        detach = config.store_at_exit() == "detach"
-    except Exception as err:  # noqa: BLE001 - a bad setting must not fail an exiting program
-        log.warning("kdb: %s; storing before exit", err)
-        detach = False
-    if detach and os.name == "posix" and _pid == os.getpid():  # pass_fds, new sessions
-        from . import handoff
-
-        redo = take_redoable() if handoff.can_detach() else []
-        if redo:
-            handoff.start(redo)
     budget = config.store_timeout()
     for err in drain(budget):
         log.debug("kdb: background store error: %s", err)

@@ -6,11 +6,13 @@ an exclusive ``flock`` on ``<user dir>/claims/<key>.lock``, taken without blocki
 kernel releases it when the holder exits or dies, so a crashed compiler's claim never
 outlives it, and taking one costs no database write (no schema needed on a cold machine).
 
-A waiter marks its demand with ``<key>.want``; the holder's background writer sees it and
-publishes that entry at once instead of waiting for the process to go quiet. Waiting is
-bounded (``KDB_WAIT_TIMEOUT``) with exponential back-off; past the bound the waiter
-compiles the kernel itself. On a network file system ``flock`` may not coordinate across
-nodes; there the shared tier's locks are the answer (see the shared-tier issue).
+The lock file says what its holder is doing (:func:`holder`): ``compiling``, or
+``pending`` once the compile is done and only its store is queued (:mod:`kdb.spool`). A
+waiter waits for a running compile (bounded by ``KDB_WAIT_TIMEOUT``, with back-off), but
+for a pending store at most as long as the compile took: building the program itself would
+cost it about that, and a store is never worth waiting longer for. A waiter marks its demand
+with ``<key>.want`` so the store worker takes that entry first. On a network file system
+``flock`` may not coordinate across nodes; there the shared tier's locks are the answer.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ import threading
 from pathlib import Path
 
 from .config import private_dir
+
+#: What a holder writes into its lock file: state, pid, compile seconds, wall-clock time.
+COMPILING = "compiling"
+PENDING = "pending"
 
 _held: dict[str, "Claim"] = {}
 _lock = threading.Lock()
@@ -41,6 +47,11 @@ class Claim:
         """Whether another process waits for this key."""
         return (self.directory / f"{self.key}.want").exists()
 
+    def mark_pending(self, seconds: float) -> None:
+        """The compile is done (in ``seconds``) and its store is queued: waiters now wait at
+        most about that long before building the program themselves."""
+        _write_state(self._fd, PENDING, seconds)
+
     def release(self) -> None:
         """Give the key up (after the entry was published, or when compiling failed)."""
         with _lock:
@@ -56,22 +67,36 @@ class Claim:
         os.close(fd)  # after the unlink: a waiter that opened the old file re-checks the inode
 
 
-    def hand_over(self) -> int | None:
-        """The claim's descriptor, for a process this one starts to inherit (``pass_fds``):
-        the ``flock`` lives as long as any descriptor of it is open, so the claim outlives
-        this process. This process forgets it; the heir releases it with :func:`adopt`."""
-        with _lock:
-            _held.pop(self.key, None)
-            fd, self._fd = self._fd, None
-        return fd
+class Holder:
+    """What another process's lock file says: ``state`` (``compiling``, ``pending`` or ``""``
+    when unreadable), its ``pid``, the compile's ``seconds`` and ``since`` (wall clock)."""
+
+    __slots__ = ("state", "pid", "seconds", "since")
+
+    def __init__(self, state: str, pid: int, seconds: float, since: float) -> None:
+        self.state, self.pid, self.seconds, self.since = state, pid, seconds, since
 
 
-def adopt(directory: Path, key: str, fd: int) -> Claim:
-    """A claim handed over by the process that started this one (see :meth:`Claim.hand_over`)."""
-    claim = Claim(directory, key, fd)
-    with _lock:
-        _held[key] = claim
-    return claim
+def _write_state(fd: int | None, state: str, seconds: float = 0.0) -> None:
+    if fd is None:
+        return
+    import time
+
+    text = f"{state} {os.getpid()} {seconds:.6f} {time.time():.3f}\n".encode("ascii")
+    try:
+        os.pwrite(fd, text.ljust(64), 0)  # one write of a fixed size: never read half-changed
+    except OSError:
+        pass
+
+
+def holder(directory: Path, key: str) -> Holder:
+    """The state the holder of ``key`` wrote (``state == ""`` if none could be read)."""
+    try:
+        with open(directory / f"{key}.lock", "rb") as f:
+            parts = f.read(64).split()
+        return Holder(parts[0].decode("ascii"), int(parts[1]), float(parts[2]), float(parts[3]))
+    except (OSError, IndexError, ValueError, UnicodeDecodeError):
+        return Holder("", 0, 0.0, 0.0)
 
 
 def try_claim(directory: Path, key: str) -> Claim | None:
@@ -102,6 +127,7 @@ def try_claim(directory: Path, key: str) -> Claim | None:
         except FileNotFoundError:
             same = False
         if same:
+            _write_state(fd, COMPILING)
             claim = Claim(directory, key, fd)
             with _lock:
                 _held[key] = claim
@@ -129,6 +155,11 @@ def any_wanted() -> bool:
     with _lock:
         held = list(_held.values())
     return any(c.wanted for c in held)
+
+
+def wanted(directory: Path, key: str) -> bool:
+    """Whether a process waits for ``key`` (the store worker takes such entries first)."""
+    return os.path.exists(os.path.join(directory, f"{key}.want"))
 
 
 def _after_fork() -> None:

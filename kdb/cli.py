@@ -272,7 +272,9 @@ def log_(obj: _Settings, limit: int, arch: str | None, as_json: bool) -> None:
         return
     _table(["WHEN", "NAME", "ARCH", "SECONDS", "MISSED", "REASON", "PID", "KEY"],
            [[_when(r["at"]), _cut(r["name"] or "-", 32), r["arch"], f"{r['seconds']:.3f}",
-             ",".join(r["missed"]) or "-", r["reason"] or "-", r["pid"], r["key"][:12]]
+             ",".join(r["missed"]) or "-",
+             (r["reason"] or "-") + (" (binary not stored yet)" if r.get("pending") else ""),
+             r["pid"], r["key"][:12]]
             for r in rows])
 
 

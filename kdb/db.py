@@ -65,6 +65,9 @@ class _Pending:
 
 _instances: "weakref.WeakSet[KernelDB]" = weakref.WeakSet()
 
+#: Pids of claim holders this process waited for in vain (stopped, or stuck in a driver).
+_given_up: set[int] = set()
+
 
 class KernelDB:
     """A kernel database: read-only system files per arch, then a writable user file per arch.
@@ -94,12 +97,14 @@ class KernelDB:
         self._user: dict[str, KernelFile] = {}
         self._pending: dict[str, _Pending] = {}
         self._inflight: dict[str, bytes] = {}
+        self._spooled = False  # jobs handed to the store worker: its bookkeeping goes too
         self._lock = threading.Lock()
         _instances.add(self)
         # A KernelDB dropped without flush() must not lose its batched bookkeeping (hits,
         # counters): write it when the instance is collected. Holds no reference to self.
+        # At exit _flush_all writes it instead (it knows about the store worker).
         weakref.finalize(self, _write_left_over, self._pending, self._lock, self._user,
-                         self.user_dir, self.disabled)
+                         self.user_dir, self.disabled).atexit = False
 
     def __repr__(self) -> str:
         return f"KernelDB(cache_dir={str(self.cache_root)!r})"
@@ -213,11 +218,18 @@ class KernelDB:
                 shared.unwant(attrs.key)
 
     def _claim_loop(self, attrs: HashAttributes, directory, user, shared, deadline):
-        """Poll with bounded back-off: this node's claim first, then the cross-node lock."""
+        """Poll with bounded back-off: this node's claim first, then the cross-node lock.
+
+        A waiter waits for a compile that is running, up to ``deadline``; for an entry whose
+        compile is done and whose store is only queued (:mod:`kdb.spool`), at most as long
+        as that compile took, since building the program itself costs about that. A holder
+        that made no progress within the bound is given up on for the rest of the process.
+        """
         from . import claims
 
         delay = 0.002
         claim = None
+        start = time.monotonic()
         while True:
             try:
                 claim = claim or claims.try_claim(directory, attrs.key)
@@ -241,12 +253,22 @@ class KernelDB:
             if claim is not None and locked is not False:
                 return shared.adopt(claim) if locked else claim
             if claim is None:
+                holder = claims.holder(directory, attrs.key)
+                if holder.pid in _given_up:
+                    return None  # it made no progress before: do not wait for it again
                 claims.want(directory, attrs.key)
+                if (holder.state == claims.PENDING
+                        and time.monotonic() - start >= max(holder.seconds, 0.05)):
+                    return None  # only its store is queued: building it costs no more
             else:  # this node's claim is ours, another node compiles it: ask it to hurry
                 shared.want(attrs.key)
             if time.monotonic() >= deadline:
-                log.warning("kdb: waited %.0f s for another process to compile %s; compiling "
-                            "it here (KDB_WAIT_TIMEOUT)", config.wait_timeout(),
+                if claim is None and holder.pid:
+                    _given_up.add(holder.pid)
+                log.warning("kdb: waited %.0f s for another process (pid %s) to compile %s; "
+                            "compiling it here, and not waiting for that process again "
+                            "(KDB_WAIT_TIMEOUT)", config.wait_timeout(),
+                            holder.pid if claim is None and holder.pid else "unknown",
                             attrs.name or attrs.key[:16])
                 return claim  # ours if this node's claim is: its other processes wait for us
             time.sleep(delay)
@@ -344,14 +366,11 @@ class KernelDB:
     def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
                   log: CompileRecord | None = None, claim: claims.Claim | None = None,
-                  publish: bool = True, redo: dict | None = None) -> None:
+                  publish: bool = True) -> None:
         """Store what ``produce()`` returns, on the background thread (None: store nothing).
 
         ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
         user tier, and published to the shared tier unless ``publish`` is false).
-        ``redo`` (back ends): ``{"program": ..., "device": index}`` describing how a detached
-        process can build the binary again, should this process exit first
-        (:mod:`kdb.handoff`).
         """
         _check_details(details)
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
@@ -380,13 +399,51 @@ class KernelDB:
                 if claim is not None:
                     claim.release()
 
-        handed = None
-        if redo is not None:
-            from .handoff import Redo
+        _background().submit(job)
 
-            handed = Redo(self, redo["program"], redo["device"], attrs, compile_seconds,
-                          details, claim)
-        _background().submit(job, handed)
+    def spool(self, job: dict, claims: list | None = None) -> bool:
+        """Hand a back end's store job to the store worker (:mod:`kdb.spool`); False when it
+        cannot be written (the caller stores in the background instead)."""
+        from . import spool
+
+        if self.disabled or not spool.can_spool():
+            return False
+        job = {**job, "cache_dir": str(self.cache_root),
+               "claims_dir": str(self.user_dir / "claims")}
+        try:
+            spool.submit(self.user_dir, job, claims)
+        except OSError as err:
+            faults.fault(f"cannot hand stores to the store worker under {self.user_dir} ({err});"
+                         " storing them in this process", once="spool:" + str(self.user_dir))
+            return False
+        self._spooled = True
+        return True
+
+    def store(self, items: list, logs: list[CompileRecord] = ()) -> bool:
+        """Store ``(attrs, binary, compile_seconds, details)`` items and latency rows now, in
+        one transaction per arch (the store worker's write); True if written."""
+        by_arch: dict[str, list[Entry]] = {}
+        for attrs, binary, seconds, details in items:
+            by_arch.setdefault(attrs.arch, []).append(
+                self._entry(attrs, bytes(binary), seconds, details))
+        rows: dict[str, list[CompileRecord]] = {}
+        for rec in logs:
+            rows.setdefault(rec.arch, []).append(rec)
+        ok = True
+        for arch in sorted(set(by_arch) | set(rows)):
+            entries = by_arch.get(arch, [])
+            ok = self.user_file(arch).write(entries, rows.get(arch, []), {}, {}) and ok
+            shared = self._shared() if entries else None
+            if shared is not None:
+                shared.publish(entries, rows.get(arch, []))
+        return ok
+
+    def write_bookkeeping(self, archs: dict[str, dict]) -> None:
+        """Write bookkeeping taken from another process (:meth:`take_bookkeeping`)."""
+        for arch, book in archs.items():
+            self.user_file(arch).write([], [CompileRecord(*row) for row in book["logs"]],
+                                       {k: tuple(v) for k, v in book["hits"].items()},
+                                       book["counters"])
 
     def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:
         """Drop an entry that proved bad (e.g. the driver refused the binary) from the user
@@ -484,7 +541,7 @@ class KernelDB:
     def take_bookkeeping(self, archs) -> dict[str, dict]:
         """Remove and return the latency-log rows, hit counts and counters pending for
         ``archs``, as JSON data, for a process that writes them instead of this one
-        (:mod:`kdb.handoff`): so that no exit creates and migrates a user file (~0.5 s)."""
+        (the store worker, :mod:`kdb.spool`): so that no exit creates and migrates a user file."""
         out = {}
         with self._lock:
             for arch in archs:
@@ -612,10 +669,26 @@ def _write_left_over(pending: dict[str, _Pending], lock: threading.Lock,
 
 
 def _flush_all() -> None:
-    """At exit: finish background stores within their budget, then write bookkeeping."""
+    """At exit: finish background stores within their budget, then write bookkeeping.
+
+    Bookkeeping for a user file that does not exist yet, of a process whose stores went to
+    the store worker, goes to the worker too: creating the file runs the migrations.
+    """
     if _BACKGROUND in sys.modules:  # never imported: nothing was submitted
         _background().finish()
     for db in list(_instances):
+        try:
+            if db._spooled and not db.disabled:
+                archs = [a for a in list(db._pending)
+                         if not (db.user_dir / f"{a}.kdb").exists()]
+                book = db.take_bookkeeping(archs)
+                if book:
+                    from . import spool
+
+                    spool.submit(db.user_dir, {"kind": "bookkeeping",
+                                               "cache_dir": str(db.cache_root), "archs": book})
+        except Exception as err:  # noqa: BLE001 - never fail an exiting program
+            log.warning("kdb: could not hand bookkeeping to the store worker: %s", err)
         for arch in list(db._pending):
             try:
                 db._write(arch)

@@ -438,6 +438,37 @@ def user_db_file(source: str | os.PathLike[str] | None, arch: str,
                     f"{p / f'v{config.FORMAT_MAJOR}' / f'{arch}.kdb'} and {p / f'{arch}.kdb'})")
 
 
+#: Seconds ``kdb pack`` waits for the store worker to store what a run compiled.
+PENDING_WAIT_S = 900.0
+
+
+def _wait_for_stores(source, on_step: Step | None) -> None:
+    """Before copying from a local user tier: let the store worker finish the entries a
+    run just compiled (their binaries may not be stored yet), saying so on the way."""
+    from . import spool
+
+    if source is None:
+        user_dir = config.user_dir()
+    elif _is_server_url(os.fspath(source)):
+        return
+    else:
+        p = Path(_url_path(os.fspath(source))).expanduser()
+        p = p.parent if p.is_file() else p
+        user_dir = p / f"v{config.FORMAT_MAJOR}" if (p / f"v{config.FORMAT_MAJOR}").is_dir() else p
+    if not spool.jobs(user_dir):
+        return
+
+    def say(left: int) -> None:
+        if on_step and left:
+            on_step("*", f"waiting for the store worker: {left} compiled program(s) not stored "
+                         "yet")
+
+    left = spool.wait(user_dir, PENDING_WAIT_S, say)
+    if left and on_step:
+        on_step("*", f"{left} program(s) still not stored after {PENDING_WAIT_S:.0f} s: packing "
+                     "without them")
+
+
 def _is_server_url(source: str) -> bool:
     """Whether ``source`` is a database server's SQLAlchemy URL (not a local file).
 
@@ -532,6 +563,8 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         if on_step:
             on_step(arch, what)
 
+    if specs is None:
+        _wait_for_stores(from_db, on_step)
     results = []
     for arch in arch_list:
         start = time.perf_counter()

@@ -404,14 +404,34 @@ def compile_log(user_dir: Path, limit: int | None = 50, arch: str | None = None)
             log.warning("kdb: %s skipped: %s", path, err)
             continue
         out += [_log_record(r) for r in rows]
+    out += _pending_log(user_dir, arch)
     out.sort(key=lambda r: r["at"], reverse=True)
     return out if limit is None else out[:limit]
+
+
+def _pending_log(user_dir: Path, arch: str | None) -> list[dict]:
+    """Compiles whose binaries the store worker has not stored yet (:mod:`kdb.spool`): shown
+    at once, marked ``pending``."""
+    from . import spool
+    from .store import CompileRecord
+
+    out = []
+    for row in spool.pending_log_rows(user_dir):
+        try:
+            rec = CompileRecord(*row)
+        except TypeError:
+            continue
+        if arch is None or rec.arch == arch:
+            out.append({**_log_record((rec.at, rec.key, rec.name, rec.arch, rec.backend,
+                                       rec.seconds, rec.missed, rec.reason, rec.pid)),
+                        "pending": True})
+    return out
 
 
 def _log_record(r: tuple) -> dict[str, Any]:
     return {"at": r[0], "key": r[1], "name": r[2], "arch": r[3], "backend": r[4],
             "seconds": r[5], "missed": [m for m in r[6].split(",") if m], "reason": r[7],
-            "pid": r[8]}
+            "pid": r[8], "pending": False}
 
 
 # -- explain --------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 ``build(ctx, source, options)`` returns a built :class:`pyopencl.Program`. On a hit in every
 device's tier it is created from the stored binaries (``clCreateProgramWithBinary``, ~1 ms
-on PoCL); otherwise it is built from source and returned at once, while the background
-writer reads ``CL_PROGRAM_BINARIES`` (which can take seconds on PoCL) and stores them.
+on PoCL); otherwise it is built from source and returned at once, and a job describing the
+build goes to the store worker (:mod:`kdb.spool`), which builds it again, reads
+``CL_PROGRAM_BINARIES`` (seconds on PoCL) and stores them: :func:`store_job`.
 
 ``install()`` routes every ``pyopencl.Program(ctx, source).build()`` through the same path;
 programs from binaries or IL, ``compile()`` and ``link_program()`` pass through untouched.
@@ -348,9 +349,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
             hits, held = _claim_or_wait(db, attrs, hits)
         if all(hits):
             try:
-                raw = cl._Program(ctx, devs, [h.binary for h in hits])
-                raw.build(opt_bytes, devs)
-                return _keep_source(_wrap(raw, wrapper), text)
+                raw = _load(ctx, devs, [h.binary for h in hits], text, opt_bytes)
+                return _wrap(raw, wrapper)
             except (cl.RuntimeError, cl.LogicError) as err:
                 for a, h in zip(attrs, hits):
                     if h.tier in ("user", "shared", "memory"):
@@ -390,7 +390,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
 
 
 def _program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
-    """How a detached process can build this program again (:mod:`kdb.handoff`): ``devices``
+    """How the store worker can build this program again (:mod:`kdb.spool`): ``devices``
     in the build's order, as ``(name, index among the platform's devices)``; None when it
     cannot (sub-devices, which it could not find again)."""
     try:
@@ -420,28 +420,25 @@ def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
     return hits, held
 
 
-class _ProgramFromStore(cl.Program):
-    """A program loaded from stored binaries that still answers ``get_info(SOURCE)``.
+class _StoredProgram(cl._Program):
+    """A program created from stored binaries that still answers ``get_info(SOURCE)``.
 
     OpenCL keeps no source for a program created from binaries; pyopencl users read
-    ``prg.source`` (code generators log it, tests compare it), so kdb keeps the text.
+    ``prg.source`` (code generators log it, tests compare it). The caller's object stays a
+    plain :class:`pyopencl.Program`; only the handle it wraps knows the text.
     """
 
     def get_info(self, arg):
         if arg == cl.program_info.SOURCE:
-            return self.__dict__["_kdb_source"]
+            return self._kdb_source
         return super().get_info(arg)
 
-    @property
-    def source(self) -> str:
-        return self.__dict__["_kdb_source"]
 
-
-def _keep_source(prg: cl.Program, text: str) -> cl.Program:
-    prg.__dict__["_kdb_source"] = text
-    if type(prg) is cl.Program:  # the caller's own object after install(): same layout
-        prg.__class__ = _ProgramFromStore
-    return prg
+def _load(ctx, devs, binaries: list[bytes], text: str, opt_bytes: bytes) -> cl._Program:
+    raw = _StoredProgram(ctx, devs, binaries)
+    raw._kdb_source = text
+    raw.build(opt_bytes, devs)
+    return raw
 
 
 def _wrap(raw, wrapper: cl.Program | None) -> cl.Program:
@@ -452,16 +449,33 @@ def _wrap(raw, wrapper: cl.Program | None) -> cl.Program:
     return wrapper
 
 
-#: The memory tier: programs this process built from source whose binaries are not yet
-#: read back, keyed by (context, devices, keys). A repeated build is served at once instead
-#: of compiling again or waiting on this process's own claim.
+#: The memory tier: programs this process built from source, keyed by (context, devices,
+#: keys). A repeated build is served at once instead of compiling again or waiting on this
+#: process's own claim; their binaries are stored by the store worker.
 _compiled: dict[tuple, object] = {}
 
 
 def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
                  held: dict[str, Claim], forget: tuple = (), program: dict | None = None) -> None:
-    """Record the compile now; read and store the binaries on the background thread."""
+    """Record the compile now; hand the store to the store worker (:mod:`kdb.spool`), or, with
+    ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread."""
     per_device = seconds / max(len(devs), 1)
+    ptrs = program.pop("ptrs") if program is not None else []
+    recs = [db.record_compile(a, per_device) for a in attrs]
+    if not attrs or db.disabled:
+        for claim in held.values():
+            claim.release()
+        return
+    if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
+        job = {"kind": "store", "backend": BACKEND, "seconds": seconds, "program": program,
+               "entries": [{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
+                            "attributes": a.encoded().decode("utf-8"), "seconds": per_device,
+                            "details": device_details(d)} for d, a in zip(devs, attrs)],
+               "logs": [list(rec) for rec in recs]}
+        claims = [held.pop(a.key) for a in attrs if a.key in held]
+        if db.spool(job, claims):
+            return
+        held.update((c.key, c) for c in claims)
     binaries: dict[int, bytes] | None = None
 
     def produce_for(ptr: int):
@@ -479,15 +493,54 @@ def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: 
             return binaries.get(ptr) or None
         return produce
 
-    ptrs = program.pop("ptrs") if program is not None else []
-    for d, a in zip(devs, attrs):
-        rec = db.record_compile(a, per_device)
-        again = None
-        if d.int_ptr in ptrs:  # a detached process can redo it, should this one exit first
-            again = {"program": program, "device": ptrs.index(d.int_ptr)}
+    for d, a, rec in zip(devs, attrs, recs):
         db.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
-                     details=device_details(d), log=rec, claim=held.pop(a.key, None),
-                     redo=again)
+                     details=device_details(d), log=rec, claim=held.pop(a.key, None))
+
+
+def _detach() -> bool:
+    """Whether stores go to the store worker (``KDB_STORE_AT_EXIT=detach``, the default)."""
+    from ..errors import ConfigError
+    from ..faults import warn_once
+
+    try:
+        return config.store_at_exit() == "detach"
+    except ConfigError as err:
+        warn_once("store-at-exit", "kdb: %s; storing before exit", err)
+        return False
+
+
+def store_job(db: KernelDB, job: dict) -> None:
+    """The store worker's half (:mod:`kdb.spool`): build the program again (PoCL's cache
+    answers), read its binaries and store each entry with its latency rows."""
+    from ..store import CompileRecord
+
+    prog = job["program"]
+    plats = [p for p in cl.get_platforms() if p.name == prog["platform"]]
+    if not plats:
+        raise LookupError(f"no OpenCL platform named {prog['platform']!r}")
+    plat_devs = plats[0].get_devices()
+    devs = []
+    for name, index in prog["devices"]:
+        if index >= len(plat_devs) or plat_devs[index].name != name:
+            raise LookupError(f"no device {name!r} at index {index} of {prog['platform']!r}")
+        devs.append(plat_devs[index])
+    if prog.get("cwd"):
+        os.chdir(prog["cwd"])  # relative -I paths
+    ctx = cl.Context(devs)
+    raw = cl._Program(ctx, prog["source"])
+    raw.build(prog["options"].encode("latin-1"), devs)
+    binaries = program_binaries(raw)
+    items = []
+    for e in job["entries"]:
+        binary = binaries.get(devs[e["device"]].int_ptr)
+        if binary:
+            attrs = HashAttributes.from_canonical(e["attributes"], name=e["name"])
+            items.append((attrs, binary, e["seconds"], e["details"]))
+    db.store(items, [CompileRecord(*row) for row in job.get("logs", [])])
+    if len(items) < len(job["entries"]):
+        raise LookupError(f"the driver returned no binary for {len(job['entries']) - len(items)}"
+                          " device(s)")
 
 
 # -- install ------------------------------------------------------------------------------

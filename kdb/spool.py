@@ -1,0 +1,503 @@
+"""Stores handed to a store worker: job files beside the user files, and the worker.
+
+Reading a PoCL program's binaries makes PoCL generate code for every kernel of it: 0.2 s
+for a small program, 30-45 s for some of pyopencl's scan programs that build in 0.5 s
+(``benchmarks/run.py --only suite``, and DESIGN section 11). Done inside the process that
+built the program it competes for PoCL's compiler lock; done after its exit it made the next
+run wait. So a process that compiled a program writes down how to build it again (a *job*:
+back end, source, options, devices, the entries' attributes and its start-up latency rows)
+and goes on at once. One store worker per spool, at the lowest CPU priority, builds each
+program again (PoCL's own cache answers), reads its binaries and stores them, taking first
+the entries another process waits for, then the oldest.
+
+Nobody waits for a store. A job holds no claim once its process has exited; a process that
+misses an entry whose job is still queued builds the program itself, which costs no more
+than no cache would. Jobs are files, so they survive the process that wrote them, a killed
+worker (the next process starts another) and ``kdb log`` can show their compiles before
+their binaries are stored.
+
+The worker is two processes: a supervisor (this module, no OpenCL) and a child that does the
+stores. A job whose store takes far longer than its compile did (pyopencl's scan programs)
+is stopped, set aside as *slow*, and tried again only when no other job is waiting, so one
+costly program never holds up the entries the next run asks for.
+
+    python -m kdb.spool DIR            # the worker's supervisor for one spool directory
+    python -m kdb.spool --child        # its child: stores the jobs named on stdin
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import logs
+
+log = logs.get("kdb")
+
+#: Spool directories live in ``<user dir>/spool/<environment digest>/``.
+SPOOL = "spool"
+JOB = ".job"
+SLOW = ".slow"
+LOCK = "worker.lock"
+#: The worker's log, beside the user files (what it could not store, and why).
+LOG_NAME = "store-worker.log"
+
+#: A job waits this long before it is stored (unless another process waits for it), so the
+#: program's first launches have put their work-group code in PoCL's cache: the stored
+#: binary then carries it and the next start's first launches skip PoCL's JIT.
+MIN_AGE_S = 1.0
+#: Seconds without a job after which the worker exits.
+IDLE_EXIT_S = 3.0
+#: A store may take ``SLOW_FACTOR`` times its compile, and at least ``SLOW_MIN_S`` seconds,
+#: before it is set aside as slow.
+SLOW_FACTOR = 10.0
+SLOW_MIN_S = 5.0
+
+#: Environment variables that change what a store worker's rebuild produces or where its
+#: OpenCL runtime looks: a worker only stores jobs written under the same values.
+_ENV_PREFIXES = ("POCL_", "OCL_", "OPENCL_", "PYOPENCL_", "CUDA_", "LD_", "KDB_")
+_ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
+
+
+ENVIRONMENT = "environment.json"
+
+
+def _environment() -> dict:
+    """What a worker must run with to rebuild this process's programs the same way."""
+    return {"executable": sys.executable,
+            "variables": sorted([k, v] for k, v in os.environ.items()
+                                if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)}
+
+
+def environment_digest(env: dict | None = None) -> str:
+    """A digest of what a worker inherits that could change its rebuilds: the Python it runs
+    and the variables above. Jobs written under different values go to different spools,
+    each with its ``environment.json``, so any process can start the worker of any spool."""
+    import hashlib
+
+    text = json.dumps(env or _environment(), separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+# -- writing jobs (the process that compiled) -----------------------------------------------
+
+_counter = 0
+_worker_checked: dict[Path, float] = {}
+#: Claims kept until their job is stored (another process may still wait for the entry).
+_claims: list[tuple[Path, object]] = []
+_last_sweep = 0.0
+
+
+def submit(user_dir: Path, job: dict, claims: list | None = None) -> Path:
+    """Write ``job`` to the spool and make sure a worker runs; returns the job's path.
+
+    ``claims`` (:class:`kdb.claims.Claim`) are marked pending and released once the job is
+    stored, or when this process exits. Raises ``OSError`` when the spool cannot be written.
+    """
+    global _counter
+    from .config import private_dir
+
+    env = _environment()
+    spool = private_dir(Path(user_dir) / SPOOL / environment_digest(env))
+    if not (spool / ENVIRONMENT).exists():
+        _write_file(spool / ENVIRONMENT, env)
+    _counter += 1
+    name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
+    path = spool / (name + JOB)
+    _write_file(path, job)
+    for claim in claims or ():
+        claim.mark_pending(job.get("seconds", 0.0))
+        _claims.append((path, claim))
+    _release_stored()
+    ensure_worker(spool)
+    if Path(user_dir) not in _orphans_checked:
+        _orphans_checked.add(Path(user_dir))
+        for other in {p.parent for p in jobs(user_dir)} - {spool}:
+            ensure_worker(other)  # left by processes of another environment, or a dead worker
+    return path
+
+
+_orphans_checked: set[Path] = set()
+
+
+def _write_file(path: Path, data: dict) -> None:
+    """Write JSON to ``path`` atomically (0600): a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _release_stored(force: bool = False) -> None:
+    """Release the claims of jobs the worker has finished (checked at most every 0.5 s)."""
+    global _last_sweep
+    now = time.monotonic()
+    if not _claims or (not force and now - _last_sweep < 0.5):
+        return
+    _last_sweep = now
+    keep = []
+    for path, claim in _claims:
+        if force or not (os.path.exists(path) or os.path.exists(_slow(path))):
+            claim.release()
+        else:
+            keep.append((path, claim))
+    _claims[:] = keep
+
+
+def _slow(path: Path) -> Path:
+    return path.with_suffix(SLOW)
+
+
+def worker_running(spool: Path) -> bool:
+    """Whether a worker holds ``spool``'s lock."""
+    import fcntl
+
+    try:
+        fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return False
+
+
+def ensure_worker(spool: Path) -> None:
+    """Start a worker for ``spool`` unless one runs (checked at most every 0.25 s)."""
+    now = time.monotonic()
+    if now - _worker_checked.get(spool, -1e9) < 0.25:
+        return
+    _worker_checked[spool] = now
+    if worker_running(spool):
+        return
+    import subprocess
+
+    env = read_job(spool / ENVIRONMENT) or {}
+    exe = env.get("executable") or sys.executable
+    if not os.access(exe, os.X_OK):
+        exe = sys.executable
+    out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o600)
+    with os.fdopen(out_fd, "ab") as out:
+        subprocess.Popen([exe, "-m", "kdb.spool", str(spool)],
+                         stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                         start_new_session=True, close_fds=True, cwd="/")
+
+
+def can_spool() -> bool:
+    """Whether ``sys.executable -m kdb.spool`` would start Python: not in an application that
+    embeds Python or is frozen (its executable is the application itself), and POSIX."""
+    exe = sys.executable
+    if os.name != "posix" or not exe or getattr(sys, "frozen", False):
+        return False
+    return os.path.basename(exe).lower().startswith(("python", "pypy"))
+
+
+# -- reading the spool (kdb log, kdb pack, tests) ---------------------------------------------
+
+def jobs(user_dir: Path) -> list[Path]:
+    """Every job not stored yet under ``user_dir``, oldest first, slow ones included."""
+    root = Path(user_dir) / SPOOL
+    try:
+        dirs = [d for d in root.iterdir() if d.is_dir()]
+    except OSError:
+        return []
+    found = []
+    for d in dirs:
+        try:
+            found += [p for p in d.iterdir() if p.suffix in (JOB, SLOW)]
+        except OSError:
+            pass
+    return sorted(found, key=lambda p: p.name)
+
+
+def read_job(path: Path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None  # stored (and removed) meanwhile, or not a job
+
+
+def pending_log_rows(user_dir: Path) -> list[list]:
+    """The start-up latency rows of jobs not stored yet (``kdb log`` shows them at once)."""
+    rows = []
+    for path in jobs(user_dir):
+        job = read_job(path)
+        if job:
+            rows += job.get("logs", [])
+    return rows
+
+
+def wait(user_dir: Path, timeout: float, progress=None) -> int:
+    """Wait until the spool under ``user_dir`` is empty or ``timeout`` passed (starting a
+    worker where none runs); returns how many jobs are left. ``progress(left)`` is called
+    when the count changes."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        left = jobs(user_dir)
+        if len(left) != last and progress is not None:
+            progress(len(left))
+        last = len(left)
+        if not left or time.monotonic() >= deadline:
+            return len(left)
+        for spool in {p.parent for p in left}:
+            _worker_checked.pop(spool, None)
+            if not worker_running(spool):
+                for p in left:  # a waiting caller: slow jobs are not set aside now
+                    if p.parent == spool and p.suffix == SLOW:
+                        _rename(p, p.with_suffix(JOB))
+            ensure_worker(spool)
+        time.sleep(0.1)
+
+
+def _rename(src: Path, dst: Path) -> bool:
+    try:
+        os.rename(src, dst)
+        return True
+    except OSError:
+        return False
+
+
+# -- the worker: supervisor ------------------------------------------------------------------
+
+def _lowest_priority() -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # runs only on idle CPUs
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+
+
+def _say(text: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kdb store worker {os.getpid()}: {text}",
+          flush=True)
+
+
+class _Child:
+    """The child process that stores jobs, one at a time, named on its stdin."""
+
+    def __init__(self) -> None:
+        import subprocess
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "kdb.spool", "--child"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     close_fds=True)
+
+    def start(self, path: Path) -> None:
+        self.proc.stdin.write(os.fsencode(path) + b"\n")
+        self.proc.stdin.flush()
+
+    def done(self, timeout: float) -> bool | None:
+        """True once the current job is finished, None if not within ``timeout``; False if
+        the child died."""
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0))
+        if not ready:
+            return None
+        line = self.proc.stdout.readline()
+        return bool(line)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - it is stopping anyway
+            self.proc.kill()
+
+
+def _keys(path: Path, memo: dict) -> tuple[list[str], float, str]:
+    got = memo.get(path.name)
+    if got is None:
+        job = read_job(path) or {}
+        got = memo[path.name] = ([e.get("key", "") for e in job.get("entries", [])],
+                                 float(job.get("seconds", 0.0) or 0.0),
+                                 job.get("claims_dir", ""))
+    return got
+
+
+def _next(spool: Path, memo: dict) -> tuple[Path | None, bool]:
+    """The next job: one another process waits for, else the oldest that is old enough, else
+    a slow one; ``(path, is_slow)``, or ``(None, False)`` when nothing is ready."""
+    try:
+        names = sorted(os.listdir(spool))
+    except OSError:
+        return None, False
+    now_ns = time.time_ns()
+    normal = [spool / n for n in names if n.endswith(JOB)]
+    slow = [spool / n for n in names if n.endswith(SLOW)]
+    from . import claims
+
+    for p in normal:
+        keys, _, cdir = _keys(p, memo)
+        if cdir and any(claims.wanted(Path(cdir), k) for k in keys):
+            return p, False
+    for p in normal:
+        try:
+            born = int(p.name.split("-", 1)[0])
+        except ValueError:
+            born = 0
+        if (now_ns - born) / 1e9 >= MIN_AGE_S:
+            return p, False
+    if normal:
+        return None, False
+    return (slow[0], True) if slow else (None, False)
+
+
+def supervise(spool: Path) -> int:
+    """Store every job of ``spool`` until it has been empty ``IDLE_EXIT_S``; one worker at
+    a time (an ``flock`` on ``worker.lock``)."""
+    import fcntl
+
+    _lowest_priority()
+    env = read_job(spool / ENVIRONMENT)
+    if env is not None:  # the environment the jobs were written in, for the child's rebuilds
+        for k in [k for k in os.environ if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES]:
+            del os.environ[k]
+        os.environ.update({k: v for k, v in env.get("variables", [])})
+    fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another worker has it
+    child: _Child | None = None
+    memo: dict = {}
+    idle_since = time.monotonic()
+    try:
+        while True:
+            path, slow = _next(spool, memo)
+            if path is None:
+                if not _has_jobs(spool):
+                    if time.monotonic() - idle_since >= IDLE_EXIT_S:
+                        break
+                else:
+                    idle_since = time.monotonic()
+                time.sleep(0.1)
+                continue
+            idle_since = time.monotonic()
+            if child is None or child.proc.poll() is not None:
+                child = _Child()
+            _, seconds, _ = _keys(path, memo)
+            limit = None if slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
+            child.start(path)
+            outcome = _follow(child, spool, path, limit, slow, memo)
+            if outcome == "killed":
+                child = None
+            memo.pop(path.name, None)
+    finally:
+        if child is not None:
+            child.close()
+        os.close(fd)
+    # A process may have written a job after our last look and seen our lock: go on.
+    if _has_jobs(spool) and not worker_running(spool):
+        return supervise(spool)
+    return 0
+
+
+def _has_jobs(spool: Path) -> bool:
+    try:
+        return any(n.endswith((JOB, SLOW)) for n in os.listdir(spool))
+    except OSError:
+        return False
+
+
+def _follow(child: _Child, spool: Path, path: Path, limit: float | None, slow: bool,
+            memo: dict) -> str:
+    """Wait for the child to finish ``path``; stop it when the job turns out slow (or, for a
+    slow job, as soon as another job is ready)."""
+    start = time.monotonic()
+    while True:
+        done = child.done(0.2)
+        if done:
+            return "done"
+        if done is False:  # the child died (killed, or crashed inside the driver)
+            _say(f"the store of {path.name} ended its process; the job is dropped")
+            _unlink(path)
+            return "killed"
+        took = time.monotonic() - start
+        if limit is not None and took > limit:
+            _say(f"{path.name}: storing took over {limit:.0f} s; set aside until the worker "
+                 "is otherwise idle")
+            child.kill()
+            _rename(path, _slow(path))
+            return "killed"
+        if slow and _next(spool, memo)[0] not in (None, path):
+            child.kill()  # a slow job yields to any other; it is tried again later
+            return "killed"
+
+
+def _unlink(path: Path) -> None:
+    for p in (path, _slow(path)):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+# -- the worker: child ------------------------------------------------------------------------
+
+def child_main() -> int:
+    """Store each job named on stdin; answer one line per job on stdout."""
+    _lowest_priority()
+    dbs: dict = {}
+    for line in sys.stdin.buffer:
+        path = Path(os.fsdecode(line.rstrip(b"\n")))
+        try:
+            store_job(path, dbs)
+        except Exception as err:  # noqa: BLE001 - report, drop the job, go on
+            _say(f"could not store {path.name}: {err}")
+        _unlink(path)
+        sys.stdout.write("done\n")
+        sys.stdout.flush()
+    for db in dbs.values():
+        db.close()
+    return 0
+
+
+def store_job(path: Path, dbs: dict | None = None) -> None:
+    """Store one job: its back end builds the program again and reads the binaries."""
+    import importlib
+
+    job = read_job(path)
+    if job is None:
+        return
+    from .db import KernelDB
+
+    dbs = {} if dbs is None else dbs
+    db = dbs.get(job["cache_dir"])
+    if db is None:
+        db = dbs[job["cache_dir"]] = KernelDB(cache_dir=job["cache_dir"])
+    if job.get("kind") == "bookkeeping":
+        db.write_bookkeeping(job["archs"])
+        return
+    backend = importlib.import_module(f"kdb.backends.{job['backend']}")
+    backend.store_job(db, job)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--child"]:
+        sys.exit(child_main())
+    sys.exit(supervise(Path(sys.argv[1])))

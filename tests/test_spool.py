@@ -1,0 +1,285 @@
+"""The store worker (``KDB_STORE_AT_EXIT=detach``, the default): a process that compiled
+writes a job and goes on; one low-priority worker stores it; nobody waits for a store.
+
+Real processes, real PoCL builds, real flocks. The rest of the suite runs with ``wait``
+(conftest), so that a test reads what a child stored as soon as the child has exited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kdb import ConfigError, HashAttributes, KernelDB, claims, config, spool
+from kdb.cli import cli
+from conftest import sql
+
+pytest.importorskip("pyopencl")
+
+ARCH = "pocl-x86_64-znver3"
+DETACH = {"KDB_STORE_AT_EXIT": "detach"}
+
+BUILD = """
+    import json, sys, time
+    import pyopencl as cl
+    import kdb.opencl, kdb.latency
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    start = time.perf_counter()
+    for i in range({n}):
+        kdb.opencl.build(ctx, f"__kernel void h{{i}}(__global float *a) {{{{ a[0] = {{i}}; }}}}")
+    print(json.dumps({{"compiles": len(kdb.latency.records()),
+                       "build_s": time.perf_counter() - start}}))
+"""
+
+
+def user_file(cache: Path) -> Path:
+    return cache / "v1" / f"{ARCH}.kdb"
+
+
+def stored(cache: Path) -> int:
+    f = user_file(cache)
+    return sql(f, "SELECT count(*) FROM kernels")[0][0] if f.exists() else 0
+
+
+def wait_for_worker(cache: Path, timeout: float = 120) -> None:
+    """Until the spool is empty and no worker runs."""
+    v1 = cache / "v1"
+    deadline = time.monotonic() + timeout
+    while spool.jobs(v1) or any(spool.worker_running(d) for d in (v1 / "spool").glob("*")):
+        assert time.monotonic() < deadline, "the store worker never finished"
+        time.sleep(0.05)
+
+
+def run_json(run_py, code: str, env=None) -> dict:
+    return json.loads(run_py(code, env={**DETACH, **(env or {})}).stdout.splitlines()[-1])
+
+
+def test_a_process_leaves_its_stores_to_the_worker_and_exits_at_once(cache_dir, run_py):
+    out = run_json(run_py, BUILD.format(n=3))
+    assert out["compiles"] == 3
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 3
+    # The process wrote nothing itself: its latency log and counters came through the worker.
+    assert sql(user_file(cache_dir), "SELECT count(*) FROM compile_log")[0][0] == 3
+    assert dict(sql(user_file(cache_dir), "SELECT name, value FROM counters"))["compiles"] == 3
+    log = cache_dir / "v1" / spool.LOG_NAME
+    assert log.read_text() == ""
+    assert log.stat().st_mode & 0o077 == 0
+    assert run_json(run_py, BUILD.format(n=3))["compiles"] == 0
+
+
+def _stop_workers(cache: Path) -> list[int]:
+    """SIGSTOP every store worker of ``cache`` (its jobs then stay pending)."""
+    out = subprocess.run(["pgrep", "-f", f"kdb.spool {cache}"], capture_output=True,
+                         text=True).stdout.split()
+    pids = [int(p) for p in out]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def test_a_process_started_right_after_never_waits_for_a_pending_store(cache_dir, run_py):
+    """The next run builds what is not stored yet itself (PoCL's cache makes that cheap)
+    instead of waiting for the worker: a store is never worth waiting for."""
+    first = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(cache_dir / "pocl")})
+    stopped = _stop_workers(cache_dir)
+    try:
+        assert len(spool.jobs(cache_dir / "v1")) >= 3  # nothing stored yet
+        second = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(cache_dir / "pocl"),
+                                                      "KDB_WAIT_TIMEOUT": "30"})
+        assert second["compiles"] == 3
+        assert second["build_s"] < 10  # never the 30 s wait bound
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 3
+    assert first["compiles"] == 3
+
+
+def test_kdb_log_shows_a_run_s_compiles_before_they_are_stored(cache_dir, run_py):
+    from click.testing import CliRunner
+
+    run_json(run_py, BUILD.format(n=2))
+    stopped = _stop_workers(cache_dir)
+    try:
+        res = CliRunner().invoke(cli, ["log", "--json"])
+        assert res.exit_code == 0, res.output
+        rows = json.loads(res.output)
+        assert len(rows) == 2 and all(r["pending"] for r in rows)
+        text = CliRunner().invoke(cli, ["log"]).output
+        assert "binary not stored yet" in text
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    wait_for_worker(cache_dir)
+    rows = json.loads(CliRunner().invoke(cli, ["log", "--json"]).output)
+    assert len(rows) == 2 and not any(r["pending"] for r in rows)
+
+
+def test_kdb_pack_from_log_waits_for_pending_stores(cache_dir, run_py, tmp_path):
+    run_json(run_py, BUILD.format(n=2))
+    proc = subprocess.run([sys.executable, "-m", "kdb.cli", "pack", "--arch", ARCH,
+                           "--from-log", "--out", str(tmp_path / "out")],
+                          env={**os.environ, "KDB_CACHE_DIR": str(cache_dir)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    packed = tmp_path / "out" / f"{ARCH}.kdb"
+    assert sql(packed, "SELECT count(*) FROM kernels")[0][0] == 2
+
+
+def test_a_pending_claim_is_waited_for_at_most_its_compile_time(cache_dir, run_py):
+    """A holder alive, its compile done and its store queued: a waiter gives up after about
+    the compile's seconds and builds it itself."""
+    db = KernelDB()
+    attrs = HashAttributes(backend="opencl", source="__kernel void p() {}", arch=ARCH, name="p")
+    directory = db.user_dir / "claims"
+    code = f"""
+        import sys, time
+        from pathlib import Path
+        from kdb import claims
+        c = claims.try_claim(Path({str(directory)!r}), {attrs.key!r})
+        c.mark_pending(0.3)
+        print("held", flush=True)
+        time.sleep(60)
+    """
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert claims.holder(directory, attrs.key).state == claims.PENDING
+        start = time.monotonic()
+        assert db.claim_or_wait(attrs) is None
+        assert 0.25 <= time.monotonic() - start < 5
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_stuck_holder_is_given_up_on_once_per_process(cache_dir, monkeypatch, caplog):
+    """A holder stopped mid-compile: the first key costs the wait bound, the next ones
+    nothing, and there is one warning."""
+    monkeypatch.setenv("KDB_WAIT_TIMEOUT", "1")
+    db = KernelDB()
+    keys = [HashAttributes(backend="opencl", source=f"__kernel void s{i}() {{}}", arch=ARCH,
+                           name=f"s{i}") for i in range(3)]
+    directory = db.user_dir / "claims"
+    code = f"""
+        import os, signal, time
+        from pathlib import Path
+        from kdb import claims
+        held = [claims.try_claim(Path({str(directory)!r}), k) for k in {[a.key for a in keys]!r}]
+        print("held", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    """
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        got = [db.claim_or_wait(a) for a in keys]
+        took = time.monotonic() - start
+        assert got == [None, None, None]
+        assert 1 <= took < 3
+        assert sum("waited" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_killed_worker_loses_nothing(cache_dir, run_py):
+    """Jobs are files: a worker killed mid-way leaves them, and the next process that
+    writes a job starts a new worker that stores them all."""
+    run_json(run_py, BUILD.format(n=2))
+    for pid in _stop_workers(cache_dir):
+        os.kill(pid, signal.SIGKILL)
+    assert len([p for p in spool.jobs(cache_dir / "v1") if "bookkeeping" not in p.name]) >= 2
+    code = BUILD.format(n=3)  # h0, h1 compile again (not stored), h2 is new
+    run_json(run_py, code)
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 3
+
+
+def test_a_slow_store_is_set_aside_and_done_when_idle(cache_dir, run_py, tmp_path):
+    """A store that takes far longer than its compile is stopped and retried only when no
+    other job waits; it is still stored in the end."""
+    run_json(run_py, BUILD.format(n=2))
+    for pid in _stop_workers(cache_dir):
+        os.kill(pid, signal.SIGKILL)
+    spool_dir = next((cache_dir / "v1" / "spool").iterdir())
+    (spool_dir / spool.LOCK).unlink(missing_ok=True)
+    code = f"""
+        from pathlib import Path
+        from kdb import spool
+        spool.SLOW_MIN_S = 0.0
+        spool.SLOW_FACTOR = 0.0
+        spool.MIN_AGE_S = 0.0
+        spool.supervise(Path({str(spool_dir)!r}))
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], timeout=300,
+                          check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert "set aside" in proc.stdout
+    assert stored(cache_dir) == 2
+    assert not spool.jobs(cache_dir / "v1")
+
+
+def test_store_at_exit_setting(monkeypatch):
+    monkeypatch.delenv("KDB_STORE_AT_EXIT", raising=False)
+    assert config.store_at_exit() == "detach"
+    monkeypatch.setenv("KDB_STORE_AT_EXIT", " Wait ")
+    assert config.store_at_exit() == "wait"
+    monkeypatch.setenv("KDB_STORE_AT_EXIT", "later")
+    with pytest.raises(ConfigError, match="KDB_STORE_AT_EXIT='later'.*detach, wait"):
+        config.store_at_exit()
+
+
+def test_a_bad_setting_stores_before_exit_with_a_warning(cache_dir, run_py):
+    proc = run_py(BUILD.format(n=1), env={"KDB_STORE_AT_EXIT": "later"})
+    assert "KDB_STORE_AT_EXIT='later'" in proc.stderr and "storing before exit" in proc.stderr
+    assert stored(cache_dir) == 1  # stored by the process itself, before it exited
+
+
+def test_only_a_python_executable_is_started(monkeypatch):
+    """In an application that embeds Python, or a frozen one, sys.executable is the
+    application: starting it with -m kdb.spool would start the application again."""
+    monkeypatch.setattr("sys.executable", "/usr/bin/python3.11")
+    assert spool.can_spool()
+    for exe in ("/opt/app/bin/mysim", ""):
+        monkeypatch.setattr("sys.executable", exe)
+        assert not spool.can_spool()
+    monkeypatch.setattr("sys.executable", "/usr/bin/python3")
+    monkeypatch.setattr("sys.frozen", True, raising=False)
+    assert not spool.can_spool()
+
+
+def test_a_build_under_a_deleted_working_directory_is_served(cache_dir, run_py, tmp_path):
+    """os.getcwd() fails there: the build still works (no job can describe it; it is stored
+    before exit) and so does the system-database lookup."""
+    gone = tmp_path / "gone"
+    code = BUILD.format(n=2).replace(
+        "import json, sys, time", f"import json, os, sys, time\n    os.mkdir({str(gone)!r}); "
+                            f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})")
+    out = run_json(run_py, code)
+    assert out["compiles"] == 2
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 2
+
+
+def test_jobs_are_private_and_a_worker_runs_per_environment(cache_dir, run_py):
+    run_json(run_py, BUILD.format(n=1), {"POCL_CACHE_DIR": str(cache_dir / "p1")})
+    run_json(run_py, BUILD.format(n=1), {"POCL_CACHE_DIR": str(cache_dir / "p2")})
+    dirs = list((cache_dir / "v1" / "spool").iterdir())
+    assert len(dirs) == 2  # PoCL's cache dir differs: each worker builds with its own
+    for d in dirs:
+        assert d.stat().st_mode & 0o077 == 0
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 1
