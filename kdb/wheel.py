@@ -153,6 +153,27 @@ def read_record(dist_info: Path) -> dict[str, str]:
     return out
 
 
+def installed_match(path: Path, dist: str, version: str) -> tuple[bool | None, str]:
+    """Whether an installed system file still has the digest its wheel's ``RECORD`` holds:
+    ``(True | False, what was compared)``, or ``(None, why it cannot tell)``."""
+    path = Path(path)
+    site = path.parent.parent
+    info = site / f"{dist}-{version}.dist-info"
+    try:
+        record = read_record(info)
+    except OSError as err:
+        return None, f"cannot read the RECORD of {dist} {version} ({err})"
+    rel = path.relative_to(site).as_posix()
+    want = record.get(rel)
+    if want is None:
+        return None, f"the RECORD of {dist} {version} does not list {rel}"
+    try:
+        have = record_digest(path)
+    except OSError as err:
+        return None, f"cannot read {path} ({err})"
+    return have == want, f"{rel} against the RECORD of {dist} {version} ({want[:19]}...)"
+
+
 def record_digest(path: Path) -> str:
     """A file's digest as a wheel's ``RECORD`` spells it."""
     import base64

@@ -610,7 +610,7 @@ def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natura
 
 # -- loading (pycuda) ---------------------------------------------------------------------
 
-_INSTALL_HINT = "pip install 'kdb[cuda]'"
+_INSTALL_HINT = "pip install 'kdb[pycuda]'"
 
 
 def _pycuda_driver() -> Any:

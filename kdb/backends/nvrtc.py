@@ -211,6 +211,18 @@ def _load(path: str) -> Any:
     return lib
 
 
+def supported_arches(path: str) -> list[str]:
+    """The real arches (``sm_XX``) this NVRTC builds cubins for (``nvrtcGetSupportedArchs``)."""
+    import ctypes
+
+    lib = _load(path)
+    n = ctypes.c_int()
+    _check(lib, lib.nvrtcGetNumSupportedArchs(ctypes.byref(n)), "nvrtcGetNumSupportedArchs")
+    archs = (ctypes.c_int * n.value)()
+    _check(lib, lib.nvrtcGetSupportedArchs(archs), "nvrtcGetSupportedArchs")
+    return [f"sm_{a}" for a in archs]
+
+
 def _check(lib: Any, status: int, what: str) -> None:
     if status != 0:
         raise BackendUnavailableError(
