@@ -358,7 +358,9 @@ def target_arches(nvcc: Nvcc | str) -> list[str]:
 #: The compilers ``compile(..., compiler=)`` takes; ``None`` picks nvcc where found, else NVRTC.
 COMPILERS = ("nvcc", "nvrtc")
 
-_VERSION_RE = re.compile(r"V(\d+)\.(\d+)\.(\d+)|release (\d+)\.(\d+)|^(\d+)\.(\d+)$")
+#: Version spellings, most precise first: nvcc's "V13.0.88", its "release 13.0", NVRTC's "13.5".
+_VERSION_RES = tuple(re.compile(p) for p in (r"V(\d+)\.(\d+)\.(\d+)", r"release (\d+)\.(\d+)",
+                                             r"^(\d+)\.(\d+)$"))
 
 
 def compiler_rank(compiler: Iterable[tuple[str, str]]) -> tuple[int, ...]:
@@ -371,10 +373,11 @@ def compiler_rank(compiler: Iterable[tuple[str, str]]) -> tuple[int, ...]:
     """
     for name, value in compiler:
         if name in ("nvcc_version", "nvrtc_version"):
-            m = _VERSION_RE.search(value.strip())
-            if m:
-                nums = [int(g) for g in m.groups() if g is not None]
-                return tuple(nums + [0] * (3 - len(nums)))
+            for pattern in _VERSION_RES:
+                m = pattern.search(value.strip())
+                if m:
+                    nums = [int(g) for g in m.groups()]
+                    return tuple(nums + [0] * (3 - len(nums)))
     return (0, 0, 0)
 
 
