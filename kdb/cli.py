@@ -599,13 +599,15 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
     """Build read-only system databases <arch>.kdb and their wheels <prefix>-<arch>.
 
     Kernels come from exactly one of: a manifest (compiled here: OpenCL kernels on the
-    device, so the arch must be present; CUDA kernels by nvcc for any sm_XX, no GPU
+    device, so the arch must be present; CUDA kernels by nvcc or NVRTC for any sm_XX, no GPU
     needed), a user database (--from-db), or the start-up latency log (--from-log).
     Files are written at the head schema revision with journal_mode=DELETE, vacuumed, and
     read back read-only. Installing a wheel is all a user does; kdb finds its file through
     the entry point group kdb.system. Every system database found for an arch serves:
     KDB_SYSTEM_DB_PATH directories in order, then packages by name; the first that holds a
-    key answers. Progress goes to stderr, the summary to stdout.
+    key answers. Progress goes to stderr, the summary to stdout. Two packs of the same
+    inputs write byte-identical files and wheels; SOURCE_DATE_EPOCH sets their time stamps
+    (0 when unset).
 
     A kernel that fails to compile is reported by name with its build log and stops the
     pack (exit status 1). With --keep-going the others are packed, the files and wheels
