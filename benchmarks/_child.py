@@ -192,19 +192,22 @@ def task_scale(a: dict[str, Any]) -> dict[str, Any]:
 # -- CUDA -----------------------------------------------------------------------------------
 
 def task_cuda(a: dict[str, Any]) -> dict[str, Any]:
-    """``kdb.cuda.compile`` once (a miss or a hit, as the cache holds), then warm calls."""
+    """``kdb.cuda.compile`` once (a miss or a hit, as the cache holds), then warm calls;
+    ``compiler``: ``"nvcc"``, ``"nvrtc"`` or None (nvcc where found, else NVRTC, else the
+    stored builds)."""
     ph: dict[str, float] = {}
     t = clock()
     import kdb.cuda
 
     ph["import_kdb_cuda"] = clock() - t
     t = clock()
-    first = kdb.cuda.compile(a["source"], arch=a["arch"])
+    compiler = a.get("compiler")
+    first = kdb.cuda.compile(a["source"], arch=a["arch"], compiler=compiler)
     ph["first_call"] = clock() - t
     warm = []
     for _ in range(a["reps"]):
         t = clock()
-        again = kdb.cuda.compile(a["source"], arch=a["arch"])
+        again = kdb.cuda.compile(a["source"], arch=a["arch"], compiler=compiler)
         warm.append(clock() - t)
     size = len(first) if isinstance(first, (bytes, bytearray)) else None
     same = bytes(first) == bytes(again) if size is not None and a["reps"] else None

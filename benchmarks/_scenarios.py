@@ -583,7 +583,7 @@ def scale(ws: Workspace, o: Outcome) -> None:
 def cuda(ws: Workspace, o: Outcome) -> None:
     runs = ws.opts.n(3)
     arch = "sm_90"
-    o.title = (f"CUDA: nvcc compile against a kdb hit for the same kernel ({arch}, "
+    o.title = (f"CUDA: nvcc and NVRTC compiles against kdb hits for the same kernel ({arch}, "
                f"median of {runs})")
     if importlib.util.find_spec("kdb.cuda") is None:
         o.status, o.reason = "skipped", "kdb.cuda does not exist (yet)"
@@ -592,21 +592,38 @@ def cuda(ws: Workspace, o: Outcome) -> None:
     if nvcc is None:
         o.status, o.reason = "skipped", "nvcc is not on PATH"
         return
+    from kdb.backends import nvrtc as _nvrtc
+
+    try:
+        _nvrtc.find_nvrtc()
+        compilers = ["nvcc", "nvrtc"]
+    except Exception as err:  # noqa: BLE001 - NVRTC's arms are skipped, nvcc's still run
+        compilers = ["nvcc"]
+        o.notes.append(f"NVRTC arms skipped: {err}")
     src = ws.path / "saxpy.cu"
     src.write_text(_workloads.CUDA_SOURCE)
     metrics = [Metric("call", "compile / hit call"), Metric("wall", "process")]
     t = o.table("one kernel (saxpy); fresh process per run", "nvcc", metrics,
                 note="kdb miss: empty cache; kdb hit: a fresh process on the primed cache; "
-                     "warm: repeated calls in that process")
-    for arm, label in (("nvcc", f"nvcc -cubin -arch={arch}"), ("miss", "kdb.cuda.compile, miss"),
-                       ("hit", "kdb.cuda.compile, hit (fresh process)"),
-                       ("warm", "kdb.cuda.compile, hit (warm process)")):
-        t.arm(arm, label)
+                     "warm: repeated calls in that process; no compiler: a fresh process with "
+                     "neither nvcc nor NVRTC reachable, served the newest stored build")
+    t.arm("nvcc", f"nvcc -cubin -arch={arch}")
+    for c in compilers:
+        t.arm(f"{c}-miss", f"kdb.cuda.compile(compiler={c!r}), miss")
+        t.arm(f"{c}-hit", f"kdb.cuda.compile(compiler={c!r}), hit (fresh process)")
+        t.arm(f"{c}-warm", f"kdb.cuda.compile(compiler={c!r}), hit (warm process)")
+    t.arm("nocc-hit", "kdb.cuda.compile, no compiler: stored build (fresh process)")
     primed = ws.path / "cuda-primed"
     args = {"source": _workloads.CUDA_SOURCE, "arch": arch}
-    p = child("cuda", {**args, "reps": 0}, ws.env(KDB_CACHE_DIR=primed))
+    for c in compilers:
+        child("cuda", {**args, "reps": 0, "compiler": c}, ws.env(KDB_CACHE_DIR=primed))
     if not kdb_files(primed):
         raise BenchError("kdb.cuda.compile stored nothing in the user tier at exit")
+    hide = ws.path / "hide-nvrtc"
+    (hide / "nvidia").mkdir(parents=True, exist_ok=True)
+    (hide / "nvidia" / "__init__.py").write_text("")  # shadows NVIDIA's wheels' namespace
+    no_compiler = ws.env(KDB_CACHE_DIR=primed, PATH=ws.path / "no-bin", KDB_NVCC=None,
+                         KDB_NVRTC=None, CUDA_HOME=ws.path / "no-cuda", PYTHONPATH=hide)
     hit_compiles = 0
     for r in range(runs):
         ws.log(f"cuda: run {r + 1}/{runs}")
@@ -614,18 +631,24 @@ def cuda(ws: Workspace, o: Outcome) -> None:
         p = command([nvcc, "-cubin", f"-arch={arch}", "-o", str(out), str(src)], ws.env())
         t.add("nvcc", "call", p.wall)
         t.add("nvcc", "wall", p.wall)
-        p = child("cuda", {**args, "reps": 0}, ws.env(KDB_CACHE_DIR=ws.fresh("kdb-cuda")))
-        t.add("miss", "call", p.phase("first_call"))
-        t.add("miss", "wall", p.wall)
-        p = child("cuda", {**args, "reps": 20}, ws.env(KDB_CACHE_DIR=primed))
-        t.add("hit", "call", p.phase("first_call"))
-        t.add("hit", "wall", p.wall)
-        t.add("warm", "call", median(p.data["warm_calls"]))
+        for c in compilers:
+            a = {**args, "compiler": c}
+            p = child("cuda", {**a, "reps": 0}, ws.env(KDB_CACHE_DIR=ws.fresh("kdb-cuda")))
+            t.add(f"{c}-miss", "call", p.phase("first_call"))
+            t.add(f"{c}-miss", "wall", p.wall)
+            p = child("cuda", {**a, "reps": 20}, ws.env(KDB_CACHE_DIR=primed))
+            t.add(f"{c}-hit", "call", p.phase("first_call"))
+            t.add(f"{c}-hit", "wall", p.wall)
+            t.add(f"{c}-warm", "call", median(p.data["warm_calls"]))
+            hit_compiles += p.data.get("compiles") or 0
+        p = child("cuda", {**args, "reps": 0}, no_compiler)
+        t.add("nocc-hit", "call", p.phase("first_call"))
+        t.add("nocc-hit", "wall", p.wall)
         hit_compiles += p.data.get("compiles") or 0
     if hit_compiles:
-        o.notes.append(f"the hit arm compiled {hit_compiles} time(s): not served from the cache")
+        o.notes.append(f"the hit arms compiled {hit_compiles} time(s): not served from the cache")
     o.info["binary_size"] = p.data.get("binary_size")
-    ratio = t.ratio("hit", "call")
+    ratio = t.ratio("nvcc-hit", "call")
     if ratio:
         o.notes.append(f"a kdb hit in a fresh process costs 1/{1 / ratio:,.0f} of an nvcc "
                        "compile (the call alone)")

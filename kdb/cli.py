@@ -184,14 +184,24 @@ def _echo_shared(shared: dict[str, Any] | None) -> None:
 def _echo_cuda(cuda: dict[str, Any]) -> None:
     click.echo("CUDA toolchain (kdb.cuda):")
     if cuda["nvcc"] is None or cuda["problem"]:
-        click.echo(f"  ({cuda['problem']})")
-        return
-    click.echo(f"  nvcc:      {cuda['nvcc']} (from {cuda['found_by']})")
-    click.echo(f"  release:   {cuda['release']}  toolkit {cuda['toolkit']}")
+        click.echo(f"  nvcc:      ({cuda['problem']})")
+    else:
+        click.echo(f"  nvcc:      {cuda['nvcc']} (from {cuda['found_by']})")
+        click.echo(f"             {cuda['release']}, toolkit {cuda['toolkit']}")
+    nv = cuda.get("nvrtc") or {}
+    if nv.get("path") and not nv.get("problem"):
+        click.echo(f"  nvrtc:     {nv['path']} (from {nv['found_by']})")
+        click.echo(f"             NVRTC {nv['version']}")
+    else:
+        click.echo(f"  nvrtc:     ({nv.get('problem', 'not checked')})")
+    default = cuda.get("default")
+    click.echo("  compiles:  " + (f"with {default} (compiler=None)" if default else
+                                  "nothing: no compiler; stored builds are served (newest "
+                                  "compiler first)"))
     click.echo(f"  arches:    {' '.join(cuda['arches']) or '(none listed)'}")
     click.echo(f"  system db: {' '.join(cuda['system_db']) or 'none for these arches'}")
     click.echo("  pycuda:    " + ("installed" if cuda["pycuda"] else
-                                  "not installed (loading needs pip install 'kdb[cuda]')"))
+                                  "not installed (loading needs pip install 'kdb[pycuda]')"))
 
 
 @cli.command("ls")
@@ -319,6 +329,11 @@ def explain(obj: _Settings, key_or_name: str, nearest: int, as_json: bool) -> No
             f"{k}: {v}" for k, v in (details.items() if isinstance(details, dict)
                                      else [("", details)])))
     click.echo(f"why:      {data['why']}")
+    free = data.get("without_compiler")
+    if free:
+        click.echo(f"no compiler: a process with no CUDA compiler installed is served "
+                   f"{free['served'][:16]}, built by {free['built_by']} (newest of "
+                   f"{len(free['builds'])} build(s) that differ only in the compiler)")
     near = data["nearest"]
     if not near:
         click.echo(f"nearest:  none: no other entry named {data['name']!r} or for "
@@ -586,13 +601,15 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
     """Build read-only system databases <arch>.kdb and their wheels <prefix>-<arch>.
 
     Kernels come from exactly one of: a manifest (compiled here: OpenCL kernels on the
-    device, so the arch must be present; CUDA kernels by nvcc for any sm_XX, no GPU
+    device, so the arch must be present; CUDA kernels by nvcc or NVRTC for any sm_XX, no GPU
     needed), a user database (--from-db), or the start-up latency log (--from-log).
     Files are written at the head schema revision with journal_mode=DELETE, vacuumed, and
     read back read-only. Installing a wheel is all a user does; kdb finds its file through
     the entry point group kdb.system. Every system database found for an arch serves:
     KDB_SYSTEM_DB_PATH directories in order, then packages by name; the first that holds a
-    key answers. Progress goes to stderr, the summary to stdout.
+    key answers. Progress goes to stderr, the summary to stdout. Two packs of the same
+    inputs write byte-identical files and wheels; SOURCE_DATE_EPOCH sets their time stamps
+    (0 when unset).
 
     A kernel that fails to compile is reported by name with its build log and stops the
     pack (exit status 1). With --keep-going the others are packed, the files and wheels

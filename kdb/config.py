@@ -31,6 +31,7 @@ ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
 ENV_STORE_AT_EXIT = "KDB_STORE_AT_EXIT"
 ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
 ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
+ENV_NVRTC = "KDB_NVRTC"  # the libnvrtc.so kdb.cuda loads (else the nvidia-cuda-nvrtc wheel)
 
 #: Seconds a writer waits on a locked user database before giving up (and warning).
 BUSY_TIMEOUT_S = 5.0

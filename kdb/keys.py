@@ -308,6 +308,18 @@ class HashAttributes:
             object.__setattr__(self, "_key", cached)
         return cached
 
+    @property
+    def compiler_free_key(self) -> str:
+        """The key of these attributes with the compiler identity left out.
+
+        Stored beside each entry, so that a process that cannot work out its compiler's
+        identity (none installed) can still find the entries built for everything else it
+        asked for: :mod:`kdb.fallback`.
+        """
+        if not self.compiler:
+            return self.key
+        return self.with_(compiler=()).key
+
     def with_(self, **changes: Any) -> "HashAttributes":
         """A copy with some attributes replaced."""
         fields = {f: getattr(self, f) for f in self.FIELDS}
@@ -339,6 +351,30 @@ class HashAttributes:
             environment=tuple(tuple(p) for p in data["environment"]),
             name=name,
         )
+
+
+def compiler_free_key(attributes: str | bytes) -> str | None:
+    """:attr:`HashAttributes.compiler_free_key` of stored canonical attributes (JSON text),
+    or ``None`` when the text is not attributes of this key format.
+
+    >>> a = HashAttributes("cuda", "k", "sm_90", compiler={"cc": "1"})
+    >>> compiler_free_key(a.encoded()) == a.with_(compiler=()).key
+    True
+    """
+    import json
+
+    try:
+        data = json.loads(attributes)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != KEY_FORMAT:
+        return None
+    data["compiler"] = []
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return sha256(text.encode("utf-8")).hexdigest()
+    except UnicodeEncodeError:
+        return None
 
 
 def decode_value(tagged: list[str]) -> Any:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 #: Every revision this kdb knows, oldest first; a test pins it to the alembic scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
 HEAD = REVISIONS[-1]
 
 

@@ -40,6 +40,7 @@ class KernelSpec:
     include_dirs: tuple[str, ...] = ()
     backend: str = "opencl"
     arches: tuple[str, ...] = ()  # empty: every arch being packed
+    compiler: str | None = None  # CUDA: "nvcc", "nvrtc", or None (nvcc where found, else NVRTC)
 
     def build_options(self) -> list[str]:
         """Options as passed to the back end: the manifest's options, then ``-I`` dirs."""
@@ -83,7 +84,9 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         [defaults]                     # optional, applies to every kernel
         options = ["-cl-mad-enable"]   # put before each kernel's own options
         include_dirs = ["include"]     # passed as -I <dir> after the options
-        backend = "opencl"             # or "cuda" (cross-compiled with nvcc)
+        backend = "opencl"             # or "cuda" (cross-compiled with nvcc or NVRTC)
+        compiler = "nvrtc"             # CUDA only: "nvcc" or "nvrtc" (default: nvcc where
+                                       # one is found, else NVRTC)
 
         [[kernel]]
         name = "axpy"
@@ -109,9 +112,10 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         raise InvalidArgumentError(f"manifest {path} is not valid TOML: {err}") from err
     base = path.resolve().parent
     defaults = data.get("defaults", {})
-    if not isinstance(defaults, dict) or set(defaults) - {"options", "include_dirs", "backend"}:
+    if not isinstance(defaults, dict) or set(defaults) - {"options", "include_dirs", "backend",
+                                                          "compiler"}:
         raise InvalidArgumentError(f"manifest {path}: [defaults] may hold only 'options', "
-                                   "'include_dirs' and 'backend'")
+                                   "'include_dirs', 'backend' and 'compiler'")
     kernels = data.get("kernel", [])
     if not isinstance(kernels, list) or not kernels:
         raise InvalidArgumentError(f"manifest {path} lists no [[kernel]] tables")
@@ -121,7 +125,7 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         if not isinstance(k, dict):
             raise InvalidArgumentError(f"{where}: expected a table")
         unknown = set(k) - {"name", "file", "source", "options", "defines", "include_dirs",
-                            "backend", "arches"}
+                            "backend", "arches", "compiler"}
         if unknown:
             raise InvalidArgumentError(f"{where}: unknown keys {sorted(unknown)}")
         name = k.get("name")
@@ -159,7 +163,12 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         if backend not in ("opencl", "cuda"):
             raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
                                        "packs; use 'opencl' or 'cuda'")
-        specs.append(KernelSpec(name, source, tuple(options), tuple(dirs), backend, arches))
+        compiler = k.get("compiler", defaults.get("compiler") if backend == "cuda" else None)
+        if compiler is not None and (backend != "cuda" or compiler not in ("nvcc", "nvrtc")):
+            raise InvalidArgumentError(f"{where} ({name}): compiler {compiler!r}: CUDA kernels "
+                                       "take 'nvcc' or 'nvrtc'; other back ends none")
+        specs.append(KernelSpec(name, source, tuple(options), tuple(dirs), backend, arches,
+                                compiler))
     return specs
 
 
@@ -290,7 +299,8 @@ def _compile_one(spec: KernelSpec, arch: str, ctx: object, db: object) -> None:
         from .backends import cuda
 
         cuda.compile(spec.source, arch=arch, options=list(spec.options),
-                     include_dirs=list(spec.include_dirs), db=db, name=spec.name)
+                     include_dirs=list(spec.include_dirs), db=db, name=spec.name,
+                     compiler=spec.compiler)
 
 
 def _stored_keys(path: Path) -> set[str]:
@@ -306,11 +316,22 @@ def _stored_keys(path: Path) -> set[str]:
 # -- writing a system file ----------------------------------------------------------------
 
 def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
-                    keys: set[str] | None = None) -> PackResult:
-    """Copy the ``arch`` entries of ``sources`` (only ``keys`` if given) into ``dest``."""
+                    keys: set[str] | None = None, *,
+                    keep_compile_seconds: bool = True) -> PackResult:
+    """Copy the ``arch`` entries of ``sources`` (only ``keys`` if given) into ``dest``.
+
+    Reproducible: the same entries give the same bytes. Rows go in sorted by key (the first
+    source that holds a key gives it); times are ``SOURCE_DATE_EPOCH`` (0 when unset), hits
+    0; the packing host's name is dropped from each entry's details; with
+    ``keep_compile_seconds=False`` (entries compiled for this pack, whose timings vary
+    from run to run) compile seconds are 0.
+    """
     from . import __version__
+    from .keys import compiler_free_key
+    from .wheel import source_date_epoch
 
     config.check_arch(arch)
+    stamp = float(source_date_epoch() or 0)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{arch}-", suffix=".kdb", dir=dest.parent)
@@ -322,32 +343,46 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
         conn = sqlite3.connect(sqlite_uri(tmp), uri=True, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=DELETE")
+            conn.execute(f"CREATE TEMP TABLE incoming AS SELECT {_COLUMNS} FROM main.kernels "
+                         "WHERE 0")
+            conn.execute("CREATE INDEX temp.ix_incoming_key ON incoming (key)")
             conn.execute("BEGIN")
             for n, src in enumerate(sources):
                 if not Path(src).is_file():
                     raise PackError(f"source database {src} does not exist")
                 conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
+                new = (f"INSERT INTO incoming SELECT {_COLUMNS} FROM src{n}.kernels AS s "
+                       "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
+                       "WHERE i.key = s.key)")
                 if keys is None:
-                    conn.execute(f"INSERT OR IGNORE INTO kernels ({_COLUMNS}) SELECT {_COLUMNS} "
-                                 f"FROM src{n}.kernels WHERE arch = ?", (arch,))
+                    conn.execute(new, (arch,))
                 else:
-                    for key in keys:
-                        conn.execute(f"INSERT OR IGNORE INTO kernels ({_COLUMNS}) SELECT "
-                                     f"{_COLUMNS} FROM src{n}.kernels WHERE arch = ? AND key = ?",
-                                     (arch, key))
-            conn.execute("UPDATE kernels SET hits = 0, last_access = created")
+                    for key in sorted(keys):
+                        conn.execute(new + " AND key = ?", (arch, key))
+            rows = conn.execute(f"SELECT {_COLUMNS} FROM incoming ORDER BY key").fetchall()
+            at = _COLUMNS.replace(" ", "").split(",")
+            for row in rows:
+                entry = dict(zip(at, row))
+                entry.update(created=stamp, last_access=stamp, hits=0,
+                             details=_portable_details(entry["details"]),
+                             compiler_free_key=compiler_free_key(entry["attributes"]))
+                if not keep_compile_seconds:
+                    entry["compile_seconds"] = 0.0
+                conn.execute(f"INSERT INTO kernels ({', '.join(entry)}) VALUES "
+                             f"({', '.join('?' * len(entry))})", tuple(entry.values()))
             missing = [] if keys is None else sorted(
                 set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
             count, raw, stored = conn.execute(
                 "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
                 "FROM kernels").fetchone()
-            for name, value in (("arch", arch), ("format", str(config.FORMAT_MAJOR)),
-                                ("kdb_version", __version__), ("stored_bytes", str(stored)),
-                                ("raw_bytes", str(raw)), ("entries", str(count)),
-                                ("created", str(time.time()))):
+            for name, value in sorted((("arch", arch), ("format", str(config.FORMAT_MAJOR)),
+                                       ("kdb_version", __version__), ("stored_bytes", str(stored)),
+                                       ("raw_bytes", str(raw)), ("entries", str(count)),
+                                       ("created", str(int(stamp))))):
                 conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
                              (name, value))
             conn.execute("COMMIT")
+            conn.execute("DROP TABLE temp.incoming")
             for n, _ in enumerate(sources):
                 conn.execute(f"DETACH DATABASE src{n}")
             conn.execute("VACUUM")
@@ -362,6 +397,24 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     _verify(dest, count)
     return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored,
                       missing=missing)
+
+
+def _portable_details(text: object) -> str:
+    """An entry's details without the packing host's name (a pack must not depend on it).
+
+    >>> _portable_details('{"host": "build7", "nvcc": "/usr/bin/nvcc"}')
+    '{"nvcc": "/usr/bin/nvcc"}'
+    """
+    import json
+
+    try:
+        details = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return "{}"
+    if not isinstance(details, dict):
+        return "{}"
+    details.pop("host", None)
+    return json.dumps(details, sort_keys=True)
 
 
 def _verify(path: Path, expected: int) -> None:
@@ -592,7 +645,8 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
                 step(arch, f"copying {'the logged kernels' if from_log else 'the entries'} "
                            f"of {shown}")
             step(arch, f"writing {out / f'{arch}.kdb'}")
-            result = write_system_db(out / f"{arch}.kdb", arch, [src], keys)
+            result = write_system_db(out / f"{arch}.kdb", arch, [src], keys,
+                                     keep_compile_seconds=specs is None)
         result.failures = failures
         if version is not None:
             step(arch, f"building the wheel {dist_name(arch, dist_prefix)} {version}")

@@ -200,14 +200,15 @@ def compiler_short(identity: dict[str, str]) -> str:
 
 
 def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
-    """The nvcc ``kdb.cuda`` would run, its release, and the arches it builds cubins for.
+    """The nvcc and the NVRTC ``kdb.cuda`` would run, their releases, and the arches they
+    build cubins for (``arches``: either's; ``default``: what ``compiler=None`` runs).
 
     ``problem`` says why there is none (how to point kdb at one). ``pycuda`` tells whether
     the loading half (``kdb.cuda.SourceModule``) can be imported at all.
     """
     import importlib.util
 
-    from .backends import cuda
+    from .backends import cuda, nvrtc
     from .errors import KdbError
 
     out: dict[str, Any] = {"nvcc": None, "found_by": None, "release": "", "toolkit": "",
@@ -221,6 +222,22 @@ def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
                    arches=cuda.target_arches(tool))
     except KdbError as err:
         out["problem"] = str(err)
+    nv: dict[str, Any] = {"path": None, "found_by": None, "version": "", "identity": {},
+                          "arches": [], "problem": ""}
+    try:
+        lib = nvrtc.find_nvrtc()
+        nv.update(path=lib.path, found_by=lib.found_by)
+        ident = nvrtc.identity(lib, memo_dir)
+        nv.update(version=ident.version, identity=dict(ident.compiler),
+                  arches=nvrtc.supported_arches(lib.path))
+    except KdbError as err:
+        nv["problem"] = str(err)
+    out["nvrtc"] = nv
+    # What compile(..., compiler=None) runs: nvcc where found, else NVRTC, else stored builds.
+    out["default"] = "nvcc" if out["nvcc"] and not out["problem"] else \
+        "nvrtc" if nv["path"] and not nv["problem"] else None
+    out["arches"] = sorted(set(out["arches"]) | set(nv["arches"]),
+                           key=lambda a: int("".join(c for c in a if c.isdigit()) or 0))
     return out
 
 
@@ -527,10 +544,13 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
         except _DAMAGED:
             continue  # reported above
     ranked = []
+    builds = [] if target is None else [(key, mine[0]["tier"], target.get("compiler") or [])]
     for e in candidates.values():
         attrs = _json_or_text(e.pop("attributes"))
         if target is not None and isinstance(attrs, dict):
             diff = differences(target, attrs)
+            if diff == ["compiler"]:
+                builds.append((e["key"], e["tier"], attrs.get("compiler") or []))
             e["differs"] = {k: describe_difference(k, target.get(k), attrs.get(k))
                             for k in diff}
         else:
@@ -553,8 +573,24 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
         "compiles": records,
         "nearest": ranked[:nearest],
         "candidates": len(ranked),
+        "without_compiler": _without_compiler(backend, builds),
         "other_matches": sorted(keys - {key}),
     }
+
+
+def _without_compiler(backend: str, builds: list[tuple[str, str, list]]) -> dict | None:
+    """Which of the builds that differ only in the compiler a process with no compiler
+    installed is served (:mod:`kdb.fallback`): the newest compiler's, system tier first."""
+    if backend != "cuda" or not builds:
+        return None  # only CUDA's compiler can be absent where its binaries load
+    from .backends.cuda import compiler_rank
+    from .fallback import describe
+
+    order = {"system": 0, "user": 1}
+    ranked = sorted(builds, key=lambda b: (compiler_rank([tuple(p) for p in b[2]]),
+                                           -order.get(b[1], 2), b[0]), reverse=True)
+    return {"served": ranked[0][0], "built_by": describe(ranked[0][2]),
+            "builds": [{"key": k, "tier": t, "compiler": describe(c)} for k, t, c in ranked]}
 
 
 def _why(records: list[dict], stored: list[dict], ranked: list[dict], name: str,
@@ -717,7 +753,9 @@ def verify(user_dir: Path, arch: str | None = None, repair: bool = False) -> dic
         if src.problem:
             files.append(_file_result(src.path, "system", src.arch, [src.problem]))
         else:
-            files.append(_verify_file(Path(src.path), "system", src.arch))
+            result = _verify_file(Path(src.path), "system", src.arch)
+            _check_installed(result, Path(src.path), src.origin)
+            files.append(result)
     for path in user_files(user_dir, arch):
         a = path.name[: -len(".kdb")]
         result = _verify_file(path, "user", a)
@@ -731,6 +769,28 @@ def verify(user_dir: Path, arch: str | None = None, repair: bool = False) -> dic
     return {"ok": all(f["ok"] for f in files), "files": files,
             "entries": sum(f["entries"] for f in files),
             "bad_entries": sum(len(f["bad_entries"]) for f in files)}
+
+
+def _check_installed(result: dict[str, Any], path: Path, origin: str) -> None:
+    """An installed system package's file against the sha256 its wheel recorded (RECORD):
+    a packed file is reproducible, so a mismatch means it changed after installation."""
+    from .wheel import installed_match
+
+    provider = _provider(origin)
+    if provider["package"] is None or provider["version"] is None:
+        return
+    same, what = installed_match(path, provider["package"], provider["version"])
+    result["matches_wheel"] = same
+    if same:
+        result["notes"].append(f"matches its wheel: {what}")
+    elif same is None:
+        result["notes"].append(f"not compared with its wheel: {what}")
+    else:
+        result["problems"].append(
+            f"differs from the sha256 its wheel recorded ({what}): the file changed after it "
+            f"was installed; reinstall it (pip install --force-reinstall "
+            f"{provider['package']}=={provider['version']})")
+        result["ok"] = False
 
 
 def _file_result(path: Path, tier: str, arch: str, problems: list[str]) -> dict[str, Any]:

@@ -32,8 +32,12 @@ kernels = Table(
     Column("created", Float, nullable=False),
     Column("last_access", Float, nullable=False),
     Column("hits", Integer, nullable=False, server_default="0"),
+    # The key with the compiler identity left out (revision 0004): where no compiler is
+    # installed, kdb.fallback finds the entries built for everything else a lookup asked.
+    Column("compiler_free_key", Text, nullable=True),
     Index("ix_kernels_last_access", "last_access"),
     Index("ix_kernels_name", "name"),
+    Index("ix_kernels_compiler_free_key", "compiler_free_key"),
 )
 
 #: Facts about the file: format version, arch, kdb version, running total of stored bytes.

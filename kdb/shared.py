@@ -45,6 +45,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import claims, codec, config, faults, migrate
 from .schema import compile_log, counters, kernels, meta
+from .keys import compiler_free_key
 from .store import CompileRecord, Entry
 
 log = logging.getLogger("kdb")
@@ -446,7 +447,7 @@ class SharedTier:
                              dict_id=None, blob=blob, raw_size=len(e.raw),
                              stored_size=len(blob), checksum=codec.checksum(e.raw),
                              compile_seconds=e.compile_seconds, created=now, last_access=now,
-                             hits=0))
+                             hits=0, compiler_free_key=compiler_free_key(e.attributes)))
 
         def w(engine: Engine) -> int:
             added = added_raw = added_stored = 0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import codec, faults, fs, migrate
 from .config import BUSY_TIMEOUT_S, max_size, private_dir
+from .keys import compiler_free_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~2 ms to import; annotations are strings here
@@ -32,6 +33,11 @@ _DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError)
 _FETCH = (
     "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
     "FROM kernels WHERE key = ?"
+)
+
+_FETCH_ANY = (
+    "SELECT key, codec, blob, raw_size, checksum, attributes, compile_seconds "
+    "FROM kernels WHERE compiler_free_key = ?"
 )
 
 
@@ -294,6 +300,27 @@ class KernelFile:
             row = (*row[:5], float(row[5]) if isinstance(row[5], int) else 0.0)
         return Row(*row)
 
+    def fetch_any_compiler(self, free_key: str) -> list[tuple[str, Row]]:
+        """``(key, row)`` of every entry whose compiler-free key is ``free_key``: the
+        candidates :mod:`kdb.fallback` ranks when no compiler is installed. A file written
+        before revision 0004 has no such column and yields none."""
+        conn = self._conn()
+        if conn is None:
+            return []
+        try:
+            rows = conn.execute(_FETCH_ANY, (free_key,)).fetchall()
+        except _DAMAGE as err:
+            if "no such" in str(err):  # an older revision, or a file not migrated yet
+                return []
+            if "locked" in str(err) or "busy" in str(err):
+                faults.fault(f"{self.path} is locked ({err}); treating as a miss", once="locked")
+                return []
+            self.close()
+            self._damaged(err)
+            return []
+        return [(r[0], Row(*r[1:6], float(r[6]) if isinstance(r[6], (int, float)) else 0.0))
+                for r in rows]
+
     def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
         """Read-only query for the CLI and ``explain``; an unusable file yields no rows."""
         conn = self._conn()
@@ -404,11 +431,12 @@ class KernelFile:
                 conn.execute(
                     "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
                     "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
-                    "compile_seconds, created, last_access, hits) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0)",
+                    "compile_seconds, created, last_access, hits, compiler_free_key) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
                     (e.key, e.arch, e.backend, e.name, e.attributes,
                      _json_text(e.details), kind, blob, len(e.raw),
-                     len(blob), codec.checksum(e.raw), e.compile_seconds, now, now),
+                     len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
+                     compiler_free_key(e.attributes)),
                 )
             # Running totals, kept in the same transaction, so size checks never scan.
             for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),

@@ -57,6 +57,44 @@ def counting_nvcc(tmp_path):
     return wrapper, log
 
 
+def _nvrtc_found() -> str | None:
+    try:
+        return backend.find_nvrtc().path
+    except BackendUnavailableError:
+        return None
+
+
+NVRTC = _nvrtc_found()
+needs_nvrtc = pytest.mark.skipif(
+    NVRTC is None, reason="NVRTC not found (pip install nvidia-cuda-nvrtc, the test extra)")
+
+
+def _hide_compilers(tmp_path: Path, monkeypatch) -> dict[str, str]:
+    """No nvcc and no NVRTC reachable from here on, in this process and in children given
+    the returned variables: PATH and CUDA_HOME lead nowhere, and a regular package
+    ``nvidia`` first on the path hides the namespace package where NVIDIA's wheels put
+    libnvrtc.so."""
+    hide = tmp_path / "hide"
+    (hide / "nvidia").mkdir(parents=True, exist_ok=True)
+    (hide / "nvidia" / "__init__.py").write_text("")
+    (tmp_path / "no-cuda").mkdir(exist_ok=True)
+    env = {"PATH": str(tmp_path / "no-bin"), "CUDA_HOME": str(tmp_path / "no-cuda"),
+           "PYTHONPATH": str(hide)}
+    for var in ("KDB_NVCC", "KDB_NVRTC"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.syspath_prepend(str(hide))
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    return env
+
+
+@pytest.fixture
+def no_compiler(tmp_path, monkeypatch) -> dict[str, str]:
+    """No compiler reachable (:func:`_hide_compilers`) for the whole test."""
+    return _hide_compilers(tmp_path, monkeypatch)
+
+
 def _calls(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
@@ -259,7 +297,7 @@ def test_missing_nvcc_says_how_to_point_kdb_at_one(cache_dir, monkeypatch, tmp_p
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     monkeypatch.setenv("PATH", "")
     with pytest.raises(BackendUnavailableError) as info:
-        kdb.cuda.compile(DOUBLE_SRC, "sm_90")
+        kdb.cuda.compile(DOUBLE_SRC, "sm_90", compiler="nvcc")
     assert "KDB_NVCC" in str(info.value) and "CUDA_HOME" in str(info.value)
 
 
@@ -296,7 +334,7 @@ def test_source_module_without_pycuda_says_what_is_missing(cache_dir):
         pass
     else:
         pytest.skip("pycuda is installed here")
-    with pytest.raises(BackendUnavailableError, match=r"kdb\[cuda\]"):
+    with pytest.raises(BackendUnavailableError, match=r"kdb\[pycuda\]"):
         kdb.cuda.SourceModule(DOUBLE_SRC)
 
 
@@ -356,7 +394,252 @@ def test_source_module_runs_and_a_fresh_process_loads_it_from_kdb(cache_dir, cou
     assert _calls(log) == calls, "the second process ran nvcc"
 
 
+# -- NVRTC ----------------------------------------------------------------------------------
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_cubin_is_built_for_the_requested_arch_and_served_again(db, arch):
+    cubin = kdb.cuda.compile(SCALE_SRC, arch, ["-DSCALE=3.0f"], db=db, compiler="nvrtc")
+    assert _elf_sm(cubin) == int(arch[3:]) and kdb.cuda.cubin_arch(cubin) == arch
+    attrs = kdb.cuda.attributes_for(SCALE_SRC, arch, ["-DSCALE=3.0f"], compiler="nvrtc")
+    names = dict(attrs.compiler)
+    assert re.fullmatch(r"\d+\.\d+", names["nvrtc_version"])
+    assert names["libnvrtc"].startswith(("gnu-build-id:", "sha256:"))
+    assert NVRTC not in json.dumps(attrs.canonical())  # the library's path is not in the key
+    db.flush()
+    hit = db.lookup(attrs)
+    assert hit is not None and hit.binary == cubin
+    assert len(kdb.latency.records()) == 1
+    assert kdb.cuda.compile(SCALE_SRC, arch, ["-DSCALE=3.0f"], db=db, compiler="nvrtc") == cubin
+    assert len(kdb.latency.records()) == 1, "a second request compiled again"
+
+
+@needs_nvrtc
+@needs_nvcc
+def test_nvcc_and_nvrtc_builds_are_different_keys_with_one_compiler_free_key(db):
+    by = {c: kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90", compiler=c) for c in ("nvcc", "nvrtc")}
+    assert by["nvcc"].key != by["nvrtc"].key
+    assert differences(by["nvcc"].canonical(), by["nvrtc"].canonical()) == ["compiler"]
+    assert by["nvcc"].compiler_free_key == by["nvrtc"].compiler_free_key
+    assert kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90").key == by["nvcc"].key  # None: nvcc
+
+
+@needs_nvrtc
+def test_nvrtc_ptx(db):
+    ptx = kdb.cuda.compile(SCALE_SRC, "sm_90", ["-DSCALE=7.0f"], db=db, output="ptx",
+                           compiler="nvrtc")
+    assert b".target sm_90" in ptx and PTX_7 in ptx and not ptx.endswith(b"\0")
+    ptx80 = kdb.cuda.compile(SCALE_SRC, "compute_80", ["-DSCALE=7.0f"], db=db, output="ptx",
+                             compiler="nvrtc")
+    assert b".target sm_80" in ptx80
+    with pytest.raises(InvalidArgumentError, match="fatbin"):
+        kdb.cuda.compile(SCALE_SRC, "sm_90", db=db, output="fatbin", compiler="nvrtc")
+
+
+@needs_nvrtc
+def test_nvrtc_with_headers_and_a_failure_with_its_log(db, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "scale.cuh").write_text("#define SCALE 5.0f\n")
+    ptx = kdb.cuda.compile(HEADER_SRC, "sm_90", include_dirs=[inc], output="ptx", db=db,
+                           compiler="nvrtc")
+    assert PTX_5 in ptx
+    with pytest.raises(CompileError) as info:
+        kdb.cuda.compile("__global__ void bad() { undeclared_thing = 1; }", "sm_90", db=db,
+                         compiler="nvrtc")
+    assert "undeclared_thing" in info.value.log and "NVRTC" in str(info.value)
+
+
+@needs_nvrtc
+def test_compiler_none_uses_nvrtc_where_there_is_no_nvcc(db, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    monkeypatch.delenv("KDB_NVCC", raising=False)
+    kind, ident, _ = kdb.cuda.find_compiler(None)
+    assert kind == "nvrtc" and ident.path == NVRTC
+    cubin = kdb.cuda.compile(DOUBLE_SRC, "sm_80", db=db)
+    assert _elf_sm(cubin) == 80
+    with pytest.raises(BackendUnavailableError, match="fatbin needs nvcc"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_80", db=db, output="fatbin")
+    with pytest.raises(InvalidArgumentError, match="compiler"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_80", db=db, compiler="clang")
+    monkeypatch.setenv("KDB_NVRTC", str(tmp_path / "nowhere.so"))  # named, absent: an error
+    with pytest.raises(BackendUnavailableError, match="KDB_NVRTC"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_80", db=db)
+
+
+# -- no compiler installed ----------------------------------------------------------------
+
+def _pack(tmp_path: Path, compilers: list[str], arches=("sm_80", "sm_90")) -> Path:
+    """`kdb pack` of DOUBLE_SRC and SCALE_SRC for ``arches``, once per compiler, into one dir."""
+    from kdb import pack as packing
+
+    out = tmp_path / "sys"
+    manifest = tmp_path / "cuda.toml"
+    kernels = "".join(
+        f'[[kernel]]\nname = "{name}_{c}"\nsource = """{src}"""\noptions = {opts}\n'
+        f'backend = "cuda"\ncompiler = "{c}"\n\n'
+        for c in compilers
+        for name, src, opts in (("twice", DOUBLE_SRC, "[]"),
+                                ("scale", SCALE_SRC, '["-DSCALE=3.0f"]')))
+    manifest.write_text(kernels)
+    packing.pack(arches, out_dir=out, manifest=manifest)
+    return out
+
+
+def _system_binary(path: Path, compiler: str, src: str) -> bytes:
+    import sqlite3
+
+    from kdb import codec
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        rows = conn.execute("SELECT codec, blob, raw_size, checksum, attributes FROM kernels")
+        for kind, blob, raw, digest, attributes in rows:
+            data = json.loads(attributes)
+            if data["source"] == src and f"{compiler}_version" in dict(data["compiler"]):
+                return codec.decode(kind, blob, raw, digest)
+    finally:
+        conn.close()
+    raise AssertionError(f"no {compiler} build in {path}")
+
+
+_SERVE = """
+    import hashlib, json, logging, kdb, kdb.cuda
+    out = {}
+    for arch in ("sm_80", "sm_90"):
+        cubin = kdb.cuda.compile(%r, arch, %r)
+        out[arch] = [kdb.cuda.cubin_arch(cubin), hashlib.sha256(cubin).hexdigest()]
+    try:
+        kdb.cuda.compile("__global__ void never_stored() {}", "sm_90")
+    except kdb.BackendUnavailableError as err:
+        out["miss"] = str(err)
+    print(json.dumps(out))
+"""
+
+
+@needs_nvcc
+def test_a_process_with_no_compiler_is_served_from_a_system_database_built_by_nvcc(
+        tmp_path, cache_dir, run_py, monkeypatch):
+    sysdir = _pack(tmp_path, ["nvcc"])
+    env = {**_hide_compilers(tmp_path, monkeypatch), "KDB_SYSTEM_DB_PATH": str(sysdir),
+           "KDB_TRACE": "1"}
+    proc = run_py(_SERVE % (SCALE_SRC, ["-DSCALE=3.0f"]), env=env)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for arch in ("sm_80", "sm_90"):
+        want = _system_binary(sysdir / f"{arch}.kdb", "nvcc", SCALE_SRC)
+        assert out[arch] == [arch, hashlib.sha256(want).hexdigest()]
+    assert "no compiler here" in proc.stderr and "built by nvcc release" in proc.stderr
+    assert "served from the system tier" in proc.stderr
+    assert "compiled" not in proc.stderr  # no exit summary: nothing was compiled
+
+
+@needs_nvcc
+@needs_nvrtc
+def test_without_a_compiler_the_newest_compiler_wins_and_a_true_miss_says_what_to_install(
+        tmp_path, cache_dir, run_py, monkeypatch):
+    sysdir = _pack(tmp_path, ["nvcc", "nvrtc"])
+    nvcc_rank = kdb.cuda.compiler_rank(kdb.cuda.identity(kdb.cuda.find_nvcc()).compiler)
+    nvrtc_rank = kdb.cuda.compiler_rank(backend._nvrtc.identity(NVRTC).compiler)
+    assert nvcc_rank != nvrtc_rank  # else the tie-break below decides, not the version
+    newest = "nvrtc" if nvrtc_rank > nvcc_rank else "nvcc"
+    env = {**_hide_compilers(tmp_path, monkeypatch), "KDB_SYSTEM_DB_PATH": str(sysdir),
+           "KDB_TRACE": "1"}
+    proc = run_py(_SERVE % (DOUBLE_SRC, []), env=env)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for arch in ("sm_80", "sm_90"):
+        want = _system_binary(sysdir / f"{arch}.kdb", newest, DOUBLE_SRC)
+        assert out[arch] == [arch, hashlib.sha256(want).hexdigest()]
+    assert "2 candidate(s)" in proc.stderr and f"built by {newest}" in proc.stderr
+    miss = out["miss"]
+    assert "sm_90" in miss and "pip install kdb-system-sm_90" in miss
+    assert "kdb[cuda]" in miss and "KDB_NVCC" in miss
+    # kdb explain says the same, from the packed entries alone.
+    from kdb.cli import cli
+
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(sysdir))
+    result = CliRunner().invoke(cli, ["explain", "twice_nvcc"])
+    assert result.exit_code == 0, result.output
+    assert f"no compiler: a process with no CUDA compiler installed is served" in result.output
+    assert f"built by {newest}" in result.output
+
+
+def test_a_true_miss_without_a_compiler_raises_in_this_process(cache_dir, no_compiler):
+    kind, ident, why = kdb.cuda.find_compiler()
+    assert (kind, ident) == (None, None)
+    assert "nvcc not found" in why and "NVRTC not found" in why
+    with pytest.raises(BackendUnavailableError) as info:
+        kdb.cuda.compile(DOUBLE_SRC, "sm_90")
+    text = str(info.value)
+    assert "no compiler is installed" in text and "for sm_90" in text
+    assert "kdb-system-sm_90" in text and "kdb[cuda]" in text and "CUDA toolkit" in text
+    assert kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90").compiler == ()
+
+
+@needs_nvcc
+def test_without_a_compiler_a_user_tier_build_is_served_and_compiler_nvcc_is_kept(
+        cache_dir, tmp_path, monkeypatch):
+    d = kdb.KernelDB()
+    stored = kdb.cuda.compile(DOUBLE_SRC, "sm_90", db=d, compiler="nvcc")
+    d.close()
+    _hide_compilers(tmp_path, monkeypatch)
+    d = kdb.KernelDB()
+    assert kdb.cuda.compile(DOUBLE_SRC, "sm_90", db=d) == stored
+    assert kdb.cuda.compile(DOUBLE_SRC, "sm_90", db=d, compiler="nvcc") == stored
+    with pytest.raises(BackendUnavailableError, match="no nvrtc compiler"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_90", db=d, compiler="nvrtc")
+    d.flush()
+    assert d.user_file("sm_90").query("SELECT value FROM counters WHERE name = 'hits.user'") \
+        == [(2.0,)]
+    d.close()
+
+
+def test_a_refused_stored_build_is_dropped_and_the_next_one_loaded(cache_dir, no_compiler,
+                                                                   monkeypatch):
+    """SourceModule with no compiler: the driver refuses the newest build, the next loads."""
+    db = kdb.KernelDB()
+    base = kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90")
+    old = base.with_(compiler={"nvcc_version": "Cuda compilation tools, release 12.4, V12.4.1"})
+    new = base.with_(compiler={"nvrtc_version": "13.5"})
+    db.put(old, b"old cubin")
+    db.put(new, b"new cubin refused by this driver")
+
+    class Driver:
+        class Error(Exception):
+            pass
+
+        loaded: list = []
+
+        def module_from_buffer(self, data):
+            if data.startswith(b"new"):
+                raise self.Error("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+            self.loaded.append(data)
+            return object()
+
+    drv = Driver()
+    req = backend._request(DOUBLE_SRC, "sm_90", (), (), "cubin", None, cache_dir, None)
+    assert req.tool is None
+    backend.SourceModule._load_stored_build(drv, db, req)
+    assert drv.loaded == [b"old cubin"]
+    db.flush()
+    assert db.lookup(new) is None and db.lookup(old).binary == b"old cubin"
+    db.close()
+
+
 # -- report, docs -------------------------------------------------------------------------
+
+@needs_nvrtc
+def test_kdb_info_shows_nvrtc_beside_nvcc(cache_dir):
+    from kdb.cli import cli
+
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert f"nvrtc:     {NVRTC}" in result.output
+    data = json.loads(CliRunner().invoke(cli, ["info", "--json"]).output)["cuda"]
+    assert data["nvrtc"]["path"] == NVRTC and not data["nvrtc"]["problem"]
+    assert "sm_80" in data["nvrtc"]["arches"] and "sm_90" in data["nvrtc"]["arches"]
+    assert data["default"] == ("nvcc" if NVCC else "nvrtc")
+
 
 @needs_nvcc
 def test_kdb_info_shows_the_cuda_toolchain(cache_dir):
@@ -371,15 +654,14 @@ def test_kdb_info_shows_the_cuda_toolchain(cache_dir):
     assert data["release"] and not data["problem"]
 
 
-def test_kdb_info_without_nvcc_says_how_to_get_one(cache_dir, monkeypatch):
+def test_kdb_info_without_nvcc_says_how_to_get_one(cache_dir, no_compiler):
     from kdb.cli import cli
 
-    for var in ("KDB_NVCC", "CUDA_HOME"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PATH", "")
     result = CliRunner().invoke(cli, ["info"])
     assert result.exit_code == 0, result.output
     assert "nvcc not found" in result.output and "KDB_NVCC" in result.output
+    assert "NVRTC not found" in result.output and "kdb[cuda]" in result.output
+    assert "stored builds are served" in result.output
 
 
 def test_doctests():

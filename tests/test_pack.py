@@ -322,6 +322,136 @@ arches = ["pocl-x86_64-znver3", "pocl-x86_64-skylake"]
     assert latency.records() == []  # both served by the packed files
 
 
+def _cuda_compilers() -> list[str]:
+    from kdb.backends import cuda
+
+    found = []
+    for c in cuda.COMPILERS:
+        try:
+            if cuda.find_compiler(c)[0] == c:
+                found.append(c)
+        except Exception:  # noqa: BLE001 - a compiler named but broken: not usable here
+            pass
+    return found
+
+
+CUDA_MANIFEST = """
+[[kernel]]
+name = "saxpy_{c}"
+backend = "cuda"
+compiler = "{c}"
+source = '{src}'
+defines = {{ A = 2 }}
+
+[[kernel]]
+name = "twice_{c}"
+backend = "cuda"
+compiler = "{c}"
+source = '__global__ void twice(float *a) {{ a[threadIdx.x] *= 2.0f; }}'
+"""
+
+
+def _build_twice(tmp_path: Path, inputs: list[str], epoch: str) -> list[Path]:
+    """`kdb pack ... --version 1.0.0` twice into two directories; the two runs' outputs."""
+    outs = []
+    for run in ("a", "b"):
+        out = tmp_path / f"out-{run}"
+        runner = CliRunner(env={"SOURCE_DATE_EPOCH": epoch})
+        result = runner.invoke(cli, [*inputs, "--version", "1.0.0", "--out", str(out)],
+                               catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        outs.append(out)
+    return outs
+
+
+def test_a_cuda_pack_twice_gives_byte_identical_files_and_wheels(tmp_path, cache_dir):
+    """Both compilers where present; from a manifest, then from the user database it left."""
+    compilers = _cuda_compilers()
+    if not compilers:
+        pytest.skip("neither nvcc nor NVRTC is reachable here")
+    manifest = tmp_path / "m.toml"
+    manifest.write_text("".join(CUDA_MANIFEST.format(c=c, src=CUDA_SRC) for c in compilers))
+    inputs = ["pack", "--arch", "sm_80", "--arch", "sm_90", "--manifest", str(manifest)]
+    a, b = _build_twice(tmp_path / "manifest", inputs, "1700000000")
+    names = sorted(p.name for p in a.iterdir())
+    assert names == ["kdb_system_sm_80-1.0.0-py3-none-any.whl", "kdb_system_sm_90-1.0.0-py3-none-any.whl",
+                     "sm_80.kdb", "sm_90.kdb"]
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    # What made them equal: SOURCE_DATE_EPOCH stamps, no host, sorted rows.
+    conn = sqlite3.connect(f"file:{a / 'sm_90.kdb'}?mode=ro&immutable=1", uri=True)
+    try:
+        rows = conn.execute("SELECT key, created, last_access, compile_seconds, details, "
+                            "compiler_free_key FROM kernels ORDER BY rowid").fetchall()
+        created = conn.execute("SELECT value FROM meta WHERE name = 'created'").fetchone()
+    finally:
+        conn.close()
+    assert len(rows) == 2 * len(compilers) and created == ("1700000000",)
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+    assert {r[1:4] for r in rows} == {(1700000000.0, 1700000000.0, 0.0)}
+    assert not any("host" in json.loads(r[4]) for r in rows) and all(r[5] for r in rows)
+    with zipfile.ZipFile(a / "kdb_system_sm_90-1.0.0-py3-none-any.whl") as z:
+        assert {i.date_time for i in z.infolist()} == {(2023, 11, 14, 22, 13, 20)}
+        assert z.namelist()[-1].endswith(".dist-info/RECORD")
+    # From the user database: the same source, the same bytes; another epoch, other bytes.
+    user = tmp_path / "user.kdb"
+    shutil.copyfile(a / "sm_90.kdb", user)
+    from_db = ["pack", "--arch", "sm_90", "--from-db", str(user)]
+    c, d = _build_twice(tmp_path / "from-db", from_db, "1700000000")
+    for name in ("sm_90.kdb", "kdb_system_sm_90-1.0.0-py3-none-any.whl"):
+        assert (c / name).read_bytes() == (d / name).read_bytes() == (a / name).read_bytes()
+    [e, _] = _build_twice(tmp_path / "other-epoch", from_db, "1800000000")
+    assert (e / "sm_90.kdb").read_bytes() != (c / "sm_90.kdb").read_bytes()
+
+
+def test_a_manifest_names_the_compiler(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text('[defaults]\ncompiler = "nvrtc"\n'
+                    '[[kernel]]\nname = "a"\nsource = "x"\nbackend = "cuda"\n'
+                    '[[kernel]]\nname = "b"\nsource = "y"\nbackend = "cuda"\ncompiler = "nvcc"\n'
+                    '[[kernel]]\nname = "c"\nsource = "z"\n')
+    assert [(s.name, s.compiler) for s in packing.load_manifest(path)] == [
+        ("a", "nvrtc"), ("b", "nvcc"), ("c", None)]
+    path.write_text('[[kernel]]\nname = "a"\nsource = "x"\ncompiler = "nvrtc"\n')
+    with pytest.raises(InvalidArgumentError, match="compiler"):
+        packing.load_manifest(path)  # an OpenCL kernel names no compiler
+    path.write_text('[[kernel]]\nname = "a"\nsource = "x"\nbackend = "cuda"\ncompiler = "gcc"\n')
+    with pytest.raises(InvalidArgumentError, match="'nvcc' or 'nvrtc'"):
+        packing.load_manifest(path)
+
+
+def test_verify_compares_an_installed_system_file_with_its_wheel_record(small, arch, tmp_path,
+                                                                        monkeypatch):
+    [whl] = small["out"].glob("*.whl")
+    site = tmp_path / "site"
+    run_checked([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                 site, whl], cwd=tmp_path)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", "")
+    installed = site / wheel.module_name(arch) / f"{arch}.kdb"
+    assert installed.read_bytes() == small["file"].read_bytes()
+
+    def mine() -> dict:
+        result = invoke("verify", "--arch", arch, "--json")
+        [f] = [f for f in json.loads(result.stdout)["files"] if f["path"] == str(installed)]
+        return f
+
+    f = mine()
+    assert f["ok"] and f["matches_wheel"] is True
+    assert any(n.startswith("matches its wheel") for n in f["notes"])
+    # Changed after installation, in a byte SQLite does not mind: the header's
+    # "version-valid-for" number (sqlite.org/fileformat2.html#database_header, bytes 92-95).
+    data = bytearray(installed.read_bytes())
+    data[95] ^= 0xFF
+    installed.write_bytes(bytes(data))
+    f = mine()
+    assert not f["ok"] and f["matches_wheel"] is False
+    assert any("differs from the sha256 its wheel recorded" in p for p in f["problems"])
+    assert invoke("verify", "--arch", arch).exit_code == 1
+
+
 # -- pack from the latency log or a user database --------------------------------------------
 
 def test_from_log_packs_exactly_the_logged_kernels_and_from_db_all(cache_dir, cl_ctx, arch,

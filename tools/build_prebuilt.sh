@@ -8,7 +8,7 @@
 #   which needs kdb with the [opencl,pack] extras: `make setup`).
 #
 # OpenCL arches can only be built where such a device is present. CUDA arches (sm_80, sm_90,
-# ...) cross-compile with nvcc, no GPU needed, for kernels with backend = "cuda"; the demo's
+# ...) cross-compile with nvcc or NVRTC, no GPU needed, for kernels with backend = "cuda"; the demo's
 # manifest holds OpenCL kernels only, so there is nothing to build for them yet; once it
 # has some, add their arches with KDB_PACK_ARCHES="sm_80 sm_90".
 set -euo pipefail

@@ -42,7 +42,9 @@ from ..errors import (
 )
 from ..includes import header_digests, split_include_options
 from ..keys import HashAttributes
+from . import nvrtc as _nvrtc
 from .common import label, source_text
+from .nvrtc import Nvrtc, NvrtcIdentity, find_nvrtc
 
 if TYPE_CHECKING:
     import subprocess
@@ -351,6 +353,79 @@ def target_arches(nvcc: Nvcc | str) -> list[str]:
     return sorted(set(found), key=lambda a: int("".join(c for c in a if c.isdigit()) or 0))
 
 
+# -- choosing a compiler ------------------------------------------------------------------
+
+#: The compilers ``compile(..., compiler=)`` takes; ``None`` picks nvcc where found, else NVRTC.
+COMPILERS = ("nvcc", "nvrtc")
+
+#: Version spellings, most precise first: nvcc's "V13.0.88", its "release 13.0", NVRTC's "13.5".
+_VERSION_RES = tuple(re.compile(p) for p in (r"V(\d+)\.(\d+)\.(\d+)", r"release (\d+)\.(\d+)",
+                                             r"^(\d+)\.(\d+)$"))
+
+
+def compiler_rank(compiler: Iterable[tuple[str, str]]) -> tuple[int, ...]:
+    """How new the compiler of stored attributes is, for serving where none is installed.
+
+    >>> compiler_rank([("nvcc_version", "Cuda compilation tools, release 13.0, V13.0.88")])
+    (13, 0, 88)
+    >>> compiler_rank([("nvrtc_version", "13.5"), ("libnvrtc", "gnu-build-id:ab")])
+    (13, 5, 0)
+    """
+    for name, value in compiler:
+        if name in ("nvcc_version", "nvrtc_version"):
+            for pattern in _VERSION_RES:
+                m = pattern.search(value.strip())
+                if m:
+                    nums = [int(g) for g in m.groups()]
+                    return tuple(nums + [0] * (3 - len(nums)))
+    return (0, 0, 0)
+
+
+def compiler_kind(compiler: Iterable[tuple[str, str]]) -> str | None:
+    """``"nvcc"`` or ``"nvrtc"``: which compiler stored attributes name.
+
+    >>> compiler_kind([("nvrtc_version", "13.5")])
+    'nvrtc'
+    """
+    names = {name for name, _ in compiler}
+    return next((k for k in COMPILERS if f"{k}_version" in names), None)
+
+
+def _configured(explicit: object, variable: str) -> bool:
+    return explicit is not None or bool(os.environ.get(variable, "").strip())
+
+
+def find_compiler(compiler: str | None = None, nvcc: str | os.PathLike[str] | None = None,
+                  memo_dir: str | os.PathLike[str] | None = None
+                  ) -> tuple[str | None, NvccIdentity | NvrtcIdentity | None, str]:
+    """``(kind, identity, "")`` of the compiler to run, or ``(None, None, why)`` when none is
+    installed. A compiler named in ``KDB_NVCC`` / ``KDB_NVRTC`` (or ``nvcc=``) that is not
+    there raises: that is a mistake to fix, not a machine without a compiler."""
+    if compiler not in (None, *COMPILERS):
+        raise InvalidArgumentError(
+            f"compiler {compiler!r} is not one of None, 'nvcc', 'nvrtc' (None: nvcc where "
+            "one is found, else NVRTC)")
+    if nvcc is not None and compiler == "nvrtc":
+        raise InvalidArgumentError("nvcc= names an nvcc, but compiler='nvrtc': drop one")
+    why = []
+    if compiler in (None, "nvcc") or nvcc is not None:
+        try:
+            return "nvcc", identity(find_nvcc(nvcc), memo_dir), ""
+        except BackendUnavailableError as err:
+            if _configured(nvcc, config.ENV_NVCC):
+                raise
+            why.append(str(err).split(". ", 1)[0] + ".")  # what is missing, not the remedy
+        if compiler == "nvcc" or nvcc is not None:
+            return None, None, why[0]
+    try:
+        return "nvrtc", _nvrtc.identity(_nvrtc.find_nvrtc(), memo_dir), ""
+    except BackendUnavailableError as err:
+        if _configured(None, config.ENV_NVRTC):
+            raise
+        why.append(str(err).split(". ", 1)[0] + ".")
+    return None, None, " ".join(why)
+
+
 # -- requests -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -360,8 +435,15 @@ class _Request:
     output: str
     options: tuple[str, ...]  # without -I
     include_dirs: tuple[str, ...]  # absolute
-    nvcc: NvccIdentity
+    tool: NvccIdentity | NvrtcIdentity | None  # None: no compiler here
     attrs: HashAttributes
+    wanted: str | None = None  # the compiler asked for (None: any)
+    missing: str = ""  # why no compiler was found
+
+    @property
+    def nvcc(self) -> NvccIdentity:
+        assert isinstance(self.tool, NvccIdentity)
+        return self.tool
 
     def command(self, src: str, out: str) -> list[str]:
         return [self.nvcc.path, OUTPUTS[self.output], f"-arch={self.arch}", *self.options,
@@ -371,23 +453,32 @@ class _Request:
         """Machine-local facts kept beside the entry for ``kdb explain``, never in the key."""
         import platform as _platform
 
-        return {"nvcc": self.nvcc.path, "toolkit": self.nvcc.toolkit,
-                "release": self.nvcc.release, "include_dirs": list(self.include_dirs),
-                "host": _platform.node()}
+        tool = self.tool
+        where = ({"nvrtc": tool.path} if isinstance(tool, NvrtcIdentity)
+                 else {"nvcc": tool.path, "toolkit": tool.toolkit} if tool else {})
+        return {**where, "release": tool.release if tool else "",
+                "include_dirs": list(self.include_dirs), "host": _platform.node()}
 
 
 def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None,
              include_dirs: Iterable[str | os.PathLike[str]] | None, output: str,
              nvcc: str | os.PathLike[str] | None, memo_dir: str | os.PathLike[str] | None,
-             name: str | None) -> _Request:
+             name: str | None, compiler: str | None = None) -> _Request:
     text = _text(source)
     check_arch(arch, output)
     rest, option_dirs = split_include_options(split_options(options))
     _check_options(rest)
     if isinstance(include_dirs, (str, os.PathLike)):
         raise InvalidArgumentError("include_dirs must be a sequence of directories, not one")
+    if compiler == "nvrtc" and output == "fatbin":
+        raise InvalidArgumentError("NVRTC builds cubins and PTX, not fatbins: use "
+                                   "output='cubin' or 'ptx', or compiler='nvcc'")
     dirs = tuple(os.path.abspath(os.fspath(d)) for d in (*(include_dirs or ()), *option_dirs))
-    ident = identity(find_nvcc(nvcc), memo_dir)
+    kind, ident, missing = find_compiler(compiler, nvcc, memo_dir)
+    if kind == "nvrtc" and output == "fatbin":
+        raise BackendUnavailableError(
+            "a fatbin needs nvcc, and none was found (NVRTC, found instead, builds cubins and "
+            f"PTX only): install the CUDA toolkit and set {config.ENV_NVCC} or CUDA_HOME")
     attrs = HashAttributes(
         backend=BACKEND,
         source=text,
@@ -395,11 +486,13 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
         build_options=tuple(rest),
         internal_options=(OUTPUTS[output],),
         headers=header_digests(text, dirs),
-        compiler=ident.compiler,
-        environment=environment(),
+        compiler=ident.compiler if ident else (),
+        # nvcc reads these variables; NVRTC reads none. With no compiler, the entries built
+        # with the same variables are the ones to serve.
+        environment=() if kind == "nvrtc" else environment(),
         name=name or _label(text),
     )
-    return _Request(text, arch, output, tuple(rest), dirs, ident, attrs)
+    return _Request(text, arch, output, tuple(rest), dirs, ident, attrs, compiler, missing)
 
 
 def attributes_for(source: str | bytes, arch: str = "sm_90",
@@ -407,9 +500,11 @@ def attributes_for(source: str | bytes, arch: str = "sm_90",
                    include_dirs: Iterable[str | os.PathLike[str]] | None = (),
                    output: str = "cubin", *, nvcc: str | os.PathLike[str] | None = None,
                    memo_dir: str | os.PathLike[str] | None = None,
-                   name: str | None = None) -> HashAttributes:
-    """The hash attributes :func:`compile` looks up for these arguments."""
-    return _request(source, arch, options, include_dirs, output, nvcc, memo_dir, name).attrs
+                   name: str | None = None, compiler: str | None = None) -> HashAttributes:
+    """The hash attributes :func:`compile` looks up for these arguments (with no compiler
+    installed: an empty compiler identity, whose key is the compiler-free key)."""
+    return _request(source, arch, options, include_dirs, output, nvcc, memo_dir, name,
+                    compiler).attrs
 
 
 # -- compiling ----------------------------------------------------------------------------
@@ -447,10 +542,41 @@ def _run_nvcc(req: _Request) -> bytes:
     return data
 
 
+def _build(req: _Request) -> bytes:
+    """Run the request's compiler (nvcc or NVRTC); its failure is a :class:`kdb.CompileError`."""
+    if isinstance(req.tool, NvrtcIdentity):
+        data, said = _nvrtc.run(req.tool.path, req.text, req.arch, req.output, req.options,
+                                req.include_dirs, req.attrs.name)
+        if said.strip():
+            log.debug("kdb: NVRTC said, building %s: %s", req.attrs.name, said.strip())
+        return data
+    return _run_nvcc(req)
+
+
+def _stored_builds(db: KernelDB, req: _Request) -> list:
+    """With no compiler here: the stored builds that match on all but the compiler, newest
+    compiler first (:mod:`kdb.fallback`); none raises, naming the arch and what to install."""
+    from .. import fallback
+    from ..discovery import dist_name
+
+    accept = None if req.wanted is None else (lambda c: compiler_kind(c) == req.wanted)
+    found = fallback.candidates(db, req.attrs, compiler_rank, accept)
+    if found:
+        return found
+    which = f"{req.wanted} " if req.wanted else ""
+    raise BackendUnavailableError(
+        f"no {which}compiler is installed and no stored binary of {req.attrs.name} for "
+        f"{req.arch} matches this request ({req.output}, these options and headers). Install "
+        f"the system database for {req.arch} (pip install {dist_name(req.arch)}, or the "
+        f"package your framework publishes; KDB_SYSTEM_DB_PATH for a directory), or a "
+        f"compiler: pip install 'kdb[cuda]' (NVRTC, no toolkit needed), or the CUDA toolkit "
+        f"({config.ENV_NVCC} or CUDA_HOME). Looked for: {req.missing}")
+
+
 def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
-    """A miss: run nvcc now, log the compile, store the result in the background."""
+    """A miss: compile now, log the compile, store the result in the background."""
     start = time.perf_counter()
-    binary = _run_nvcc(req)
+    binary = _build(req)
     seconds = time.perf_counter() - start
     rec = db.record_compile(req.attrs, seconds)
     db.put_later(req.attrs, lambda: binary, compile_seconds=seconds, details=req.details(),
@@ -462,22 +588,32 @@ def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natura
             options: str | Sequence[str] | None = (),
             include_dirs: Iterable[str | os.PathLike[str]] | None = (),
             output: str = "cubin", *, db: KernelDB | None = None, name: str | None = None,
-            nvcc: str | os.PathLike[str] | None = None) -> bytes:
+            nvcc: str | os.PathLike[str] | None = None, compiler: str | None = None) -> bytes:
     """The cubin (or PTX, or fatbin) of ``source`` for ``arch``, from kdb when it holds it.
 
-    ``-I`` directories (in ``include_dirs`` or ``options``) are passed to nvcc; the headers
-    they bring in enter the key by content. Raises :class:`kdb.CompileError` with nvcc's
-    message and command line when nvcc fails, :class:`kdb.BackendUnavailableError` when
-    there is no nvcc.
+    ``compiler``: ``"nvcc"``, ``"nvrtc"``, or ``None`` (nvcc where one is found, else
+    NVRTC); NVRTC builds no fatbins. ``-I`` directories (in ``include_dirs`` or
+    ``options``) are passed to the compiler; the headers they bring in enter the key by
+    content. With no compiler installed, the stored build of the newest compiler that
+    matches on everything else answers (:mod:`kdb.fallback`). Raises
+    :class:`kdb.CompileError` with the compiler's message when it fails,
+    :class:`kdb.BackendUnavailableError` when there is no compiler and no stored build.
     """
     db = db or default_db()
-    req = _request(source, arch, options, include_dirs, output, nvcc, db.cache_root, name)
-    return db.get_or_compile(req.attrs, lambda: _run_nvcc(req), details=req.details())
+    req = _request(source, arch, options, include_dirs, output, nvcc, db.cache_root, name,
+                   compiler)
+    if req.tool is None:
+        from ..fallback import served
+
+        best = _stored_builds(db, req)[0]
+        served(db, req.attrs, best)
+        return best.binary
+    return db.get_or_compile(req.attrs, lambda: _build(req), details=req.details())
 
 
 # -- loading (pycuda) ---------------------------------------------------------------------
 
-_INSTALL_HINT = "pip install 'kdb[cuda]'"
+_INSTALL_HINT = "pip install 'kdb[pycuda]'"
 
 
 def _pycuda_driver() -> Any:
@@ -534,7 +670,8 @@ class SourceModule:
                  options: str | Sequence[str] | None = None, keep: bool = False,
                  no_extern_c: bool = False, arch: str | None = None, code: str | None = None,
                  cache_dir: Any = None, include_dirs: Sequence[str] = (), *,
-                 db: KernelDB | None = None, name: str | None = None) -> None:
+                 db: KernelDB | None = None, name: str | None = None,
+                 compiler: str | None = None) -> None:
         del keep, cache_dir
         if code is not None:
             raise InvalidArgumentError(
@@ -549,13 +686,18 @@ class SourceModule:
             options = os.environ.get("PYCUDA_DEFAULT_NVCC_FLAGS", "").split()
         db = db or default_db()
         req = _request(text, arch, options, [*include_dirs, *_pycuda_include_dirs()],
-                       "cubin", None if nvcc == "nvcc" else nvcc, db.cache_root, name)
+                       "cubin", None if nvcc == "nvcc" else nvcc, db.cache_root, name,
+                       compiler)
         self.arch = arch
+        if req.tool is None:
+            self.module = self._load_stored_build(drv, db, req)
+            self._bind_module()
+            return
         compiled = []
 
         def build() -> bytes:
             compiled.append(True)
-            return _run_nvcc(req)
+            return _build(req)
 
         binary = db.get_or_compile(req.attrs, build, details=req.details())
         try:
@@ -566,6 +708,26 @@ class SourceModule:
             db.discard(req.attrs, f"the driver refused the stored cubin ({err})")
             self.module = drv.module_from_buffer(_compile_and_store(db, req))
         self._bind_module()
+
+    @staticmethod
+    def _load_stored_build(drv: Any, db: KernelDB, req: _Request) -> Any:
+        """No compiler here: load the best stored build the driver accepts, dropping those
+        it refuses."""
+        from ..fallback import served
+
+        error = getattr(drv, "Error", Exception)
+        builds = _stored_builds(db, req)
+        for i, cand in enumerate(builds):
+            try:
+                module = drv.module_from_buffer(cand.binary)
+            except error as err:
+                db.discard(cand.attrs, f"the driver refused the stored cubin ({err})")
+                if i == len(builds) - 1:
+                    raise
+                continue
+            served(db, req.attrs, cand)
+            return module
+        raise AssertionError("unreachable: _stored_builds returns at least one build")
 
     def _bind_module(self) -> None:
         self.get_global = self.module.get_global
