@@ -16,10 +16,11 @@ than no cache would. Jobs are files, so they survive the process that wrote them
 worker (the next process starts another) and ``kdb log`` can show their compiles before
 their binaries are stored.
 
-The worker is two processes: a supervisor (this module, no OpenCL) and a child that does the
-stores. A job whose store takes far longer than its compile did (pyopencl's scan programs)
-is stopped, set aside as *slow*, and tried again only when no other job is waiting, so one
-costly program never holds up the entries the next run asks for.
+The worker is a supervisor (this module, no OpenCL) and two children that do the stores. A
+job whose store takes far longer than its compile did (pyopencl's scan programs: 30-45 s
+against 0.5 s) is stopped and set aside as *slow*; the second child stores slow jobs one by
+one while the first goes on with the others, so one costly program never holds up the
+entries the next run asks for, and nothing is thrown away once it is set aside.
 
     python -m kdb.spool DIR            # the worker's supervisor for one spool directory
     python -m kdb.spool --child        # its child: stores the jobs named on stdin
@@ -258,10 +259,6 @@ def wait(user_dir: Path, timeout: float, progress=None) -> int:
             return len(left)
         for spool in {p.parent for p in left}:
             _worker_checked.pop(spool, None)
-            if not worker_running(spool):
-                for p in left:  # a waiting caller: slow jobs are not set aside now
-                    if p.parent == spool and p.suffix == SLOW:
-                        _rename(p, p.with_suffix(JOB))
             ensure_worker(spool)
         time.sleep(0.1)
 
@@ -330,6 +327,7 @@ class _Child:
 
 
 def _keys(path: Path, memo: dict) -> tuple[list[str], float, str]:
+    """A job's keys, compile seconds and claims directory (read once per job)."""
     got = memo.get(path.name)
     if got is None:
         job = read_job(path) or {}
@@ -339,32 +337,83 @@ def _keys(path: Path, memo: dict) -> tuple[list[str], float, str]:
     return got
 
 
-def _next(spool: Path, memo: dict) -> tuple[Path | None, bool]:
-    """The next job: one another process waits for, else the oldest that is old enough, else
-    a slow one; ``(path, is_slow)``, or ``(None, False)`` when nothing is ready."""
+class _Lane:
+    """One child and the job it is storing: the normal lane bounds each store's time, the
+    slow lane stores set-aside jobs one by one, so neither holds up the other."""
+
+    def __init__(self, slow: bool) -> None:
+        self.slow = slow
+        self.child: _Child | None = None
+        self.job: Path | None = None
+        self.started = 0.0
+        self.limit: float | None = None
+
+    def start(self, path: Path, memo: dict) -> None:
+        if self.child is None or self.child.proc.poll() is not None:
+            self.child = _Child()
+        _, seconds, _ = _keys(path, memo)
+        self.job, self.started = path, time.monotonic()
+        self.limit = None if self.slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
+        self.child.start(path)
+
+    def poll(self, memo: dict) -> None:
+        """Finish, or set aside, the current job if its time has come."""
+        if self.job is None or self.child is None:
+            return
+        done = self.child.done(0)
+        path = self.job
+        if done is None and (self.limit is None or time.monotonic() - self.started <= self.limit):
+            return
+        if done is False:  # the child died (killed, or crashed inside the driver)
+            _say(f"the store of {path.name} ended its process; the job is dropped")
+            _unlink(path)
+            self.child = None
+        elif done is None:
+            _say(f"{path.name}: storing took over {self.limit:.0f} s; set aside, to be stored "
+                 "beside the other jobs")
+            self.child.kill()
+            self.child = None
+            _rename(path, _slow(path))
+        self.job = None
+        memo.pop(path.name, None)
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
+
+
+def _pick(spool: Path, memo: dict, lane: _Lane, busy: set[str]) -> Path | None:
+    """The next job for ``lane``. Normal lane: one another process waits for, else the
+    oldest that is old enough; a job whose keys a slow job already holds joins the slow ones.
+    Slow lane: the oldest slow job."""
     try:
         names = sorted(os.listdir(spool))
     except OSError:
-        return None, False
-    now_ns = time.time_ns()
-    normal = [spool / n for n in names if n.endswith(JOB)]
-    slow = [spool / n for n in names if n.endswith(SLOW)]
+        return None
+    if lane.slow:
+        slow = [spool / n for n in names if n.endswith(SLOW) and n not in busy]
+        return slow[0] if slow else None
     from . import claims
 
+    normal = [spool / n for n in names if n.endswith(JOB) and n not in busy]
+    slow_keys = {k for n in names if n.endswith(SLOW) or n in busy
+                 for k in _keys(spool / n, memo)[0]}
+    ready = []
+    now_ns = time.time_ns()
     for p in normal:
         keys, _, cdir = _keys(p, memo)
+        if keys and set(keys) <= slow_keys:
+            _rename(p, _slow(p))  # the same program again: it would be slow again
+            continue
         if cdir and any(claims.wanted(Path(cdir), k) for k in keys):
-            return p, False
-    for p in normal:
+            return p
         try:
             born = int(p.name.split("-", 1)[0])
         except ValueError:
             born = 0
         if (now_ns - born) / 1e9 >= MIN_AGE_S:
-            return p, False
-    if normal:
-        return None, False
-    return (slow[0], True) if slow else (None, False)
+            ready.append(p)
+    return ready[0] if ready else None
 
 
 def supervise(spool: Path) -> int:
@@ -382,34 +431,30 @@ def supervise(spool: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        os.close(fd)
         return 0  # another worker has it
-    child: _Child | None = None
+    lanes = [_Lane(slow=False), _Lane(slow=True)]
     memo: dict = {}
     idle_since = time.monotonic()
     try:
         while True:
-            path, slow = _next(spool, memo)
-            if path is None:
-                if not _has_jobs(spool):
-                    if time.monotonic() - idle_since >= IDLE_EXIT_S:
-                        break
-                else:
-                    idle_since = time.monotonic()
-                time.sleep(0.1)
-                continue
-            idle_since = time.monotonic()
-            if child is None or child.proc.poll() is not None:
-                child = _Child()
-            _, seconds, _ = _keys(path, memo)
-            limit = None if slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
-            child.start(path)
-            outcome = _follow(child, spool, path, limit, slow, memo)
-            if outcome == "killed":
-                child = None
-            memo.pop(path.name, None)
+            for lane in lanes:
+                lane.poll(memo)
+            busy = {lane.job.name for lane in lanes if lane.job is not None}
+            for lane in lanes:
+                if lane.job is None:
+                    path = _pick(spool, memo, lane, busy)
+                    if path is not None:
+                        lane.start(path, memo)
+                        busy.add(path.name)
+            if busy or _has_jobs(spool):
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= IDLE_EXIT_S:
+                break
+            _wait_any(lanes, 0.1)
     finally:
-        if child is not None:
-            child.close()
+        for lane in lanes:
+            lane.close()
         os.close(fd)
     # A process may have written a job after our last look and seen our lock: go on.
     if _has_jobs(spool) and not worker_running(spool):
@@ -417,36 +462,22 @@ def supervise(spool: Path) -> int:
     return 0
 
 
+def _wait_any(lanes: list[_Lane], timeout: float) -> None:
+    import select
+
+    pipes = [lane.child.proc.stdout for lane in lanes
+             if lane.job is not None and lane.child is not None]
+    if pipes:
+        select.select(pipes, [], [], timeout)
+    else:
+        time.sleep(timeout)
+
+
 def _has_jobs(spool: Path) -> bool:
     try:
         return any(n.endswith((JOB, SLOW)) for n in os.listdir(spool))
     except OSError:
         return False
-
-
-def _follow(child: _Child, spool: Path, path: Path, limit: float | None, slow: bool,
-            memo: dict) -> str:
-    """Wait for the child to finish ``path``; stop it when the job turns out slow (or, for a
-    slow job, as soon as another job is ready)."""
-    start = time.monotonic()
-    while True:
-        done = child.done(0.2)
-        if done:
-            return "done"
-        if done is False:  # the child died (killed, or crashed inside the driver)
-            _say(f"the store of {path.name} ended its process; the job is dropped")
-            _unlink(path)
-            return "killed"
-        took = time.monotonic() - start
-        if limit is not None and took > limit:
-            _say(f"{path.name}: storing took over {limit:.0f} s; set aside until the worker "
-                 "is otherwise idle")
-            child.kill()
-            _rename(path, _slow(path))
-            return "killed"
-        if slow and _next(spool, memo)[0] not in (None, path):
-            child.kill()  # a slow job yields to any other; it is tried again later
-            return "killed"
 
 
 def _unlink(path: Path) -> None:
@@ -493,8 +524,24 @@ def store_job(path: Path, dbs: dict | None = None) -> None:
     if job.get("kind") == "bookkeeping":
         db.write_bookkeeping(job["archs"])
         return
+    if _stored_already(db, job):  # the same program compiled again before it was stored
+        from .store import CompileRecord
+
+        db.store([], [CompileRecord(*row) for row in job.get("logs", [])])
+        return
     backend = importlib.import_module(f"kdb.backends.{job['backend']}")
     backend.store_job(db, job)
+
+
+def _stored_already(db, job: dict) -> bool:
+    from .keys import HashAttributes
+
+    entries = job.get("entries", [])
+    for e in entries:
+        attrs = HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
+        if db.user_file(attrs.arch).fetch(attrs.key) is None:
+            return False
+    return bool(entries)
 
 
 if __name__ == "__main__":
