@@ -102,7 +102,7 @@ def submit(user_dir: Path, job: dict, claims: list | None = None) -> Path:
     from .config import private_dir
 
     env = _environment()
-    spool = private_dir(Path(user_dir) / SPOOL / environment_digest(env))
+    spool = private_dir(spool_dir(user_dir))
     if not (spool / ENVIRONMENT).exists():
         _write_file(spool / ENVIRONMENT, env)
     _counter += 1
@@ -112,6 +112,8 @@ def submit(user_dir: Path, job: dict, claims: list | None = None) -> Path:
     for claim in claims or ():
         claim.mark_pending(job.get("seconds", 0.0))
         _claims.append((path, claim))
+    if claims and not _exit_registered:
+        _register_exit()
     _release_stored()
     ensure_worker(spool)
     if Path(user_dir) not in _orphans_checked:
@@ -122,6 +124,33 @@ def submit(user_dir: Path, job: dict, claims: list | None = None) -> Path:
 
 
 _orphans_checked: set[Path] = set()
+
+
+def _at_exit() -> None:
+    """Claims whose jobs are still queued end with this process; with the shared tier their
+    cross-node locks go to a keeper (:mod:`kdb.keeper`) so other nodes still wait for them."""
+    pending = [(p, c) for p, c in _claims if p.exists() or _slow(p).exists()]
+    tiers: dict[int, tuple[object, list]] = {}
+    for path, claim in pending:
+        tier = getattr(claim, "_tier", None)
+        if tier is not None:
+            tiers.setdefault(id(tier), (tier, []))[1].append((claim.key, str(path)))
+    if tiers:
+        from . import keeper
+
+        for tier, items in tiers.values():
+            keeper.hand_over(tier, items)
+
+
+_exit_registered = False
+
+
+def _register_exit() -> None:
+    global _exit_registered
+    import atexit
+
+    _exit_registered = True
+    atexit.register(_at_exit)
 
 
 def _write_file(path: Path, data: dict) -> None:
@@ -197,6 +226,24 @@ def ensure_worker(spool: Path) -> None:
         subprocess.Popen([exe, "-m", "kdb.spool", str(spool)],
                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                          start_new_session=True, close_fds=True, cwd="/")
+
+
+def spool_dir(user_dir: Path, environ=None) -> Path:
+    """The spool a process with ``environ`` (default: this one's) writes its jobs to."""
+    env = _environment()
+    if environ is not None:
+        env["variables"] = sorted([k, v] for k, v in environ.items()
+                                  if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+    return Path(user_dir) / SPOOL / environment_digest(env)
+
+
+def _after_fork() -> None:
+    _claims.clear()  # the parent's: it releases them
+    _worker_checked.clear()
+    _orphans_checked.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def can_spool() -> bool:

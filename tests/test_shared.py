@@ -249,6 +249,41 @@ def test_second_node_compiles_nothing_the_first_compiled(shared_url, pg, tmp_pat
     assert len(shared_keys(pg, shared_url)) == 4
 
 
+def test_a_node_started_after_another_exited_waits_for_its_queued_stores(shared_url, pg,
+                                                                          tmp_path):
+    """Node A's process exits with its stores still queued for the store worker: its
+    cross-node claims outlive it (a keeper holds them), so node B, started right after,
+    waits for the entries instead of compiling them again."""
+    import fcntl
+
+    from kdb import spool
+    from kdb.config import private_dir
+
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    env_a = _child_env(node_a, tmp_path / "pocl-a", shared_url, KDB_STORE_AT_EXIT="detach")
+    sdir = private_dir(spool.spool_dir(node_a / "v1", env_a))
+    held = os.open(sdir / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # no store worker for node A until we say so
+    try:
+        proc = subprocess.run([sys.executable, "-c", CHILD, "0,1,2"], capture_output=True,
+                              text=True, timeout=300, env=env_a)
+        assert proc.returncode == 0, proc.stderr
+        assert len(shared_keys(pg, shared_url)) == 0  # nothing published yet
+        env_b = _child_env(node_b, tmp_path / "pocl-b", shared_url, KDB_STORE_AT_EXIT="detach",
+                           KDB_WAIT_TIMEOUT="120")
+        b = subprocess.Popen([sys.executable, "-c", CHILD, "0,1,2"], env=env_b,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # B is waiting for node A's claims now
+        assert b.poll() is None
+    finally:
+        os.close(held)
+    spool.ensure_worker(sdir)  # node A's worker stores and publishes; the keeper lets go
+    out, err = b.communicate(timeout=300)
+    assert b.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == []  # B compiled nothing
+    assert user_counter(node_b, _arch(), "hits.shared") == 3
+
+
 def _arch() -> str:
     import pyopencl as cl
 
