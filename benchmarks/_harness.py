@@ -370,7 +370,7 @@ class Workspace:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def wait_detached(cache_dir: Path, timeout: float = 900) -> float:
+def wait_for_worker(cache_dir: Path, timeout: float = 900) -> float:
     """Wait for the store worker a child left (KDB_STORE_AT_EXIT=detach) to finish: every
     job stored and no worker running. Returns the seconds waited."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -23,7 +23,7 @@ one while the first goes on with the others, so one costly program never holds u
 entries the next run asks for, and nothing is thrown away once it is set aside.
 
     python -m kdb.spool DIR            # the worker's supervisor for one spool directory
-    python -m kdb.spool --child        # its child: stores the jobs named on stdin
+    python -m kdb.spool --child        # a child: stores the jobs named on stdin (--slow-child)
 """
 
 from __future__ import annotations
@@ -320,13 +320,19 @@ def _rename(src: Path, dst: Path) -> bool:
 
 # -- the worker: supervisor ------------------------------------------------------------------
 
-def _lowest_priority() -> None:
+def _lowest_priority(idle: bool) -> None:
+    """nice 19; with ``idle``, also ``SCHED_IDLE``: run only on a CPU nothing else wants.
+
+    The lane that stores what the next run asks for runs at nice 19 (it yields to any
+    normal process, and is not starved by the slow lane); the slow lane at ``SCHED_IDLE``.
+    """
+    if idle:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass
     try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # runs only on idle CPUs
-    except (AttributeError, OSError):
-        pass
-    try:
-        os.nice(19)
+        os.nice(19 - os.nice(0))
     except OSError:
         pass
 
@@ -339,10 +345,11 @@ def _say(text: str) -> None:
 class _Child:
     """The child process that stores jobs, one at a time, named on its stdin."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow: bool) -> None:
         import subprocess
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "kdb.spool", "--child"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "kdb.spool",
+                                      "--slow-child" if slow else "--child"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      close_fds=True)
 
@@ -397,7 +404,7 @@ class _Lane:
 
     def start(self, path: Path, memo: dict) -> None:
         if self.child is None or self.child.proc.poll() is not None:
-            self.child = _Child()
+            self.child = _Child(self.slow)
         _, seconds, _ = _keys(path, memo)
         self.job, self.started = path, time.monotonic()
         self.limit = None if self.slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
@@ -468,7 +475,7 @@ def supervise(spool: Path) -> int:
     a time (an ``flock`` on ``worker.lock``)."""
     import fcntl
 
-    _lowest_priority()
+    _lowest_priority(idle=False)
     env = read_job(spool / ENVIRONMENT)
     if env is not None:  # the environment the jobs were written in, for the child's rebuilds
         for k in [k for k in os.environ if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES]:
@@ -537,9 +544,9 @@ def _unlink(path: Path) -> None:
 
 # -- the worker: child ------------------------------------------------------------------------
 
-def child_main() -> int:
+def child_main(slow: bool = False) -> int:
     """Store each job named on stdin; answer one line per job on stdout."""
-    _lowest_priority()
+    _lowest_priority(idle=slow)
     dbs: dict = {}
     for line in sys.stdin.buffer:
         path = Path(os.fsdecode(line.rstrip(b"\n")))
@@ -592,6 +599,6 @@ def _stored_already(db, job: dict) -> bool:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--child"]:
-        sys.exit(child_main())
+    if sys.argv[1:] in (["--child"], ["--slow-child"]):
+        sys.exit(child_main(slow=sys.argv[1] == "--slow-child"))
     sys.exit(supervise(Path(sys.argv[1])))
