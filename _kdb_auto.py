@@ -1,7 +1,7 @@
 """Switches kdb on in a process started with ``KDB_AUTO=1``, without a line of its code changed.
 
 ``kdb-auto.pth`` (installed with kdb, beside it in site-packages) runs at every interpreter
-start: with ``KDB_AUTO`` unset, empty or ``0`` it costs one environment lookup and imports
+start: with ``KDB_AUTO`` unset or empty it costs one environment lookup and imports
 nothing; otherwise it imports this module and calls :func:`start`, which puts an import hook
 on ``sys.meta_path``. The hook imports neither pyopencl nor pycuda: when the program imports
 one of them, right after that module has finished executing, it calls :mod:`kdb.auto`

@@ -8,6 +8,7 @@ start-up is what is measured.
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 import shutil
 import sqlite3
@@ -631,6 +632,157 @@ def cuda(ws: Workspace, o: Outcome) -> None:
                        "compile (the call alone)")
 
 
+# -- 7. zero-code adoption --------------------------------------------------------------------
+
+_PLAIN_APP = """\
+import json, sys
+import numpy as np
+import pyopencl as cl
+
+ctx = cl.Context(cl.get_platforms()[0].get_devices())
+q = cl.CommandQueue(ctx)
+a = np.arange(256, dtype=np.float32)
+d_a = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+d_out = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, a.nbytes)
+for k in json.load(open(sys.argv[1])):
+    prg = cl.Program(ctx, k["source"]).build()
+    getattr(prg, k["name"])(q, a.shape, None, d_out, d_a, np.float32(2))
+q.finish()
+"""
+
+
+def _bare_venvs(ws: Workspace) -> tuple[Path, Path]:
+    """Two new virtual environments without pip, identical but for kdb's wheel (installed
+    ``--no-deps``: a bare start imports none of kdb's dependencies) in the second."""
+
+    def build() -> tuple[Path, Path]:
+        import subprocess
+        import venv
+
+        from _harness import REPO
+
+        d = ws.path / "auto-venvs"
+        ws.log("auto: building a wheel of kdb and two bare virtual environments")
+        subprocess.run([PYTHON, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w",
+                        str(d / "dist"), str(REPO)], check=True, capture_output=True, timeout=600)
+        pythons = []
+        for name in ("without-kdb", "with-kdb"):
+            venv.EnvBuilder(with_pip=False).create(d / name)
+            pythons.append(d / name / "bin" / "python")
+        wheel = sorted((d / "dist").glob("kdb-*.whl"))[-1]
+        subprocess.run([PYTHON, "-m", "pip", "--python", str(pythons[1]), "install",
+                        "--no-deps", "--quiet", str(wheel)], check=True, capture_output=True,
+                       timeout=600)
+        return pythons[0], pythons[1]
+
+    return ws.memo("auto_venvs", build)
+
+
+def _pth_line_cost(python: Path) -> float:
+    """Seconds site spends on the line of ``python``'s installed kdb-auto.pth with KDB_AUTO
+    unset: compiling and running it (timeit, best of 5)."""
+    import os
+    import timeit
+
+    [pth] = python.parent.parent.glob("lib/python*/site-packages/kdb-auto.pth")
+    line = pth.read_text().strip()
+    saved = os.environ.pop("KDB_AUTO", None)
+    try:
+        n = 20000
+        return min(timeit.repeat(lambda: exec(compile(line, str(pth), "exec"), {}),  # noqa: S102
+                                 number=n, repeat=5)) / n
+    finally:
+        if saved is not None:
+            os.environ["KDB_AUTO"] = saved
+
+
+def auto(ws: Workspace, o: Outcome) -> None:
+    runs = ws.opts.runs or (15 if ws.opts.quick else 100)
+    o.title = ("Zero-code adoption: interpreter start-up with kdb installed (KDB_AUTO unset, "
+               "0, 1) against a venv without kdb; an unmodified pyopencl script run twice "
+               "under `kdb run`")
+    without, with_kdb = _bare_venvs(ws)
+    t = o.table(f"interpreter start-up; median of {runs}, arms interleaved", "without",
+                [Metric("wall", "python -c pass, wall", unit="ms"),
+                 Metric("wall_diff", "wall, paired diff", unit="us", ratio=False),
+                 Metric("site", "site.main()", unit="us"),
+                 Metric("site_diff", "site, paired diff", unit="us", ratio=False)],
+                note="two new venvs without pip, the second with kdb's wheel (--no-deps). "
+                     "wall: `python -c pass`, spawn to exit; site: `python -S` timing "
+                     "`import site; site.main()` in the child (every .pth file read and run, "
+                     "without a process start's noise); paired diff: median over runs of "
+                     "(arm - without) within a run")
+    arms = [("without", "venv without kdb", without, None),
+            ("unset", "kdb installed, KDB_AUTO unset", with_kdb, None),
+            ("zero", "kdb installed, KDB_AUTO=0", with_kdb, "0"),
+            ("on", "kdb installed, KDB_AUTO=1 (hook in place, no pyopencl)", with_kdb, "1")]
+    for arm, label, _, _ in arms:
+        t.arm(arm, label)
+    site_code = ("import time; t = time.perf_counter(); import site; site.main(); "
+                 "print('BENCH-JSON:{\"site\": %r}' % (time.perf_counter() - t))")
+    diffs: dict[str, dict[str, list[float]]] = {"wall": {}, "site": {}}
+    for r in range(runs):
+        if r % 25 == 0:
+            ws.log(f"auto: start-up run {r + 1}/{runs}")
+        got: dict[str, dict[str, float]] = {"wall": {}, "site": {}}
+        for arm, _, py, value in random.sample(arms, len(arms)):
+            env = ws.env(KDB_AUTO=value)
+            got["wall"][arm] = command([str(py), "-c", "pass"], env).wall
+            got["site"][arm] = command([str(py), "-S", "-c", site_code], env).data["site"]
+        for metric, per_arm in got.items():
+            for arm, v in per_arm.items():
+                t.add(arm, metric, v)
+                diffs[metric].setdefault(arm, []).append(v - per_arm["without"])
+    for metric in ("wall", "site"):
+        for arm, d in diffs[metric].items():
+            t.add(arm, f"{metric}_diff", median(d))
+    line_cost = _pth_line_cost(with_kdb)
+    o.info["pth_line_seconds"] = line_cost
+    o.notes.append(f"kdb-auto.pth's line with KDB_AUTO unset, compiled and run as site does: "
+                   f"{line_cost * 1e6:.1f} us (timeit, best of 5; compiling any `import` line "
+                   "costs most of it); Python 3.11's site runs a venv's .pth files twice")
+    o.checks.append(at_most("start-up with kdb installed, KDB_AUTO unset: site.main() "
+                            "paired difference vs a venv without kdb",
+                            median(diffs["site"]["unset"]) * 1e3, 0.2, unit=" ms"))
+    o.checks.append(at_most("start-up with kdb installed, KDB_AUTO unset: python -c pass "
+                            "wall, paired difference vs a venv without kdb (noisy)",
+                            median(diffs["wall"]["unset"]) * 1e3, 0.2, unit=" ms"))
+
+    # An unmodified pyopencl script, twice under `kdb run`.
+    n_k = ws.opts.kernels
+    kfile = ws.path / "auto-kernels.json"
+    kfile.write_text(json.dumps(_workloads.kernels(n_k)))
+    app = ws.path / "plain_app.py"
+    app.write_text(_PLAIN_APP)
+    kdb_exe = str(Path(PYTHON).parent / "kdb")
+    rt = o.table(f"plain pyopencl script, {n_k} kernels, under `kdb run` (one cache; each run "
+                 "a fresh POCL_CACHE_DIR)", "plain",
+                 [Metric("wall", "wall", unit="s"),
+                  Metric("compiled", "compiled", unit="n", ratio=False),
+                  Metric("served", "served", unit="n", ratio=False)])
+    rt.arm("plain", "python app.py (no kdb)")
+    rt.arm("first", "kdb run, first run (empty cache)")
+    rt.arm("second", "kdb run, second run")
+    rt.note = ("KDB_STORE_AT_EXIT=detach (the default); the detached store of the first run "
+               "is waited for before the second")
+    cache = ws.fresh("auto-cache")
+    p = command([PYTHON, str(app), str(kfile)], ws.env(POCL_CACHE_DIR=ws.fresh("auto-pocl")))
+    rt.add("plain", "wall", p.wall)
+    for arm in ("first", "second"):
+        ws.log(f"auto: kdb run, {arm} run")
+        p = command([kdb_exe, "run", "--json", "--", PYTHON, str(app), str(kfile)],
+                    ws.env(KDB_CACHE_DIR=cache, POCL_CACHE_DIR=ws.fresh("auto-pocl"),
+                           KDB_STORE_AT_EXIT="detach"))
+        summary = json.loads(p.stderr.strip().splitlines()[-1])
+        o.info[f"kdb_run_{arm}_detached_store_s"] = wait_detached(cache)
+        rt.add(arm, "wall", p.wall)
+        rt.add(arm, "compiled", summary["compiled"])
+        rt.add(arm, "served", summary["served"])
+    o.checks.append(at_most("plain pyopencl script under `kdb run`, second run: kernels "
+                            "compiled", rt.median("second", "compiled"), 0, unit=""))
+
+
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
+    "auto": auto,
 }

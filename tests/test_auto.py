@@ -80,7 +80,7 @@ def test_pth_is_installed_beside_kdb_and_checks_only_the_variable():
     pth = Path(sysconfig.get_paths()["purelib"]) / "kdb-auto.pth"
     line = pth.read_text()
     assert line.startswith("import ") and line.count("\n") == 1
-    assert "os.environ.get('KDB_AUTO', '0') not in ('', '0')" in line
+    assert line.startswith("import os; os.environ.get('KDB_AUTO') and exec(")
     assert _kdb_auto.ENV_AUTO == config.ENV_AUTO
 
 
@@ -297,3 +297,23 @@ def test_reports_add_up_across_processes_and_skip_torn_files(tmp_path):
     assert (s["requested"], s["served"], s["compiled"], s["processes"]) == (3, 2, 1, 2)
     assert tally.describe(s) == ("3 kernels requested: 1 compiled (0.25 s compiling), "
                                  "2 served (user 2), 1.00 s saved")
+
+
+# -- from the wheel -------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_wheel_installs_the_hook_and_kdb_run_works_from_it(kdb_venv, app, env):
+    """What `pip install kdb` gives: kdb-auto.pth in a fresh venv's site-packages, an
+    unmodified script adopted under `kdb run`, nothing compiled the second time."""
+    python, kdb = kdb_venv / "bin" / "python", kdb_venv / "bin" / "kdb"
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                  env, check=True).stdout.strip()
+    assert (Path(purelib) / "kdb-auto.pth").is_file()
+    compiled = []
+    for _ in range(2):
+        proc = run([kdb, "run", "--json", "--", python, app], env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "adopted"
+        compiled.append(json.loads(proc.stderr.strip().splitlines()[-1])["compiled"])
+    assert compiled == [1, 0]
+    assert run([python, app], env, check=True).stdout.strip() == "plain"  # KDB_AUTO unset

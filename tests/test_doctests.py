@@ -7,7 +7,8 @@ import importlib
 
 import pytest
 
-MODULES = ["kdb", "kdb.keys", "kdb.config", "kdb.includes", "kdb.fs", "kdb.wheel",
+MODULES = ["kdb", "kdb.keys", "kdb.config", "kdb.includes", "kdb.fs", "kdb.wheel", "kdb.tally",
+           "kdb.run", "_kdb_auto",
            "kdb.backends.common", "kdb.backends.opencl", "kdb.backends.cuda"]
 
 
