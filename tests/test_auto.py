@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +212,18 @@ def test_kdb_run_a_child_process_twice_compiles_nothing_the_second_time(app, env
     assert (second["compiled"], second["served"], second["hits"]["user"]) == (0, 1, 1)
     assert second["saved_seconds"] > 0 and second["exit_status"] == 3
     assert stats(env)["compiles"] == 1
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun here")
+def test_kdb_run_mpirun_ranks_compile_each_kernel_once(app, env):
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [KDB, "run", "--json", "--", "mpirun", *root, "--oversubscribe", "-n", "4",
+           sys.executable, app]
+    proc = run(cmd, env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["adopted"] * 4
+    s = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert (s["requested"], s["compiled"], s["served"], s["processes"]) == (4, 1, 3, 4)
 
 
 def test_kdb_run_prints_one_summary_line_and_takes_its_cache_dir(app, env, tmp_path):
