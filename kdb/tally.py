@@ -13,7 +13,6 @@ other process that shares the cache meanwhile.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import threading
 import time
@@ -53,6 +52,8 @@ def write_report(directory: str | os.PathLike[str] | None = None) -> Path | None
     got = counts()
     if not directory or not got:
         return None
+    import json  # not at import: json costs ~1 ms of a fresh process that only hits
+
     path = Path(directory) / f"{os.getpid()}-{time.time_ns()}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": os.getpid(), "counts": got}), encoding="utf-8")
@@ -64,6 +65,8 @@ def read_reports(directory: str | os.PathLike[str],
                  skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
     """The reports in ``directory`` (but the file names in ``skip``) added up:
     :func:`summarize` of their counts, plus ``processes``."""
+    import json
+
     total: dict[str, float] = {}
     processes = 0
     for path in sorted(Path(directory).glob("*.json")):
