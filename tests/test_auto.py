@@ -265,6 +265,32 @@ def test_kdb_run_forwards_sigterm_to_the_command(env, tmp_path):
     assert proc.returncode == 7, err
 
 
+def test_kdb_run_does_not_send_a_terminals_ctrl_c_twice(env):
+    """^C on a terminal reaches the whole foreground group, the command included: kdb run
+    must not pass it on a second time (a Python command would see two KeyboardInterrupts)."""
+    import pty
+
+    code = ("import signal, sys, time; n = [0]; "
+            "signal.signal(signal.SIGINT, lambda *a: n.__setitem__(0, n[0] + 1)); "
+            "print('ready', flush=True); time.sleep(3); sys.exit(10 + n[0])")
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs at once
+        os.execve(KDB, [KDB, "run", "--", sys.executable, "-c", code], env)
+    seen = b""
+    deadline = time.monotonic() + 30
+    while b"ready" not in seen and time.monotonic() < deadline:
+        seen += os.read(fd, 1024)
+    os.write(fd, b"\x03")  # the terminal's interrupt character
+    try:
+        while True:
+            seen += os.read(fd, 1024)
+    except OSError:  # EIO: the terminal's other end is closed, everyone has exited
+        pass
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 11, seen.decode(errors="replace")
+
+
 def test_kdb_run_of_a_missing_command_exits_127(env):
     proc = run([KDB, "run", "--", "no-such-command-kdb"], env)
     assert proc.returncode == 127
