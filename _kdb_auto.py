@@ -39,22 +39,28 @@ def _warn(message):
         pass
 
 
-def wanted(raw=None):
-    """True/False for a ``KDB_AUTO`` value (``None``: the environment's); a value that is
-    neither warns once and counts as off.
+def parse(raw):
+    """True (on), False (off) or None (not understood) for a ``KDB_AUTO`` value.
 
-    >>> wanted("1"), wanted("on"), wanted("0"), wanted(""), wanted("off")
-    (True, True, False, False, False)
+    >>> parse("1"), parse(" ON "), parse("0"), parse(""), parse("off"), parse("maybe")
+    (True, True, False, False, False, None)
     """
-    if raw is None:
-        raw = os.environ.get(ENV_AUTO, "")
-    value = raw.strip().lower()
+    value = (raw or "").strip().lower()
     if value in _TRUE:
         return True
-    if value not in _FALSE:
+    return False if value in _FALSE else None
+
+
+def wanted(raw=None):
+    """Whether ``KDB_AUTO`` (or ``raw``) asks for kdb; a value not understood warns once and
+    counts as off."""
+    if raw is None:
+        raw = os.environ.get(ENV_AUTO, "")
+    on = parse(raw)
+    if on is None:
         _warn(f"{ENV_AUTO}={raw!r} is not understood: set it to 1 to switch kdb on, 0 or "
               "unset for off; kdb stays off")
-    return False
+    return bool(on)
 
 
 def start():

@@ -678,22 +678,27 @@ def _bare_venvs(ws: Workspace) -> tuple[Path, Path]:
     return ws.memo("auto_venvs", build)
 
 
-def _pth_line_cost(python: Path) -> float:
-    """Seconds site spends on the line of ``python``'s installed kdb-auto.pth with KDB_AUTO
-    unset: compiling and running it (timeit, best of 5)."""
-    import os
-    import timeit
+_SITE_PASS = """\
+import json, site, sysconfig, timeit
+sp = sysconfig.get_paths()["purelib"]
+t = min(timeit.repeat(lambda: site.addsitedir(sp, set()), number=500, repeat=7)) / 500
+print("BENCH-JSON:" + json.dumps({"pass": t}))
+"""
 
-    [pth] = python.parent.parent.glob("lib/python*/site-packages/kdb-auto.pth")
-    line = pth.read_text().strip()
-    saved = os.environ.pop("KDB_AUTO", None)
+
+def _site_passes(python: Path) -> int:
+    """How many times ``site`` reads this venv's .pth files at start-up (Python 3.11: 2)."""
+    import subprocess
+
+    [sp] = python.parent.parent.glob("lib/python*/site-packages")
+    probe = sp / "zz-kdb-bench-count.pth"
+    probe.write_text("import sys; sys.__dict__.setdefault('_kdb_bench_passes', []).append(1)\n")
     try:
-        n = 20000
-        return min(timeit.repeat(lambda: exec(compile(line, str(pth), "exec"), {}),  # noqa: S102
-                                 number=n, repeat=5)) / n
+        out = subprocess.run([str(python), "-c", "import sys; print(len(sys._kdb_bench_passes))"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
     finally:
-        if saved is not None:
-            os.environ["KDB_AUTO"] = saved
+        probe.unlink()
+    return int(out.strip())
 
 
 def auto(ws: Workspace, o: Outcome) -> None:
@@ -736,11 +741,24 @@ def auto(ws: Workspace, o: Outcome) -> None:
     for metric in ("wall", "site"):
         for arm, d in diffs[metric].items():
             t.add(arm, f"{metric}_diff", median(d))
-    line_cost = _pth_line_cost(with_kdb)
-    o.info["pth_line_seconds"] = line_cost
-    o.notes.append(f"kdb-auto.pth's line with KDB_AUTO unset, compiled and run as site does: "
-                   f"{line_cost * 1e6:.1f} us (timeit, best of 5; compiling any `import` line "
-                   "costs most of it); Python 3.11's site runs a venv's .pth files twice")
+    passes = _site_passes(without)
+    pt = o.table("one pass of site over the venv's site-packages, in one process (best of "
+                 "7 x 500 addsitedir calls, KDB_AUTO unset)", "without",
+                 [Metric("pass", "per pass", unit="us"),
+                  Metric("start", f"per start ({passes} passes)", unit="us")],
+                 note="the process-noise-free cost of what kdb adds to every start: reading "
+                      "kdb-auto.pth and compiling and running its line")
+    pt.arm("without", "venv without kdb")
+    pt.arm("with", "kdb installed")
+    for arm, py in (("without", without), ("with", with_kdb)):
+        p = command([str(py), "-c", _SITE_PASS], ws.env())
+        pt.add(arm, "pass", p.data["pass"])
+        pt.add(arm, "start", p.data["pass"] * passes)
+    per_start = (pt.median("with", "start") or 0) - (pt.median("without", "start") or 0)
+    o.info["site_passes"] = passes
+    o.checks.append(at_most("start-up with kdb installed, KDB_AUTO unset: site's work on "
+                            "site-packages per start, vs a venv without kdb (in-process)",
+                            per_start * 1e3, 0.2, unit=" ms"))
     o.checks.append(at_most("start-up with kdb installed, KDB_AUTO unset: site.main() "
                             "paired difference vs a venv without kdb",
                             median(diffs["site"]["unset"]) * 1e3, 0.2, unit=" ms"))

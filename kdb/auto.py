@@ -95,6 +95,30 @@ def _pycuda_compile(module: Any, original: Any) -> Any:
     return compile
 
 
+PTH_NAME = "kdb-auto.pth"
+
+
+def status() -> dict[str, Any]:
+    """What ``kdb info`` says about zero-code adoption: ``KDB_AUTO``'s value and meaning, and
+    where the start-up hook (``kdb-auto.pth``) is installed, or None where it is missing."""
+    import site
+    import sysconfig
+
+    raw = os.environ.get(config.ENV_AUTO)
+    try:
+        import _kdb_auto
+
+        on = _kdb_auto.parse(raw)
+    except ImportError:
+        on = None
+    dirs = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    hook = next((str(Path(d) / PTH_NAME) for d in dirs if (Path(d) / PTH_NAME).is_file()),
+                None)
+    return {"variable": raw, "on": on, "hook": hook}
+
+
 def switch_on(cache_dir: str | os.PathLike[str] | None = None,
               report_dir: str | os.PathLike[str] | None = None) -> None:
     """kdb on for this process and every process it starts from now: ``KDB_AUTO=1`` (and

@@ -141,6 +141,7 @@ def info(obj: _Settings, as_json: bool) -> None:
                    f"{f['entries']} entries  {_bytes(f['size'])}"
                    + (f"  [{f['problem']}]" if f["problem"] else ""))
     _echo_shared(data["shared"])
+    _echo_auto(data["auto"])
     click.echo(f"system path ({config.ENV_SYSTEM_DB_PATH}): "
                + (os.pathsep.join(data["system_path"]) or "not set"))
     click.echo("system databases:")
@@ -179,6 +180,14 @@ def _echo_shared(shared: dict[str, Any] | None) -> None:
                f"{_bytes(shared['stored_bytes'])}  "
                + (", ".join(f"{a}: {v['entries']}" for a, v in shared["arches"].items())
                   or "no arches yet"))
+
+
+def _echo_auto(auto: dict[str, Any]) -> None:
+    raw = auto["variable"]
+    meaning = {True: "on", False: "off", None: "not understood: off"}[auto["on"]]
+    click.echo(f"{config.ENV_AUTO}: " + ("unset (off)" if raw is None else f"{raw!r} ({meaning})")
+               + "; start-up hook: " + (auto["hook"] or "MISSING (reinstall kdb: "
+                                        "KDB_AUTO=1 does nothing without it)"))
 
 
 def _echo_cuda(cuda: dict[str, Any]) -> None:
