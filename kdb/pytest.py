@@ -63,14 +63,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     from . import tally
 
-    s = tally.read_reports(_state["report_dir"], skip=_state["before"])
-    here = tally.summarize(tally.counts())  # this process reports at its exit, after this
-    for k in ("requested", "served", "compiled", "misses"):
-        s[k] += here[k]
-    for t in tally.TIERS:
-        s["hits"][t] += here["hits"][t]
-    s["compile_seconds"] += here["compile_seconds"]
-    s["saved_seconds"] += here["saved_seconds"]
+    # This process reports at its exit, after this line: its counts are added live.
+    s = tally.read_reports(_state["report_dir"], skip=_state["before"], plus=tally.counts())
     terminalreporter.write_line(f"kdb: {tally.describe(s)}")
 
 

@@ -62,12 +62,14 @@ def write_report(directory: str | os.PathLike[str] | None = None) -> Path | None
 
 
 def read_reports(directory: str | os.PathLike[str],
-                 skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
-    """The reports in ``directory`` (but the file names in ``skip``) added up:
-    :func:`summarize` of their counts, plus ``processes``."""
+                 skip: frozenset[str] | set[str] = frozenset(),
+                 plus: dict[str, float] | None = None) -> dict[str, Any]:
+    """The reports in ``directory`` (but the file names in ``skip``) added up, with the
+    counts ``plus`` (a live process's own, not reported yet): :func:`summarize` of them,
+    and ``processes``, the reports read."""
     import json
 
-    total: dict[str, float] = {}
+    total: dict[str, float] = dict(plus or {})
     processes = 0
     for path in sorted(Path(directory).glob("*.json")):
         if path.name in skip:
