@@ -25,8 +25,9 @@ from typing import Any, Sequence
 from . import config, tally
 from .errors import CommandError, InvalidArgumentError
 
-FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1,
-             signal.SIGUSR2)
+FORWARDED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT",
+                                                      "SIGUSR1", "SIGUSR2")
+                  if hasattr(signal, name))  # Windows has only some of them
 _SI_KERNEL = 0x80  # si_code of a signal the kernel sent (a terminal's ^C), Linux
 
 
@@ -109,7 +110,7 @@ def _run_handlers(command: list[str], env: dict[str, str]) -> int:
     pending: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
-        if signum in (signal.SIGINT, signal.SIGQUIT) and _foreground():
+        if signum in (signal.SIGINT, getattr(signal, "SIGQUIT", None)) and _foreground():
             return  # the terminal sent it to the command as well
         if proc is None:
             pending.append(signum)

@@ -291,6 +291,14 @@ def test_kdb_run_does_not_send_a_terminals_ctrl_c_twice(env):
     assert os.waitstatus_to_exitcode(status) == 11, seen.decode(errors="replace")
 
 
+def test_the_portable_forwarding_passes_status_and_signals_too(env):
+    """The handler-based path (where sigwaitinfo is missing), run here on purpose."""
+    from kdb import run as running
+
+    assert running._run_handlers([sys.executable, "-c", "import sys; sys.exit(4)"], env) == 4
+    assert running._run_handlers(["sh", "-c", "kill -TERM $$"], env) == 128 + signal.SIGTERM
+
+
 def test_kdb_run_of_a_missing_command_exits_127(env):
     proc = run([KDB, "run", "--", "no-such-command-kdb"], env)
     assert proc.returncode == 127
