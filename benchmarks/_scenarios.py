@@ -8,6 +8,7 @@ start-up is what is measured.
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 import shutil
 import sqlite3
@@ -733,7 +734,175 @@ def suite(ws: Workspace, o: Outcome) -> None:
                    "process; 'store worker after run 2' is how long it went on after run 2.")
 
 
+# -- 8. zero-code adoption --------------------------------------------------------------------
+
+_PLAIN_APP = """\
+import json, sys
+import numpy as np
+import pyopencl as cl
+
+ctx = cl.Context(cl.get_platforms()[0].get_devices())
+q = cl.CommandQueue(ctx)
+a = np.arange(256, dtype=np.float32)
+d_a = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+d_out = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, a.nbytes)
+for k in json.load(open(sys.argv[1])):
+    prg = cl.Program(ctx, k["source"]).build()
+    getattr(prg, k["name"])(q, a.shape, None, d_out, d_a, np.float32(2))
+q.finish()
+"""
+
+
+def _bare_venvs(ws: Workspace) -> tuple[Path, Path]:
+    """Two new virtual environments without pip, identical but for kdb's wheel (installed
+    ``--no-deps``: a bare start imports none of kdb's dependencies) in the second."""
+
+    def build() -> tuple[Path, Path]:
+        import subprocess
+        import venv
+
+        from _harness import REPO
+
+        d = ws.path / "auto-venvs"
+        ws.log("auto: building a wheel of kdb and two bare virtual environments")
+        subprocess.run([PYTHON, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w",
+                        str(d / "dist"), str(REPO)], check=True, capture_output=True, timeout=600)
+        pythons = []
+        for name in ("without-kdb", "with-kdb"):
+            venv.EnvBuilder(with_pip=False).create(d / name)
+            pythons.append(d / name / "bin" / "python")
+        wheel = sorted((d / "dist").glob("kdb-*.whl"))[-1]
+        subprocess.run([PYTHON, "-m", "pip", "--python", str(pythons[1]), "install",
+                        "--no-deps", "--quiet", str(wheel)], check=True, capture_output=True,
+                       timeout=600)
+        return pythons[0], pythons[1]
+
+    return ws.memo("auto_venvs", build)
+
+
+_SITE_PASS = """\
+import json, site, sysconfig, timeit
+sp = sysconfig.get_paths()["purelib"]
+t = min(timeit.repeat(lambda: site.addsitedir(sp, set()), number=500, repeat=7)) / 500
+print("BENCH-JSON:" + json.dumps({"pass": t}))
+"""
+
+
+def _site_passes(python: Path) -> int:
+    """How many times ``site`` reads this venv's .pth files at start-up (Python 3.11: 2)."""
+    import subprocess
+
+    [sp] = python.parent.parent.glob("lib/python*/site-packages")
+    probe = sp / "zz-kdb-bench-count.pth"
+    probe.write_text("import sys; sys.__dict__.setdefault('_kdb_bench_passes', []).append(1)\n")
+    try:
+        out = subprocess.run([str(python), "-c", "import sys; print(len(sys._kdb_bench_passes))"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    finally:
+        probe.unlink()
+    return int(out.strip())
+
+
+def auto(ws: Workspace, o: Outcome) -> None:
+    runs = ws.opts.runs or (15 if ws.opts.quick else 100)
+    o.title = ("Zero-code adoption: interpreter start-up with kdb installed (KDB_AUTO unset, "
+               "0, 1) against a venv without kdb; an unmodified pyopencl script run twice "
+               "under `kdb run`")
+    without, with_kdb = _bare_venvs(ws)
+    t = o.table(f"interpreter start-up; median of {runs}, arms interleaved", "without",
+                [Metric("wall", "python -c pass, wall", unit="ms"),
+                 Metric("wall_diff", "wall, paired diff", unit="us", ratio=False),
+                 Metric("site", "site.main()", unit="us"),
+                 Metric("site_diff", "site, paired diff", unit="us", ratio=False)],
+                note="two new venvs without pip, the second with kdb's wheel (--no-deps). "
+                     "wall: `python -c pass`, spawn to exit; site: `python -S` timing "
+                     "`import site; site.main()` in the child (every .pth file read and run, "
+                     "without a process start's noise); paired diff: median over runs of "
+                     "(arm - without) within a run")
+    arms = [("without", "venv without kdb", without, None),
+            ("unset", "kdb installed, KDB_AUTO unset", with_kdb, None),
+            ("zero", "kdb installed, KDB_AUTO=0", with_kdb, "0"),
+            ("on", "kdb installed, KDB_AUTO=1 (hook in place, no pyopencl)", with_kdb, "1")]
+    for arm, label, _, _ in arms:
+        t.arm(arm, label)
+    site_code = ("import time; t = time.perf_counter(); import site; site.main(); "
+                 "print('BENCH-JSON:{\"site\": %r}' % (time.perf_counter() - t))")
+    diffs: dict[str, dict[str, list[float]]] = {"wall": {}, "site": {}}
+    for r in range(runs):
+        if r % 25 == 0:
+            ws.log(f"auto: start-up run {r + 1}/{runs}")
+        got: dict[str, dict[str, float]] = {"wall": {}, "site": {}}
+        for arm, _, py, value in random.sample(arms, len(arms)):
+            env = ws.env(KDB_AUTO=value)
+            got["wall"][arm] = command([str(py), "-c", "pass"], env).wall
+            got["site"][arm] = command([str(py), "-S", "-c", site_code], env).data["site"]
+        for metric, per_arm in got.items():
+            for arm, v in per_arm.items():
+                t.add(arm, metric, v)
+                diffs[metric].setdefault(arm, []).append(v - per_arm["without"])
+    for metric in ("wall", "site"):
+        for arm, d in diffs[metric].items():
+            t.add(arm, f"{metric}_diff", median(d))
+    passes = _site_passes(without)
+    pt = o.table("one pass of site over the venv's site-packages, in one process (best of "
+                 "7 x 500 addsitedir calls, KDB_AUTO unset)", "without",
+                 [Metric("pass", "per pass", unit="us"),
+                  Metric("start", f"per start ({passes} passes)", unit="us")],
+                 note="the process-noise-free cost of what kdb adds to every start: reading "
+                      "kdb-auto.pth and compiling and running its line")
+    pt.arm("without", "venv without kdb")
+    pt.arm("with", "kdb installed")
+    for arm, py in (("without", without), ("with", with_kdb)):
+        p = command([str(py), "-c", _SITE_PASS], ws.env())
+        pt.add(arm, "pass", p.data["pass"])
+        pt.add(arm, "start", p.data["pass"] * passes)
+    per_start = (pt.median("with", "start") or 0) - (pt.median("without", "start") or 0)
+    o.info["site_passes"] = passes
+    o.checks.append(at_most("start-up with kdb installed, KDB_AUTO unset: site's work on "
+                            "site-packages per start, vs a venv without kdb (in-process)",
+                            per_start * 1e3, 0.2, unit=" ms"))
+    o.checks.append(at_most("start-up with kdb installed, KDB_AUTO unset: site.main() "
+                            "paired difference vs a venv without kdb",
+                            median(diffs["site"]["unset"]) * 1e3, 0.2, unit=" ms"))
+    o.checks.append(at_most("start-up with kdb installed, KDB_AUTO unset: python -c pass "
+                            "wall, paired difference vs a venv without kdb (noisy)",
+                            median(diffs["wall"]["unset"]) * 1e3, 0.2, unit=" ms"))
+
+    # An unmodified pyopencl script, twice under `kdb run`.
+    n_k = ws.opts.kernels
+    kfile = ws.path / "auto-kernels.json"
+    kfile.write_text(json.dumps(_workloads.kernels(n_k)))
+    app = ws.path / "plain_app.py"
+    app.write_text(_PLAIN_APP)
+    kdb_exe = str(Path(PYTHON).parent / "kdb")
+    rt = o.table(f"plain pyopencl script, {n_k} kernels, under `kdb run` (one cache; each run "
+                 "a fresh POCL_CACHE_DIR)", "plain",
+                 [Metric("wall", "wall", unit="s"),
+                  Metric("compiled", "compiled", unit="n", ratio=False),
+                  Metric("served", "served", unit="n", ratio=False)])
+    rt.arm("plain", "python app.py (no kdb)")
+    rt.arm("first", "kdb run, first run (empty cache)")
+    rt.arm("second", "kdb run, second run")
+    rt.note = ("KDB_STORE_AT_EXIT=detach (the default); the detached store of the first run "
+               "is waited for before the second")
+    cache = ws.fresh("auto-cache")
+    p = command([PYTHON, str(app), str(kfile)], ws.env(POCL_CACHE_DIR=ws.fresh("auto-pocl")))
+    rt.add("plain", "wall", p.wall)
+    for arm in ("first", "second"):
+        ws.log(f"auto: kdb run, {arm} run")
+        p = command([kdb_exe, "run", "--json", "--", PYTHON, str(app), str(kfile)],
+                    ws.env(KDB_CACHE_DIR=cache, POCL_CACHE_DIR=ws.fresh("auto-pocl"),
+                           KDB_STORE_AT_EXIT="detach"))
+        summary = json.loads(p.stderr.strip().splitlines()[-1])
+        o.info[f"kdb_run_{arm}_detached_store_s"] = wait_detached(cache)
+        rt.add(arm, "wall", p.wall)
+        rt.add(arm, "compiled", summary["compiled"])
+        rt.add(arm, "served", summary["served"])
+    o.checks.append(at_most("plain pyopencl script under `kdb run`, second run: kernels "
+                            "compiled", rt.median("second", "compiled"), 0, unit=""))
+
+
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
-    "suite": suite,
+    "suite": suite, "auto": auto,
 }

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import click
 
 from . import __version__, config, report
-from .errors import KdbError
+from .errors import CommandError, KdbError
 
 
 class _Group(click.Group):
@@ -141,6 +141,7 @@ def info(obj: _Settings, as_json: bool) -> None:
                    f"{f['entries']} entries  {_bytes(f['size'])}"
                    + (f"  [{f['problem']}]" if f["problem"] else ""))
     _echo_shared(data["shared"])
+    _echo_auto(data["auto"])
     click.echo(f"system path ({config.ENV_SYSTEM_DB_PATH}): "
                + (os.pathsep.join(data["system_path"]) or "not set"))
     click.echo("system databases:")
@@ -179,6 +180,14 @@ def _echo_shared(shared: dict[str, Any] | None) -> None:
                f"{_bytes(shared['stored_bytes'])}  "
                + (", ".join(f"{a}: {v['entries']}" for a, v in shared["arches"].items())
                   or "no arches yet"))
+
+
+def _echo_auto(auto: dict[str, Any]) -> None:
+    raw = auto["variable"]
+    meaning = {True: "on", False: "off", None: "not understood: off"}[auto["on"]]
+    click.echo(f"{config.ENV_AUTO}: " + ("unset (off)" if raw is None else f"{raw!r} ({meaning})")
+               + "; start-up hook: " + (auto["hook"] or "MISSING (reinstall kdb: "
+                                        "KDB_AUTO=1 does nothing without it)"))
 
 
 def _echo_cuda(cuda: dict[str, Any]) -> None:
@@ -672,6 +681,44 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
         click.echo(f"error: {len(failed)} kernel(s) could not be packed and were left out: "
                    + ", ".join(f"{n} ({a})" for a, n, _ in failed), err=True)
         ctx.exit(1)
+
+
+@cli.command("run", context_settings={"ignore_unknown_options": True,
+                                      "allow_interspersed_args": False})
+@click.option("--cache-dir", "run_cache_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="User tier root for the command (sets KDB_CACHE_DIR for it).")
+@click.option("--json", "as_json", is_flag=True,
+              help="End with one JSON line on stderr instead of the summary line.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def run_command(ctx: click.Context, run_cache_dir: Path | None, as_json: bool,
+                command: tuple[str, ...]) -> None:
+    """Run COMMAND with kdb on for it and every process it starts (KDB_AUTO=1).
+
+    Stdin, stdout, stderr and the exit status are the command's; signals sent to kdb run
+    are passed on. At the end, one line on stderr: kernels requested, compiled, served per
+    tier, seconds compiling and seconds saved, added up over every process that used kdb.
+
+    \b
+    Example:
+        kdb run -- mpirun -n 8 python app.py
+    """
+    from . import run as running
+    from . import tally
+
+    obj: _Settings = ctx.obj
+    cache_dir = run_cache_dir or (obj.cache_root if obj.explicit else None)
+    try:
+        status, summary = running.run(command, cache_dir)
+    except CommandError as err:  # a shell's status (127, 126), not the usual 1
+        click.echo(f"Error: {err}", err=True)
+        ctx.exit(err.exit_status)
+    if as_json:
+        click.echo(json.dumps({"exit_status": status, **summary}), err=True)
+    else:
+        click.echo(f"kdb run: {tally.describe(summary)}; {summary['processes']} process(es) "
+                   f"used kdb; exit status {status}", err=True)
+    ctx.exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -32,6 +32,11 @@ ENV_STORE_AT_EXIT = "KDB_STORE_AT_EXIT"
 ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
 ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
 ENV_NVRTC = "KDB_NVRTC"  # the libnvrtc.so kdb.cuda loads (else the nvidia-cuda-nvrtc wheel)
+#: ``1``: every Python process started with it adopts pyopencl and pycuda (``kdb-auto.pth``
+#: reads it at start-up through ``_kdb_auto``, which repeats the name to stay off kdb).
+ENV_AUTO = "KDB_AUTO"
+#: Directory where each process that used kdb leaves its counts at exit (``kdb run``, pytest).
+ENV_RUN_REPORT = "KDB_RUN_REPORT"
 
 #: Seconds a writer waits on a locked user database before giving up (and warning).
 BUSY_TIMEOUT_S = 5.0

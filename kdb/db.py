@@ -19,7 +19,7 @@ import time
 import weakref
 from collections import namedtuple
 
-from . import config, discovery, faults, latency, logs
+from . import config, discovery, faults, latency, logs, tally
 from .codec import decode
 from .errors import InvalidArgumentError
 from .keys import HashAttributes
@@ -524,6 +524,7 @@ class KernelDB:
             if key is not None:
                 count, _ = p.hits.get(key, (0, 0.0))
                 p.hits[key] = (count + 1, time.time())
+        tally.add(counter, n, saved)  # this process's counts, for `kdb run` and pytest --kdb
 
     def _write(self, arch: str) -> None:
         """Write what is pending for ``arch`` (runs on the background thread, or at flush)."""

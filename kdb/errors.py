@@ -55,5 +55,14 @@ class BackendUnavailableError(KdbError):
     """A back end's runtime (pyopencl, a device, nvcc) is missing; the message says how to get it."""
 
 
+class CommandError(KdbError):
+    """``kdb run`` could not start its command; ``exit_status`` is a shell's (127: not found,
+    126: not executable)."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
 class KdbWarning(UserWarning):
     """Category of the warnings kdb issues through :mod:`warnings` (filter it like any other)."""

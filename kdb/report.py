@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import config, discovery, migrate
+from . import auto, config, discovery, migrate
 from .errors import InvalidArgumentError
 from .keys import differences
 from .store import sqlite_uri
@@ -273,6 +273,7 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "missing_system": missing,
         "cuda": cuda,
         "shared": shared_summary(),
+        "auto": auto.status(),
     }
 
 

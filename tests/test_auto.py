@@ -1,3 +1,369 @@
+"""Zero-code adoption: KDB_AUTO=1, `kdb run -- CMD` and `pytest --kdb`, in real processes.
+
+Every program here is an unmodified pyopencl script (it never imports kdb) run in a fresh
+interpreter of this venv, on PoCL, with its own KDB_CACHE_DIR and POCL_CACHE_DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import _kdb_auto
+from kdb import config, tally
+
+BIN = Path(sys.executable).parent
+KDB = str(BIN / "kdb")
+
+APP = textwrap.dedent('''
+    import numpy as np
+    import pyopencl as cl
+
+    ctx = cl.Context(cl.get_platforms()[0].get_devices())
+    q = cl.CommandQueue(ctx)
+    prg = cl.Program(ctx, """
+        __kernel void twice(__global float *a) { int i = get_global_id(0); a[i] *= 2.0f; }
+    """).build()
+    a = np.arange(8, dtype=np.float32)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+    prg.twice(q, a.shape, None, buf)
+    cl.enqueue_copy(q, a, buf)
+    assert a[3] == 6.0, a
+    print("adopted" if hasattr(cl.Program.build, "__wrapped__") else "plain")
+''')
+
+
+@pytest.fixture
+def app(tmp_path) -> Path:
+    path = tmp_path / "app.py"
+    path.write_text(APP)
+    return path
+
+
+@pytest.fixture
+def env(tmp_path) -> dict[str, str]:
+    """The children's environment: a private cache, KDB_AUTO and KDB_RUN_REPORT unset."""
+    e = {k: v for k, v in os.environ.items() if k not in (config.ENV_AUTO,
+                                                          config.ENV_RUN_REPORT)}
+    e["KDB_CACHE_DIR"] = str(tmp_path / "cache")
+    e["POCL_CACHE_DIR"] = str(tmp_path / "pocl")
+    return e
+
+
+def run(cmd, env, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True,
+                          timeout=kwargs.pop("timeout", 120), **kwargs)
+
+
+def stats(env) -> dict:
+    return json.loads(run([KDB, "stats", "--json"], env, check=True).stdout)
+
+
+def kdb_lines(stderr: str) -> list[str]:
+    """kdb's own lines, but the notice that no system database exists (expected here)."""
+    return [ln for ln in stderr.splitlines()
+            if ln.startswith("kdb") and "no system kernel database" not in ln]
+
+
+# -- the start-up hook ----------------------------------------------------------------------
+
+def test_pth_is_installed_beside_kdb_and_checks_only_the_variable():
+    pth = Path(sysconfig.get_paths()["purelib"]) / "kdb-auto.pth"
+    line = pth.read_text()
+    assert line.startswith("import ") and line.count("\n") == 1
+    assert line.startswith("import os; os.environ.get('KDB_AUTO') and exec(")
+    assert _kdb_auto.ENV_AUTO == config.ENV_AUTO
+
+
+def test_auto_twice_in_fresh_processes_compiles_once(app, env):
+    env["KDB_AUTO"] = "1"
+    first = run([sys.executable, app], env, check=True)
+    assert first.stdout.strip() == "adopted"
+    after_first = stats(env)
+    assert after_first["compiles"] == 1 and after_first["entries"] == 1
+    second = run([sys.executable, app], env, check=True)
+    assert second.stdout.strip() == "adopted"
+    after_second = stats(env)
+    assert after_second["compiles"] == 1, "the second process compiled"
+    assert after_second["hits"]["user"] == 1
+    assert kdb_lines(second.stderr) == []  # no "this start-up compiled" summary
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "off", "false", "maybe"])
+def test_auto_off_values_leave_pyopencl_alone(value, env, run_py):
+    if value is not None:
+        env["KDB_AUTO"] = value
+    code = "import sys, pyopencl; print(sorted(m for m in sys.modules if m.startswith('kdb')))"
+    proc = run([sys.executable, "-c", code], env, check=True)
+    assert proc.stdout.strip() == "[]"
+    if value == "maybe":
+        assert kdb_lines(proc.stderr) == [
+            "kdb: KDB_AUTO='maybe' is not understood: set it to 1 to switch kdb on, 0 or unset "
+            "for off; kdb stays off"]
+    else:
+        assert proc.stderr == ""
+
+
+def test_auto_does_not_import_pyopencl_itself(env):
+    env["KDB_AUTO"] = "1"
+    code = "import sys; print('pyopencl' in sys.modules, 'kdb' in sys.modules)"
+    assert run([sys.executable, "-c", code], env, check=True).stdout.split() == ["False", "False"]
+
+
+def test_auto_with_an_unusable_cache_runs_plain_pyopencl_with_one_warning(app, env, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env["KDB_AUTO"] = "1"
+    env["KDB_CACHE_DIR"] = str(blocker / "cache")  # under a file: no one can create it
+    proc = run([sys.executable, app], env, check=True)
+    assert proc.stdout.strip() == "plain"
+    [line] = kdb_lines(proc.stderr)
+    assert "could not switch on for pyopencl" in line and "cannot be created" in line
+
+
+def test_auto_with_a_bad_setting_runs_plain_pyopencl_with_one_warning(app, env):
+    env.update(KDB_AUTO="1", KDB_CACHE_MAX_SIZE="lots")
+    proc = run([sys.executable, app], env, check=True)
+    assert proc.stdout.strip() == "plain"
+    [line] = kdb_lines(proc.stderr)
+    assert "KDB_CACHE_MAX_SIZE='lots' is not a size" in line
+
+
+def test_auto_with_kdb_failing_to_import_runs_plain_pyopencl(app, env, tmp_path):
+    broken = tmp_path / "broken" / "kdb"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('kdb is broken here')\n")
+    env.update(KDB_AUTO="1", PYTHONPATH=str(broken.parent))
+    proc = run([sys.executable, app], env, check=True)
+    assert "plain" in proc.stdout
+    [line] = kdb_lines(proc.stderr)
+    assert "ImportError: kdb is broken here" in line and "without kdb" in line
+
+
+def test_auto_with_the_start_up_hook_failing_still_runs(app, env, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "_kdb_auto.py").write_text("raise RuntimeError('hook is broken')\n")
+    env.update(KDB_AUTO="1", PYTHONPATH=str(broken))
+    proc = run([sys.executable, app], env, check=True)
+    assert proc.stdout.strip() == "plain"
+    assert kdb_lines(proc.stderr) == [
+        "kdb: KDB_AUTO is set but kdb cannot start (RuntimeError: hook is broken); running "
+        "without it"]
+
+
+def test_auto_adopts_pycuda_compile(env, tmp_path):
+    """pycuda.compiler.compile (which pycuda's SourceModule calls) answered by kdb.cuda; a
+    stand-in pycuda, as the real one needs a GPU to import."""
+    from kdb.backends.cuda import find_nvcc
+
+    try:
+        find_nvcc()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no nvcc: {err}")
+    fake = tmp_path / "fake" / "pycuda"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "compiler.py").write_text(textwrap.dedent("""
+        DEFAULT_NVCC_FLAGS = []
+        def compile(source, nvcc="nvcc", options=None, keep=False, no_extern_c=False,
+                    arch=None, code=None, cache_dir=None, include_dirs=[], target="cubin"):
+            return b"pycuda's own"
+        class SourceModule:
+            def __init__(self, source, arch=None):
+                self.cubin = compile(source, arch=arch)
+    """))
+    code = textwrap.dedent("""
+        from pycuda.compiler import SourceModule, compile
+        cubin = compile("__global__ void k(float *a) { a[0] = 1.0f; }", arch="sm_90")
+        print(cubin[:4], SourceModule("__global__ void k(float *a) { a[0] = 1.0f; }",
+                                      arch="sm_90").cubin[:4], compile("x", keep=True))
+    """)
+    env.update(KDB_AUTO="1", PYTHONPATH=str(fake.parent))
+    proc = run([sys.executable, "-c", code], env, check=True, timeout=300)
+    assert proc.stdout.split() == ["b'\\x7fELF'", "b'\\x7fELF'", "b\"pycuda's", 'own"']
+    assert stats(env)["compiles"] == 1  # the second request was served
+
+
+# -- kdb run --------------------------------------------------------------------------------
+
+def test_kdb_run_a_child_process_twice_compiles_nothing_the_second_time(app, env):
+    parent = (f"import subprocess, sys; subprocess.check_call([sys.executable, {str(app)!r}]);"
+              " sys.exit(3)")
+    summaries = []
+    for _ in range(2):
+        proc = run([KDB, "run", "--json", "--", sys.executable, "-c", parent], env)
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stdout.strip() == "adopted"
+        summaries.append(json.loads(proc.stderr.strip().splitlines()[-1]))
+    first, second = summaries
+    assert (first["compiled"], first["served"], first["processes"]) == (1, 0, 1)
+    assert first["compile_seconds"] > 0
+    assert (second["compiled"], second["served"], second["hits"]["user"]) == (0, 1, 1)
+    assert second["saved_seconds"] > 0 and second["exit_status"] == 3
+    assert stats(env)["compiles"] == 1
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun here")
+def test_kdb_run_mpirun_ranks_compile_each_kernel_once(app, env):
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [KDB, "run", "--json", "--", "mpirun", *root, "--oversubscribe", "-n", "4",
+           sys.executable, app]
+    proc = run(cmd, env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["adopted"] * 4
+    s = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert (s["requested"], s["compiled"], s["served"], s["processes"]) == (4, 1, 3, 4)
+
+
+def test_kdb_run_prints_one_summary_line_and_takes_its_cache_dir(app, env, tmp_path):
+    other = tmp_path / "other-cache"
+    proc = run([KDB, "run", "--cache-dir", other, "--", sys.executable, app], env)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("kdb run: 1 kernels requested: 1 compiled (") and "exit status 0" in last
+    assert list((other / "v1").glob("*.kdb"))
+
+
+def test_kdb_run_passes_stdin_through(env):
+    proc = run([KDB, "run", "--", sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"],
+               env, input="abc")
+    assert proc.stdout.strip() == "cba"
+    assert "0 kernels requested" in proc.stderr
+
+
+def test_kdb_run_reports_death_by_signal_as_a_shell_does(env):
+    proc = run([KDB, "run", "--", "sh", "-c", "kill -TERM $$"], env)
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+def test_kdb_run_forwards_sigterm_to_the_command(env, tmp_path):
+    ready = tmp_path / "ready"
+    code = textwrap.dedent(f"""
+        import pathlib, signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+        pathlib.Path({str(ready)!r}).write_text("")
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([KDB, "run", "--", sys.executable, "-c", code], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 7, err
+
+
+def test_kdb_run_does_not_send_a_terminals_ctrl_c_twice(env):
+    """^C on a terminal reaches the whole foreground group, the command included: kdb run
+    must not pass it on a second time (a Python command would see two KeyboardInterrupts)."""
+    import pty
+
+    code = ("import signal, sys, time; n = [0]; "
+            "signal.signal(signal.SIGINT, lambda *a: n.__setitem__(0, n[0] + 1)); "
+            "print('ready', flush=True); time.sleep(3); sys.exit(10 + n[0])")
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs at once
+        os.execve(KDB, [KDB, "run", "--", sys.executable, "-c", code], env)
+    seen = b""
+    deadline = time.monotonic() + 30
+    while b"ready" not in seen and time.monotonic() < deadline:
+        seen += os.read(fd, 1024)
+    os.write(fd, b"\x03")  # the terminal's interrupt character
+    try:
+        while True:
+            seen += os.read(fd, 1024)
+    except OSError:  # EIO: the terminal's other end is closed, everyone has exited
+        pass
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 11, seen.decode(errors="replace")
+
+
+def test_the_portable_forwarding_passes_status_and_signals_too(env):
+    """The handler-based path (where sigwaitinfo is missing), run here on purpose."""
+    from kdb import run as running
+
+    assert running._run_handlers([sys.executable, "-c", "import sys; sys.exit(4)"], env) == 4
+    assert running._run_handlers(["sh", "-c", "kill -TERM $$"], env) == 128 + signal.SIGTERM
+
+
+def test_kdb_run_of_a_missing_command_exits_127(env):
+    proc = run([KDB, "run", "--", "no-such-command-kdb"], env)
+    assert proc.returncode == 127
+    assert "command not found: no-such-command-kdb" in proc.stderr
+
+
+# -- pytest --kdb ---------------------------------------------------------------------------
+
+def test_pytest_kdb_switches_kdb_on_for_the_session_and_its_subprocesses(app, env, tmp_path):
+    tests = tmp_path / "suite"
+    tests.mkdir()
+    (tests / "test_kernels.py").write_text(textwrap.dedent(f"""
+        import runpy, subprocess, sys
+
+        def test_in_process(capsys):
+            runpy.run_path({str(app)!r})
+            assert capsys.readouterr().out.strip() == "adopted"
+
+        def test_in_a_subprocess():
+            out = subprocess.check_output([sys.executable, {str(app)!r}], text=True)
+            assert out.strip() == "adopted"
+    """))
+    pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests]
+    first = run([*pytest_cmd, "--kdb"], env, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "kdb: 2 kernels requested: 1 compiled" in first.stdout  # the second waited or hit
+    second = run([*pytest_cmd, "-p", "kdb.pytest"], env, cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "kdb: 2 kernels requested: 0 compiled (0.00 s compiling), 2 served (user 2)" \
+        in second.stdout
+    without = run(pytest_cmd, env, cwd=tmp_path)
+    assert without.returncode == 1 and "kdb:" not in without.stdout  # plain pyopencl
+
+
+# -- counting -------------------------------------------------------------------------------
+
+def test_reports_add_up_across_processes_and_skip_torn_files(tmp_path):
+    for i, counts in enumerate([{"hits.user": 2, "saved_seconds": 1.0},
+                                {"compiles": 1, "compile_seconds": 0.25, "misses": 1}]):
+        (tmp_path / f"{i}.json").write_text(json.dumps({"pid": i, "counts": counts}))
+    (tmp_path / "torn.json").write_text('{"pid": 3, "cou')
+    s = tally.read_reports(tmp_path)
+    assert (s["requested"], s["served"], s["compiled"], s["processes"]) == (3, 2, 1, 2)
+    assert tally.describe(s) == ("3 kernels requested: 1 compiled (0.25 s compiling), "
+                                 "2 served (user 2), 1.00 s saved")
+
+
+# -- from the wheel -------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_wheel_installs_the_hook_and_kdb_run_works_from_it(kdb_venv, app, env):
+    """What `pip install kdb` gives: kdb-auto.pth in a fresh venv's site-packages, an
+    unmodified script adopted under `kdb run`, nothing compiled the second time."""
+    python, kdb = kdb_venv / "bin" / "python", kdb_venv / "bin" / "kdb"
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                  env, check=True).stdout.strip()
+    assert (Path(purelib) / "kdb-auto.pth").is_file()
+    compiled = []
+    for _ in range(2):
+        proc = run([kdb, "run", "--json", "--", python, app], env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "adopted"
+        compiled.append(json.loads(proc.stderr.strip().splitlines()[-1])["compiled"])
+    assert compiled == [1, 0]
+    assert run([python, app], env, check=True).stdout.strip() == "plain"  # KDB_AUTO unset
 
 
 def test_kdb_info_says_whether_kdb_auto_is_on_and_where_the_hook_is(env):

@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 MODULES = ["kdb", "kdb.keys", "kdb.config", "kdb.includes", "kdb.fs", "kdb.wheel", "kdb.pack",
-           "kdb.fallback", "kdb.backends.common", "kdb.backends.opencl", "kdb.backends.cuda"]
+           "kdb.fallback", "kdb.tally", "kdb.run", "_kdb_auto", "kdb.backends.common",
+           "kdb.backends.opencl", "kdb.backends.cuda"]
 
 
 @pytest.mark.parametrize("name", MODULES)

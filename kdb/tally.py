@@ -1,0 +1,134 @@
+"""This process's kdb counts, and the per-process reports ``kdb run`` and ``pytest --kdb`` add up.
+
+:class:`kdb.KernelDB` counts hits per tier, misses, compiles and seconds here as it counts them
+for the user file. When ``KDB_RUN_REPORT`` names a directory, a process that counted anything
+leaves ``<pid>-<ns>.json`` there at exit (one small file, written to a temporary name and
+renamed). One file per process is exact under concurrency (MPI ranks, pytest-xdist workers)
+with no lock, and independent of when the stores and counters reach the user files: a process
+that exits may hand those to a detached process that writes them after ``kdb run`` has
+returned, so a before/after diff of ``kdb stats`` would miss them, and would count every
+other process that shares the cache meanwhile.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import config
+
+_counts: dict[str, float] = {}
+_lock = threading.Lock()
+
+#: The counters a report carries (as :mod:`kdb.db` names them), and the tiers that serve.
+COUNTERS = ("hits.system", "hits.user", "hits.shared", "misses", "compiles",
+            "compile_seconds", "saved_seconds")
+TIERS = ("system", "user", "shared")
+
+
+def add(counter: str, n: float, saved: float = 0.0) -> None:
+    """Count ``n`` of ``counter`` (and ``saved`` seconds) for this process."""
+    with _lock:
+        _counts[counter] = _counts.get(counter, 0) + n
+        if saved:
+            _counts["saved_seconds"] = _counts.get("saved_seconds", 0) + saved
+
+
+def counts() -> dict[str, float]:
+    """This process's counts so far."""
+    with _lock:
+        return dict(_counts)
+
+
+def write_report(directory: str | os.PathLike[str] | None = None) -> Path | None:
+    """Leave this process's counts in ``directory`` (default ``KDB_RUN_REPORT``); the file,
+    or None when there is nothing to say or nowhere to say it."""
+    if directory is None:
+        directory = os.environ.get(config.ENV_RUN_REPORT)
+    got = counts()
+    if not directory or not got:
+        return None
+    import json  # not at import: json costs ~1 ms of a fresh process that only hits
+
+    path = Path(directory) / f"{os.getpid()}-{time.time_ns()}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "counts": got}), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_reports(directory: str | os.PathLike[str],
+                 skip: frozenset[str] | set[str] = frozenset(),
+                 plus: dict[str, float] | None = None) -> dict[str, Any]:
+    """The reports in ``directory`` (but the file names in ``skip``) added up, with the
+    counts ``plus`` (a live process's own, not reported yet): :func:`summarize` of them,
+    and ``processes``, the reports read."""
+    import json
+
+    total: dict[str, float] = dict(plus or {})
+    processes = 0
+    for path in sorted(Path(directory).glob("*.json")):
+        if path.name in skip:
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))["counts"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a report cut short by a killed process: its counts are lost, not ours
+        processes += 1
+        for k, v in data.items():
+            if isinstance(v, (int, float)):
+                total[k] = total.get(k, 0) + v
+    return {**summarize(total), "processes": processes}
+
+
+def summarize(c: dict[str, float]) -> dict[str, Any]:
+    """Requests, compiles, hits per tier and seconds from raw counters.
+
+    A request is served (a hit in some tier) or compiled; a miss that waited for another
+    process's compile and was then served counts once, as served.
+
+    >>> s = summarize({"hits.user": 3, "compiles": 1, "compile_seconds": 0.5, "misses": 1})
+    >>> s["requested"], s["served"], s["compiled"], s["hits"]["user"]
+    (4, 3, 1, 3)
+    """
+    hits = {t: int(c.get(f"hits.{t}", 0)) for t in TIERS}
+    served = sum(hits.values())
+    compiled = int(c.get("compiles", 0))
+    return {"requested": served + compiled, "served": served, "compiled": compiled,
+            "hits": hits, "misses": int(c.get("misses", 0)),
+            "compile_seconds": round(float(c.get("compile_seconds", 0.0)), 3),
+            "saved_seconds": round(float(c.get("saved_seconds", 0.0)), 3)}
+
+
+def describe(s: dict[str, Any]) -> str:
+    """One line for people: what :func:`summarize` (or :func:`read_reports`) returned.
+
+    >>> describe(summarize({"hits.user": 3, "compiles": 1, "compile_seconds": 0.5,
+    ...                     "saved_seconds": 1.25}))
+    '4 kernels requested: 1 compiled (0.50 s compiling), 3 served (user 3), 1.25 s saved'
+    """
+    tiers = ", ".join(f"{t} {n}" for t, n in s["hits"].items() if n)
+    return (f"{s['requested']} kernels requested: {s['compiled']} compiled "
+            f"({s['compile_seconds']:.2f} s compiling), {s['served']} served"
+            + (f" ({tiers})" if tiers else "") + f", {s['saved_seconds']:.2f} s saved")
+
+
+def _at_exit() -> None:
+    try:
+        write_report()
+    except OSError:  # a report directory gone or full: the program's exit is what matters
+        pass
+
+
+def _after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread of the parent may have held it
+    _counts.clear()  # the parent reports its own counts; a forked child counts afresh
+
+
+os.register_at_fork(after_in_child=_after_fork)
+atexit.register(_at_exit)
