@@ -37,6 +37,12 @@ class _Group(click.Group):
             raise click.ClickException(f"{type(err).__name__}: {err}") from err
 
 
+class _ConfigProblem(click.ClickException):
+    """A ``KDB_*`` variable kdb cannot use: a usage error of the command line (status 2)."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class _Settings:
     cache_root: Path
@@ -80,6 +86,10 @@ def cli(ctx: click.Context, cache_dir: Path | None) -> None:
     Example:
         kdb info
     """
+    bad = config.problems()
+    if bad:  # a program warns and goes on; a command says so and does nothing (status 2)
+        raise _ConfigProblem("\n".join(bad) + "\nfix or unset the variable(s) and run the "
+                             "command again")
     ctx.obj = _Settings(config.cache_root(cache_dir), config.user_dir(cache_dir),
                         cache_dir is not None)
 
@@ -428,7 +438,11 @@ def evict(obj: _Settings, size: str, arch: str | None, as_json: bool) -> None:
     Example:
         kdb evict --to 200M
     """
-    rows = report.evict(obj.user_dir, config.parse_size(size), arch)
+    try:
+        target = config.parse_size(size)
+    except KdbError as err:
+        raise click.BadParameter(str(err), param_hint="'--to'") from err
+    rows = report.evict(obj.user_dir, target, arch)
     if as_json:
         _emit_json(rows)
         return
