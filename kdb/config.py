@@ -30,6 +30,7 @@ ENV_TRACE = "KDB_TRACE"
 ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
 ENV_STORE_AT_EXIT = "KDB_STORE_AT_EXIT"
 ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
+ENV_LOCK_TIMEOUT = "KDB_LOCK_TIMEOUT"
 ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
 
 #: Seconds a writer waits on a locked user database before giving up (and warning).
@@ -40,6 +41,10 @@ STORE_TIMEOUT_S = 120.0
 
 #: Seconds a process waits for another process that compiles the same kernel.
 WAIT_TIMEOUT_S = 60.0
+
+#: Seconds a process waits for another's lock on a user file (held while it creates or
+#: upgrades the file's schema, about half a second) before going on without the file.
+LOCK_TIMEOUT_S = 10.0
 
 #: The shared tier's bounds: seconds to connect, seconds a statement may run, and seconds
 #: between attempts to reach a server that failed (kdb uses its local tiers meanwhile).
@@ -252,6 +257,11 @@ def wait_timeout(explicit: float | None = None) -> float:
     return seconds(ENV_WAIT_TIMEOUT, WAIT_TIMEOUT_S, explicit)
 
 
+def lock_timeout(explicit: float | None = None) -> float:
+    """Seconds a process waits for another's schema upgrade of a file (``KDB_LOCK_TIMEOUT``)."""
+    return seconds(ENV_LOCK_TIMEOUT, LOCK_TIMEOUT_S, explicit)
+
+
 def problems(environ: dict[str, str] | None = None) -> list[str]:
     """Every ``KDB_*`` variable set to a value kdb cannot use, one message each.
 
@@ -265,7 +275,7 @@ def problems(environ: dict[str, str] | None = None) -> list[str]:
     out = []
     checks = [(n, lambda n, v: parse_flag(n, v)) for n in (ENV_DISABLE_CACHE, ENV_STRICT,
                                                             ENV_TRACE)]
-    checks += [(n, parse_seconds) for n in (ENV_WAIT_TIMEOUT, ENV_STORE_TIMEOUT,
+    checks += [(n, parse_seconds) for n in (ENV_WAIT_TIMEOUT, ENV_STORE_TIMEOUT, ENV_LOCK_TIMEOUT,
                                              ENV_SHARED_CONNECT_TIMEOUT,
                                              ENV_SHARED_STATEMENT_TIMEOUT, ENV_SHARED_RETRY)]
     checks += [(ENV_STORE_AT_EXIT, lambda n, v: parse_store_at_exit(v)),

@@ -57,8 +57,12 @@ def start(redos: list[Redo]) -> None:
     try:
         _start(redos)
     except Exception as err:  # noqa: BLE001 - never fail an exiting program
-        log.warning("kdb: could not hand %d store(s) to a detached process (%s); they compile "
-                    "again next run", len(redos), err)
+        from . import faults
+
+        # Once-key of the cache directory's own faults: an unwritable cache warns once.
+        faults.warn_once(str(redos[0].db.user_dir) if redos else "handoff",
+                         "kdb: could not hand %d store(s) to a detached process (%s); they "
+                         "compile again next run", len(redos), err)
         for r in redos:
             if r.claim is not None:
                 r.claim.release()

@@ -156,7 +156,7 @@ def test_kdb_evict_and_kdb_stats_show_it(cache_dir, monkeypatch):
     rows = json.loads(cli_ok(["evict", "--to", str(3 * SIZE), "--json"]))
     path = cache_dir / "v1" / "a1.kdb"
     assert rows == [{"path": str(path), "arch": "a1", "removed": 3, "freed": 3 * SIZE,
-                     "entries": 3, "stored_bytes": 3 * SIZE}]
+                     "entries": 3, "stored_bytes": 3 * SIZE, "problem": ""}]
     assert stored_names(path) == ["k3", "k4", "k5"]
     after = json.loads(cli_ok(["stats", "--json"]))
     assert after["evicted"] == 3 and after["arches"]["a1"]["evicted"] == 3
