@@ -56,8 +56,9 @@ def _reading(path: Path, tier: str) -> Iterator[sqlite3.Connection]:
     """A read-only connection; system files are immutable, user files may be in use.
 
     A user file in WAL mode that cannot be opened ``mode=ro`` (a read-only cache directory
-    or mount: SQLite cannot create the ``-shm`` beside it) is read immutable, as the run
-    time reads it: nobody can commit to a file there.
+    or mount, a full disk: SQLite cannot create its ``-shm``) is read immutable, as the run
+    time reads a read-only cache, when its ``-wal`` holds nothing (the main file is whole)
+    or nobody can write there.
     """
     mode = "ro&immutable=1" if tier == "system" else "ro"
     conn = sqlite3.connect(sqlite_uri(path, "mode=" + mode), uri=True,
@@ -67,8 +68,8 @@ def _reading(path: Path, tier: str) -> Iterator[sqlite3.Connection]:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
         except sqlite3.OperationalError as err:
             conn.close()
-            if "unable to open" not in str(err) or _can_write_beside(path):
-                raise
+            if _can_write_beside(path) and _wal_size(path):
+                raise  # commits in the -wal: reading around them could mislead
             conn = sqlite3.connect(sqlite_uri(path, "mode=ro&immutable=1"), uri=True)
         except BaseException:
             conn.close()
@@ -77,6 +78,13 @@ def _reading(path: Path, tier: str) -> Iterator[sqlite3.Connection]:
         yield conn
     finally:
         conn.close()
+
+
+def _wal_size(path: Path) -> int:
+    try:
+        return os.stat(str(path) + "-wal").st_size
+    except OSError:
+        return 0
 
 
 def _can_write_beside(path: Path) -> bool:
@@ -842,6 +850,8 @@ def _verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
                 if rev != migrate.HEAD:
                     out["notes"].append(f"at revision {rev} (head {migrate.HEAD})")
                 _verify_entries(conn, arch, out)
+    except sqlite3.OperationalError as err:  # I/O, locked, cannot open: not damage
+        problems.append(f"cannot be read now: {err}")
     except _DAMAGED as err:
         problems.append(f"unreadable: {err}")
         out["fatal"] = True

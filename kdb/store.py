@@ -276,6 +276,12 @@ class KernelFile:
 
     def _damaged(self, err: Exception) -> None:
         self.usable = False
+        if isinstance(err, sqlite3.OperationalError):
+            # I/O error, full disk, cannot open, read-only, locked: the file may be sound,
+            # and moving it aside would lose every entry. Not used by this process.
+            faults.fault(f"cannot use {self.path} now ({err}); kernels are compiled instead "
+                         "and may not be stored", once=str(self.path.parent))
+            return
         what = "skipped" if self.readonly else "moved aside and recreated"
         faults.fault(f"{self.path} is damaged ({err}); it is {what}", once=str(self.path))
         if not self.readonly:
