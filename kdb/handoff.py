@@ -99,8 +99,12 @@ def _start(redos: list[Redo]) -> None:
         user_dir = private_dir(db.user_dir)
         path = user_dir / f".handoff-{os.getpid()}-{id(group)}.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(spec, f)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(spec, f)
+        except BaseException:  # a full disk: leave no empty spec behind
+            path.unlink(missing_ok=True)
+            raise
         try:
             out_fd = os.open(user_dir / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             with os.fdopen(out_fd, "ab") as out:

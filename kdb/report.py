@@ -303,6 +303,9 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
     """Everything ``kdb info`` shows: settings, user files, system databases, devices."""
     users = [describe_file(p, "user", p.name[: -len(".kdb")], "user dir")
              for p in user_files(user_dir)]
+    users += [FileReport(p.name[: -len(".kdb")], str(p), "user", "user dir", 0, 0, None,
+                         f"{kind}, not a kdb file: skipped; remove it")
+              for p, kind in odd_user_files(user_dir)]
     systems = []
     for src in discovery.all_sources():
         if src.problem:

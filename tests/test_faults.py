@@ -869,7 +869,9 @@ def test_verify_repair_leaves_a_file_a_first_write_is_creating(cache_dir):
 
 
 def test_an_upgrade_never_recreates_a_file_moved_aside(tmp_path):
-    with pytest.raises(Exception):  # noqa: B017 - SQLAlchemy's OperationalError
+    from sqlalchemy.exc import OperationalError
+
+    with pytest.raises(OperationalError, match="unable to open"):
         migrate.upgrade_sqlite(tmp_path / "gone.kdb", create=False)
     assert not (tmp_path / "gone.kdb").exists()
 
