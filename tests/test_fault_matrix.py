@@ -610,6 +610,8 @@ def test_every_command_and_a_workload_survive_the_state(name, template, tmp_path
         first = _workload(case, state, pocl, replace=state.replace)
         second = _workload(case, state, pocl, env={"KDB_STORE_AT_EXIT": None}) \
             if LONG or name in SECOND_RUN else None
+        if state.verify == 0:  # a sound file (a full disk, a stuck upgrader) stays in place
+            assert not list((case.cache / "v1").glob("*.corrupt-*")), "a sound file moved aside"
         if name == "full-disk":  # a hand-off that could not be written leaves nothing
             assert not list((case.cache / "v1").glob(".handoff-*")), "spec left behind"
         if LONG:  # four processes meet the state at once
