@@ -37,6 +37,12 @@ class _Group(click.Group):
             raise click.ClickException(f"{type(err).__name__}: {err}") from err
 
 
+class _ConfigProblem(click.ClickException):
+    """A ``KDB_*`` variable kdb cannot use: a usage error of the command line (status 2)."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class _Settings:
     cache_root: Path
@@ -80,6 +86,10 @@ def cli(ctx: click.Context, cache_dir: Path | None) -> None:
     Example:
         kdb info
     """
+    bad = config.problems()
+    if bad:  # a program warns and goes on; a command says so and does nothing (status 2)
+        raise _ConfigProblem("\n".join(bad) + "\nfix or unset the variable(s) and run the "
+                             "command again")
     ctx.obj = _Settings(config.cache_root(cache_dir), config.user_dir(cache_dir),
                         cache_dir is not None)
 
@@ -368,8 +378,9 @@ def explain(obj: _Settings, key_or_name: str, nearest: int, as_json: bool) -> No
 @cli.command()
 @click.option("--arch", default=None, help="Only this arch id's files.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_json_option
 @click.pass_obj
-def clear(obj: _Settings, arch: str | None, yes: bool) -> None:
+def clear(obj: _Settings, arch: str | None, yes: bool, as_json: bool) -> None:
     """Delete the user tier's files (all, or one arch's). System databases are never touched.
 
     \b
@@ -378,14 +389,25 @@ def clear(obj: _Settings, arch: str | None, yes: bool) -> None:
     """
     paths = report.clearable(obj.user_dir, arch)
     if not paths:
-        click.echo(f"nothing to clear in {obj.user_dir}")
+        if as_json:
+            _emit_json({"user_dir": str(obj.user_dir), "removed": [], "failed": []})
+        else:
+            click.echo(f"nothing to clear in {obj.user_dir}")
         return
     for p in paths:
-        click.echo(f"  {p}")
-    if not yes:
-        click.confirm(f"Delete these {len(paths)} file(s)?", abort=True)
-    removed = report.clear(paths)
-    click.echo(f"removed {len(removed)} file(s) from {obj.user_dir}")
+        click.echo(f"  {p}", err=as_json)
+    if not yes:  # with --json the listing and the question go to stderr
+        click.confirm(f"Delete these {len(paths)} file(s)?", abort=True, err=as_json)
+    removed, failed = report.clear(paths)
+    if as_json:
+        _emit_json({"user_dir": str(obj.user_dir), "removed": removed,
+                    "failed": [{"path": p, "error": e} for p, e in failed]})
+    else:
+        click.echo(f"removed {len(removed)} file(s) from {obj.user_dir}")
+        for p, e in failed:
+            click.echo(f"could not remove {p}: {e}", err=True)
+    if failed:
+        click.get_current_context().exit(1)
 
 
 @cli.command()
@@ -443,8 +465,8 @@ def verify(ctx: click.Context, repair: bool, arch: str | None, as_json: bool) ->
                    "empties the files.")
 @click.option("--arch", default=None, help="Only this arch id's file.")
 @_json_option
-@click.pass_obj
-def evict(obj: _Settings, size: str, arch: str | None, as_json: bool) -> None:
+@click.pass_context
+def evict(ctx: click.Context, size: str, arch: str | None, as_json: bool) -> None:
     """Remove least recently used entries until each user file stores at most SIZE.
 
     The cap KDB_CACHE_MAX_SIZE does this on every insert that would pass it; this command
@@ -454,16 +476,25 @@ def evict(obj: _Settings, size: str, arch: str | None, as_json: bool) -> None:
     Example:
         kdb evict --to 200M
     """
-    rows = report.evict(obj.user_dir, config.parse_size(size), arch)
+    obj: _Settings = ctx.obj
+    try:
+        target = config.parse_size(size)
+    except KdbError as err:
+        raise click.BadParameter(str(err), param_hint="'--to'") from err
+    rows = report.evict(obj.user_dir, target, arch)
     if as_json:
         _emit_json(rows)
-        return
-    if not rows:
+    elif not rows:
         click.echo(f"no user files in {obj.user_dir}")
-        return
-    _table(["FILE", "REMOVED", "FREED", "ENTRIES LEFT", "STORED LEFT"],
-           [[r["path"], r["removed"], _bytes(r["freed"]), r["entries"],
-             _bytes(r["stored_bytes"])] for r in rows])
+    else:
+        _table(["FILE", "REMOVED", "FREED", "ENTRIES LEFT", "STORED LEFT"],
+               [[r["path"], r["removed"], _bytes(r["freed"]), r["entries"],
+                 _bytes(r["stored_bytes"])] for r in rows])
+        for r in rows:
+            if r["problem"]:
+                click.echo(f"{r['path']}: {r['problem']}", err=True)
+    if any(r["problem"] for r in rows):
+        ctx.exit(1)  # a file that could not be brought under SIZE
 
 
 @cli.command("migrate")
@@ -475,6 +506,8 @@ def migrate_(ctx: click.Context, check: bool, as_json: bool) -> None:
     """Upgrade every user file to this kdb's schema revision (alembic).
 
     Files are also upgraded on their next write; this does it now, for all of them.
+    Exits with status 1 when a file was skipped (unreadable, from a newer kdb, or locked
+    by a stuck upgrader), and with --check when one needs an upgrade.
 
     \b
     Example:
@@ -492,6 +525,8 @@ def migrate_(ctx: click.Context, check: bool, as_json: bool) -> None:
                       else f"{r['from'] or '-'}")
             click.echo(f"{r['path']}: {change} {r['action']}"
                        + (f" ({r['problem']})" if r["problem"] else ""))
+    if any(r["action"] == "skipped" for r in rows):
+        ctx.exit(1)  # a file this kdb could not bring to its revision
     if check and any(r["action"] == "needs upgrade" for r in rows):
         ctx.exit(1)
 

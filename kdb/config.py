@@ -30,6 +30,7 @@ ENV_TRACE = "KDB_TRACE"
 ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
 ENV_STORE_AT_EXIT = "KDB_STORE_AT_EXIT"
 ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
+ENV_LOCK_TIMEOUT = "KDB_LOCK_TIMEOUT"
 ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
 ENV_NVRTC = "KDB_NVRTC"  # the libnvrtc.so kdb.cuda loads (else the nvidia-cuda-nvrtc wheel)
 #: ``1``: every Python process started with it adopts pyopencl and pycuda (``kdb-auto.pth``
@@ -46,6 +47,10 @@ STORE_TIMEOUT_S = 120.0
 
 #: Seconds a process waits for another process that compiles the same kernel.
 WAIT_TIMEOUT_S = 60.0
+
+#: Seconds a process waits for another's lock on a user file (held while it creates or
+#: upgrades the file's schema, about half a second) before going on without the file.
+LOCK_TIMEOUT_S = 10.0
 
 #: The shared tier's bounds: seconds to connect, seconds a statement may run, and seconds
 #: between attempts to reach a server that failed (kdb uses its local tiers meanwhile).
@@ -80,16 +85,71 @@ def environ_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
 _ENCODED_NAMES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
 
+#: Longest duration any ``*_TIMEOUT`` / ``*_RETRY`` setting may ask for: a day. A larger
+#: value (``1e300``, ``inf``) would be a wait without a limit in all but name.
+MAX_SECONDS = 86400.0
+
+#: Largest cap ``KDB_CACHE_MAX_SIZE`` may name (SQLite's largest integer is 2**63 - 1).
+MAX_SIZE_LIMIT = 1 << 62
+
+
+def _bad_setting(name: str, raw: str, problem: str, used: str) -> None:
+    """A program never ends over a bad ``KDB_*`` value: one warning per variable and value
+    naming both and what is used instead (the command line refuses them: :func:`problems`)."""
+    from . import faults  # faults reads KDB_STRICT through this module
+
+    faults.warn_once(f"config:{name}={raw}", "kdb: %s=%s %s; using %s instead", name,
+                     _short(raw), problem, used)
+
+
+def parse_flag(name: str, raw: str) -> bool:
+    """A boolean variable's value; :class:`ConfigError` if it is not one.
+
+    >>> parse_flag("KDB_TRACE", " Yes "), parse_flag("KDB_TRACE", "0")
+    (True, False)
+    """
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; set it to 1 or 0")
+
+
+#: What a bad boolean falls back to where the default is not safe: a ``KDB_DISABLE_CACHE``
+#: that does not parse was most likely meant to turn the cache off.
+_FLAG_FALLBACK = {ENV_DISABLE_CACHE: True}
+
+
 def flag(name: str, explicit: bool | None = None) -> bool:
     """A boolean setting: ``explicit`` if given, else the variable ``name`` (``1``/``0``...)."""
     if explicit is not None:
         return bool(explicit)
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ConfigError(f"{name}={os.environ[name]!r} is not a boolean; set it to 1 or 0")
+    raw = os.environ.get(name, "")
+    try:
+        return parse_flag(name, raw)
+    except ConfigError:
+        used = _FLAG_FALLBACK.get(name, False)
+        _bad_setting(name, raw, "is not a boolean (1 or 0)",
+                     "1 (the cache is turned off)" if name == ENV_DISABLE_CACHE and used
+                     else f"{int(used)} (the default)")
+        return used
+
+
+def parse_seconds(name: str, raw: str) -> float:
+    """A duration in seconds, finite, from 0 to :data:`MAX_SECONDS`; else :class:`ConfigError`.
+
+    >>> parse_seconds("KDB_WAIT_TIMEOUT", "2.5")
+    2.5
+    """
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not 0 <= value <= MAX_SECONDS:  # NaN fails both comparisons
+        raise ConfigError(f"{name}={raw!r} must be a number of seconds from 0 to "
+                          f"{MAX_SECONDS:g}")
+    return value
 
 
 def seconds(name: str, default: float, explicit: float | None = None) -> float:
@@ -100,12 +160,11 @@ def seconds(name: str, default: float, explicit: float | None = None) -> float:
     if not raw:
         return default
     try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r} must be >= 0")
-    return value
+        return parse_seconds(name, raw)
+    except ConfigError:
+        _bad_setting(name, raw, f"is not a number of seconds from 0 to {MAX_SECONDS:g}",
+                     f"{default:g} s (the default)")
+        return default
 
 
 #: Default cap of the user tier, per file (like Intel's and CUDA's caches).
@@ -113,17 +172,40 @@ MAX_SIZE_DEFAULT = 1 << 30
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\s*\Z", re.IGNORECASE)
 
 
+def _short(raw: str, width: int = 40) -> str:
+    """``raw`` as a message shows it: repr'd, cut to ``width`` characters."""
+    text = repr(raw)
+    return text if len(text) <= width else text[: width - 4] + "...'"
+
+
+def _size_or_reason(text: str) -> int | str:
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        return "is not understood"
+    digits, unit = m.group(1), m.group(2).lower()
+    if len(digits) > 30:  # float() would round it, or give inf
+        return f"is absurdly large (the largest is {MAX_SIZE_LIMIT} bytes)"
+    exact = float(digits) * (1 << (10 * " kmgt".index(unit or " ")))
+    if exact != int(exact) and not unit:
+        return "is a fraction of a byte"
+    if exact > MAX_SIZE_LIMIT:
+        return f"is absurdly large (the largest is {MAX_SIZE_LIMIT} bytes)"
+    return int(exact)
+
+
 def parse_size(text: str) -> int:
     """Bytes from ``"500M"``, ``"2G"``, ``"1.5GiB"`` or a plain number (1024-based units).
+
+    A fraction of a byte (``0.5``) and sizes past :data:`MAX_SIZE_LIMIT` are refused.
 
     >>> parse_size("500M"), parse_size("2g"), parse_size("0"), parse_size("4096")
     (524288000, 2147483648, 0, 4096)
     """
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ConfigError(f"size {text!r} is not understood; use bytes or a suffix: 500M, 2G")
-    number, unit = float(m.group(1)), m.group(2).lower()
-    return int(number * (1 << (10 * " kmgt".index(unit or " "))))
+    got = _size_or_reason(text)
+    if isinstance(got, str):
+        raise ConfigError(f"size {_short(str(text))} {got}; use whole bytes or a suffix: "
+                          "500M, 2G")
+    return got
 
 
 def max_size(explicit: int | str | None = None) -> int:
@@ -133,11 +215,12 @@ def max_size(explicit: int | str | None = None) -> int:
     raw = os.environ.get(ENV_CACHE_MAX_SIZE, "").strip()
     if not raw:
         return MAX_SIZE_DEFAULT
-    try:
-        return parse_size(raw)
-    except ConfigError:
-        raise ConfigError(f"{ENV_CACHE_MAX_SIZE}={raw!r} is not a size; use bytes or a "
-                          "suffix such as 500M or 2G (0 = no cap)") from None
+    got = _size_or_reason(raw)
+    if isinstance(got, str):
+        _bad_setting(ENV_CACHE_MAX_SIZE, raw, f"{got} (use bytes or a suffix such as 500M "
+                     "or 2G; 0 = no cap)", "1G (the default)")
+        return MAX_SIZE_DEFAULT
+    return got
 
 
 def store_timeout(explicit: float | None = None) -> float:
@@ -149,11 +232,7 @@ def store_timeout(explicit: float | None = None) -> float:
 STORE_AT_EXIT = ("detach", "wait")
 
 
-def store_at_exit(explicit: str | None = None) -> str:
-    """``detach``: an exiting process hands the OpenCL stores it has not started (reading a
-    program's binaries back from PoCL can take seconds) to a detached, low-priority process
-    and exits at once; ``wait``: it stores them itself within ``KDB_STORE_TIMEOUT``."""
-    raw = explicit if explicit is not None else os.environ.get(ENV_STORE_AT_EXIT, "")
+def parse_store_at_exit(raw: str) -> str:
     value = raw.strip().lower() or STORE_AT_EXIT[0]
     if value not in STORE_AT_EXIT:
         raise ConfigError(f"{ENV_STORE_AT_EXIT}={raw!r} is not one of {', '.join(STORE_AT_EXIT)}:"
@@ -162,9 +241,61 @@ def store_at_exit(explicit: str | None = None) -> str:
     return value
 
 
+def store_at_exit(explicit: str | None = None) -> str:
+    """``detach``: OpenCL stores (reading a program's binaries back from PoCL can take seconds)
+    go to the store worker as they happen (:mod:`kdb.spool`) and a process exits at once;
+    ``wait``: the process stores them itself, before exit within ``KDB_STORE_TIMEOUT``.
+
+    A bad value falls back to ``wait``, which needs nothing but this process."""
+    if explicit is not None:
+        return parse_store_at_exit(explicit)
+    raw = os.environ.get(ENV_STORE_AT_EXIT, "")
+    try:
+        return parse_store_at_exit(raw)
+    except ConfigError:
+        _bad_setting(ENV_STORE_AT_EXIT, raw, f"is not one of {', '.join(STORE_AT_EXIT)}",
+                     "'wait' (storing before exit)")
+        return "wait"
+
+
 def wait_timeout(explicit: float | None = None) -> float:
     """Seconds a process waits for another that compiles the same kernel (``KDB_WAIT_TIMEOUT``)."""
     return seconds(ENV_WAIT_TIMEOUT, WAIT_TIMEOUT_S, explicit)
+
+
+def lock_timeout(explicit: float | None = None) -> float:
+    """Seconds a process waits for another's schema upgrade of a file (``KDB_LOCK_TIMEOUT``)."""
+    return seconds(ENV_LOCK_TIMEOUT, LOCK_TIMEOUT_S, explicit)
+
+
+def problems(environ: dict[str, str] | None = None) -> list[str]:
+    """Every ``KDB_*`` variable set to a value kdb cannot use, one message each.
+
+    The command line refuses to run with any (exit status 2); a program warns once per
+    variable and uses the fallback instead (the getters above).
+
+    >>> problems({"KDB_WAIT_TIMEOUT": "nan", "KDB_TRACE": "1"})
+    ["KDB_WAIT_TIMEOUT='nan' must be a number of seconds from 0 to 86400"]
+    """
+    env = os.environ if environ is None else environ
+    out = []
+    checks = [(n, lambda n, v: parse_flag(n, v)) for n in (ENV_DISABLE_CACHE, ENV_STRICT,
+                                                            ENV_TRACE)]
+    checks += [(n, parse_seconds) for n in (ENV_WAIT_TIMEOUT, ENV_STORE_TIMEOUT, ENV_LOCK_TIMEOUT,
+                                             ENV_SHARED_CONNECT_TIMEOUT,
+                                             ENV_SHARED_STATEMENT_TIMEOUT, ENV_SHARED_RETRY)]
+    checks += [(ENV_STORE_AT_EXIT, lambda n, v: parse_store_at_exit(v)),
+               (ENV_CACHE_MAX_SIZE, lambda n, v: parse_size(v))]
+    for name, check in checks:
+        raw = env.get(name)
+        if raw is None or (not raw.strip() and name != ENV_STORE_AT_EXIT):
+            continue
+        try:
+            check(name, raw.strip() if check is parse_seconds else raw)
+        except ConfigError as err:
+            text = str(err)
+            out.append(text if name in text else f"{name}: {text}")
+    return out
 
 
 def shared_url(explicit: str | None = None) -> str | None:

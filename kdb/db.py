@@ -414,7 +414,7 @@ class KernelDB:
             spool.submit(self.user_dir, job, claims)
         except OSError as err:
             faults.fault(f"cannot hand stores to the store worker under {self.user_dir} ({err});"
-                         " storing them in this process", once="spool:" + str(self.user_dir))
+                         " storing them in this process", once=str(self.user_dir))
             return False
         self._spooled = True
         return True
@@ -449,7 +449,7 @@ class KernelDB:
         """Drop an entry that proved bad (e.g. the driver refused the binary) from the user
         tier, and from the shared tier too when it came from there."""
         faults.fault(f"entry {attrs.key[:16]} ({attrs.name or 'unnamed'}) dropped: {reason}",
-                     once="discard:" + attrs.key)
+                     once=f"discard:{self.user_dir}")
         self._inflight.pop(attrs.key, None)
         f = self.user_file(attrs.arch)
         _background().submit(lambda: f.delete([attrs.key]))
@@ -462,7 +462,7 @@ class KernelDB:
             self.discard(attrs, reason)
         else:
             faults.fault(f"entry {attrs.key[:16]} in {f.path} is unusable: {reason}; skipped",
-                         once=f"bad:{f.path}:{attrs.key}")
+                         once=f"bad:{f.path}")
 
     @staticmethod
     def _entry(attrs: HashAttributes, raw: bytes, seconds: float,

@@ -409,7 +409,10 @@ def all_sources(extra_dirs: list[Path] | None = None, *,
                     config.check_arch(arch)
                 except Exception:  # noqa: BLE001 - not ours to judge; skip
                     continue
-                out.append(SystemSource(arch, Path(d) / n, config.ENV_SYSTEM_DB_PATH))
+                path = Path(d) / n
+                # Never open what is not a regular file: a FIFO blocks open() for good.
+                problem = "" if path.is_file() else "not a regular file (skipped)"
+                out.append(SystemSource(arch, path, config.ENV_SYSTEM_DB_PATH, problem))
     out.extend(_resolve(ep) for ep in entry_points(memo_dir=memo_dir))
     return out
 

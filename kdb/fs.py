@@ -50,12 +50,17 @@ def network_fs(path: str | os.PathLike[str]) -> str | None:
 def unsafe_reason(path: str | os.PathLike[str]) -> str | None:
     """Why a user database (or its directory) must not be trusted, or ``None`` if it may.
 
+    A path that cannot be there (under a regular file: ``KDB_CACHE_DIR=/dev/null``) is not
+    unsafe: nothing is read from it, and whoever tries to create it reports why it failed.
+
     >>> unsafe_reason("/nonexistent-kdb-file") is None
+    True
+    >>> unsafe_reason("/dev/null/v1/a.kdb") is None
     True
     """
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
         return f"it is owned by another user (uid {st.st_uid})"

@@ -53,27 +53,60 @@ def alembic_config(connection=None, url: str | None = None):
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``<path>.lock`` (blocking), for one upgrader at a time."""
-    import fcntl
+def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
+    """An exclusive advisory lock on ``<path>.lock``, for one upgrader at a time.
 
+    Waits at most ``timeout`` seconds (default ``KDB_LOCK_TIMEOUT``) with back-off, then
+    raises :class:`TimeoutError` (an ``OSError``): a holder stopped or stuck inside an
+    upgrade must not stop every other process with it.
+    """
+    import fcntl
+    import time
+
+    from . import config
+
+    limit = config.lock_timeout() if timeout is None else timeout
     lock_path = path.with_name(path.name + ".lock")
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        deadline = time.monotonic() + limit
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"another process has held {lock_path} for more than {limit:g} s "
+                        f"({config.ENV_LOCK_TIMEOUT})") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 
-def upgrade_sqlite(path: Path, revision: str = "head") -> None:
-    """Create or upgrade the SQLite file at ``path`` to ``revision`` with alembic."""
+def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -> None:
+    """Create or upgrade the SQLite file at ``path`` to ``revision`` with alembic.
+
+    ``create=False``: the file must exist (a user file kdb created ``0600`` and set to WAL);
+    one moved aside meanwhile (``kdb verify --repair``, ``kdb clear``) must not come back as
+    a ``0644`` file in rollback-journal mode.
+    """
     from alembic import command
     from sqlalchemy import create_engine, event
     from sqlalchemy.pool import NullPool
 
-    engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    from .store import sqlite_uri
+
+    uri = sqlite_uri(path, "mode=rwc" if create else "mode=rw")
+    engine = create_engine("sqlite://", poolclass=NullPool,
+                           creator=lambda: sqlite3.connect(uri, uri=True,
+                                                           check_same_thread=False))
     # pysqlite commits before every DDL statement, so a failed or killed upgrade would leave
     # a half-migrated file that never upgrades again. Let SQLAlchemy emit BEGIN itself, which
     # makes the whole upgrade one transaction: SQLAlchemy's documented pysqlite recipe,

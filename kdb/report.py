@@ -53,14 +53,64 @@ class FileReport:
 
 @contextlib.contextmanager
 def _reading(path: Path, tier: str) -> Iterator[sqlite3.Connection]:
-    """A read-only connection; system files are immutable, user files may be in use."""
+    """A read-only connection; system files are immutable, user files may be in use.
+
+    A user file in WAL mode that cannot be opened ``mode=ro`` (a read-only cache directory
+    or mount, a full disk: SQLite cannot create its ``-shm``) is read immutable, as the run
+    time reads a read-only cache, when its ``-wal`` holds nothing (the main file is whole)
+    or nobody can write there.
+    """
     mode = "ro&immutable=1" if tier == "system" else "ro"
-    uri = sqlite_uri(path, "mode=" + mode)
-    conn = sqlite3.connect(uri, uri=True, timeout=config.BUSY_TIMEOUT_S)
+    conn = sqlite3.connect(sqlite_uri(path, "mode=" + mode), uri=True,
+                           timeout=config.BUSY_TIMEOUT_S)
+    if tier != "system":
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        except sqlite3.OperationalError as err:
+            conn.close()
+            if _can_write_beside(path) and _wal_size(path):
+                raise  # commits in the -wal: reading around them could mislead
+            conn = sqlite3.connect(sqlite_uri(path, "mode=ro&immutable=1"), uri=True)
+        except BaseException:
+            conn.close()
+            raise
     try:
         yield conn
     finally:
         conn.close()
+
+
+def _wal_size(path: Path) -> int:
+    try:
+        return os.stat(str(path) + "-wal").st_size
+    except OSError:
+        return 0
+
+
+def _can_write_beside(path: Path) -> bool:
+    """Whether this process may write ``path`` and create files beside it (``-wal``,
+    ``-shm``, ``.corrupt-*``): false in a read-only directory or on a read-only mount."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+
+
+def _scalar(conn: sqlite3.Connection, sql: str, default: Any = 0) -> Any:
+    """The first column of the first row, or ``default`` (a table not created yet)."""
+    rows = _rows(conn, sql)
+    return rows[0][0] if rows and rows[0][0] is not None else default
+
+
+def _number(value: Any, kind: type) -> Any:
+    """A counter or total as ``kind``; 0 for a damaged value (a report never fails on one)."""
+    try:
+        return kind(value) if value is not None else kind(0)
+    except (TypeError, ValueError, OverflowError):
+        return kind(0)
+
+
+def _no_tables_yet(conn: sqlite3.Connection) -> bool:
+    """A file created by a first write that has not created its tables yet (its writer
+    holds the upgrade lock): run time treats it as not migrated, never as damaged."""
+    return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
 
 
 def _rows(conn: sqlite3.Connection, sql: str, params: tuple = ()) -> list[tuple]:
@@ -108,6 +158,30 @@ def user_files(user_dir: Path, arch: str | None = None) -> list[Path]:
     return out
 
 
+def odd_user_files(user_dir: Path, arch: str | None = None) -> list[tuple[Path, str]]:
+    """``<arch>.kdb`` names in the user tier that are not regular files (a directory, a
+    FIFO: opening one would block), with what each is; :func:`user_files` leaves them out."""
+    import stat
+
+    out = []
+    try:
+        names = sorted(os.listdir(user_dir))
+    except OSError:
+        return []
+    for n in names:
+        if not n.endswith(".kdb") or (arch is not None and n != f"{arch}.kdb"):
+            continue
+        try:
+            config.check_arch(n[: -len(".kdb")])
+            mode = os.stat(user_dir / n).st_mode
+        except (InvalidArgumentError, OSError):
+            continue
+        if not stat.S_ISREG(mode):
+            out.append((user_dir / n, "a directory" if stat.S_ISDIR(mode) else
+                        "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"))
+    return out
+
+
 def _tier_files(user_dir: Path, arch: str | None,
                 tier: str | None) -> list[tuple[str, Path, str]]:
     """(tier, path, arch) of every usable file: system files first, as a lookup reads them."""
@@ -130,12 +204,13 @@ def describe_file(path: Path, tier: str, arch: str, origin: str) -> FileReport:
         with _reading(path, tier) as conn:
             rev = migrate.revision_of(conn)
             entries = _rows(conn, "SELECT count(*) FROM kernels")
+            fresh = rev is None and _no_tables_yet(conn)
     except _DAMAGED as err:
         return FileReport(arch, str(path), tier, origin, size, 0, None, f"unreadable: {err}")
     count = entries[0][0] if entries else 0
     problem = ""
     if rev is None:
-        problem = "empty (created, not yet written)" if not entries and size == 0 \
+        problem = "empty (created, not yet written)" if fresh \
             else "not a kdb database (no schema revision)"
     elif rev not in migrate.REVISIONS:
         problem = f"schema revision {rev} is newer than this kdb ({migrate.HEAD}); upgrade kdb"
@@ -245,6 +320,9 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
     """Everything ``kdb info`` shows: settings, user files, system databases, devices."""
     users = [describe_file(p, "user", p.name[: -len(".kdb")], "user dir")
              for p in user_files(user_dir)]
+    users += [FileReport(p.name[: -len(".kdb")], str(p), "user", "user dir", 0, 0, None,
+                         f"{kind}, not a kdb file: skipped; remove it")
+              for p, kind in odd_user_files(user_dir)]
     systems = []
     for src in discovery.all_sources():
         if src.problem:
@@ -362,13 +440,15 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
     for t, path, a in _tier_files(user_dir, arch, None):
         try:
             with _reading(path, t) as conn:
-                totals = {k: int(v) for k, v in _rows(
+                totals = {k: _number(v, int) for k, v in _rows(
                     conn, "SELECT name, value FROM meta WHERE name IN "
                           "('entries', 'raw_bytes', 'stored_bytes')")}
-                if "entries" not in totals:  # a file older than revision 0003: count once
-                    totals["entries"] = _rows(conn, "SELECT count(*) FROM kernels")[0][0]
-                    totals["raw_bytes"] = _rows(
-                        conn, "SELECT coalesce(sum(raw_size), 0) FROM kernels")[0][0]
+                if "entries" not in totals:  # a file older than revision 0003, or one
+                    # whose tables do not exist yet: count once (no table, no rows)
+                    totals["entries"] = _scalar(conn, "SELECT count(*) FROM kernels")
+                    totals["raw_bytes"] = _scalar(
+                        conn, "SELECT coalesce(sum(raw_size), 0) FROM kernels")
+                counters = {}
                 if t == "user":
                     counters = dict(_rows(conn, "SELECT name, value FROM counters"))
         except _DAMAGED as err:
@@ -380,14 +460,14 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
             s["system_entries"] += count
             continue
         s["entries"] += count
-        s["hits"]["system"] += int(counters.get("hits.system", 0))
-        s["hits"]["user"] += int(counters.get("hits.user", 0))
-        shared_hits += int(counters.get("hits.shared", 0))
-        s["misses"] += int(counters.get("misses", 0))
-        s["compiles"] += int(counters.get("compiles", 0))
-        s["evicted"] += int(counters.get("evicted", 0))
-        s["compile_seconds"] += float(counters.get("compile_seconds", 0.0))
-        s["saved_seconds"] += float(counters.get("saved_seconds", 0.0))
+        s["hits"]["system"] += _number(counters.get("hits.system"), int)
+        s["hits"]["user"] += _number(counters.get("hits.user"), int)
+        shared_hits += _number(counters.get("hits.shared"), int)
+        s["misses"] += _number(counters.get("misses"), int)
+        s["compiles"] += _number(counters.get("compiles"), int)
+        s["evicted"] += _number(counters.get("evicted"), int)
+        s["compile_seconds"] += _number(counters.get("compile_seconds"), float)
+        s["saved_seconds"] += _number(counters.get("saved_seconds"), float)
         s["stored_bytes"] += totals.get("stored_bytes", 0)
         s["raw_bytes"] += totals.get("raw_bytes", 0)
     total = _empty_stats()
@@ -662,21 +742,28 @@ def clearable(user_dir: Path, arch: str | None = None) -> list[Path]:
             if (p.is_file() or p.is_symlink()) and os.path.realpath(p) not in protected:
                 out.append(p)
     if arch is None:  # leftovers whose database is already gone
-        for pattern in ("*.kdb-wal", "*.kdb-shm", "*.kdb.lock", "*.kdb.corrupt-*"):
+        # .handoff-*.json: left by kdb before its store worker; spool/: stores not done yet
+        for pattern in ("*.kdb-wal", "*.kdb-shm", "*.kdb.lock", "*.kdb.corrupt-*",
+                        ".handoff-*.json", "spool/*/*.job", "spool/*/*.slow"):
             for p in sorted(user_dir.glob(pattern)):
                 if p not in out and os.path.realpath(p) not in protected:
                     out.append(p)
     return out
 
 
-def clear(paths: list[Path]) -> list[str]:
-    """Remove the files :func:`clearable` listed; returns the paths removed."""
-    removed = []
+def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Remove the files :func:`clearable` listed; returns the paths removed, and those that
+    could not be (a read-only cache) with why."""
+    removed, failed = [], []
     for p in paths:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             p.unlink()
             removed.append(str(p))
-    return removed
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            failed.append((str(p), err.strerror or str(err)))
+    return removed, failed
 
 
 # -- migrate --------------------------------------------------------------------------------
@@ -692,8 +779,10 @@ def migrate_files(user_dir: Path, check: bool = False) -> list[dict[str, Any]]:
         rec: dict[str, Any] = {"path": str(path), "arch": path.name[: -len(".kdb")],
                                "from": None, "to": migrate.HEAD, "action": "", "problem": ""}
         try:
-            rev = _revision(path)
-            if rev is None and _size(path) == 0:
+            with _reading(path, "user") as conn:
+                rev = migrate.revision_of(conn)
+                fresh = rev is None and _no_tables_yet(conn)
+            if fresh:
                 rec.update(action="empty", to=None)
             elif rev is None:
                 rec.update(action="skipped", to=None,
@@ -710,11 +799,15 @@ def migrate_files(user_dir: Path, check: bool = False) -> list[dict[str, Any]]:
                 rec["from"] = rev
                 with migrate.file_lock(path):
                     if _revision(path) != migrate.HEAD:  # another process may have done it
-                        migrate.upgrade_sqlite(path)
+                        migrate.upgrade_sqlite(path, create=False)
                 rec["to"] = _revision(path)
                 rec["action"] = "upgraded"
         except _DAMAGED as err:
             rec.update(action="skipped", to=None, problem=f"unreadable: {err}")
+        except OSError as err:  # a stuck upgrader (TimeoutError), a read-only cache
+            rec.update(action="skipped", problem=f"cannot upgrade it now: {err}")
+        except Exception as err:  # noqa: BLE001 - alembic's and SQLAlchemy's errors
+            rec.update(action="skipped", problem=f"upgrade failed: {type(err).__name__}: {err}")
         out.append(rec)
     return out
 
@@ -757,6 +850,10 @@ def verify(user_dir: Path, arch: str | None = None, repair: bool = False) -> dic
             result = _verify_file(Path(src.path), "system", src.arch)
             _check_installed(result, Path(src.path), src.origin)
             files.append(result)
+    for path, kind in odd_user_files(user_dir, arch):
+        files.append(_file_result(path, "user", path.name[: -len(".kdb")],
+                                  [f"{kind}, not a kdb file: kdb skips it and stores nothing "
+                                   "for this arch; remove it"]))
     for path in user_files(user_dir, arch):
         a = path.name[: -len(".kdb")]
         result = _verify_file(path, "user", a)
@@ -824,7 +921,10 @@ def _verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
                 out["fatal"] = out["integrity"] = True
             rev = migrate.revision_of(conn)
             out["revision"] = rev
-            if rev is None:
+            if rev is None and tier == "user" and _no_tables_yet(conn):
+                out["notes"].append("created, its tables not yet (a first write is under way, "
+                                    "or was killed: the next write creates them)")
+            elif rev is None:
                 problems.append("not a kdb database (no schema revision)")
                 out["fatal"] = True
             elif rev not in migrate.REVISIONS:
@@ -835,6 +935,8 @@ def _verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
                 if rev != migrate.HEAD:
                     out["notes"].append(f"at revision {rev} (head {migrate.HEAD})")
                 _verify_entries(conn, arch, out)
+    except sqlite3.OperationalError as err:  # I/O, locked, cannot open: not damage
+        problems.append(f"cannot be read now: {err}")
     except _DAMAGED as err:
         problems.append(f"unreadable: {err}")
         out["fatal"] = True
@@ -913,12 +1015,27 @@ def _repair(path: Path, result: dict[str, Any]) -> list[str]:
 
     if result.get("unsafe") or result.get("future"):
         return []
+    if not _can_write_beside(path):
+        result["problems"].append("cannot repair: the file or its directory is read-only")
+        return []
     if result.get("integrity") and _reindexed(path):
         result = _verify_file(path, "user", result["arch"])
         if result["ok"]:
             return ["indexes rebuilt (REINDEX)"]
     if result["fatal"]:
-        KernelFile(path, tier="user", readonly=False)._quarantine()
+        # Under the upgrade lock: a first write that holds it is creating this file's tables.
+        try:
+            with migrate.file_lock(path):
+                again = _verify_file(path, "user", result["arch"])
+                if again["ok"] or not again["fatal"]:
+                    return []  # its writer finished meanwhile: nothing to move
+                moved = KernelFile(path, tier="user", readonly=False)._quarantine()
+        except OSError as err:
+            result["problems"].append(f"cannot repair it now: {err}")
+            return []
+        if not moved:
+            result["problems"].append("cannot repair: it could not be moved aside")
+            return []
         return ["moved aside as *.corrupt-<time>; kdb creates a new file on its next write"]
     done = []
     bad = [b["key"] for b in result["bad_entries"]]
@@ -976,13 +1093,35 @@ def evict(user_dir: Path, target: int, arch: str | None = None) -> list[dict[str
     out = []
     for path in user_files(user_dir, arch):
         f = KernelFile(path, tier="user", readonly=False)
+        problem = ""
         try:
-            removed, freed = f.evict_to(target)
-            left = dict(f.query("SELECT name, value FROM meta WHERE name IN "
-                                "('entries', 'stored_bytes')"))
+            done = f.evict_to(target)
+            if done is None:
+                problem = _unusable_why(path, f)
+            removed, freed = done or (0, 0)
+            try:
+                left = dict(f.query("SELECT name, value FROM meta WHERE name IN "
+                                    "('entries', 'stored_bytes')"))
+            except _DAMAGED:
+                left = {}
         finally:
             f.close()
         out.append({"path": str(path), "arch": path.name[: -len(".kdb")], "removed": removed,
-                    "freed": freed, "entries": int(left.get("entries", 0)),
-                    "stored_bytes": int(left.get("stored_bytes", 0))})
+                    "freed": freed, "entries": _number(left.get("entries"), int),
+                    "stored_bytes": _number(left.get("stored_bytes"), int),
+                    "problem": problem})
     return out
+
+
+def _unusable_why(path: Path, f: Any) -> str:
+    """Why a user file could not be changed (for ``kdb evict``): the best guess from it."""
+    from . import fs
+
+    why = fs.unsafe_reason(path) or fs.unsafe_reason(path.parent)
+    if why:
+        return f"refused: {why}"
+    if not _can_write_beside(path):
+        return "read-only: nothing evicted"
+    if f.readonly or not f.usable:
+        return "unusable (see the warning above): nothing evicted"
+    return "could not be changed (see the warning above)"

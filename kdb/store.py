@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections import namedtuple
@@ -112,7 +113,14 @@ class KernelFile:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
             return conn
-        if not self.usable or not self.path.exists():
+        if not self.usable:
+            return None
+        try:
+            mode = os.stat(self.path).st_mode
+        except OSError:
+            return None  # not there (yet), or not reachable: a miss
+        if not stat.S_ISREG(mode):
+            self._not_a_file(mode)
             return None
         if not self.readonly and not self._checked:
             if not self._trusted():
@@ -130,7 +138,13 @@ class KernelFile:
             conn.close()
             return None
         self._local.conn, self._local.pid = conn, os.getpid()
+        self._local.ident = _identity(self.path)
         return conn
+
+    def _replaced(self) -> bool:
+        """Whether the file this thread's connection writes to is no longer at ``path``
+        (``kdb clear``, a repair, or a user deleted it): writes would go to an unlinked file."""
+        return getattr(self._local, "ident", None) != _identity(self.path)
 
     def _trusted(self) -> bool:
         """A user file is code this process will run: refuse one others can change."""
@@ -143,6 +157,16 @@ class KernelFile:
                      "the directory, 600 on the file) or set KDB_CACHE_DIR to a private "
                      "directory; kernels are compiled meanwhile.", once="unsafe:" + str(self.path))
         return False
+
+    def _not_a_file(self, mode: int) -> None:
+        """A directory, FIFO or device where the file should be: opening a FIFO would block
+        forever, and nothing can be stored there. Skipped, never moved or written."""
+        self.usable = False
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "not a regular file")
+        faults.fault(f"{self.path} is {kind}, not a kdb file; it is skipped and kernels are "
+                     "compiled" + ("" if self.readonly else " but not stored there: remove it")
+                     + ".", once=str(self.path))
 
     def _read_only_cache(self) -> None:
         """The user file exists but cannot be written (a read-only cache directory): use its
@@ -228,19 +252,24 @@ class KernelFile:
         return not wal
 
     def _upgrade(self) -> None:
-        with migrate.file_lock(self.path):
-            conn = self._open()
-            try:
-                rev = migrate.revision_of(conn)
-            finally:
-                conn.close()
-            if rev != migrate.HEAD:
-                self._migrate()
+        try:
+            with migrate.file_lock(self.path):
+                conn = self._open()
+                try:
+                    rev = migrate.revision_of(conn)
+                finally:
+                    conn.close()
+                if rev != migrate.HEAD:
+                    self._migrate()
+        except OSError as err:  # the lock's holder is stuck (TimeoutError), or no lock file
+            self.usable = False
+            faults.fault(f"{self.path} cannot be upgraded now ({err}); it is not used by this "
+                         "process and kernels are compiled instead", once=str(self.path.parent))
 
     def _migrate(self) -> bool:
         """Bring the file to the head revision with alembic; a failure is a fault, not fatal."""
         try:
-            migrate.upgrade_sqlite(self.path)
+            migrate.upgrade_sqlite(self.path, create=False)
         except Exception as err:  # noqa: BLE001 - SQLAlchemy/alembic errors must not propagate
             self.usable = False
             faults.fault(
@@ -253,23 +282,33 @@ class KernelFile:
 
     def _damaged(self, err: Exception) -> None:
         self.usable = False
+        if isinstance(err, sqlite3.OperationalError):
+            # I/O error, full disk, cannot open, read-only, locked: the file may be sound,
+            # and moving it aside would lose every entry. Not used by this process.
+            faults.fault(f"cannot use {self.path} now ({err}); kernels are compiled instead "
+                         "and may not be stored", once=str(self.path.parent))
+            return
         what = "skipped" if self.readonly else "moved aside and recreated"
         faults.fault(f"{self.path} is damaged ({err}); it is {what}", once=str(self.path))
         if not self.readonly:
             self._quarantine()
 
-    def _quarantine(self) -> None:
+    def _quarantine(self) -> bool:
+        """Move the file (and its WAL) aside as ``*.corrupt-<time>``; False if it could not
+        be moved (a read-only cache): it is then left in place and not used."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
+        moved = True
         for suffix in ("", "-wal", "-shm"):
             src = Path(str(self.path) + suffix)
             if src.exists():
                 try:
                     src.rename(Path(f"{self.path}.corrupt-{stamp}{suffix}"))
                 except OSError:
-                    pass
+                    moved = moved and suffix != ""
         self._local = threading.local()
-        self.usable = True  # the next write creates a fresh file
+        self.usable = moved  # the next write creates a fresh file
         self._checked = False
+        return moved
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -340,6 +379,10 @@ class KernelFile:
         if self.readonly:
             return None
         conn = self._conn()
+        if conn is not None and self._replaced():
+            self.close()  # reopen, or create, the file now at ``path``
+            self._checked = False
+            conn = None
         if conn is not None and self._checked and migrate.revision_of(conn) == migrate.HEAD:
             return conn
         if not self.usable:
@@ -482,10 +525,12 @@ class KernelFile:
                 conn.execute("ROLLBACK")
             raise
 
-    def evict_to(self, target: int) -> tuple[int, int]:
+    def evict_to(self, target: int) -> tuple[int, int] | None:
         """Remove least recently used entries until at most ``target`` bytes are stored;
-        returns (entries removed, bytes freed)."""
-        return self._change("evict from", lambda conn: _evict(conn, target), (0, 0))
+        returns (entries removed, bytes freed), or None when the file could not be changed."""
+        if not self.path.exists():
+            return 0, 0  # nothing stored, nothing to evict
+        return self._change("evict from", lambda conn: _evict(conn, target), None)
 
     def delete(self, keys: Iterable[str]) -> int:
         """Drop entries (corrupt, refused by the driver, or cleared); returns how many."""
@@ -542,6 +587,15 @@ def _missing_tables(conn: sqlite3.Connection, rev: str | None) -> list[str]:
     need = _TABLES.get(rev, ("kernels", "meta", "compile_log", "counters"))
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     return [t for t in need if t not in have]
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, or None when nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _writable(path: Path) -> bool:

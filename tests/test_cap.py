@@ -71,14 +71,20 @@ def test_cap_default_is_one_gib(monkeypatch):
     assert config.max_size() == 1 << 30
 
 
-@pytest.mark.parametrize("junk", ["junk", "-1", "5X", "1e3", "M", "2 G B", "0x10", "½G"])
-def test_a_cap_that_is_not_a_size_is_a_config_error(monkeypatch, cache_dir, junk):
+@pytest.mark.parametrize("junk", ["junk", "-1", "5X", "1e3", "M", "2 G B", "0x10", "½G",
+                                  "0.5", "9" * 400, "inf", "nan"])
+def test_a_cap_that_is_not_a_size_warns_once_and_uses_the_default(monkeypatch, cache_dir,
+                                                                   junk, caplog):
     monkeypatch.setenv("KDB_CACHE_MAX_SIZE", junk)
-    with pytest.raises(ConfigError, match="KDB_CACHE_MAX_SIZE.*500M"):
-        config.max_size()
-    with pytest.raises(ConfigError):  # a caller's mistake: raised, not a warning
-        KernelDB(use_system=False).put(attrs(0), blob(0))
-    assert not (cache_dir / "v1").exists()  # nothing written
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert config.max_size() == config.MAX_SIZE_DEFAULT
+        db = KernelDB(use_system=False)
+        assert db.put(attrs(0), blob(0))  # a program never ends over a setting
+        db.close()
+    notes = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(notes) == 1 and "KDB_CACHE_MAX_SIZE=" in notes[0] and "1G" in notes[0], notes
+    with pytest.raises(ConfigError, match="500M"):  # an explicit value is the caller's
+        config.parse_size(junk)
 
 
 # -- eviction ------------------------------------------------------------------------------
@@ -150,7 +156,7 @@ def test_kdb_evict_and_kdb_stats_show_it(cache_dir, monkeypatch):
     rows = json.loads(cli_ok(["evict", "--to", str(3 * SIZE), "--json"]))
     path = cache_dir / "v1" / "a1.kdb"
     assert rows == [{"path": str(path), "arch": "a1", "removed": 3, "freed": 3 * SIZE,
-                     "entries": 3, "stored_bytes": 3 * SIZE}]
+                     "entries": 3, "stored_bytes": 3 * SIZE, "problem": ""}]
     assert stored_names(path) == ["k3", "k4", "k5"]
     after = json.loads(cli_ok(["stats", "--json"]))
     assert after["evicted"] == 3 and after["arches"]["a1"]["evicted"] == 3

@@ -748,3 +748,267 @@ def test_verify_reports_a_system_file_in_wal_mode(tmp_path, cache_dir):
     _wal_system_file(sysdir, tmp_path / "scratch", with_wal=False)
     result = _verify(env={"KDB_SYSTEM_DB_PATH": str(sysdir)})
     assert result.exit_code == 1 and "WAL mode" in result.output
+
+
+# -- issue 15: each fault of the matrix, pinned -------------------------------------------
+
+def _cli(*args: str, env: dict[str, str] | None = None):
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    return CliRunner().invoke(cli, list(args), env=env)
+
+
+@pytest.mark.parametrize("where", ["regular file", "/dev/null"])
+def test_a_cache_dir_that_is_a_file_compiles_with_one_warning(where, tmp_path, monkeypatch,
+                                                              caplog):
+    path = tmp_path / "f" if where == "regular file" else Path("/dev/null")
+    if where == "regular file":
+        path.write_text("x")
+    monkeypatch.setenv("KDB_CACHE_DIR", str(path))
+    db = KernelDB(use_system=False)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.get_or_compile(attrs("a"), lambda: b"compiled a") == b"compiled a"
+        assert db.get_or_compile(attrs("b"), lambda: b"compiled b") == b"compiled b"
+        db.flush()
+    notes = warnings_of(caplog)
+    assert len(notes) == 1 and "Not a directory" in notes[0], notes
+
+
+HOLDER = """
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1] + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def _holding(path: Path) -> subprocess.Popen:
+    """A process that holds ``path``'s upgrade lock and makes no progress."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER), str(path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_stuck_upgrader_costs_one_bounded_wait_not_one_per_kernel(cache_dir, run_py):
+    user = cache_dir / "v1"
+    config.private_dir(user)
+    path = user / "a1.kdb"
+    migrate.upgrade_sqlite(path, migrate.REVISIONS[1])  # needs an upgrade
+    path.chmod(0o600)
+    holder = _holding(path)
+    try:
+        proc = run_py(CATCHING_CHILD + """
+    import time
+    start = time.monotonic()
+    db = KernelDB(use_system=False)
+    got = [db.get_or_compile(HashAttributes(backend="test", source=n, arch="a1"),
+                             lambda: b"compiled") for n in "abc"]
+    db.flush()
+    print(json.dumps({"got": [g.decode() for g in got], "warnings": seen,
+                      "seconds": time.monotonic() - start}))
+""", env={"KDB_LOCK_TIMEOUT": "0.5"}, timeout=60)
+    finally:
+        holder.kill()
+        holder.wait()
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["got"] == ["compiled"] * 3
+    notes = [w for w in got["warnings"] if "no system kernel" not in w]
+    assert len(notes) == 1 and "KDB_LOCK_TIMEOUT" in notes[0], notes
+    assert got["seconds"] < 10, got  # one bounded wait, not one per kernel
+
+
+def test_kdb_migrate_gives_up_on_a_stuck_upgrader_with_status_1(cache_dir, monkeypatch):
+    path = cache_dir / "v1" / "a1.kdb"
+    config.private_dir(path.parent)
+    migrate.upgrade_sqlite(path, migrate.REVISIONS[1])
+    monkeypatch.setenv("KDB_LOCK_TIMEOUT", "0.2")
+    holder = _holding(path)
+    try:
+        result = _cli("migrate", "--json")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 1, result.output
+    [row] = json.loads(result.stdout)
+    assert row["action"] == "skipped" and "KDB_LOCK_TIMEOUT" in row["problem"]
+
+
+def test_a_put_after_kdb_clear_lands_in_the_new_file(cache_dir):
+    db = KernelDB(use_system=False)
+    assert db.put(attrs("before"), b"before")
+    result = subprocess.run([sys.executable, "-m", "kdb.cli", "clear", "--yes"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "removed" in result.stdout, result.stderr
+    assert db.put(attrs("after"), b"after")
+    db.close()
+    fresh = KernelDB(use_system=False)
+    assert fresh.get(attrs("after")) == b"after"  # not written into the unlinked file
+    path = cache_dir / "v1" / "a1.kdb"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sql(path, "PRAGMA journal_mode") == [("wal",)]
+
+
+def test_verify_repair_leaves_a_file_a_first_write_is_creating(cache_dir):
+    path = cache_dir / "v1" / "a1.kdb"
+    config.private_dir(path.parent)
+    path.touch(mode=0o600)
+    sql(path, "PRAGMA journal_mode=WAL")  # what ensure() leaves before the migration
+    for args in (["verify"], ["verify", "--repair"]):
+        result = _cli(*args)
+        assert result.exit_code == 0 and "created" in result.output, result.output
+    assert path.exists() and not list(path.parent.glob("*.corrupt-*"))
+    assert json.loads(_cli("stats", "--json").stdout)["entries"] == 0
+    db = KernelDB(use_system=False)
+    assert db.put(attrs("a"), b"a")  # the writer then creates its tables
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sql(path, "PRAGMA journal_mode") == [("wal",)]
+
+
+def test_an_upgrade_never_recreates_a_file_moved_aside(tmp_path):
+    from sqlalchemy.exc import OperationalError
+
+    with pytest.raises(OperationalError, match="unable to open"):
+        migrate.upgrade_sqlite(tmp_path / "gone.kdb", create=False)
+    assert not (tmp_path / "gone.kdb").exists()
+
+
+@pytest.mark.parametrize("variant", ["zero-byte", "table-less"])
+def test_every_report_reads_a_file_without_tables(variant, cache_dir):
+    path = cache_dir / "v1" / "a1.kdb"
+    config.private_dir(path.parent)
+    path.touch(mode=0o600)
+    if variant == "table-less":
+        sql(path, "PRAGMA journal_mode=WAL")
+    for args in (["stats"], ["stats", "--json"], ["info"], ["ls"], ["log"], ["migrate"]):
+        result = _cli(*args)
+        assert result.exit_code == 0 and result.exception is None, (args, result.output)
+    assert json.loads(_cli("stats", "--json").stdout)["entries"] == 0
+
+
+def test_kdb_commands_read_a_read_only_cache_and_repair_nothing(cache_dir, tmp_path):
+    prefix = _without_dac_override(tmp_path / "probe")
+    if prefix is None:
+        pytest.skip("cannot drop root's permission override here (no setpriv)")
+    _filled(cache_dir, 2)
+    user = cache_dir / "v1"
+    before = tree(user)
+
+    def kdb_(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(prefix + [sys.executable, "-m", "kdb.cli", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    user.chmod(0o500)
+    try:
+        ls, verify, repair = kdb_("ls", "--json"), kdb_("verify"), kdb_("verify", "--repair")
+    finally:
+        user.chmod(0o700)
+    assert ls.returncode == 0 and len(json.loads(ls.stdout)) == 2, ls.stderr
+    assert "skipped" not in ls.stderr
+    assert verify.returncode == 0 and "all sound" in verify.stdout, verify.stdout
+    assert repair.returncode == 0 and "repaired" not in repair.stdout
+    assert tree(user) == before
+
+
+def test_kdb_info_skips_a_fifo_in_the_system_path(tmp_path, cache_dir):
+    sysdir = tmp_path / "system"
+    sysdir.mkdir()
+    os.mkfifo(sysdir / "a1.kdb")
+    env = {**os.environ, "KDB_SYSTEM_DB_PATH": str(sysdir)}
+    proc = subprocess.run([sys.executable, "-m", "kdb.cli", "info", "--json"], env=env,
+                          capture_output=True, text=True, timeout=60)  # hung before
+    assert proc.returncode == 0, proc.stderr
+    [sysdb] = json.loads(proc.stdout)["system_databases"]
+    assert "not a regular file" in sysdb["problem"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_user_file_that_is_not_a_file_is_skipped_with_one_warning(kind, cache_dir, caplog):
+    path = cache_dir / "v1" / "a1.kdb"
+    config.private_dir(path.parent)
+    os.mkfifo(path, 0o600) if kind == "fifo" else path.mkdir()
+    db = KernelDB(use_system=False)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.get_or_compile(attrs("a"), lambda: b"a") == b"a"  # a FIFO hung open()
+        assert db.get_or_compile(attrs("b"), lambda: b"b") == b"b"
+        db.flush()
+    notes = warnings_of(caplog)
+    assert len(notes) == 1 and ("FIFO" in notes[0] or "directory" in notes[0]), notes
+    result = _cli("verify")
+    assert result.exit_code == 1 and "not a kdb file" in result.output
+
+
+@pytest.mark.parametrize("name, value", [
+    ("KDB_WAIT_TIMEOUT", "nan"), ("KDB_WAIT_TIMEOUT", "-5"), ("KDB_CACHE_MAX_SIZE", "abc"),
+    ("KDB_CACHE_MAX_SIZE", "9" * 400), ("KDB_CACHE_MAX_SIZE", "0.5"),
+    ("KDB_STORE_TIMEOUT", "inf"), ("KDB_STORE_AT_EXIT", "bogus"), ("KDB_TRACE", "maybe"),
+])
+def test_a_bad_setting_is_a_clean_usage_error_on_the_command_line(name, value, cache_dir):
+    for args in (["ls"], ["stats", "--json"], ["verify"]):
+        result = _cli(*args, env={name: value})
+        assert result.exit_code == 2 and result.exception is not None
+        assert isinstance(result.exception, SystemExit)
+        assert name in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name, value", [
+    ("KDB_STORE_TIMEOUT", "-1"), ("KDB_CACHE_MAX_SIZE", "9" * 400),
+    ("KDB_WAIT_TIMEOUT", "nan"), ("KDB_CACHE_MAX_SIZE", "abc"),
+])
+def test_a_bad_setting_never_ends_or_soils_a_program(name, value, cache_dir, run_py):
+    proc = run_py("""
+        from kdb import HashAttributes, KernelDB
+        db = KernelDB(use_system=False)
+        a = HashAttributes(backend="test", source="x", arch="a1")
+        assert db.get_or_compile(a, lambda: b"compiled") == b"compiled"
+        db.put_later(a, lambda: b"compiled")
+        print("done")
+    """, env={name: value})
+    assert proc.stdout.strip() == "done"
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    mentions = [ln for ln in proc.stderr.splitlines() if name in ln]
+    assert len(mentions) == 1 and "instead" in mentions[0], proc.stderr
+
+
+def test_many_corrupt_entries_give_one_warning(cache_dir, caplog):
+    _filled(cache_dir, 4)
+    path = cache_dir / "v1" / "a1.kdb"
+    for key, blob in sql(path, "SELECT key, blob FROM kernels"):
+        bad = bytearray(blob)
+        bad[len(bad) // 2] ^= 0xFF
+        sql(path, "UPDATE kernels SET blob = ? WHERE key = ?", (bytes(bad), key))
+    db = KernelDB(use_system=False)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        for i in range(4):
+            assert db.get_or_compile(attrs(f"k{i}"), lambda: b"again") == b"again"
+        db.flush()
+    notes = warnings_of(caplog)
+    assert len(notes) == 1 and "checksum mismatch" in notes[0], notes
+
+
+def test_kdb_clear_removes_hand_off_leftovers_and_takes_json(cache_dir):
+    _filled(cache_dir, 1)
+    leftover = cache_dir / "v1" / ".handoff-123-456.json"
+    leftover.touch()
+    result = _cli("clear", "--yes", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert str(leftover) in data["removed"] and data["failed"] == []
+    assert not leftover.exists() and not (cache_dir / "v1" / "a1.kdb").exists()
+
+
+def test_kdb_evict_that_cannot_change_a_file_exits_1(cache_dir, tmp_path):
+    _filled(cache_dir, 2)
+    path = cache_dir / "v1" / "a1.kdb"
+    path.chmod(0o666)  # refused at run time: nothing may be evicted from it either
+    try:
+        result = _cli("evict", "--to", "0", "--json")
+    finally:
+        path.chmod(0o600)
+    assert result.exit_code == 1, result.output
+    [row] = json.loads(result.stdout)
+    assert row["removed"] == 0 and "refused" in row["problem"]
+    assert len(sql(path, "SELECT key FROM kernels")) == 2

@@ -238,8 +238,9 @@ def test_store_at_exit_setting(monkeypatch):
     monkeypatch.setenv("KDB_STORE_AT_EXIT", " Wait ")
     assert config.store_at_exit() == "wait"
     monkeypatch.setenv("KDB_STORE_AT_EXIT", "later")
+    assert config.store_at_exit() == "wait"  # warned once; storing before exit needs no one
     with pytest.raises(ConfigError, match="KDB_STORE_AT_EXIT='later'.*detach, wait"):
-        config.store_at_exit()
+        config.store_at_exit("later")  # an explicit value is the caller's mistake
 
 
 def test_a_bad_setting_stores_before_exit_with_a_warning(cache_dir, run_py):

@@ -500,14 +500,7 @@ def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: 
 
 def _detach() -> bool:
     """Whether stores go to the store worker (``KDB_STORE_AT_EXIT=detach``, the default)."""
-    from ..errors import ConfigError
-    from ..faults import warn_once
-
-    try:
-        return config.store_at_exit() == "detach"
-    except ConfigError as err:
-        warn_once("store-at-exit", "kdb: %s; storing before exit", err)
-        return False
+    return config.store_at_exit() == "detach"
 
 
 def store_job(db: KernelDB, job: dict) -> None:
