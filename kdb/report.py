@@ -74,10 +74,17 @@ def _reading(path: Path, tier: str) -> Iterator[sqlite3.Connection]:
         except BaseException:
             conn.close()
             raise
+    # A damaged row's text may not be UTF-8: read it as it is, so that the row (not the file)
+    # is reported, and a repair drops it.
+    conn.text_factory = _lenient_text
     try:
         yield conn
     finally:
         conn.close()
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _wal_size(path: Path) -> int:
@@ -982,7 +989,7 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
             why = "checksum mismatch (the blob does not decode to its checksum)"
         elif not _is_json(attributes):
             why = "attributes are not JSON"
-        elif hashlib.sha256(attributes.encode("utf-8")).hexdigest() != key:
+        elif hashlib.sha256(attributes.encode("utf-8", "surrogateescape")).hexdigest() != key:
             why = "key is not the sha256 of the stored attributes"
         elif row_arch != arch:
             why = f"built for arch {row_arch!r}, found in the file of {arch!r}"
