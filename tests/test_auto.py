@@ -131,12 +131,14 @@ def test_auto_with_an_unusable_cache_runs_plain_pyopencl_with_one_warning(app, e
     assert "could not switch on for pyopencl" in line and "cannot be created" in line
 
 
-def test_auto_with_a_bad_setting_runs_plain_pyopencl_with_one_warning(app, env):
+def test_auto_with_a_bad_setting_warns_once_and_uses_the_default(app, env):
+    """The settings rule (README, Configuration): a bad value never ends or unplugs the
+    program; it is named once with what is used instead."""
     env.update(KDB_AUTO="1", KDB_CACHE_MAX_SIZE="lots")
     proc = run([sys.executable, app], env, check=True)
-    assert proc.stdout.strip() == "plain"
-    [line] = kdb_lines(proc.stderr)
-    assert "KDB_CACHE_MAX_SIZE='lots' is not a size" in line
+    assert proc.stdout.strip() == "adopted"
+    bad = [ln for ln in kdb_lines(proc.stderr) if "KDB_CACHE_MAX_SIZE" in ln]
+    assert len(bad) == 1 and "'lots'" in bad[0] and "using 1G (the default)" in bad[0]
 
 
 def test_auto_with_kdb_failing_to_import_runs_plain_pyopencl(app, env, tmp_path):
