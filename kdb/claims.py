@@ -9,9 +9,10 @@ outlives it, and taking one costs no database write (no schema needed on a cold 
 The lock file says what its holder is doing (:func:`holder`): ``compiling``, or
 ``pending`` once the compile is done and only its store is queued (:mod:`kdb.spool`). A
 waiter waits for a running compile (bounded by ``KDB_WAIT_TIMEOUT``, with back-off), but
-for a pending store at most as long as the compile took: building the program itself would
-cost it about that, and a store is never worth waiting longer for. A waiter marks its demand
-with ``<key>.want`` so the store worker takes that entry first. On a network file system
+for a pending store only :func:`pending_wait`: a few times what the compile took. A waiter
+marks its demand with ``<key>.want``; a holder that still has the program stores that entry
+at once itself (:mod:`kdb.spool`), and the store worker takes wanted entries first. Claims
+end with their holder, so nobody ever waits for the store of a process that has exited. On a network file system
 ``flock`` may not coordinate across nodes; there the shared tier's locks are the answer.
 """
 
@@ -155,6 +156,13 @@ def any_wanted() -> bool:
     with _lock:
         held = list(_held.values())
     return any(c.wanted for c in held)
+
+
+def pending_wait(compile_seconds: float) -> float:
+    """How long a waiter waits for an entry whose compile is done and whose store is queued:
+    the holder stores a wanted entry at once from the program in hand (reading binaries costs
+    about what the compile did), so a few times the compile, and at least 2 s."""
+    return max(4.0 * compile_seconds, 2.0)
 
 
 def wanted(directory: Path, key: str) -> bool:

@@ -229,7 +229,6 @@ class KernelDB:
 
         delay = 0.002
         claim = None
-        start = time.monotonic()
         while True:
             try:
                 claim = claim or claims.try_claim(directory, attrs.key)
@@ -258,8 +257,8 @@ class KernelDB:
                     return None  # it made no progress before: do not wait for it again
                 claims.want(directory, attrs.key)
                 if (holder.state == claims.PENDING
-                        and time.monotonic() - start >= max(holder.seconds, 0.05)):
-                    return None  # only its store is queued: building it costs no more
+                        and time.time() - holder.since >= claims.pending_wait(holder.seconds)):
+                    return None  # its store did not come: building it costs no more
             else:  # this node's claim is ours, another node compiles it: ask it to hurry
                 shared.want(attrs.key)
             if time.monotonic() >= deadline:
@@ -401,7 +400,7 @@ class KernelDB:
 
         _background().submit(job)
 
-    def spool(self, job: dict, claims: list | None = None) -> bool:
+    def spool(self, job: dict, claims: list | None = None, store_now=None) -> bool:
         """Hand a back end's store job to the store worker (:mod:`kdb.spool`); False when it
         cannot be written (the caller stores in the background instead)."""
         from . import spool
@@ -411,7 +410,7 @@ class KernelDB:
         job = {**job, "cache_dir": str(self.cache_root),
                "claims_dir": str(self.user_dir / "claims")}
         try:
-            spool.submit(self.user_dir, job, claims)
+            spool.submit(self.user_dir, job, claims, store_now)
         except OSError as err:
             faults.fault(f"cannot hand stores to the store worker under {self.user_dir} ({err});"
                          " storing them in this process", once=str(self.user_dir))

@@ -82,8 +82,8 @@ def main() -> int:
         deadline = time.monotonic() + LIFETIME_S
         while held and time.monotonic() < deadline:
             for key, path in list(held.items()):
-                if not (os.path.exists(path) or os.path.exists(os.path.splitext(path)[0]
-                                                                + ".slow")):
+                stem = os.path.splitext(path)[0]
+                if not any(os.path.exists(stem + s) for s in (".job", ".slow", ".taken")):
                     conn.execute(select(func.pg_advisory_unlock(lock_id(key))))
                     del held[key]
             time.sleep(0.2)

@@ -31,8 +31,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
 
 from . import logs
 
@@ -42,6 +47,7 @@ log = logs.get("kdb")
 SPOOL = "spool"
 JOB = ".job"
 SLOW = ".slow"
+TAKEN = ".taken"  # a job a store worker's child (or its own process) is storing now
 LOCK = "worker.lock"
 #: The worker's log, beside the user files (what it could not store, and why).
 LOG_NAME = "store-worker.log"
@@ -92,11 +98,14 @@ _claims: list[tuple[Path, object]] = []
 _last_sweep = 0.0
 
 
-def submit(user_dir: Path, job: dict, claims: list | None = None) -> Path:
+def submit(user_dir: Path, job: dict, claims: list | None = None,
+           store_now: Callable[[], None] | None = None) -> Path:
     """Write ``job`` to the spool and make sure a worker runs; returns the job's path.
 
     ``claims`` (:class:`kdb.claims.Claim`) are marked pending and released once the job is
-    stored, or when this process exits. Raises ``OSError`` when the spool cannot be written.
+    stored, or when this process exits. ``store_now`` stores the job in this process; it is
+    called (on a watcher thread) when another process waits for one of the claimed keys.
+    Raises ``OSError`` when the spool cannot be written.
     """
     global _counter
     from .config import private_dir
@@ -109,12 +118,14 @@ def submit(user_dir: Path, job: dict, claims: list | None = None) -> Path:
     name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
     path = spool / (name + JOB)
     _write_file(path, job)
-    for claim in claims or ():
-        claim.mark_pending(job.get("seconds", 0.0))
-        _claims.append((path, claim))
-    if claims and not _exit_registered:
-        _register_exit()
-    _release_stored()
+    with _claims_lock:
+        for claim in claims or ():
+            claim.mark_pending(job.get("seconds", 0.0))
+            _claims.append((path, claim))
+        if claims and store_now is not None:
+            _store_now[path] = store_now
+    if claims:
+        _watch()
     ensure_worker(spool)
     if Path(user_dir) not in _orphans_checked:
         _orphans_checked.add(Path(user_dir))
@@ -129,7 +140,7 @@ _orphans_checked: set[Path] = set()
 def _at_exit() -> None:
     """Claims whose jobs are still queued end with this process; with the shared tier their
     cross-node locks go to a keeper (:mod:`kdb.keeper`) so other nodes still wait for them."""
-    pending = [(p, c) for p, c in _claims if p.exists() or _slow(p).exists()]
+    pending = [(p, c) for p, c in _claims if _exists(p)]
     tiers: dict[int, tuple[object, list]] = {}
     for path, claim in pending:
         tier = getattr(claim, "_tier", None)
@@ -169,24 +180,69 @@ def _write_file(path: Path, data: dict) -> None:
         raise
 
 
-def _release_stored(force: bool = False) -> None:
-    """Release the claims of jobs the worker has finished (checked at most every 0.5 s)."""
-    global _last_sweep
-    now = time.monotonic()
-    if not _claims or (not force and now - _last_sweep < 0.5):
-        return
-    _last_sweep = now
-    keep = []
-    for path, claim in _claims:
-        if force or not (os.path.exists(path) or os.path.exists(_slow(path))):
-            claim.release()
-        else:
-            keep.append((path, claim))
-    _claims[:] = keep
+_claims_lock = threading.Lock()
+_store_now: dict[Path, Callable[[], None]] = {}
+_watcher: threading.Thread | None = None
+
+
+def _watch() -> None:
+    """Start the thread that releases the claims of stored jobs and stores wanted ones."""
+    global _watcher
+    if not _exit_registered:
+        _register_exit()
+    if _watcher is None or not _watcher.is_alive():
+        _watcher = threading.Thread(target=_watch_claims, name="kdb-claims", daemon=True)
+        _watcher.start()
+
+
+def _watch_claims() -> None:
+    while True:
+        time.sleep(0.05)
+        with _claims_lock:
+            held = list(_claims)
+        if not held:
+            return
+        for path, claim in held:
+            if not _exists(path):
+                _drop_claim(path, claim)
+            elif claim.wanted:
+                with _claims_lock:
+                    store = _store_now.pop(path, None)
+                if store is None or not (_rename(path, _taken(path))
+                                         or _rename(_slow(path), _taken(path))):
+                    continue  # the worker has it (it takes wanted jobs first)
+                try:
+                    store()
+                    _unlink(path)
+                except Exception as err:  # noqa: BLE001 - the worker will store it instead
+                    log.debug("kdb: storing a wanted entry in this process failed: %s", err)
+                    _rename(_taken(path), path)
+                for other_path, other in [h for h in held if h[0] == path]:
+                    _drop_claim(other_path, other)
+
+
+def _drop_claim(path: Path, claim) -> None:
+    with _claims_lock:
+        try:
+            _claims.remove((path, claim))
+        except ValueError:
+            return
+        if not any(p == path for p, _ in _claims):
+            _store_now.pop(path, None)
+    claim.release()
 
 
 def _slow(path: Path) -> Path:
     return path.with_suffix(SLOW)
+
+
+def _taken(path: Path) -> Path:
+    return path.with_suffix(TAKEN)
+
+
+def _exists(path: Path) -> bool:
+    """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored)."""
+    return any(os.path.exists(path.with_suffix(s)) for s in (JOB, SLOW, TAKEN))
 
 
 def worker_running(spool: Path) -> bool:
@@ -238,7 +294,11 @@ def spool_dir(user_dir: Path, environ=None) -> Path:
 
 
 def _after_fork() -> None:
+    global _watcher, _claims_lock
     _claims.clear()  # the parent's: it releases them
+    _store_now.clear()
+    _watcher = None
+    _claims_lock = threading.Lock()
     _worker_checked.clear()
     _orphans_checked.clear()
 
@@ -267,7 +327,7 @@ def jobs(user_dir: Path) -> list[Path]:
     found = []
     for d in dirs:
         try:
-            found += [p for p in d.iterdir() if p.suffix in (JOB, SLOW)]
+            found += [p for p in d.iterdir() if p.suffix in (JOB, SLOW, TAKEN)]
         except OSError:
             pass
     return sorted(found, key=lambda p: p.name)
@@ -427,7 +487,7 @@ class _Lane:
                  "beside the other jobs")
             self.child.kill()
             self.child = None
-            _rename(path, _slow(path))
+            _rename(_taken(path), _slow(path))
         self.job = None
         memo.pop(path.name, None)
 
@@ -535,7 +595,7 @@ def _has_jobs(spool: Path) -> bool:
 
 
 def _unlink(path: Path) -> None:
-    for p in (path, _slow(path)):
+    for p in (path.with_suffix(JOB), _slow(path), _taken(path)):
         try:
             os.unlink(p)
         except OSError:
@@ -550,11 +610,12 @@ def child_main(slow: bool = False) -> int:
     dbs: dict = {}
     for line in sys.stdin.buffer:
         path = Path(os.fsdecode(line.rstrip(b"\n")))
-        try:
-            store_job(path, dbs)
-        except Exception as err:  # noqa: BLE001 - report, drop the job, go on
-            _say(f"could not store {path.name}: {err}")
-        _unlink(path)
+        if _rename(path, _taken(path)):  # else the process that wrote it stores it itself
+            try:
+                store_job(_taken(path), dbs)
+            except Exception as err:  # noqa: BLE001 - report, drop the job, go on
+                _say(f"could not store {path.name}: {err}")
+            _unlink(path)
         sys.stdout.write("done\n")
         sys.stdout.flush()
     for db in dbs.values():

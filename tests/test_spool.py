@@ -284,3 +284,33 @@ def test_jobs_are_private_and_a_worker_runs_per_environment(cache_dir, run_py):
         assert d.stat().st_mode & 0o077 == 0
     wait_for_worker(cache_dir)
     assert stored(cache_dir) == 1
+
+
+def test_a_holder_still_running_stores_a_wanted_entry_itself(cache_dir, tmp_path):
+    """Ranks starting together: the one that compiled still holds the program, so when
+    another waits for the entry it stores it at once (no worker runs here at all)."""
+    import fcntl
+
+    from kdb.config import private_dir
+
+    env = {**os.environ, **DETACH, "KDB_CACHE_DIR": str(cache_dir),
+           "POCL_CACHE_DIR": str(tmp_path / "pocl-holder")}
+    sdir = private_dir(spool.spool_dir(cache_dir / "v1", env))
+    held = os.open(sdir / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # no store worker for the holder's jobs
+    holder_code = textwrap.dedent(BUILD.format(n=1)) + "\nprint('built', flush=True)\ntime.sleep(60)\n"
+    holder = subprocess.Popen([sys.executable, "-c", holder_code], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        while "built" not in holder.stdout.readline():
+            assert holder.poll() is None
+        waiter_env = {**env, "POCL_CACHE_DIR": str(tmp_path / "pocl-waiter")}
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(BUILD.format(n=1))],
+                             env=waiter_env, capture_output=True, text=True, timeout=120)
+        assert json.loads(out.stdout.splitlines()[-1])["compiles"] == 0, out.stderr
+        assert stored(cache_dir) == 1
+        assert sql(user_file(cache_dir), "SELECT count(*) FROM compile_log")[0][0] == 1
+    finally:
+        holder.kill()
+        holder.wait()
+        os.close(held)

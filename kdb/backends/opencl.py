@@ -473,7 +473,15 @@ def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: 
                             "details": device_details(d)} for d, a in zip(devs, attrs)],
                "logs": [list(rec) for rec in recs]}
         claims = [held.pop(a.key) for a in attrs if a.key in held]
-        if db.spool(job, claims):
+
+        def store_now() -> None:
+            """Another process waits for one of these keys while this one still holds the
+            program (ranks starting together): store it from here, no rebuild, no worker."""
+            binaries = program_binaries(raw)
+            db.store([(a, binaries[d.int_ptr], per_device, device_details(d))
+                      for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs)
+
+        if db.spool(job, claims, store_now):
             return
         held.update((c.key, c) for c in claims)
     binaries: dict[int, bytes] | None = None
