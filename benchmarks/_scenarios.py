@@ -894,7 +894,7 @@ def auto(ws: Workspace, o: Outcome) -> None:
                     ws.env(KDB_CACHE_DIR=cache, POCL_CACHE_DIR=ws.fresh("auto-pocl"),
                            KDB_STORE_AT_EXIT="detach"))
         summary = json.loads(p.stderr.strip().splitlines()[-1])
-        o.info[f"kdb_run_{arm}_detached_store_s"] = wait_detached(cache)
+        o.info[f"kdb_run_{arm}_detached_store_s"] = wait_for_worker(cache)
         rt.add(arm, "wall", p.wall)
         rt.add(arm, "compiled", summary["compiled"])
         rt.add(arm, "served", summary["served"])
