@@ -418,6 +418,13 @@ class KernelDB:
         self._spooled = True
         return True
 
+    def can_store(self, arch: str) -> bool:
+        """Whether a store for ``arch`` could land anywhere: False when the user file was
+        refused (another owner, newer than kdb, not a file) and no shared tier is set, so a
+        back end need not read binaries, nor start a store worker, for nothing."""
+        f = self.user_file(arch)
+        return self._shared() is not None or (f.usable and f._trusted())
+
     def store(self, items: list, logs: list[CompileRecord] = ()) -> bool:
         """Store ``(attrs, binary, compile_seconds, details)`` items and latency rows now, in
         one transaction per arch (the store worker's write); True if written."""

@@ -314,3 +314,14 @@ def test_a_holder_still_running_stores_a_wanted_entry_itself(cache_dir, tmp_path
         holder.kill()
         holder.wait()
         os.close(held)
+
+
+def test_no_store_worker_for_a_user_file_that_is_refused(cache_dir, run_py):
+    """A user file newer than this kdb is left alone: the kernels compile, and no job is
+    written or worker started to store what could not be stored anyway."""
+    run_py(BUILD.format(n=1), env={"KDB_STORE_AT_EXIT": "wait"})
+    sql(user_file(cache_dir), "UPDATE alembic_version SET version_num = '9999'")
+    out = run_json(run_py, BUILD.format(n=2))
+    assert out["compiles"] == 2
+    assert not spool.jobs(cache_dir / "v1")
+    assert not (cache_dir / "v1" / spool.SPOOL).exists()

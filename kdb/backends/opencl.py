@@ -462,7 +462,7 @@ def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: 
     per_device = seconds / max(len(devs), 1)
     ptrs = program.pop("ptrs") if program is not None else []
     recs = [db.record_compile(a, per_device) for a in attrs]
-    if not attrs or db.disabled:
+    if not attrs or db.disabled or not db.can_store(attrs[0].arch):
         for claim in held.values():
             claim.release()
         return
