@@ -236,7 +236,7 @@ def parse_store_at_exit(raw: str) -> str:
     value = raw.strip().lower() or STORE_AT_EXIT[0]
     if value not in STORE_AT_EXIT:
         raise ConfigError(f"{ENV_STORE_AT_EXIT}={raw!r} is not one of {', '.join(STORE_AT_EXIT)}:"
-                          " 'detach' (the default) stores in a detached process after exit, "
+                          " 'detach' (the default) hands stores to the store worker, "
                           "'wait' stores before the process exits")
     return value
 

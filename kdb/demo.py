@@ -330,8 +330,8 @@ def _run_child(label: str, cache_dir: Path, pocl_dir: Path, work: Path,
     env = dict(os.environ)
     env["KDB_CACHE_DIR"] = str(cache_dir)
     env["POCL_CACHE_DIR"] = str(pocl_dir)
-    # Store before exiting, not in a detached process: the warm run starts right after
-    # and should show hits, not a wait for that process's claims.
+    # Store before exiting, not through the store worker: the warm run starts right after
+    # and should show hits, not compile what the worker has not stored yet.
     env["KDB_STORE_AT_EXIT"] = "wait"
     cmd = [sys.executable, "-m", "kdb.demo", "--worker", str(out),
            "--kernels", ",".join(p.name for p in programs)]

@@ -6,7 +6,7 @@ for a small program, 30-45 s for some of pyopencl's scan programs that build in 
 built the program it competes for PoCL's compiler lock; done after its exit it made the next
 run wait. So a process that compiled a program writes down how to build it again (a *job*:
 back end, source, options, devices, the entries' attributes and its start-up latency rows)
-and goes on at once. One store worker per spool, at the lowest CPU priority, builds each
+and goes on at once. One store worker per spool, at low CPU priority (nice 19), builds each
 program again (PoCL's own cache answers), reads its binaries and stores them, taking first
 the entries another process waits for, then the oldest.
 

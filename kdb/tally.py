@@ -5,7 +5,7 @@ for the user file. When ``KDB_RUN_REPORT`` names a directory, a process that cou
 leaves ``<pid>-<ns>.json`` there at exit (one small file, written to a temporary name and
 renamed). One file per process is exact under concurrency (MPI ranks, pytest-xdist workers)
 with no lock, and independent of when the stores and counters reach the user files: a process
-that exits may hand those to a detached process that writes them after ``kdb run`` has
+that exits may leave those to the store worker, which writes them after ``kdb run`` has
 returned, so a before/after diff of ``kdb stats`` would miss them, and would count every
 other process that shares the cache meanwhile.
 """
