@@ -85,6 +85,12 @@ def environ_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
 _ENCODED_NAMES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
 
+def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
+    """``{name: value}`` for ``names`` (``None`` where unset), read in one go: the mapping a
+    back end or the default database asks for, so no caller depends on a position."""
+    return dict(zip(names, environ_values(names)))
+
+
 #: Longest duration any ``*_TIMEOUT`` / ``*_RETRY`` setting may ask for: a day. A larger
 #: value (``1e300``, ``inf``) would be a wait without a limit in all but name.
 MAX_SECONDS = 86400.0
