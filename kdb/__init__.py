@@ -30,7 +30,7 @@ from .errors import (
 )
 from .keys import HashAttributes
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "BackendUnavailableError",

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import click
 
-from . import __version__, config, report
+from . import config, report
+from .version import __version__
 from .errors import CommandError, KdbError
 
 

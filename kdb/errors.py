@@ -64,5 +64,13 @@ class CommandError(KdbError):
         self.exit_status = exit_status
 
 
+class PackError(KdbError):
+    """Building a system database failed; the message names the kernel or input at fault."""
+
+
+class WheelBuildError(KdbError):
+    """The packaging tools could not build a system-database wheel."""
+
+
 class KdbWarning(UserWarning):
     """Category of the warnings kdb issues through :mod:`warnings` (filter it like any other)."""

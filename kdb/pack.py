@@ -18,16 +18,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from . import codec, config, latency, migrate
-from .errors import CompileError, InvalidArgumentError, KdbError
+from .errors import CompileError, InvalidArgumentError, KdbError, PackError
 from .store import KernelFile, sqlite_uri
 
 #: Columns copied from a user file into a system file (every column of ``kernels``).
 _COLUMNS = ("key, arch, backend, name, attributes, details, codec, dict_id, blob, raw_size, "
             "stored_size, checksum, compile_seconds, created, last_access, hits")
-
-
-class PackError(KdbError):
-    """Building a system database failed; the message names the kernel or input at fault."""
 
 
 @dataclass(frozen=True)
@@ -326,7 +322,7 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     ``keep_compile_seconds=False`` (entries compiled for this pack, whose timings vary
     from run to run) compile seconds are 0.
     """
-    from . import __version__
+    from .version import __version__
     from .keys import compiler_free_key
     from .wheel import source_date_epoch
 

@@ -390,7 +390,7 @@ def _provider(origin: str) -> dict[str, str | None]:
 
 
 def _version() -> str:
-    from . import __version__
+    from .version import __version__
 
     return __version__
 

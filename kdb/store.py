@@ -564,7 +564,7 @@ class KernelFile:
 
 def _describe(path: Path) -> None:
     """Facts about a new file in ``meta``: its arch, format version and the kdb that made it."""
-    from . import __version__
+    from .version import __version__
     from .config import FORMAT_MAJOR
 
     conn = sqlite3.connect(path, isolation_level=None)

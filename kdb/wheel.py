@@ -14,11 +14,7 @@ from pathlib import Path
 
 from . import config
 from .discovery import DEFAULT_PREFIX, GROUP, dist_name
-from .errors import InvalidArgumentError, KdbError
-
-
-class WheelBuildError(KdbError):
-    """The packaging tools could not build a system-database wheel."""
+from .errors import InvalidArgumentError, KdbError, WheelBuildError
 
 
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
@@ -194,7 +190,7 @@ def _b64_sha256(data: bytes) -> str:
 
 
 def _generator() -> str:
-    from . import __version__
+    from .version import __version__
 
     return f"kdb ({__version__})"
 
