@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import config
 from .discovery import DEFAULT_PREFIX, GROUP, dist_name
-from .errors import InvalidArgumentError, KdbError, WheelBuildError
+from .errors import InvalidArgumentError, WheelBuildError
 
 
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
