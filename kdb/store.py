@@ -1,9 +1,11 @@
 """One SQLite kernel file: the reads on the hot path and the writes off it.
 
-Reads use plain :mod:`sqlite3` (no SQLAlchemy on a hit). A system file is opened
-``mode=ro&immutable=1`` and never written. A user file is created and migrated by the writer
-(a background thread), so a process whose lookups all miss a file that does not exist yet
-pays nothing for creating it on its critical path.
+Reads use plain :mod:`sqlite3` (no SQLAlchemy on a hit) and accept every schema revision
+whose columns they need, as it is: a lookup never migrates. A system file is opened
+``mode=ro&immutable=1`` and never written. A user file is created and upgraded by the writer
+(:meth:`KernelFile.ensure`, called by every write, off the critical path), so a process whose
+lookups all miss a file that does not exist yet pays nothing for creating it. What a revision
+means, WAL detection and the ``meta`` rows live in :mod:`kdb.fileformat`.
 
 Faults of the file itself (corrupt, foreign, from a newer kdb, locked, read-only, disk full)
 are reported through :func:`kdb.faults.fault` and cost at most a recompile.
@@ -19,17 +21,21 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
-from . import codec, faults, fs, migrate
+from . import codec, faults, fs
 from .config import BUSY_TIMEOUT_S, max_size, private_dir
+from .eviction import evict, remove
+from .fileformat import (DAMAGE, HEAD, REVISIONS, bump_meta, classify, file_facts,
+                         has_no_tables, journal_of, meta_int, move_aside, revision_of,
+                         set_meta, sqlite_uri, transaction, wal_size)
 from .keys import compiler_free_key
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs ~2 ms to import; annotations are strings here
+if TYPE_CHECKING:  # annotations are strings here; typing stays off the hit path
     from typing import Iterable
 
-#: What a damaged file raises. Python's sqlite3 decodes SQLite's error message as UTF-8, and
-#: the message of a damaged schema quotes bytes of the file: UnicodeDecodeError, not an Error.
-_DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError)
+__all__ = ["CompileRecord", "Entry", "KernelFile", "Row", "sqlite_uri"]
+
+_DAMAGE = DAMAGE  # the name older callers import
 
 _FETCH = (
     "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
@@ -60,23 +66,6 @@ class CompileRecord(namedtuple("CompileRecord",
     """One row of the start-up latency log."""
 
     __slots__ = ()
-
-
-#: Bytes a path keeps as is in a ``file:`` URI; SQLite decodes ``%XX`` in the rest.
-_URI_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/-._~")
-
-
-def sqlite_uri(path: str | os.PathLike[str], query: str = "") -> str:
-    """An SQLite ``file:`` URI for a path, every byte but the unreserved ones %-quoted
-    (``?``, ``#`` and ``%`` would otherwise end or change it); ``urllib.parse`` would cost
-    ~2 ms to import on the hit path.
-
-    >>> sqlite_uri("/tmp/a b?.kdb", "mode=ro")
-    'file:/tmp/a%20b%3F.kdb?mode=ro'
-    """
-    raw = os.fsencode(os.path.abspath(path))
-    quoted = "".join(chr(b) if b in _URI_SAFE else f"%{b:02X}" for b in raw)
-    return f"file:{quoted}?{query}" if query else f"file:{quoted}"
 
 
 class KernelFile:
@@ -127,15 +116,16 @@ class KernelFile:
                 return None
             if not _writable(self.path):
                 self._read_only_cache()
+        conn = None
         try:
             conn = self._open()
-            if not self._checked and self._check(conn):
-                conn = self._open()  # _check closed it to upgrade the file
-        except _DAMAGE as err:
+            if not self._checked and not self._check(conn):
+                conn.close()
+                return None
+        except DAMAGE as err:
+            if conn is not None:
+                conn.close()
             self._damaged(err)
-            return None
-        if not self.usable:
-            conn.close()
             return None
         self._local.conn, self._local.pid = conn, os.getpid()
         self._local.ident = _identity(self.path)
@@ -146,8 +136,9 @@ class KernelFile:
         (``kdb clear``, a repair, or a user deleted it): writes would go to an unlinked file."""
         return getattr(self._local, "ident", None) != _identity(self.path)
 
-    def _trusted(self) -> bool:
-        """A user file is code this process will run: refuse one others can change."""
+    def trusted(self) -> bool:
+        """A user file is code this process will run: refuse one others can change (a
+        fault, once); True when this file and its directory are private to this user."""
         why = fs.unsafe_reason(self.path) or fs.unsafe_reason(self.path.parent)
         if why is None:
             return True
@@ -157,6 +148,8 @@ class KernelFile:
                      "the directory, 600 on the file) or set KDB_CACHE_DIR to a private "
                      "directory; kernels are compiled meanwhile.", once="unsafe:" + str(self.path))
         return False
+
+    _trusted = trusted  # the name other modules used before
 
     def _not_a_file(self, mode: int) -> None:
         """A directory, FIFO or device where the file should be: opening a FIFO would block
@@ -178,36 +171,32 @@ class KernelFile:
                      "KDB_CACHE_DIR to a writable directory.", once=str(self.path.parent))
 
     def _check(self, conn: sqlite3.Connection) -> bool:
-        """Once per process: is this a kdb file at a revision this code can read?
+        """Once per process: may lookups read this file as it is? Never upgrades it: every
+        revision whose columns a hit needs is read as it is, and the writer upgrades.
 
-        Returns True when it upgraded the file, having closed ``conn`` to do so.
+        False (a miss) for a file skipped with a fault, and for one too old to read, which
+        stays usable: :meth:`ensure` upgrades it on the next write.
         """
         with self._lock:
             if self._checked:
-                return False
+                return True
             if self.tier == "system" and not self._wal_ok():
                 return False
-            rev = migrate.revision_of(conn)
-            missing = _missing_tables(conn, rev)
-            if missing:
-                conn.close()
-                raise sqlite3.DatabaseError(
-                    f"schema revision {rev} but no table {', '.join(missing)}")
-            if rev == migrate.HEAD or (self.readonly and rev in migrate.REVISIONS):
-                self._checked = True
-                return False
-            if rev is None and self.tier == "user" and _is_empty(conn):
-                self._checked = True  # created but not migrated yet: reads miss, writer migrates
-                return False
-            if rev in migrate.REVISIONS and not self.readonly:
-                conn.close()
-                self._upgrade()
-                self._checked = True
+            status = classify(conn)  # raises DAMAGE for a file missing its tables
+            if status.readable or (status.kind == "empty" and self.tier == "user"):
+                self._checked = True  # empty: reads miss until the writer creates its tables
                 return True
+            if status.kind == "stale":
+                if self.readonly:
+                    self.usable = False
+                    faults.fault(f"{self.path} is {status.what}, older than this kdb reads; "
+                                 "it is skipped and kernels are compiled instead",
+                                 once=str(self.path))
+                return False
             self.usable = False
-            if rev is None:
+            if status.kind in ("foreign", "empty"):
                 faults.fault(
-                    f"{self.path} is not a kdb database (no schema revision); "
+                    f"{self.path} is {status.what}; "
                     + ("it is skipped" if self.readonly else "it is moved aside"),
                     once=str(self.path),
                 )
@@ -215,8 +204,8 @@ class KernelFile:
                     self._quarantine()
             else:
                 faults.fault(
-                    f"{self.path} has schema revision {rev!r}, newer than this kdb knows "
-                    f"({migrate.HEAD}); it is left untouched and kernels are compiled instead. "
+                    f"{self.path} has schema revision {status.revision!r}, newer than this kdb "
+                    f"knows ({HEAD}); it is left untouched and kernels are compiled instead. "
                     "Upgrade kdb (pip install -U kdb) or point KDB_CACHE_DIR elsewhere.",
                     once=str(self.path),
                 )
@@ -229,17 +218,9 @@ class KernelFile:
         a warning; if a non-empty ``-wal`` lies beside it, commits the main file lacks (or a
         half-done checkpoint) may sit there, so the file is skipped instead.
         """
-        try:
-            with open(self.path, "rb") as f:
-                header = f.read(20)
-        except OSError:
-            return True  # opening reports it
-        if header[18:20] != b"\x02\x02":  # sqlite.org/fileformat2.html#database_header
-            return True
-        try:
-            wal = os.stat(str(self.path) + "-wal").st_size
-        except OSError:
-            wal = 0
+        if journal_of(self.path) != "wal":
+            return True  # rollback journal, or unreadable (opening reports it)
+        wal = wal_size(self.path)
         if wal:
             self.usable = False
         faults.fault(
@@ -251,29 +232,16 @@ class KernelFile:
             once="walsys:" + str(self.path))
         return not wal
 
-    def _upgrade(self) -> None:
-        try:
-            with migrate.file_lock(self.path):
-                conn = self._open()
-                try:
-                    rev = migrate.revision_of(conn)
-                finally:
-                    conn.close()
-                if rev != migrate.HEAD:
-                    self._migrate()
-        except OSError as err:  # the lock's holder is stuck (TimeoutError), or no lock file
-            self.usable = False
-            faults.fault(f"{self.path} cannot be upgraded now ({err}); it is not used by this "
-                         "process and kernels are compiled instead", once=str(self.path.parent))
-
     def _migrate(self) -> bool:
         """Bring the file to the head revision with alembic; a failure is a fault, not fatal."""
+        from . import migrate  # alembic and SQLAlchemy: only here, on a write
+
         try:
             migrate.upgrade_sqlite(self.path, create=False)
         except Exception as err:  # noqa: BLE001 - SQLAlchemy/alembic errors must not propagate
             self.usable = False
             faults.fault(
-                f"{self.path} could not be upgraded to schema revision {migrate.HEAD} ({err}); "
+                f"{self.path} could not be upgraded to schema revision {HEAD} ({err}); "
                 "it is left as is and kernels are compiled instead. Delete it to start afresh.",
                 once="upgrade:" + str(self.path),
             )
@@ -294,21 +262,15 @@ class KernelFile:
             self._quarantine()
 
     def _quarantine(self) -> bool:
-        """Move the file (and its WAL) aside as ``*.corrupt-<time>``; False if it could not
-        be moved (a read-only cache): it is then left in place and not used."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        moved = True
-        for suffix in ("", "-wal", "-shm"):
-            src = Path(str(self.path) + suffix)
-            if src.exists():
-                try:
-                    src.rename(Path(f"{self.path}.corrupt-{stamp}{suffix}"))
-                except OSError:
-                    moved = moved and suffix != ""
+        """Move the file aside (:func:`kdb.fileformat.move_aside`); False if it could not be
+        moved (a read-only cache): it is then left in place and not used."""
+        moved = move_aside(self.path)
         self._local = threading.local()
         self.usable = moved  # the next write creates a fresh file
         self._checked = False
         return moved
+
+    quarantine = _quarantine
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -324,7 +286,7 @@ class KernelFile:
             return None
         try:
             row = conn.execute(_FETCH, (key,)).fetchone()
-        except _DAMAGE as err:
+        except DAMAGE as err:
             if "no such table" in str(err):
                 return None  # a file the writer has created but not migrated yet
             if "locked" in str(err) or "busy" in str(err):
@@ -348,7 +310,7 @@ class KernelFile:
             return []
         try:
             rows = conn.execute(_FETCH_ANY, (free_key,)).fetchall()
-        except _DAMAGE as err:
+        except DAMAGE as err:
             if "no such" in str(err):  # an older revision, or a file not migrated yet
                 return []
             if "locked" in str(err) or "busy" in str(err):
@@ -367,7 +329,7 @@ class KernelFile:
             return []
         try:
             return conn.execute(sql, tuple(params)).fetchall()
-        except _DAMAGE as err:
+        except DAMAGE as err:
             if "no such table" in str(err):
                 return []
             raise
@@ -375,7 +337,9 @@ class KernelFile:
     # -- writes (background) ----------------------------------------------------------------
 
     def ensure(self) -> sqlite3.Connection | None:
-        """A writable connection to a file at the head revision, creating it if needed."""
+        """A writable connection to a file at the head revision, creating it if needed.
+
+        The one place a user file is upgraded: under its upgrade lock, by the writer."""
         if self.readonly:
             return None
         conn = self._conn()
@@ -383,22 +347,24 @@ class KernelFile:
             self.close()  # reopen, or create, the file now at ``path``
             self._checked = False
             conn = None
-        if conn is not None and self._checked and migrate.revision_of(conn) == migrate.HEAD:
+        if conn is not None and self._checked and revision_of(conn) == HEAD:
             return conn
         if not self.usable:
             return None
         try:
             private_dir(self.path.parent)
-            if not self._trusted():  # never create a file where others could change it
+            if not self.trusted():  # never create a file where others could change it
                 return None
             if not self.path.exists():
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
                 os.close(fd)
-            with migrate.file_lock(self.path):
+            from .migrate import file_lock
+
+            with file_lock(self.path):
                 probe = self._open()
                 try:
-                    rev = migrate.revision_of(probe)
-                    if rev is None and not _is_empty(probe):
+                    rev = revision_of(probe)
+                    if rev is None and not has_no_tables(probe):
                         probe.close()
                         self._damaged(sqlite3.DatabaseError("not a kdb database"))
                         return None
@@ -406,16 +372,16 @@ class KernelFile:
                         probe.execute(f"PRAGMA journal_mode={self._journal_mode()}")
                 finally:
                     probe.close()
-                if rev != migrate.HEAD:
-                    if rev is not None and rev not in migrate.REVISIONS:
+                if rev != HEAD:
+                    if rev is not None and rev not in REVISIONS:
                         self._checked = False
                         self._conn()  # reports the future revision once
                         return None
                     if not self._migrate():
                         return None
                     if rev is None:
-                        _describe(self.path)
-        except _DAMAGE as err:
+                        self._describe()
+        except DAMAGE as err:
             self._damaged(err)
             return None
         except OSError as err:
@@ -426,6 +392,14 @@ class KernelFile:
         self.close()
         self._checked = True
         return self._conn()
+
+    def _describe(self) -> None:
+        """Facts about a new file in ``meta``: its arch, format and the kdb that made it."""
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            set_meta(conn, file_facts(self.path.stem))
+        finally:
+            conn.close()
 
     def _journal_mode(self) -> str:
         """WAL on local disks; a rollback journal where WAL does not work (network FS)."""
@@ -455,63 +429,10 @@ class KernelFile:
             return False
         now = time.time()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            added = added_raw = added_entries = skipped = 0
-            for e in entries:
-                kind, blob = codec.encode(e.raw)
-                if cap and len(blob) > cap:
-                    faults.warn_once(f"toobig:{self.path}",
-                                     "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
-                                     "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
-                                     len(blob), e.name or e.key[:16], cap)
-                    skipped += 1
-                    continue
-                old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
-                                   (e.key,)).fetchone()
-                added += len(blob) - (old[0] if old else 0)
-                added_raw += len(e.raw) - (old[1] if old else 0)
-                added_entries += 0 if old else 1
-                conn.execute(
-                    "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
-                    "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
-                    "compile_seconds, created, last_access, hits, compiler_free_key) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
-                    (e.key, e.arch, e.backend, e.name, e.attributes,
-                     _json_text(e.details), kind, blob, len(e.raw),
-                     len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
-                     compiler_free_key(e.attributes)),
-                )
-            # Running totals, kept in the same transaction, so size checks never scan.
-            for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),
-                                ("entries", added_entries)):
-                if delta:
-                    _bump_meta(conn, name, delta)
-            # Any insert over the cap evicts, not only one that grows the file: the cap may
-            # have been lowered since the file was filled.
-            if cap and len(entries) > skipped and _meta_int(conn, "stored_bytes") > cap:
-                _evict(conn, cap - cap // 3, keep={e.key for e in entries})
-            for r in logs:
-                conn.execute(
-                    "INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
-                    "reason, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed, r.reason,
-                     r.pid),
-                )
-            for key, (n, last) in hits.items():
-                conn.execute(
-                    "UPDATE kernels SET hits = hits + ?, last_access = MAX(last_access, ?) "
-                    "WHERE key = ?", (n, last, key))
-            for name, delta in counters.items():
-                conn.execute(
-                    "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
-                    "DO UPDATE SET value = value + excluded.value", (name, delta))
-            conn.execute("COMMIT")
+            with transaction(conn):
+                skipped = self._store(conn, entries, logs, hits, counters, cap, now)
             return not skipped
         except (sqlite3.Error, UnicodeDecodeError) as err:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             if isinstance(err, UnicodeDecodeError) or (
                     isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err)):
                 self.close()
@@ -520,17 +441,69 @@ class KernelFile:
                 faults.fault(f"could not write to {self.path} ({err}); entries not stored",
                              once="write:" + str(self.path))
             return False
-        except BaseException:  # never leave the transaction open on this thread's connection
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+
+    def _store(self, conn: sqlite3.Connection, entries: list[Entry],
+               logs: list[CompileRecord], hits: dict[str, tuple[int, float]],
+               counters: dict[str, float], cap: int, now: float) -> int:
+        """The body of :meth:`write`, inside its transaction; returns how many entries were
+        too large to store."""
+        added = added_raw = added_entries = skipped = 0
+        for e in entries:
+            kind, blob = codec.encode(e.raw)
+            if cap and len(blob) > cap:
+                faults.warn_once(f"toobig:{self.path}",
+                                 "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
+                                 "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
+                                 len(blob), e.name or e.key[:16], cap)
+                skipped += 1
+                continue
+            old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
+                               (e.key,)).fetchone()
+            added += len(blob) - (old[0] if old else 0)
+            added_raw += len(e.raw) - (old[1] if old else 0)
+            added_entries += 0 if old else 1
+            conn.execute(
+                "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
+                "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
+                "compile_seconds, created, last_access, hits, compiler_free_key) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
+                (e.key, e.arch, e.backend, e.name, e.attributes,
+                 _json_text(e.details), kind, blob, len(e.raw),
+                 len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
+                 compiler_free_key(e.attributes)),
+            )
+        # Running totals, kept in the same transaction, so size checks never scan.
+        for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),
+                            ("entries", added_entries)):
+            if delta:
+                bump_meta(conn, name, delta)
+        # Any insert over the cap evicts, not only one that grows the file: the cap may
+        # have been lowered since the file was filled.
+        if cap and len(entries) > skipped and meta_int(conn, "stored_bytes") > cap:
+            evict(conn, cap - cap // 3, keep={e.key for e in entries})
+        for r in logs:
+            conn.execute(
+                "INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
+                "reason, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed, r.reason,
+                 r.pid),
+            )
+        for key, (n, last) in hits.items():
+            conn.execute(
+                "UPDATE kernels SET hits = hits + ?, last_access = MAX(last_access, ?) "
+                "WHERE key = ?", (n, last, key))
+        for name, delta in counters.items():
+            conn.execute(
+                "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
+                "DO UPDATE SET value = value + excluded.value", (name, delta))
+        return skipped
 
     def evict_to(self, target: int) -> tuple[int, int] | None:
         """Remove least recently used entries until at most ``target`` bytes are stored;
         returns (entries removed, bytes freed), or None when the file could not be changed."""
         if not self.path.exists():
             return 0, 0  # nothing stored, nothing to evict
-        return self._change("evict from", lambda conn: _evict(conn, target), None)
+        return self._change("evict from", lambda conn: evict(conn, target), None)
 
     def delete(self, keys: Iterable[str]) -> int:
         """Drop entries (corrupt, refused by the driver, or cleared); returns how many."""
@@ -539,7 +512,7 @@ class KernelFile:
         def drop(conn: sqlite3.Connection) -> int:
             rows = [(key, *row) for key in keys for row in conn.execute(
                 "SELECT stored_size, raw_size FROM kernels WHERE key = ?", (key,))]
-            return _remove(conn, rows)[0]
+            return remove(conn, rows)[0]
 
         return self._change("delete from", drop, 0)
 
@@ -549,44 +522,11 @@ class KernelFile:
         if conn is None:
             return default
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            result = change(conn)
-            conn.execute("COMMIT")
-            return result
+            with transaction(conn):
+                return change(conn)
         except (sqlite3.Error, UnicodeDecodeError) as err:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
             faults.fault(f"could not {what} {self.path} ({err})", once=f"{what}:{self.path}")
             return default
-
-
-def _describe(path: Path) -> None:
-    """Facts about a new file in ``meta``: its arch, format version and the kdb that made it."""
-    from .version import __version__
-    from .config import FORMAT_MAJOR
-
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.executemany(
-            "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
-            [("arch", path.stem), ("format", str(FORMAT_MAJOR)), ("kdb_version", __version__),
-             ("created", str(time.time()))])
-    finally:
-        conn.close()
-
-
-#: Tables each revision has (a file that lacks one is damaged, not merely old).
-_TABLES = {"0001": ("kernels", "meta")}
-
-
-def _missing_tables(conn: sqlite3.Connection, rev: str | None) -> list[str]:
-    if rev not in migrate.REVISIONS:
-        return []
-    need = _TABLES.get(rev, ("kernels", "meta", "compile_log", "counters"))
-    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    return [t for t in need if t not in have]
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -603,63 +543,6 @@ def _writable(path: Path) -> bool:
     if not path.exists():
         return True  # created by the writer, which reports what fails
     return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
-
-
-def _is_empty(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
-
-
-def _meta_int(conn: sqlite3.Connection, name: str) -> int:
-    row = conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
-    return int(row[0]) if row else 0
-
-
-def _evict(conn: sqlite3.Connection, target: int, keep: set[str] = frozenset()) -> tuple[int, int]:
-    """Inside a write transaction: drop LRU entries until ``stored_bytes <= target``.
-
-    Reads the ``last_access`` index oldest first and stops as soon as enough is chosen, so
-    the cost grows with what is evicted, not with the size of the database.
-    """
-    excess = _meta_int(conn, "stored_bytes") - max(target, 0)
-    victims: list[tuple[str, int, int]] = []
-    chosen = 0
-    if excess > 0:
-        cursor = conn.execute(
-            "SELECT key, stored_size, raw_size FROM kernels ORDER BY last_access")
-        for key, stored, raw in cursor:
-            if key in keep:
-                continue
-            victims.append((key, stored, raw))
-            chosen += stored
-            if chosen >= excess:
-                break
-        cursor.close()
-    removed, freed = _remove(conn, victims)
-    if removed:
-        conn.execute(
-            "INSERT INTO counters (name, value) VALUES ('evicted', ?) ON CONFLICT(name) "
-            "DO UPDATE SET value = value + excluded.value", (removed,))
-    return removed, freed
-
-
-def _remove(conn: sqlite3.Connection, rows: list[tuple[str, int, int]]) -> tuple[int, int]:
-    """Delete ``(key, stored_size, raw_size)`` rows and keep the running totals true."""
-    for key, _, _ in rows:
-        conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
-    freed = sum(r[1] for r in rows)
-    if rows:
-        _bump_meta(conn, "stored_bytes", -freed)
-        _bump_meta(conn, "raw_bytes", -sum(r[2] for r in rows))
-        _bump_meta(conn, "entries", -len(rows))
-    return len(rows), freed
-
-
-def _bump_meta(conn: sqlite3.Connection, name: str, delta: int) -> None:
-    conn.execute(
-        "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT(name) "
-        "DO UPDATE SET value = CAST(CAST(value AS INTEGER) + ? AS TEXT)",
-        (name, str(delta), delta),
-    )
 
 
 def _json_text(details: dict | None) -> str:

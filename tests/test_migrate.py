@@ -129,28 +129,58 @@ def test_every_revision_downgrades_and_upgrades_again(tmp_path):
 # -- opening old and new files -------------------------------------------------------------
 
 @pytest.mark.parametrize("journal", ["wal", "delete"])
-def test_file_at_0001_is_upgraded_on_open_and_still_hits(cache_dir, journal):
+def test_file_at_0001_is_read_as_it_is_and_upgraded_by_the_first_write(cache_dir, journal):
     a = attrs()
     path = file_at_0001(cache_dir / "v1" / "a1.kdb", a, journal=journal)
-    conn = sqlite3.connect(path)
-    assert migrate.revision_of(conn) == "0001"
-    conn.close()
+    assert revision(path) == "0001"
+    before = tables(path)
 
     db = KernelDB()
     hit = db.lookup(a)
     assert hit is not None and hit.binary == BINARY and hit.tier == "user"
     assert hit.compile_seconds == 0.5
-    conn = sqlite3.connect(path)
-    assert migrate.revision_of(conn) == migrate.HEAD
-    conn.close()
-    assert sql(path, "SELECT name, details, hits FROM kernels") == [("old", "{}", 3)]
-    assert not list(path.parent.glob("*.corrupt-*"))
-    # The upgraded file takes new entries and the latest revision's tables.
+    assert revision(path) == "0001"  # a lookup never migrates
+    assert tables(path) == before
+    # The first write upgrades it, and the upgraded file takes new entries.
     assert db.get_or_compile(attrs("__kernel void new() {}"), lambda: b"new") == b"new"
     db.flush()
+    assert revision(path) == migrate.HEAD
+    assert sql(path, "SELECT name, details, hits FROM kernels WHERE key = ?", (a.key,)) == [
+        ("old", "{}", 4)]
+    assert not list(path.parent.glob("*.corrupt-*"))
     assert sql(path, "SELECT count(*) FROM kernels") == [(2,)]
     assert sql(path, "SELECT count(*) FROM compile_log") == [(1,)]
     assert dict(sql(path, "SELECT name, value FROM counters"))["hits.user"] == 1
+
+
+def test_a_hit_from_an_older_file_imports_no_migration_code(cache_dir, run_py):
+    a = attrs()
+    path = file_at_0001(cache_dir / "v1" / "a1.kdb", a)
+    (cache_dir / "v1").chmod(0o700)
+    path.chmod(0o600)
+    proc = run_py(f"""
+        import sys
+        import kdb
+        db = kdb.KernelDB(use_system=False)
+        hit = db.lookup(kdb.HashAttributes(backend="test", source={a.source!r}, arch="a1",
+                                           name="old"))
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("alembic", "sqlalchemy")
+                       or m == "kdb.migrate")
+        print(hit is not None and hit.binary == {BINARY!r}, heavy)
+        sys.stdout.flush()
+        import os
+        os._exit(0)  # no exit-time flush: only the lookup is observed
+    """)
+    assert proc.stdout.split() == ["True", "[]"], proc.stderr
+    assert revision(path) == "0001"
+
+
+def revision(path: Path) -> str | None:
+    conn = sqlite3.connect(path)
+    try:
+        return migrate.revision_of(conn)
+    finally:
+        conn.close()
 
 
 def test_upgrade_to_0003_computes_the_running_totals(tmp_path):
@@ -242,14 +272,16 @@ def test_a_failed_upgrade_changes_nothing(tmp_path):
     assert sql(path, "SELECT version_num FROM alembic_version") == [("0001",)]
 
 
-def test_a_failed_upgrade_on_open_is_a_warning_not_a_crash(cache_dir, caplog):
+def test_a_failed_upgrade_on_write_is_a_warning_not_a_crash(cache_dir, caplog):
     a = attrs()
     path = blocked_file_at_0001(cache_dir / "v1" / "a1.kdb", a)
     before = tables(path)
     db = KernelDB()
+    new = attrs("__kernel void new() {}")
     with caplog.at_level(logging.WARNING, logger="kdb"):
-        assert db.get_or_compile(a, lambda: b"compiled") == b"compiled"
-        assert db.put(a, b"compiled") is False
+        assert db.get(a) == BINARY  # read as it is
+        assert db.get_or_compile(new, lambda: b"compiled") == b"compiled"
+        assert db.put(new, b"compiled") is False
         db.flush()
     assert "could not be upgraded" in caplog.text and str(path) in caplog.text
     assert tables(path) == before
@@ -262,5 +294,6 @@ def test_a_failed_upgrade_raises_in_strict_mode(cache_dir, monkeypatch):
     a = attrs()
     blocked_file_at_0001(cache_dir / "v1" / "a1.kdb", a)
     monkeypatch.setenv("KDB_STRICT", "1")
+    assert KernelDB().get(a) == BINARY  # read as it is: a lookup does not upgrade
     with pytest.raises(CacheFaultError, match="could not be upgraded"):
-        KernelDB().get(a)
+        KernelDB().put(attrs("__kernel void new() {}"), b"new")
