@@ -1,9 +1,9 @@
-"""Schema revisions: the cheap check on open, and alembic upgrades when a file needs one.
+"""Alembic upgrades of a kdb file, and the lock that lets one process do one at a time.
 
-The hot path only reads ``alembic_version`` with :mod:`sqlite3` and compares it with
-:data:`HEAD`; SQLAlchemy and alembic are imported only when a file must be created or
-upgraded. One process upgrades a file at a time (an ``flock`` on ``<file>.lock``); the
-others wait, then find the file current.
+Only writers import this module (a new or older user file, ``kdb pack``, ``kdb migrate``,
+the shared tier); what a revision means is :mod:`kdb.fileformat`'s, re-exported here.
+SQLAlchemy and alembic are imported inside the functions that run them. One process upgrades
+a file at a time (an ``flock`` on ``<file>.lock``); the others wait, then find it current.
 """
 
 from __future__ import annotations
@@ -12,11 +12,15 @@ import contextlib
 import os
 import sqlite3
 from pathlib import Path
-from typing import Iterator
 
-#: Every revision this kdb knows, oldest first; a test pins it to the alembic scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
-HEAD = REVISIONS[-1]
+from .fileformat import HEAD, REVISIONS, revision_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator
+
+__all__ = ["HEAD", "REVISIONS", "alembic_config", "file_lock", "migrations_dir",
+           "revision_of", "script_heads", "script_revisions", "upgrade_sqlite"]
 
 
 def migrations_dir() -> Path:
@@ -28,25 +32,16 @@ def migrations_dir() -> Path:
     return here.parent / "migrations"
 
 
-def revision_of(conn: sqlite3.Connection) -> str | None:
-    """The file's alembic revision, or ``None`` for a file with no kdb schema yet."""
-    try:
-        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-    except sqlite3.OperationalError as err:
-        if "no such table" in str(err):
-            return None
-        raise
-    return row[0] if row else None
+def alembic_config(connection=None):
+    """An alembic ``Config`` built in code, pointing at the installed migrations.
 
-
-def alembic_config(connection=None, url: str | None = None):
-    """An alembic ``Config`` built in code, pointing at the installed migrations."""
+    Alembic reads its options through :mod:`configparser` interpolation, so a ``%`` in the
+    install path is written ``%%`` (alembic.sqlalchemy.org/en/latest/api/config.html).
+    """
     from alembic.config import Config
 
     cfg = Config()
-    cfg.set_main_option("script_location", str(migrations_dir()))
-    if url is not None:
-        cfg.set_main_option("sqlalchemy.url", url)
+    cfg.set_main_option("script_location", str(migrations_dir()).replace("%", "%%"))
     if connection is not None:
         cfg.attributes["connection"] = connection
     return cfg
@@ -101,7 +96,7 @@ def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -
     from sqlalchemy import create_engine, event
     from sqlalchemy.pool import NullPool
 
-    from .store import sqlite_uri
+    from .fileformat import sqlite_uri
 
     uri = sqlite_uri(path, "mode=rwc" if create else "mode=rw")
     engine = create_engine("sqlite://", poolclass=NullPool,
