@@ -17,17 +17,12 @@ import os
 import sqlite3
 import stat
 import threading
-import time
 from collections import namedtuple
 from pathlib import Path
 
-from . import codec, faults, fs
-from .config import BUSY_TIMEOUT_S, max_size, private_dir
-from .eviction import evict, remove
-from .fileformat import (DAMAGE, HEAD, REVISIONS, bump_meta, classify, file_facts,
-                         has_no_tables, journal_of, meta_int, move_aside, revision_of,
-                         set_meta, sqlite_uri, transaction, wal_size)
-from .keys import compiler_free_key
+from . import faults, fs
+from .config import BUSY_TIMEOUT_S
+from .fileformat import DAMAGE, HEAD, classify, journal_of, move_aside, sqlite_uri, wal_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here; typing stays off the hit path
@@ -232,22 +227,6 @@ class KernelFile:
             once="walsys:" + str(self.path))
         return not wal
 
-    def _migrate(self) -> bool:
-        """Bring the file to the head revision with alembic; a failure is a fault, not fatal."""
-        from . import migrate  # alembic and SQLAlchemy: only here, on a write
-
-        try:
-            migrate.upgrade_sqlite(self.path, create=False)
-        except Exception as err:  # noqa: BLE001 - SQLAlchemy/alembic errors must not propagate
-            self.usable = False
-            faults.fault(
-                f"{self.path} could not be upgraded to schema revision {HEAD} ({err}); "
-                "it is left as is and kernels are compiled instead. Delete it to start afresh.",
-                once="upgrade:" + str(self.path),
-            )
-            return False
-        return True
-
     def _damaged(self, err: Exception) -> None:
         self.usable = False
         if isinstance(err, sqlite3.OperationalError):
@@ -334,179 +313,39 @@ class KernelFile:
                 return []
             raise
 
-    # -- writes (background) ----------------------------------------------------------------
+    # -- writes (background, kdb.filewriter) ------------------------------------------------
 
     def ensure(self) -> sqlite3.Connection | None:
-        """A writable connection to a file at the head revision, creating it if needed.
+        """A writable connection to a file at the head revision, creating or upgrading it
+        (the one place a user file is upgraded); None where nothing can be written."""
+        from .filewriter import ensure
 
-        The one place a user file is upgraded: under its upgrade lock, by the writer."""
-        if self.readonly:
-            return None
-        conn = self._conn()
-        if conn is not None and self._replaced():
-            self.close()  # reopen, or create, the file now at ``path``
-            self._checked = False
-            conn = None
-        if conn is not None and self._checked and revision_of(conn) == HEAD:
-            return conn
-        if not self.usable:
-            return None
-        try:
-            private_dir(self.path.parent)
-            if not self.trusted():  # never create a file where others could change it
-                return None
-            if not self.path.exists():
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
-                os.close(fd)
-            from .migrate import file_lock
-
-            with file_lock(self.path):
-                probe = self._open()
-                try:
-                    rev = revision_of(probe)
-                    if rev is None and not has_no_tables(probe):
-                        probe.close()
-                        self._damaged(sqlite3.DatabaseError("not a kdb database"))
-                        return None
-                    if rev is None:
-                        probe.execute(f"PRAGMA journal_mode={self._journal_mode()}")
-                finally:
-                    probe.close()
-                if rev != HEAD:
-                    if rev is not None and rev not in REVISIONS:
-                        self._checked = False
-                        self._conn()  # reports the future revision once
-                        return None
-                    if not self._migrate():
-                        return None
-                    if rev is None:
-                        self._describe()
-        except DAMAGE as err:
-            self._damaged(err)
-            return None
-        except OSError as err:
-            self.usable = False
-            faults.fault(f"cannot write {self.path} ({err}); kernels will not be stored",
-                         once=str(self.path.parent))
-            return None
-        self.close()
-        self._checked = True
-        return self._conn()
-
-    def _describe(self) -> None:
-        """Facts about a new file in ``meta``: its arch, format and the kdb that made it."""
-        conn = sqlite3.connect(self.path, isolation_level=None)
-        try:
-            set_meta(conn, file_facts(self.path.stem))
-        finally:
-            conn.close()
-
-    def _journal_mode(self) -> str:
-        """WAL on local disks; a rollback journal where WAL does not work (network FS)."""
-        kind = fs.network_fs(self.path.parent)
-        if kind is None:
-            return "WAL"
-        faults.warn_once(
-            "netfs:" + str(self.path.parent),
-            "kdb: the kernel cache %s is on a network file system (%s), where SQLite's WAL "
-            "does not work: kdb uses a rollback journal there, and concurrent jobs may wait "
-            "on each other. Use a node-local KDB_CACHE_DIR (e.g. /tmp or $TMPDIR) instead.",
-            self.path.parent, kind)
-        return "DELETE"
+        return ensure(self)
 
     def write(self, entries: list[Entry], logs: list[CompileRecord],
               hits: dict[str, tuple[int, float]], counters: dict[str, float],
               cap: int | None = None) -> bool:
-        """Store entries, log rows, hit counts and counters in one short transaction.
+        """Store entries, log rows, hit counts and counters in one short transaction
+        (:func:`kdb.filewriter.write`); True when everything given was written."""
+        from .filewriter import write
 
-        With a ``cap`` (bytes, default ``KDB_CACHE_MAX_SIZE``; 0 = none), an insert that
-        would pass it evicts the least recently used entries until a third of it is free;
-        a binary larger than the cap is not stored. True when everything given was written.
-        """
-        cap = max_size() if cap is None else cap  # a bad KDB_CACHE_MAX_SIZE: before any write
-        conn = self.ensure()
-        if conn is None:
-            return False
-        now = time.time()
-        try:
-            with transaction(conn):
-                skipped = self._store(conn, entries, logs, hits, counters, cap, now)
-            return not skipped
-        except (sqlite3.Error, UnicodeDecodeError) as err:
-            if isinstance(err, UnicodeDecodeError) or (
-                    isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err)):
-                self.close()
-                self._damaged(err)
-            else:
-                faults.fault(f"could not write to {self.path} ({err}); entries not stored",
-                             once="write:" + str(self.path))
-            return False
-
-    def _store(self, conn: sqlite3.Connection, entries: list[Entry],
-               logs: list[CompileRecord], hits: dict[str, tuple[int, float]],
-               counters: dict[str, float], cap: int, now: float) -> int:
-        """The body of :meth:`write`, inside its transaction; returns how many entries were
-        too large to store."""
-        added = added_raw = added_entries = skipped = 0
-        for e in entries:
-            kind, blob = codec.encode(e.raw)
-            if cap and len(blob) > cap:
-                faults.warn_once(f"toobig:{self.path}",
-                                 "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
-                                 "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
-                                 len(blob), e.name or e.key[:16], cap)
-                skipped += 1
-                continue
-            old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
-                               (e.key,)).fetchone()
-            added += len(blob) - (old[0] if old else 0)
-            added_raw += len(e.raw) - (old[1] if old else 0)
-            added_entries += 0 if old else 1
-            conn.execute(
-                "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
-                "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
-                "compile_seconds, created, last_access, hits, compiler_free_key) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
-                (e.key, e.arch, e.backend, e.name, e.attributes,
-                 _json_text(e.details), kind, blob, len(e.raw),
-                 len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
-                 compiler_free_key(e.attributes)),
-            )
-        # Running totals, kept in the same transaction, so size checks never scan.
-        for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),
-                            ("entries", added_entries)):
-            if delta:
-                bump_meta(conn, name, delta)
-        # Any insert over the cap evicts, not only one that grows the file: the cap may
-        # have been lowered since the file was filled.
-        if cap and len(entries) > skipped and meta_int(conn, "stored_bytes") > cap:
-            evict(conn, cap - cap // 3, keep={e.key for e in entries})
-        for r in logs:
-            conn.execute(
-                "INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
-                "reason, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed, r.reason,
-                 r.pid),
-            )
-        for key, (n, last) in hits.items():
-            conn.execute(
-                "UPDATE kernels SET hits = hits + ?, last_access = MAX(last_access, ?) "
-                "WHERE key = ?", (n, last, key))
-        for name, delta in counters.items():
-            conn.execute(
-                "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
-                "DO UPDATE SET value = value + excluded.value", (name, delta))
-        return skipped
+        return write(self, entries, logs, hits, counters, cap)
 
     def evict_to(self, target: int) -> tuple[int, int] | None:
         """Remove least recently used entries until at most ``target`` bytes are stored;
         returns (entries removed, bytes freed), or None when the file could not be changed."""
+        from .eviction import evict
+        from .filewriter import change
+
         if not self.path.exists():
             return 0, 0  # nothing stored, nothing to evict
-        return self._change("evict from", lambda conn: evict(conn, target), None)
+        return change(self, "evict from", lambda conn: evict(conn, target), None)
 
     def delete(self, keys: Iterable[str]) -> int:
         """Drop entries (corrupt, refused by the driver, or cleared); returns how many."""
+        from .eviction import remove
+        from .filewriter import change
+
         keys = list(keys)
 
         def drop(conn: sqlite3.Connection) -> int:
@@ -514,19 +353,7 @@ class KernelFile:
                 "SELECT stored_size, raw_size FROM kernels WHERE key = ?", (key,))]
             return remove(conn, rows)[0]
 
-        return self._change("delete from", drop, 0)
-
-    def _change(self, what: str, change, default):
-        """Run ``change(conn)`` in one immediate transaction; a failure is a fault, not fatal."""
-        conn = self.ensure() if self.path.exists() else None
-        if conn is None:
-            return default
-        try:
-            with transaction(conn):
-                return change(conn)
-        except (sqlite3.Error, UnicodeDecodeError) as err:
-            faults.fault(f"could not {what} {self.path} ({err})", once=f"{what}:{self.path}")
-            return default
+        return change(self, "delete from", drop, 0)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -543,10 +370,3 @@ def _writable(path: Path) -> bool:
     if not path.exists():
         return True  # created by the writer, which reports what fails
     return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
-
-
-def _json_text(details: dict | None) -> str:
-    """Entry details as stored (JSON); :mod:`json` loads here, on a store, not on a hit."""
-    import json
-
-    return json.dumps(details or {}, sort_keys=True)
