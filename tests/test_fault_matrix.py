@@ -57,7 +57,7 @@ logging.getLogger("kdb").propagate = False
 import numpy as np
 import pyopencl as cl
 import kdb, kdb.opencl
-from kdb import latency, report
+from kdb import latency, maintenance
 kdb.opencl.install()
 plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
 ctx = cl.Context(plat.get_devices()[:1])
@@ -67,7 +67,7 @@ for k, src in enumerate(KERNELS):
     if k == 1 and REPLACE:
         kdb.default_db().flush()
         user_dir = kdb.default_db().user_dir
-        removed, failed = report.clear(report.clearable(user_dir))
+        removed, failed = maintenance.clear(maintenance.clearable(user_dir))
         assert removed and not failed, (removed, failed)
     prg = cl.Program(ctx, src).build()
     a = np.zeros(16, np.int32)

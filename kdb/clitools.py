@@ -1,0 +1,66 @@
+"""What every ``kdb`` command shares: its settings, and printing tables, sizes, times and JSON.
+
+Only the command line prints (:mod:`kdb.cli` and its command modules); the library returns
+plain data, formatted here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+
+@dataclass(frozen=True)
+class Settings:
+    cache_root: Path
+    user_dir: Path
+    explicit: bool  # --cache-dir given
+
+
+def json_option(func):
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print JSON instead of a table.")(func)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def json_or_empty(rows: list, as_json: bool, empty: str) -> bool:
+    """Show ``rows`` as JSON, or say ``empty`` when there are none; True when that was all
+    (the caller prints its table otherwise)."""
+    if as_json:
+        emit_json(rows)
+        return True
+    if not rows:
+        click.echo(empty)
+        return True
+    return False
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def table(headers: Sequence[str], rows: list[Sequence[Any]]) -> None:
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    for r in [list(headers)] + cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
