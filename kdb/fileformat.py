@@ -165,12 +165,13 @@ def set_meta(conn: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
     conn.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", rows)
 
 
-def file_facts(arch: str, created: float | None = None) -> list[tuple[str, str]]:
-    """The ``meta`` rows that describe a new file: its arch, format, the kdb that made it."""
+def file_facts(created: float | None = None) -> list[tuple[str, str]]:
+    """The ``meta`` rows every new database gets: its format major, the kdb that made it and
+    when (``created``: default now). Callers add what they are (``arch``, or ``tier``)."""
     from .config import FORMAT_MAJOR
     from .version import __version__
 
-    return [("arch", arch), ("format", str(FORMAT_MAJOR)), ("kdb_version", __version__),
+    return [("format", str(FORMAT_MAJOR)), ("kdb_version", __version__),
             ("created", str(time.time() if created is None else created))]
 
 

@@ -85,7 +85,7 @@ def _describe(f: KernelFile) -> None:
     """Facts about a new file in ``meta``: its arch, format and the kdb that made it."""
     conn = sqlite3.connect(f.path, isolation_level=None)
     try:
-        set_meta(conn, file_facts(f.path.stem))
+        set_meta(conn, [("arch", f.path.stem), *file_facts()])
     finally:
         conn.close()
 

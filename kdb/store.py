@@ -30,8 +30,6 @@ if TYPE_CHECKING:  # annotations are strings here; typing stays off the hit path
 
 __all__ = ["CompileRecord", "Entry", "KernelFile", "Row", "sqlite_uri"]
 
-_DAMAGE = DAMAGE  # the name older callers import
-
 _FETCH = (
     "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
     "FROM kernels WHERE key = ?"
@@ -248,8 +246,6 @@ class KernelFile:
         self.usable = moved  # the next write creates a fresh file
         self._checked = False
         return moved
-
-    quarantine = _quarantine
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

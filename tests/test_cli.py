@@ -393,6 +393,22 @@ def test_migrate_upgrades_a_revision_0001_file(tmp_path):
     assert f"{migrate.HEAD} current" in ok(["migrate", "--check"], env)
 
 
+def test_reading_commands_change_no_file_at_any_revision(tmp_path):
+    user = tmp_path / "cache" / "v1"
+    user.mkdir(parents=True)
+    old = user / "sm_90.kdb"
+    migrate.upgrade_sqlite(old, "0001")
+    head = user / "sm_80.kdb"
+    migrate.upgrade_sqlite(head)
+    before = {p: p.read_bytes() for p in (old, head)}
+    env = {"KDB_CACHE_DIR": str(tmp_path / "cache")}
+    for args in (["info"], ["ls"], ["stats"], ["log"], ["verify"], ["migrate", "--check"]):
+        result = run(args, env)
+        assert result.exit_code in (0, 1), (args, result.output)  # --check: 1, needs upgrade
+    assert {p: p.read_bytes() for p in (old, head)} == before
+    assert sorted(p.name for p in user.iterdir()) == ["sm_80.kdb", "sm_90.kdb"]
+
+
 def test_migrate_leaves_a_future_file_untouched(tmp_path):
     user = tmp_path / "cache" / "v1"
     user.mkdir(parents=True)
