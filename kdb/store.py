@@ -105,7 +105,7 @@ class KernelFile:
             self._not_a_file(mode)
             return None
         if not self.readonly and not self._checked:
-            if not self._trusted():
+            if not self.trusted():
                 return None
             if not _writable(self.path):
                 self._read_only_cache()
