@@ -82,7 +82,7 @@ def _check_installed(result: dict[str, Any], path: Path, origin: str) -> None:
         result["problems"].append(
             f"differs from the sha256 its wheel recorded ({what}): the file changed after it "
             f"was installed; reinstall it (pip install --force-reinstall "
-            f"{provider['package']}=={provider['version']})")
+            f"{prov['package']}=={prov['version']})")
         result["ok"] = False
 
 
