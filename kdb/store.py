@@ -22,7 +22,8 @@ from pathlib import Path
 
 from . import faults, fs
 from .config import BUSY_TIMEOUT_S
-from .fileformat import DAMAGE, HEAD, classify, journal_of, move_aside, sqlite_uri, wal_size
+from .fileformat import (DAMAGE, HEAD, classify, journal_of, move_aside, sqlite_uri, status_of,
+                         wal_size)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here; typing stays off the hit path
@@ -187,9 +188,9 @@ class KernelFile:
                                  once=str(self.path))
                 return False
             self.usable = False
-            if status.kind in ("foreign", "empty"):
+            if status.kind in ("foreign", "empty"):  # no revision: not a kdb file
                 faults.fault(
-                    f"{self.path} is {status.what}; "
+                    f"{self.path} is {status_of(None).what}; "
                     + ("it is skipped" if self.readonly else "it is moved aside"),
                     once=str(self.path),
                 )
