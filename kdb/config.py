@@ -63,32 +63,42 @@ _FALSE = {"", "0", "false", "no", "off"}
 _ARCH_RE = re.compile(r"[a-z0-9][a-z0-9_.+-]*\Z")
 
 
-def environ_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
-    """The values of ``names`` in ``os.environ`` (``None`` where unset), read in one go.
+def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
+    """``{name: value}`` for ``names`` (``None`` where unset), read in one go: the mapping a
+    back end or the default database asks for, so that no caller depends on a position.
 
-    A build reads ~20 variables to key its kernel and pick its database; through
-    ``os.environ.get`` (which encodes each name and decodes each value) that cost ~15 us a
-    build, on POSIX CPython the same lookups in the mapping's own dict cost ~2 us.
+    On POSIX CPython the values are looked up in ``os.environ``'s own dict of bytes, with
+    the names encoded once per tuple: a build reads about twenty variables, and
+    ``os.environ.get`` encodes each name and decodes each value on every call.
+
+    >>> import os; os.environ["KDB_DOCTEST_VAR"] = "1"
+    >>> read_variables(("KDB_DOCTEST_VAR", "KDB_DOCTEST_UNSET"))
+    {'KDB_DOCTEST_VAR': '1', 'KDB_DOCTEST_UNSET': None}
+    >>> del os.environ["KDB_DOCTEST_VAR"]
     """
     environ = os.environ
     data = getattr(environ, "_data", None)
-    if os.name != "posix" or type(data) is not dict:
-        return tuple(environ.get(n) for n in names)
+    if os.name != "posix" or type(data) is not dict:  # the plain path, same answer
+        return {n: environ.get(n) for n in names}
     encoded = _ENCODED_NAMES.get(names)
     if encoded is None:
         encoded = _ENCODED_NAMES[names] = tuple(os.fsencode(n) for n in names)
     get = data.get
-    values = [get(n) for n in encoded]
-    return tuple(v if v is None else os.fsdecode(v) for v in values)
+    decode = os.fsdecode
+    out = {}
+    for name, key in zip(names, encoded):
+        value = get(key)
+        out[name] = value if value is None else decode(value)
+    return out
 
 
 _ENCODED_NAMES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
 
-def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
-    """``{name: value}`` for ``names`` (``None`` where unset), read in one go: the mapping a
-    back end or the default database asks for, so no caller depends on a position."""
-    return dict(zip(names, environ_values(names)))
+def environ_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The values of ``names`` by position: :func:`read_variables`' answer as a tuple, for
+    :func:`kdb.db.default_db` until it takes the mapping."""
+    return tuple(read_variables(names).values())
 
 
 #: Longest duration any ``*_TIMEOUT`` / ``*_RETRY`` setting may ask for: a day. A larger
