@@ -304,7 +304,7 @@ class HashAttributes:
         """The sha256 hex digest of :meth:`encoded`."""
         cached = self._key
         if cached is None:
-            # OpenSSL's is ~2x faster: use it when something has loaded it. Not merely
+            # OpenSSL's is faster: use it when something has loaded it. Not merely
             # imported: another thread may be halfway through importing it.
             openssl = getattr(sys.modules.get("hashlib"), "sha256", None)
             cached = (openssl or sha256)(self.encoded()).hexdigest()
