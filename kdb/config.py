@@ -7,11 +7,15 @@ framework's ``os.environ[...] = ...`` before the first lookup takes effect.
 from __future__ import annotations
 
 import os
-import re
 import sys
-from pathlib import Path
 
 from .errors import ConfigError, UnsafeArchError
+
+# re and pathlib load where a size is parsed or a path is made, not at import: every hit
+# imports this module, and both would be most of its import time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 #: Major version of the on-disk format: user files live in ``<cache dir>/v<major>/``, so an
 #: incompatible release never opens a file written by another.
@@ -60,7 +64,9 @@ SHARED_RETRY_S = 30.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
-_ARCH_RE = re.compile(r"[a-z0-9][a-z0-9_.+-]*\Z")
+#: An arch id: a letter or digit, then letters, digits and ``_.+-`` (a safe file name).
+_ARCH_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_ARCH_CHARS = _ARCH_FIRST | frozenset("_.+-")
 
 
 def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
@@ -185,7 +191,7 @@ def seconds(name: str, default: float, explicit: float | None = None) -> float:
 
 #: Default cap of the user tier, per file (like Intel's and CUDA's caches).
 MAX_SIZE_DEFAULT = 1 << 30
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\s*\Z", re.IGNORECASE)
+_SIZE_PATTERN = r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\s*\Z"
 
 
 def _short(raw: str, width: int = 40) -> str:
@@ -195,7 +201,9 @@ def _short(raw: str, width: int = 40) -> str:
 
 
 def _size_or_reason(text: str) -> int | str:
-    m = _SIZE_RE.match(str(text))
+    import re
+
+    m = re.match(_SIZE_PATTERN, str(text), re.IGNORECASE)
     if not m:
         return "is not understood"
     digits, unit = m.group(1), m.group(2).lower()
@@ -322,6 +330,8 @@ def shared_url(explicit: str | None = None) -> str | None:
 
 def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The user tier's root directory (``KDB_CACHE_DIR``, else the platform's user cache)."""
+    from pathlib import Path
+
     if explicit is not None:
         return Path(explicit).expanduser()
     env = os.environ.get(ENV_CACHE_DIR)
@@ -345,6 +355,8 @@ def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -
     """Extra directories searched for ``<arch>.kdb`` (``KDB_SYSTEM_DB_PATH``, os.pathsep list)."""
     if explicit is None:
         explicit = os.environ.get(ENV_SYSTEM_DB_PATH, "")
+    from pathlib import Path
+
     if isinstance(explicit, (str, os.PathLike)):
         parts = [p for p in str(explicit).split(os.pathsep) if p]
     else:
@@ -354,6 +366,8 @@ def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -
 
 def private_dir(path: Path) -> Path:
     """Create ``path`` and any missing parents with mode 0700 (a cache holds code to run)."""
+    from pathlib import Path
+
     missing = []
     p = Path(path)
     while not p.exists():
@@ -373,7 +387,8 @@ def check_arch(arch: object) -> str:
     >>> check_arch("sm_90")
     'sm_90'
     """
-    if not isinstance(arch, str) or not _ARCH_RE.match(arch):
+    if (not isinstance(arch, str) or not arch or arch[0] not in _ARCH_FIRST
+            or not _ARCH_CHARS.issuperset(arch)):
         raise UnsafeArchError(
             f"arch id {arch!r} is not valid: use lower-case letters, digits and '_.+-', "
             "starting with a letter or digit (for example 'sm_90' or 'gfx90a')"

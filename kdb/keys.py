@@ -9,7 +9,13 @@ every other machine with the same arch and compiler.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+
+# The ABC itself, from where os already loaded it: collections.abc imports collections,
+# which a process that only looks up keys never needs.
+try:
+    from _collections_abc import Mapping
+except ImportError:  # pragma: no cover - Pythons without CPython's module
+    from collections.abc import Mapping
 
 from .config import check_arch
 from .errors import InvalidArgumentError, UnsupportedTypeError
