@@ -183,7 +183,9 @@ def compiler_kind(compiler: Iterable[tuple[str, str]]) -> str | None:
 
 
 def _configured(explicit: object, variable: str) -> bool:
-    return explicit is not None or bool((config.read_variables((variable,))[variable] or "").strip())
+    if explicit is not None:
+        return True
+    return bool((config.read_variables((variable,))[variable] or "").strip())
 
 
 def find_compiler(compiler: str | None = None, nvcc: str | os.PathLike[str] | None = None,

@@ -3,7 +3,6 @@ comes from kdb for the current context's device (``pycuda.driver.module_from_buf
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 from .. import config, logs
