@@ -687,3 +687,14 @@ def test_public_module_exports(cache_dir):
 
     for name in public.__all__:
         assert getattr(public, name) is getattr(backend, name)
+
+
+def test_back_ends_read_variables_through_config():
+    """Config owns every variable: a back end asks ``kdb.config.read_variables`` for a
+    mapping by name, never ``os.environ`` (nor a tuple sliced by position)."""
+    backends = Path(kdb.__file__).parent / "backends"
+    readers = [p.name for p in sorted(backends.glob("*.py"))
+               if "os.environ" in p.read_text(encoding="utf-8")]
+    assert readers == []
+    assert "environ_values" not in "".join(p.read_text(encoding="utf-8")
+                                           for p in backends.glob("*.py"))

@@ -122,7 +122,7 @@ def environment(variables: Mapping[str, str | None] | None = None
     """The compiler-relevant environment variables that are set, sorted by name
     (``variables``: a mapping holding at least :data:`ENV_VARS`, when the caller has read
     them already through :func:`kdb.config.read_variables`)."""
-    # Named lookups only: iterating os.environ would cost more than the rest of a hit.
+    # Named lookups only: iterating the whole environment would cost more than a hit.
     if variables is None:
         variables = config.read_variables(ENV_VARS)
     return tuple((k, v) for k in ENV_VARS if (v := variables[k]) is not None)
