@@ -15,7 +15,7 @@ Submodules load on first use (``import kdb`` stays cheap): ``kdb.opencl`` for py
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs ~2 ms to import: a fifth of a bare Python start
+TYPE_CHECKING = False  # typing is slow to import: annotations only
 from .errors import (
     BackendUnavailableError,
     CacheFaultError,
@@ -23,8 +23,6 @@ from .errors import (
     ConfigError,
     InvalidArgumentError,
     KdbError,
-    KdbWarning,
-    SchemaError,
     UnsafeArchError,
     UnsupportedTypeError,
 )
@@ -41,9 +39,7 @@ __all__ = [
     "Hit",
     "InvalidArgumentError",
     "KdbError",
-    "KdbWarning",
     "KernelDB",
-    "SchemaError",
     "UnsafeArchError",
     "UnsupportedTypeError",
     "default_db",

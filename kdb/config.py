@@ -7,11 +7,15 @@ framework's ``os.environ[...] = ...`` before the first lookup takes effect.
 from __future__ import annotations
 
 import os
-import re
 import sys
-from pathlib import Path
 
 from .errors import ConfigError, UnsafeArchError
+
+# re and pathlib load where a size is parsed or a path is made, not at import: every hit
+# imports this module, and both would be most of its import time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 #: Major version of the on-disk format: user files live in ``<cache dir>/v<major>/``, so an
 #: incompatible release never opens a file written by another.
@@ -60,35 +64,47 @@ SHARED_RETRY_S = 30.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
-_ARCH_RE = re.compile(r"[a-z0-9][a-z0-9_.+-]*\Z")
+#: An arch id: a letter or digit, then letters, digits and ``_.+-`` (a safe file name).
+_ARCH_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_ARCH_CHARS = _ARCH_FIRST | frozenset("_.+-")
 
 
-def environ_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
-    """The values of ``names`` in ``os.environ`` (``None`` where unset), read in one go.
+def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
+    """``{name: value}`` for ``names`` (``None`` where unset), read in one go: the mapping a
+    back end or the default database asks for, so that no caller depends on a position.
 
-    A build reads ~20 variables to key its kernel and pick its database; through
-    ``os.environ.get`` (which encodes each name and decodes each value) that cost ~15 us a
-    build, on POSIX CPython the same lookups in the mapping's own dict cost ~2 us.
+    On POSIX CPython the values are looked up in ``os.environ``'s own dict of bytes, with
+    the names encoded once per tuple: a build reads about twenty variables, and
+    ``os.environ.get`` encodes each name and decodes each value on every call.
+
+    >>> import os; os.environ["KDB_DOCTEST_VAR"] = "1"
+    >>> read_variables(("KDB_DOCTEST_VAR", "KDB_DOCTEST_UNSET"))
+    {'KDB_DOCTEST_VAR': '1', 'KDB_DOCTEST_UNSET': None}
+    >>> del os.environ["KDB_DOCTEST_VAR"]
     """
     environ = os.environ
     data = getattr(environ, "_data", None)
-    if os.name != "posix" or type(data) is not dict:
-        return tuple(environ.get(n) for n in names)
+    if os.name != "posix" or type(data) is not dict:  # the plain path, same answer
+        return {n: environ.get(n) for n in names}
     encoded = _ENCODED_NAMES.get(names)
     if encoded is None:
         encoded = _ENCODED_NAMES[names] = tuple(os.fsencode(n) for n in names)
     get = data.get
-    values = [get(n) for n in encoded]
-    return tuple(v if v is None else os.fsdecode(v) for v in values)
+    decode = os.fsdecode
+    out = {}
+    for name, key in zip(names, encoded):
+        value = get(key)
+        out[name] = value if value is None else decode(value)
+    return out
 
 
 _ENCODED_NAMES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
 
-def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
-    """``{name: value}`` for ``names`` (``None`` where unset), read in one go: the mapping a
-    back end or the default database asks for, so no caller depends on a position."""
-    return dict(zip(names, environ_values(names)))
+def environ_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The values of ``names`` by position: :func:`read_variables`' answer as a tuple, for
+    :func:`kdb.db.default_db` until it takes the mapping."""
+    return tuple(read_variables(names).values())
 
 
 #: Longest duration any ``*_TIMEOUT`` / ``*_RETRY`` setting may ask for: a day. A larger
@@ -175,7 +191,7 @@ def seconds(name: str, default: float, explicit: float | None = None) -> float:
 
 #: Default cap of the user tier, per file (like Intel's and CUDA's caches).
 MAX_SIZE_DEFAULT = 1 << 30
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\s*\Z", re.IGNORECASE)
+_SIZE_PATTERN = r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\s*\Z"
 
 
 def _short(raw: str, width: int = 40) -> str:
@@ -185,7 +201,9 @@ def _short(raw: str, width: int = 40) -> str:
 
 
 def _size_or_reason(text: str) -> int | str:
-    m = _SIZE_RE.match(str(text))
+    import re
+
+    m = re.match(_SIZE_PATTERN, str(text), re.IGNORECASE)
     if not m:
         return "is not understood"
     digits, unit = m.group(1), m.group(2).lower()
@@ -312,6 +330,8 @@ def shared_url(explicit: str | None = None) -> str | None:
 
 def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The user tier's root directory (``KDB_CACHE_DIR``, else the platform's user cache)."""
+    from pathlib import Path
+
     if explicit is not None:
         return Path(explicit).expanduser()
     env = os.environ.get(ENV_CACHE_DIR)
@@ -335,6 +355,8 @@ def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -
     """Extra directories searched for ``<arch>.kdb`` (``KDB_SYSTEM_DB_PATH``, os.pathsep list)."""
     if explicit is None:
         explicit = os.environ.get(ENV_SYSTEM_DB_PATH, "")
+    from pathlib import Path
+
     if isinstance(explicit, (str, os.PathLike)):
         parts = [p for p in str(explicit).split(os.pathsep) if p]
     else:
@@ -344,6 +366,8 @@ def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -
 
 def private_dir(path: Path) -> Path:
     """Create ``path`` and any missing parents with mode 0700 (a cache holds code to run)."""
+    from pathlib import Path
+
     missing = []
     p = Path(path)
     while not p.exists():
@@ -363,7 +387,8 @@ def check_arch(arch: object) -> str:
     >>> check_arch("sm_90")
     'sm_90'
     """
-    if not isinstance(arch, str) or not _ARCH_RE.match(arch):
+    if (not isinstance(arch, str) or not arch or arch[0] not in _ARCH_FIRST
+            or not _ARCH_CHARS.issuperset(arch)):
         raise UnsafeArchError(
             f"arch id {arch!r} is not valid: use lower-case letters, digits and '_.+-', "
             "starting with a letter or digit (for example 'sm_90' or 'gfx90a')"

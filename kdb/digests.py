@@ -1,7 +1,7 @@
 """Content digests of files, memoized per (path, size, mtime).
 
-Headers are digested once per process. Compiler libraries (libpocl.so is 108 MB, ~60 ms to
-hash) are digested once per machine: the digest is kept in ``<cache root>/digests.json``
+Headers are digested once per process. Compiler libraries (large, slow to hash) are
+digested once per machine: the digest is kept in ``<cache root>/digests.json``
 keyed by path, size and mtime, so a key never depends on an mtime while a warm start never
 re-reads the library.
 """
@@ -16,11 +16,11 @@ from pathlib import Path
 from .config import private_dir
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs ~2 ms to import; annotations are strings here
+if TYPE_CHECKING:  # typing is slow to import; annotations are strings here
     from typing import Any, Callable
 
-# hashlib (OpenSSL, ~2.5 ms), json (~1.5 ms) and tempfile load where a file is digested or a
-# memo read or written: a warm start whose sources include no header needs none of them.
+# hashlib (OpenSSL), json and tempfile load where a file is digested or a memo read or
+# written: a warm start whose sources include no header needs none of them.
 
 _memo: dict[tuple[str, int, int], str] = {}
 _lock = threading.Lock()
@@ -127,7 +127,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def elf_build_id(path: str | os.PathLike[str]) -> str | None:
     """The GNU build ID of an ELF file (a hash of its content the linker stored), or None.
 
-    Reading it costs a few small reads, where hashing libpocl.so (108 MB) costs 60-150 ms on
+    Reading it costs a few small reads, where hashing a compiler library reads all of it on
     a machine's first start; the linker's hash identifies the same build just as well.
     """
     import struct

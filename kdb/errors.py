@@ -43,10 +43,6 @@ class CompileError(KdbError):
         return text
 
 
-class SchemaError(KdbError):
-    """A database's schema cannot be used by this kdb (newer than the code, or foreign)."""
-
-
 class CacheFaultError(KdbError):
     """A fault of the cache itself, raised only when ``KDB_STRICT=1``; otherwise logged."""
 
@@ -70,7 +66,3 @@ class PackError(KdbError):
 
 class WheelBuildError(KdbError):
     """The packaging tools could not build a system-database wheel."""
-
-
-class KdbWarning(UserWarning):
-    """Category of the warnings kdb issues through :mod:`warnings` (filter it like any other)."""

@@ -9,14 +9,20 @@ every other machine with the same arch and compiler.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+
+# The ABC itself, from where os already loaded it: collections.abc imports collections,
+# which a process that only looks up keys never needs.
+try:
+    from _collections_abc import Mapping
+except ImportError:  # pragma: no cover - Pythons without CPython's module
+    from collections.abc import Mapping
 
 from .config import check_arch
 from .errors import InvalidArgumentError, UnsupportedTypeError
 
 # A key is hashed and encoded on every request, in processes that should start fast:
-# hashlib loads OpenSSL (~2.5 ms) and json its decoder and scanner (~1.6 ms); the builtin
-# sha256 and json's own C string encoder give the same bytes.
+# hashlib loads OpenSSL and json its decoder and scanner; the builtin sha256 and json's own
+# C string encoder give the same bytes, for less import time.
 try:
     from _sha256 import sha256  # CPython <= 3.11
 except ImportError:  # pragma: no cover - depends on the Python version
@@ -30,7 +36,7 @@ except ImportError:  # pragma: no cover - Pythons without json's C accelerator
     from json.encoder import py_encode_basestring as _quote
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing costs ~2 ms to import; annotations are strings here
+if TYPE_CHECKING:  # typing is slow to import; annotations are strings here
     from typing import Any, Iterable
 
 #: Bump when the encoding below changes: every key changes with it.
@@ -132,8 +138,8 @@ class HashAttributes:
     ``(name, value)`` pairs. ``name`` labels the entry for listings and is not hashed.
 
     A frozen value written by hand rather than with ``@dataclass(frozen=True)``: importing
-    :mod:`dataclasses` (and the :mod:`inspect` it pulls in) costs ~8 ms, a third of a bare
-    Python start, on the path of a framework whose start-up should compile nothing.
+    :mod:`dataclasses` (and the :mod:`inspect` it pulls in) would weigh on the start-up of
+    a framework whose start-up should compile nothing.
     """
 
     #: The attributes that enter the key, in constructor order; ``name`` follows them.
@@ -191,18 +197,21 @@ class HashAttributes:
         set_(self, "_key", None)
 
     @classmethod
-    def normalized(cls, backend: str, source: str, arch: str,
+    def _unchecked(cls, backend: str, source: str, arch: str,
                    build_options: tuple[str, ...] = (), internal_options: tuple[str, ...] = (),
                    headers: tuple[tuple[str, str], ...] = (),
                    compiler: tuple[tuple[str, str], ...] = (),
                    environment: tuple[tuple[str, str], ...] = (),
                    name: str = "") -> "HashAttributes":
-        """Attributes from values already in the form ``__init__`` gives them: tuples of
-        ``str``, and tuples of ``(str, str)`` pairs sorted by name.
+        """Private fast constructor: attributes from values already in the form ``__init__``
+        gives them (tuples of ``str``; tuples of ``(str, str)`` pairs sorted by name; no
+        specialization constants), without checking each item.
 
-        For back ends, which build such values on every request: the per-item checks and
-        sorting of ``__init__`` cost ~10 us a build. Values in another form give a key no
-        other caller computes; ``tests/test_opencl.py`` holds the OpenCL back end to it.
+        Only for a back end that builds such values itself on every request, where the
+        per-item checks and sorting of ``__init__`` would be paid on every hit. Values in
+        another form give a key no other caller computes: ``tests/test_keys.py`` holds this
+        to the public constructor, ``tests/test_opencl.py`` the OpenCL back end's values.
+        The arch, the source and the name are still checked (cheaply).
         """
         if not isinstance(source, str) or not source.strip() or not isinstance(name, str):
             return cls(backend, source, arch, build_options, internal_options, headers, (),
@@ -301,7 +310,7 @@ class HashAttributes:
         """The sha256 hex digest of :meth:`encoded`."""
         cached = self._key
         if cached is None:
-            # OpenSSL's is ~2x faster: use it when something has loaded it. Not merely
+            # OpenSSL's is faster: use it when something has loaded it. Not merely
             # imported: another thread may be halfway through importing it.
             openssl = getattr(sys.modules.get("hashlib"), "sha256", None)
             cached = (openssl or sha256)(self.encoded()).hexdigest()

@@ -665,8 +665,21 @@ def test_kdb_info_without_nvcc_says_how_to_get_one(cache_dir, no_compiler):
 
 
 def test_doctests():
-    result = doctest.testmod(backend, optionflags=doctest.ELLIPSIS)
+    from kdb.backends import cudakeys  # the argument helpers and their examples live there
+
+    result = doctest.testmod(cudakeys, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("options", ['-DA="1', "-DX='2 -O3", "-I\\"])
+def test_options_a_shell_cannot_split_are_a_kdb_error(options):
+    """A string of options with an unclosed quote is the caller's mistake: a kdb error that
+    says what to do, as OpenCL's split_options gives, and still a ValueError."""
+    with pytest.raises(kdb.InvalidArgumentError, match="close the quote") as err:
+        backend.split_options(options)
+    assert isinstance(err.value, ValueError)
+    with pytest.raises(kdb.InvalidArgumentError):
+        kdb.cuda.attributes_for(DOUBLE_SRC, "sm_90", options, output="ptx")
 
 
 def test_public_module_exports(cache_dir):
@@ -674,3 +687,14 @@ def test_public_module_exports(cache_dir):
 
     for name in public.__all__:
         assert getattr(public, name) is getattr(backend, name)
+
+
+def test_back_ends_read_variables_through_config():
+    """Config owns every variable: a back end asks ``kdb.config.read_variables`` for a
+    mapping by name, never ``os.environ`` (nor a tuple sliced by position)."""
+    backends = Path(kdb.__file__).parent / "backends"
+    readers = [p.name for p in sorted(backends.glob("*.py"))
+               if "os.environ" in p.read_text(encoding="utf-8")]
+    assert readers == []
+    assert "environ_values" not in "".join(p.read_text(encoding="utf-8")
+                                           for p in backends.glob("*.py"))

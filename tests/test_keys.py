@@ -326,3 +326,23 @@ def test_attributes_are_immutable_hashable_and_picklable():
     assert b == a and b.key == a.key and b.name == "label"
     assert len({a, b, a.with_(name="other")}) == 1  # the name is not hashed
     assert "HashAttributes(backend='cuda'" in repr(a)
+
+
+def test_the_private_fast_constructor_gives_the_public_constructors_key():
+    """``HashAttributes._unchecked`` skips the per-item checks for a back end's values, which
+    are already in normal form: it must give the same attributes, bytes and key as the
+    public constructor, and still refuse a bad arch or an empty source."""
+    fields = dict(backend="opencl", source="__kernel void k() {}", arch="pocl-x86_64-znver3",
+                  build_options=("-DN=4", "-cl-fast-relaxed-math"),
+                  internal_options=("-I", "/x"),
+                  headers=(("a.h", "0" * 64), ("b.h", "1" * 64)),
+                  compiler=(("driver_version", "6.0"), ("platform", "Portable")),
+                  environment=(("POCL_WORK_GROUP_METHOD", "cbs"),), name="k")
+    fast = HashAttributes._unchecked(**fields)
+    public = HashAttributes(**fields)
+    assert fast == public and fast.encoded() == public.encoded() and fast.key == public.key
+    assert fast.spec_constants == () and fast.name == "k"
+    with pytest.raises(UnsafeArchError):
+        HashAttributes._unchecked(**{**fields, "arch": "../etc"})
+    with pytest.raises(InvalidArgumentError):
+        HashAttributes._unchecked(**{**fields, "source": "  "})

@@ -33,19 +33,40 @@ KERNEL = "__kernel void k%d(__global float *a) { a[get_global_id(0)] += %d.0f; }
 
 # -- the server ------------------------------------------------------------------------------
 
+#: Where PostgreSQL's server binaries live off PATH, newest version first: Debian/Ubuntu,
+#: the PGDG packages of RHEL/Fedora, a source build (tools/ensure_postgres.sh looks there too).
+PG_BIN_GLOBS = ("/usr/lib/postgresql/*/bin", "/usr/pgsql-*/bin", "/usr/local/pgsql/bin")
+
+#: What a root shell has on PATH that a plain user's (or ``env -i``'s) may lack.
+SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
 def _pg_bindir() -> Path | None:
-    """Where initdb, pg_ctl and postgres are: PATH, else Debian's /usr/lib/postgresql/N/bin."""
+    """Where initdb, pg_ctl and postgres are: PATH, else PostgreSQL's versioned bin dirs."""
     found = shutil.which("initdb")
     if found:
         d = Path(os.path.realpath(found)).parent
         if (d / "pg_ctl").exists() and (d / "postgres").exists():
             return d
-    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
-                  key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0)
-    for d in reversed(dirs):
+
+    def version(path: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in "".join(c if c.isdigit() else " " for c in path).split())
+
+    dirs = sorted((d for g in PG_BIN_GLOBS for d in glob.glob(g)), key=version, reverse=True)
+    for d in dirs:
         if Path(d, "initdb").exists() and Path(d, "pg_ctl").exists():
             return Path(d)
     return None
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    """``cmd`` run as the postgres user (initdb refuses root) through runuser, found as a root
+    shell would: PATH, then the sbin directories. Skips, saying why, where there is none."""
+    found = shutil.which("runuser") or shutil.which("runuser", path=os.pathsep.join(SBIN_DIRS))
+    if found is None:
+        pytest.skip("running as root, and no runuser (util-linux) on PATH or in "
+                    f"{', '.join(SBIN_DIRS)} to run the PostgreSQL server as 'postgres'")
+    return [found, "-u", "postgres", "--", *cmd]
 
 
 def _free_port() -> int:
@@ -77,7 +98,7 @@ class PgServer:
     def _run(self, tool: str, *args: object) -> None:
         cmd = [str(self.bindir / tool), *map(str, args)]
         if self.as_root:
-            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+            cmd = _as_postgres(cmd)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             log = self.logfile.read_text() if self.logfile.exists() else ""

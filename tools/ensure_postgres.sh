@@ -8,9 +8,13 @@
 # It never fails the build.
 set -uo pipefail
 
+# The same places tests/test_shared.py looks (PG_BIN_GLOBS): PATH, then the versioned bin
+# dirs of Debian/Ubuntu, of the PGDG packages (RHEL/Fedora), and of a source build.
 have_initdb() {
     command -v initdb >/dev/null 2>&1 && return 0
-    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && return 0
+    compgen -G "/usr/pgsql-*/bin/initdb" >/dev/null && return 0
+    [ -x /usr/local/pgsql/bin/initdb ]
 }
 
 have_initdb && exit 0

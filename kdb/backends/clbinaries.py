@@ -86,7 +86,7 @@ def library_of(handle: int) -> str | None:
         return None
     try:
         # The process's global symbols, through the handle ctypes made at import: a CDLL of
-        # its own, a Structure class and argtypes cost ~0.25 ms of a warm start's first build.
+        # its own, a Structure class and argtypes would weigh on a warm start's first build.
         dladdr = ctypes.pythonapi.dladdr
     except AttributeError:
         return None

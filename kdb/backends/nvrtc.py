@@ -89,13 +89,13 @@ def find_nvrtc(explicit: str | os.PathLike[str] | None = None) -> Nvrtc:
     ``$CUDA_HOME/lib64``; a :class:`kdb.BackendUnavailableError` says how to get one."""
     import sys
 
-    env = os.environ
-    memo = (None if explicit is None else os.fspath(explicit), env.get(config.ENV_NVRTC),
-            env.get("CUDA_HOME"), tuple(sys.path))
+    variables = config.read_variables(_FIND_VARIABLES)
+    memo = (None if explicit is None else os.fspath(explicit), *variables.values(),
+            tuple(sys.path))
     found = _found.get(memo)
     if found is None or (isinstance(found, Nvrtc) and not os.path.isfile(found.path)):
         try:
-            found = _find(explicit)
+            found = _find(explicit, variables)
         except BackendUnavailableError as err:
             found = str(err)
         _found[memo] = found
@@ -104,8 +104,12 @@ def find_nvrtc(explicit: str | os.PathLike[str] | None = None) -> Nvrtc:
     return found
 
 
-def _find(explicit: str | os.PathLike[str] | None) -> Nvrtc:
-    for given, how in ((explicit, "argument"), (os.environ.get(config.ENV_NVRTC), config.ENV_NVRTC)):
+#: The variables that choose the library (not in the key: the library's identity is).
+_FIND_VARIABLES = (config.ENV_NVRTC, "CUDA_HOME")
+
+
+def _find(explicit: str | os.PathLike[str] | None, variables: dict[str, str | None]) -> Nvrtc:
+    for given, how in ((explicit, "argument"), (variables[config.ENV_NVRTC], config.ENV_NVRTC)):
         if given is None or not os.fspath(given).strip():
             continue
         p = os.path.abspath(os.path.expanduser(os.fspath(given)))
@@ -120,7 +124,7 @@ def _find(explicit: str | os.PathLike[str] | None) -> Nvrtc:
     wheel = _wheel_library()
     if wheel is not None:
         return Nvrtc(wheel[0], f"wheel nvidia/{wheel[1]}")
-    home = os.environ.get("CUDA_HOME", "").strip()
+    home = (variables["CUDA_HOME"] or "").strip()
     if home:
         for sub in ("lib64", "lib"):
             d = os.path.join(home, sub)

@@ -1,10 +1,9 @@
-"""OpenCL through pyopencl: arch ids, compiler identity, and builds served from kdb.
+"""OpenCL through pyopencl: builds served from kdb, and the drop-in :func:`install`.
 
 ``build(ctx, source, options)`` returns a built :class:`pyopencl.Program`. On a hit in every
-device's tier it is created from the stored binaries (``clCreateProgramWithBinary``, ~1 ms
-on PoCL); otherwise it is built from source and returned at once, and a job describing the
-build goes to the store worker (:mod:`kdb.spool`), which builds it again, reads
-``CL_PROGRAM_BINARIES`` (seconds on PoCL) and stores them: :func:`store_job`.
+device's tier it is created from the stored binaries (``clCreateProgramWithBinary``);
+otherwise it is built from source and returned at once, and a job describing the build goes
+to the store worker (:mod:`kdb.spool`): :mod:`.clstore`. The keys come from :mod:`.clkeys`.
 
 ``install()`` routes every ``pyopencl.Program(ctx, source).build()`` through the same path;
 programs from binaries or IL, ``compile()`` and ``link_program()`` pass through untouched.
@@ -12,231 +11,36 @@ programs from binaries or IL, ``compile()`` and ``link_program()`` pass through 
 
 from __future__ import annotations
 
-import functools
 import os
-import platform as _platform
-import re
-import shlex
 import time
-import weakref
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import pyopencl as cl
 
-from .. import config, logs
+from .. import config
 from ..claims import Claim
-from ..db import DEFAULT_DB_VARIABLES, KernelDB, default_db
-from ..digests import library_id
-from ..errors import CompileError, InvalidArgumentError, UnsupportedTypeError
-from ..includes import header_digests, split_include_options
+from ..db import KernelDB, default_db
+from ..errors import CompileError, InvalidArgumentError
+from ..includes import header_digests
 from ..keys import HashAttributes
-from .clbinaries import library_of, program_binaries
-from .common import label, source_text
-
-log = logs.get("kdb")
-BACKEND = "opencl"
-
-#: Variables that change what OpenCL compilers produce; their values enter the key. Sorted,
-#: as the key wants its pairs.
-ENV_VARS = tuple(sorted((
-    "POCL_EXTRA_BUILD_FLAGS", "POCL_WORK_GROUP_METHOD", "POCL_WORK_GROUP_SPECIALIZATION",
-    "POCL_MAX_WORK_GROUP_SIZE", "POCL_VECTORIZER_PREFER_SCALAR", "POCL_FORCE_FLOAT_DENORMALS",
-    "AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND", "CL_CONFIG_CPU_TARGET_ARCH",
-    "IGC_ExtraOCLOptions", "IGC_ExtraOCLInternalOptions",
-)))
-
-_KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)")
-_HSTR_RE = re.compile(r"HSTR:\s*(\S+)")
-_SAFE_RE = re.compile(r"[^a-z0-9_.+-]+")
-# shlex.split lexes in Python one character at a time (16 s for a 1 MB option string); with
-# no quote or escape in the string its answer is a split on its four whitespace characters.
-_QUOTING_RE = re.compile(r"[\"'\\]")
-_SPACE_RE = re.compile(r"[ \t\r\n]+")
-
-
-# -- device identity ----------------------------------------------------------------------
-
-def _slug(text: str) -> str:
-    return _SAFE_RE.sub("-", text.lower()).strip("-._+") or "unknown"
-
-
-@functools.lru_cache(maxsize=None)
-def _arch_of_ptr(ptr: int, device: cl.Device) -> str:
-    version = device.version
-    m = _HSTR_RE.search(version)
-    if m:  # PoCL: "HSTR: pthread-x86_64-unknown-linux-gnu-znver3"
-        parts = m.group(1).split("-")
-        if len(parts) >= 5:
-            return config.check_arch(_slug(f"pocl-{parts[-5]}-{parts[-1]}"))
-        return config.check_arch(_slug("pocl-" + m.group(1)))
-    try:
-        major = device.compute_capability_major_nv
-        minor = device.compute_capability_minor_nv
-        return f"sm_{major}{minor}"
-    except (cl.LogicError, AttributeError, cl.RuntimeError):
-        pass
-    name = device.name
-    if name.startswith("gfx"):  # AMD: "gfx90a:sramecc+:xnack-"
-        return config.check_arch(_slug(name.replace(":", "_")))
-    return config.check_arch(_slug(f"{device.platform.vendor.split()[0]}-{name}"))
-
-
-def arch_of(device: cl.Device) -> str:
-    """The arch id of a device: its binary-compatibility class (DESIGN section 2)."""
-    return _arch_of_ptr(device.int_ptr, device)
-
-
-@functools.lru_cache(maxsize=None)
-def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
-    plat = device.platform
-    ident = [
-        ("platform", plat.name),
-        ("platform_version", plat.version),
-        ("device_version", device.version),
-        ("driver_version", device.driver_version),
-        ("opencl_c_version", getattr(device, "opencl_c_version", "")),
-    ]
-    lib = library_of(plat.int_ptr) or library_of(device.int_ptr)
-    if lib:
-        try:
-            ident.append(("library", library_id(lib, Path(memo_dir))))
-        except OSError as err:
-            log.debug("kdb: cannot digest %s: %s", lib, err)
-    return tuple(sorted(ident))  # the key's order: HashAttributes.normalized takes it as is
-
-
-def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
-    """Compiler identity: platform, versions, and the ICD library's build ID (or sha256)."""
-    memo = memo_dir or str(config.cache_root())
-    return _identity_of_ptr(device.int_ptr, device, memo)
-
-
-def device_details(device: cl.Device) -> dict[str, Any]:
-    """Machine-local facts kept beside an entry for ``kdb explain``, never in the key."""
-    return {
-        "device": device.name,
-        "vendor": device.vendor,
-        "platform": device.platform.name,
-        "driver_version": device.driver_version,
-        "library": library_of(device.platform.int_ptr) or "",
-        "host": _platform.node(),
-    }
-
-
-def environment(values: tuple[str | None, ...] | None = None) -> tuple[tuple[str, str], ...]:
-    """The compiler-relevant environment variables that are set, sorted by name
-    (``values``: theirs in ENV_VARS order, when the caller has read them already)."""
-    # Named lookups only: iterating os.environ costs ~0.15 ms, per build, on the hit path.
-    if values is None:
-        values = config.environ_values(ENV_VARS)
-    return tuple((k, v) for k, v in zip(ENV_VARS, values) if v is not None)
-
-
-def kernel_names(source: str) -> list[str]:
-    """Kernel function names in OpenCL C source (for labels).
-
-    >>> kernel_names("__kernel void add(int a) {} kernel void mul() {}")
-    ['add', 'mul']
-    """
-    return _KERNEL_RE.findall(source)
-
-
-def _label(source: str) -> str:
-    return label(_KERNEL_RE, source, "program")
-
-
-# -- options ------------------------------------------------------------------------------
-
-def split_options(options: str | Sequence[str] | None) -> list[str]:
-    """Options as a list, the way pyopencl splits them."""
-    if options is None:
-        return []
-    if isinstance(options, str):
-        if not _QUOTING_RE.search(options):  # shlex's answer, without its per-character lexer
-            stripped = options.strip(" \t\r\n")
-            return _SPACE_RE.split(stripped) if stripped else []
-        try:
-            return shlex.split(options)
-        except ValueError as err:  # "No closing quotation": a KdbError, still a ValueError
-            raise InvalidArgumentError(
-                f"build options {options[:80]!r} cannot be split like a shell line ({err}); "
-                "close the quote or pass the options as a list") from None
-    out = []
-    for opt in _items(options, "build options"):
-        if not isinstance(opt, str):
-            raise UnsupportedTypeError(
-                f"build options must be strings; got {type(opt).__name__} ({opt!r})")
-        out.append(opt)
-    return out
-
-
-def _items(values: Any, what: str) -> list:
-    try:
-        return list(values)
-    except TypeError:
-        raise UnsupportedTypeError(
-            f"{what} must be a string or a list of strings, not {type(values).__name__}"
-        ) from None
-
-
-def internal_options(ctx: cl.Context) -> list[str]:
-    """The options pyopencl adds to every build (its include dir, per-platform, env)."""
-    return _internal_options(ctx.devices[0])
-
-
-@functools.lru_cache(maxsize=None)
-def _platform_name_of_ptr(ptr: int, device: cl.Device) -> str:
-    return device.platform.name
-
-
-def _internal_options(device: cl.Device, forced: str | None = None) -> list[str]:
-    opts: list[str] = []
-    opts += list(getattr(cl, "_DEFAULT_BUILD_OPTIONS", []))
-    opts += list(getattr(cl, "_DEFAULT_INCLUDE_OPTIONS", []))
-    platform = _platform_name_of_ptr(device.int_ptr, device)
-    opts += list(getattr(cl, "_PLAT_BUILD_OPTIONS", {}).get(platform, []))
-    if forced is None:
-        forced = os.environ.get("PYOPENCL_BUILD_OPTIONS")
-    if forced:
-        opts += forced.split()
-    return opts
-
-
-def _options_bytes(options: list[str]) -> bytes:
-    """The option string exactly as pyopencl would hand it to ``clBuildProgram``."""
-    to_bytes = getattr(cl, "_options_to_bytestring", None)
-    if to_bytes is not None:
-        return to_bytes(options)
-    return " ".join(options).encode("utf-8")
-
-
-def attributes_for(device: cl.Device, source: str, user_options: list[str],
-                   added_options: list[str], name: str = "", arch: str | None = None,
-                   memo_dir: str | None = None) -> HashAttributes:
-    """The hash attributes of building ``source`` for ``device`` with these options."""
-    user_rest, added_rest, include_dirs = _split_options(user_options, added_options)
-    dirs = [os.path.abspath(d) for d in include_dirs]
-    return HashAttributes.normalized(
-        backend=BACKEND,
-        source=source,
-        arch=arch or arch_of(device),
-        build_options=user_rest,
-        internal_options=added_rest,
-        headers=header_digests(source, dirs),
-        compiler=compiler_identity(device, memo_dir),
-        environment=environment(),
-        name=name,
-    )
-
-
-def _split_options(user: list[str], added: list[str]) -> tuple[tuple, tuple, tuple]:
-    """``(user options, added options, include dirs)``: ``-I`` options enter the key as the
-    headers they find, never as paths (the dirs are relative to the cwd of the build)."""
-    user_rest, user_dirs = split_include_options(user)
-    added_rest, added_dirs = split_include_options(added)
-    return tuple(user_rest), tuple(added_rest), (*user_dirs, *added_dirs)
-
+from .clkeys import (  # noqa: F401 - the back end's public names live here too
+    BACKEND,
+    BUILD_VARIABLES,
+    ENV_VARS,
+    _label,
+    arch_of,
+    attributes_for,
+    compiler_identity,
+    device_details,
+    environment,
+    internal_options,
+    kernel_names,
+    plan_for,
+    split_options,
+)
+from .clstore import compiled as _compiled
+from .clstore import program_spec, store_job, store_later  # noqa: F401 - spool finds store_job here
+from .common import source_text
 
 # -- build --------------------------------------------------------------------------------
 
@@ -268,72 +72,22 @@ def build(ctx: cl.Context, source: str | bytes, options: str | Sequence[str] | N
         ) from err
 
 
+
 def _text(source: str | bytes) -> str:
     return source_text(source, "OpenCL")
 
 
-class _Plan:
-    """What the builds on one context share while their options and environment do not
-    change: devices, split options, arch ids, compiler identities.
-
-    On a warm start each build is ~0.6 ms of PoCL, after which the Python around it runs
-    with cold caches: working these out on every build cost ~35 us of the ~160 us kdb adds
-    to one. Plans live as long as their context object (an ``int_ptr`` can be reused).
-    """
-
-    __slots__ = ("devs", "dev_ptrs", "user_rest", "include_dirs", "added_rest", "opt_bytes",
-                 "archs", "compilers", "environment")
-
-    def __init__(self, ctx, devices, options, arch, memo: str, env: tuple) -> None:
-        self.devs = list(devices) if devices is not None else list(ctx.devices)
-        self.dev_ptrs = tuple(d.int_ptr for d in self.devs)
-        user = split_options(options)
-        added = _internal_options(self.devs[0], env[-1])
-        self.opt_bytes = _options_bytes(user + added)
-        self.user_rest, self.added_rest, self.include_dirs = _split_options(user, added)
-        self.archs = [arch or arch_of(d) for d in self.devs]
-        self.compilers = [compiler_identity(d, memo) for d in self.devs]
-        self.environment = environment(env)  # zip stops at PYOPENCL_BUILD_OPTIONS
-
-
-#: Per context object: plans by (devices, options, arch, cache root, environment).
-_plans: "weakref.WeakKeyDictionary[cl.Context, dict[tuple, _Plan]]" = weakref.WeakKeyDictionary()
-
-#: The variables a build reads, in one config.environ_values call.
-_BUILD_VARIABLES = DEFAULT_DB_VARIABLES + ENV_VARS + ("PYOPENCL_BUILD_OPTIONS",)
-_N_DB = len(DEFAULT_DB_VARIABLES)
-
-
-def _plan_for(ctx, devices, options, arch, memo: str, env: tuple) -> _Plan:
-    try:
-        key = (None if devices is None else tuple(d.int_ptr for d in devices),
-               options if options is None or isinstance(options, str) else tuple(options),
-               arch, memo, env)
-        per_ctx = _plans.get(ctx)
-        plan = per_ctx.get(key) if per_ctx is not None else None
-    except TypeError:  # unhashable options or devices: no plan kept; the checks below say why
-        return _Plan(ctx, devices, options, arch, memo, env)
-    if plan is None:
-        plan = _Plan(ctx, devices, options, arch, memo, env)
-        if per_ctx is None:
-            per_ctx = _plans[ctx] = {}
-        if len(per_ctx) > 256:  # options generated per build: keep the memory bounded
-            per_ctx.clear()
-        per_ctx[key] = plan
-    return plan
-
-
 def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bool,
            wrapper: cl.Program | None = None) -> cl.Program:
-    values = config.environ_values(_BUILD_VARIABLES)
-    db = db or default_db(values[:_N_DB])
+    variables = config.read_variables(BUILD_VARIABLES)
+    db = db or default_db()
     text = _text(source)
-    plan = _plan_for(ctx, devices, options, arch, str(db.cache_root), values[_N_DB:])
+    plan = plan_for(ctx, devices, options, arch, str(db.cache_root), variables)
     devs, opt_bytes = plan.devs, plan.opt_bytes
     dirs = [os.path.abspath(d) for d in plan.include_dirs]  # per build: the cwd may change
     headers = header_digests(text, dirs)
     # Unlabelled until a miss: a hit never shows the label, and finding it scans the source.
-    attrs = [HashAttributes.normalized(BACKEND, text, a, plan.user_rest, plan.added_rest,
+    attrs = [HashAttributes._unchecked(BACKEND, text, a, plan.user_rest, plan.added_rest,
                                        headers, c, plan.environment, name or "")
              for a, c in zip(plan.archs, plan.compilers)]
     memory_key = (ctx.int_ptr, plan.dev_ptrs, tuple(a.key for a in attrs))
@@ -384,25 +138,10 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
         held.pop(key).release()
     if missed and not db.disabled:
         _compiled[memory_key] = raw
-    _store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
-                 seconds, held, forget=memory_key, program=_program_spec(text, opt_bytes, devs))
+    store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
+                 seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs))
     return prg
 
-
-def _program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
-    """How the store worker can build this program again (:mod:`kdb.spool`): ``devices``
-    in the build's order, as ``(name, index among the platform's devices)``; None when it
-    cannot (sub-devices, which it could not find again)."""
-    try:
-        platform = devs[0].platform
-        roots = [d.int_ptr for d in platform.get_devices()]
-        where = [(d.name, roots.index(d.int_ptr)) for d in devs]
-        options = bytes(opt_bytes).decode("latin-1")
-        cwd = os.getcwd()
-    except (ValueError, TypeError, OSError, cl.Error):  # OSError: a deleted working directory
-        return None
-    return {"source": text, "options": options, "platform": platform.name,
-            "devices": where, "cwd": cwd, "ptrs": [d.int_ptr for d in devs]}
 
 
 def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
@@ -448,100 +187,6 @@ def _wrap(raw, wrapper: cl.Program | None) -> cl.Program:
     wrapper._build_duration_info = None
     return wrapper
 
-
-#: The memory tier: programs this process built from source, keyed by (context, devices,
-#: keys). A repeated build is served at once instead of compiling again or waiting on this
-#: process's own claim; their binaries are stored by the store worker.
-_compiled: dict[tuple, object] = {}
-
-
-def _store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
-                 held: dict[str, Claim], forget: tuple = (), program: dict | None = None) -> None:
-    """Record the compile now; hand the store to the store worker (:mod:`kdb.spool`), or, with
-    ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread."""
-    per_device = seconds / max(len(devs), 1)
-    ptrs = program.pop("ptrs") if program is not None else []
-    recs = [db.record_compile(a, per_device) for a in attrs]
-    if not attrs or db.disabled or not db.can_store(attrs[0].arch):
-        for claim in held.values():
-            claim.release()
-        return
-    if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
-        job = {"kind": "store", "backend": BACKEND, "seconds": seconds, "program": program,
-               "entries": [{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
-                            "attributes": a.encoded().decode("utf-8"), "seconds": per_device,
-                            "details": device_details(d)} for d, a in zip(devs, attrs)],
-               "logs": [list(rec) for rec in recs]}
-        claims = [held.pop(a.key) for a in attrs if a.key in held]
-
-        def store_now() -> None:
-            """Another process waits for one of these keys while this one still holds the
-            program (ranks starting together): store it from here, no rebuild, no worker."""
-            binaries = program_binaries(raw)
-            db.store([(a, binaries[d.int_ptr], per_device, device_details(d))
-                      for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs)
-
-        if db.spool(job, claims, store_now):
-            return
-        held.update((c.key, c) for c in claims)
-    binaries: dict[int, bytes] | None = None
-
-    def produce_for(ptr: int):
-        def produce() -> bytes | None:
-            nonlocal binaries
-            if binaries is None:
-                try:
-                    binaries = program_binaries(raw)
-                except Exception as err:  # noqa: BLE001 - storing is best effort
-                    log.warning("kdb: could not read program binaries: %s", err)
-                    binaries = {}
-                finally:
-                    # From here the bytes are in KernelDB's in-flight map, then the user file.
-                    _compiled.pop(forget, None)
-            return binaries.get(ptr) or None
-        return produce
-
-    for d, a, rec in zip(devs, attrs, recs):
-        db.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
-                     details=device_details(d), log=rec, claim=held.pop(a.key, None))
-
-
-def _detach() -> bool:
-    """Whether stores go to the store worker (``KDB_STORE_AT_EXIT=detach``, the default)."""
-    return config.store_at_exit() == "detach"
-
-
-def store_job(db: KernelDB, job: dict) -> None:
-    """The store worker's half (:mod:`kdb.spool`): build the program again (PoCL's cache
-    answers), read its binaries and store each entry with its latency rows."""
-    from ..store import CompileRecord
-
-    prog = job["program"]
-    plats = [p for p in cl.get_platforms() if p.name == prog["platform"]]
-    if not plats:
-        raise LookupError(f"no OpenCL platform named {prog['platform']!r}")
-    plat_devs = plats[0].get_devices()
-    devs = []
-    for name, index in prog["devices"]:
-        if index >= len(plat_devs) or plat_devs[index].name != name:
-            raise LookupError(f"no device {name!r} at index {index} of {prog['platform']!r}")
-        devs.append(plat_devs[index])
-    if prog.get("cwd"):
-        os.chdir(prog["cwd"])  # relative -I paths
-    ctx = cl.Context(devs)
-    raw = cl._Program(ctx, prog["source"])
-    raw.build(prog["options"].encode("latin-1"), devs)
-    binaries = program_binaries(raw)
-    items = []
-    for e in job["entries"]:
-        binary = binaries.get(devs[e["device"]].int_ptr)
-        if binary:
-            attrs = HashAttributes.from_canonical(e["attributes"], name=e["name"])
-            items.append((attrs, binary, e["seconds"], e["details"]))
-    db.store(items, [CompileRecord(*row) for row in job.get("logs", [])])
-    if len(items) < len(job["entries"]):
-        raise LookupError(f"the driver returned no binary for {len(job['entries']) - len(items)}"
-                          " device(s)")
 
 
 # -- install ------------------------------------------------------------------------------

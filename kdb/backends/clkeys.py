@@ -1,0 +1,294 @@
+"""OpenCL keys: a device's arch id and compiler identity, a build's options, and the plan
+that holds them for the builds on one context.
+
+Everything here is what a lookup needs before it touches a database; :mod:`.opencl` builds,
+:mod:`.clstore` stores.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform as _platform
+import re
+import shlex
+import weakref
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyopencl as cl
+
+from .. import config, logs
+from ..db import DEFAULT_DB_VARIABLES
+from ..digests import library_id
+from ..errors import InvalidArgumentError, UnsupportedTypeError
+from ..includes import header_digests, split_include_options
+from ..keys import HashAttributes
+from .clbinaries import library_of
+from .common import label
+
+log = logs.get("kdb")
+BACKEND = "opencl"
+
+#: Variables that change what OpenCL compilers produce; their values enter the key. Sorted,
+#: as the key wants its pairs.
+ENV_VARS = tuple(sorted((
+    "POCL_EXTRA_BUILD_FLAGS", "POCL_WORK_GROUP_METHOD", "POCL_WORK_GROUP_SPECIALIZATION",
+    "POCL_MAX_WORK_GROUP_SIZE", "POCL_VECTORIZER_PREFER_SCALAR", "POCL_FORCE_FLOAT_DENORMALS",
+    "AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND", "CL_CONFIG_CPU_TARGET_ARCH",
+    "IGC_ExtraOCLOptions", "IGC_ExtraOCLInternalOptions",
+)))
+
+_KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)")
+_HSTR_RE = re.compile(r"HSTR:\s*(\S+)")
+_SAFE_RE = re.compile(r"[^a-z0-9_.+-]+")
+# shlex.split lexes in Python one character at a time (slow on long option strings); with
+# no quote or escape in the string its answer is a split on its four whitespace characters.
+_QUOTING_RE = re.compile(r"[\"'\\]")
+_SPACE_RE = re.compile(r"[ \t\r\n]+")
+
+
+# -- device identity ----------------------------------------------------------------------
+
+def _slug(text: str) -> str:
+    return _SAFE_RE.sub("-", text.lower()).strip("-._+") or "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_of_ptr(ptr: int, device: cl.Device) -> str:
+    version = device.version
+    m = _HSTR_RE.search(version)
+    if m:  # PoCL: "HSTR: pthread-x86_64-unknown-linux-gnu-znver3"
+        parts = m.group(1).split("-")
+        if len(parts) >= 5:
+            return config.check_arch(_slug(f"pocl-{parts[-5]}-{parts[-1]}"))
+        return config.check_arch(_slug("pocl-" + m.group(1)))
+    try:
+        major = device.compute_capability_major_nv
+        minor = device.compute_capability_minor_nv
+        return f"sm_{major}{minor}"
+    except (cl.LogicError, AttributeError, cl.RuntimeError):
+        pass
+    name = device.name
+    if name.startswith("gfx"):  # AMD: "gfx90a:sramecc+:xnack-"
+        return config.check_arch(_slug(name.replace(":", "_")))
+    return config.check_arch(_slug(f"{device.platform.vendor.split()[0]}-{name}"))
+
+
+def arch_of(device: cl.Device) -> str:
+    """The arch id of a device: its binary-compatibility class (DESIGN section 2)."""
+    return _arch_of_ptr(device.int_ptr, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
+    plat = device.platform
+    ident = [
+        ("platform", plat.name),
+        ("platform_version", plat.version),
+        ("device_version", device.version),
+        ("driver_version", device.driver_version),
+        ("opencl_c_version", getattr(device, "opencl_c_version", "")),
+    ]
+    lib = library_of(plat.int_ptr) or library_of(device.int_ptr)
+    if lib:
+        try:
+            ident.append(("library", library_id(lib, Path(memo_dir))))
+        except OSError as err:
+            log.debug("kdb: cannot digest %s: %s", lib, err)
+    return tuple(sorted(ident))  # the key's order: HashAttributes._unchecked takes it as is
+
+
+def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
+    """Compiler identity: platform, versions, and the ICD library's build ID (or sha256)."""
+    memo = memo_dir or str(config.cache_root())
+    return _identity_of_ptr(device.int_ptr, device, memo)
+
+
+def device_details(device: cl.Device) -> dict[str, Any]:
+    """Machine-local facts kept beside an entry for ``kdb explain``, never in the key."""
+    return {
+        "device": device.name,
+        "vendor": device.vendor,
+        "platform": device.platform.name,
+        "driver_version": device.driver_version,
+        "library": library_of(device.platform.int_ptr) or "",
+        "host": _platform.node(),
+    }
+
+
+def environment(variables: Mapping[str, str | None] | None = None
+                ) -> tuple[tuple[str, str], ...]:
+    """The compiler-relevant environment variables that are set, sorted by name
+    (``variables``: a mapping holding at least :data:`ENV_VARS`, when the caller has read
+    them already through :func:`kdb.config.read_variables`)."""
+    # Named lookups only: iterating the whole environment would cost more than a hit.
+    if variables is None:
+        variables = config.read_variables(ENV_VARS)
+    return tuple((k, v) for k in ENV_VARS if (v := variables[k]) is not None)
+
+
+def kernel_names(source: str) -> list[str]:
+    """Kernel function names in OpenCL C source (for labels).
+
+    >>> kernel_names("__kernel void add(int a) {} kernel void mul() {}")
+    ['add', 'mul']
+    """
+    return _KERNEL_RE.findall(source)
+
+
+def _label(source: str) -> str:
+    return label(_KERNEL_RE, source, "program")
+
+
+# -- options ------------------------------------------------------------------------------
+
+def split_options(options: str | Sequence[str] | None) -> list[str]:
+    """Options as a list, the way pyopencl splits them."""
+    if options is None:
+        return []
+    if isinstance(options, str):
+        if not _QUOTING_RE.search(options):  # shlex's answer, without its per-character lexer
+            stripped = options.strip(" \t\r\n")
+            return _SPACE_RE.split(stripped) if stripped else []
+        try:
+            return shlex.split(options)
+        except ValueError as err:  # "No closing quotation": a KdbError, still a ValueError
+            raise InvalidArgumentError(
+                f"build options {options[:80]!r} cannot be split like a shell line ({err}); "
+                "close the quote or pass the options as a list") from None
+    out = []
+    for opt in _items(options, "build options"):
+        if not isinstance(opt, str):
+            raise UnsupportedTypeError(
+                f"build options must be strings; got {type(opt).__name__} ({opt!r})")
+        out.append(opt)
+    return out
+
+
+def _items(values: Any, what: str) -> list:
+    try:
+        return list(values)
+    except TypeError:
+        raise UnsupportedTypeError(
+            f"{what} must be a string or a list of strings, not {type(values).__name__}"
+        ) from None
+
+
+def internal_options(ctx: cl.Context) -> list[str]:
+    """The options pyopencl adds to every build (its include dir, per-platform, env)."""
+    return _internal_options(ctx.devices[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _platform_name_of_ptr(ptr: int, device: cl.Device) -> str:
+    return device.platform.name
+
+
+def _internal_options(device: cl.Device, forced: str | None = None) -> list[str]:
+    opts: list[str] = []
+    opts += list(getattr(cl, "_DEFAULT_BUILD_OPTIONS", []))
+    opts += list(getattr(cl, "_DEFAULT_INCLUDE_OPTIONS", []))
+    platform = _platform_name_of_ptr(device.int_ptr, device)
+    opts += list(getattr(cl, "_PLAT_BUILD_OPTIONS", {}).get(platform, []))
+    if forced is None:
+        forced = config.read_variables(_FORCED)[_FORCED[0]]
+    if forced:
+        opts += forced.split()
+    return opts
+
+
+def _options_bytes(options: list[str]) -> bytes:
+    """The option string exactly as pyopencl would hand it to ``clBuildProgram``."""
+    to_bytes = getattr(cl, "_options_to_bytestring", None)
+    if to_bytes is not None:
+        return to_bytes(options)
+    return " ".join(options).encode("utf-8")
+
+
+def attributes_for(device: cl.Device, source: str, user_options: list[str],
+                   added_options: list[str], name: str = "", arch: str | None = None,
+                   memo_dir: str | None = None) -> HashAttributes:
+    """The hash attributes of building ``source`` for ``device`` with these options."""
+    user_rest, added_rest, include_dirs = _split_options(user_options, added_options)
+    dirs = [os.path.abspath(d) for d in include_dirs]
+    return HashAttributes._unchecked(
+        backend=BACKEND,
+        source=source,
+        arch=arch or arch_of(device),
+        build_options=user_rest,
+        internal_options=added_rest,
+        headers=header_digests(source, dirs),
+        compiler=compiler_identity(device, memo_dir),
+        environment=environment(),
+        name=name,
+    )
+
+
+def _split_options(user: list[str], added: list[str]) -> tuple[tuple, tuple, tuple]:
+    """``(user options, added options, include dirs)``: ``-I`` options enter the key as the
+    headers they find, never as paths (the dirs are relative to the cwd of the build)."""
+    user_rest, user_dirs = split_include_options(user)
+    added_rest, added_dirs = split_include_options(added)
+    return tuple(user_rest), tuple(added_rest), (*user_dirs, *added_dirs)
+
+
+class _Plan:
+    """What the builds on one context share while their options and environment do not
+    change: devices, split options, arch ids, compiler identities.
+
+    Worked out once, not on every build: a warm build is short, and this work was a large
+    part of what kdb adds to one. Plans live as long as their context object (an
+    ``int_ptr`` can be reused).
+    """
+
+    __slots__ = ("devs", "dev_ptrs", "user_rest", "include_dirs", "added_rest", "opt_bytes",
+                 "archs", "compilers", "environment")
+
+    def __init__(self, ctx, devices, options, arch, memo: str, forced: str | None,
+                 env: tuple[tuple[str, str], ...]) -> None:
+        self.devs = list(devices) if devices is not None else list(ctx.devices)
+        self.dev_ptrs = tuple(d.int_ptr for d in self.devs)
+        user = split_options(options)
+        added = _internal_options(self.devs[0], forced)
+        self.opt_bytes = _options_bytes(user + added)
+        self.user_rest, self.added_rest, self.include_dirs = _split_options(user, added)
+        self.archs = [arch or arch_of(d) for d in self.devs]
+        self.compilers = [compiler_identity(d, memo) for d in self.devs]
+        self.environment = env
+
+
+#: Per context object: plans by (devices, options, arch, cache root, environment).
+_plans: "weakref.WeakKeyDictionary[cl.Context, dict[tuple, _Plan]]" = weakref.WeakKeyDictionary()
+
+#: pyopencl's own variable: options it adds to every build (they enter the key as options).
+_FORCED = ("PYOPENCL_BUILD_OPTIONS",)
+
+#: The variables a build reads, in one :func:`kdb.config.read_variables` call: the default
+#: database's, the compiler's (:data:`ENV_VARS`) and pyopencl's.
+BUILD_VARIABLES = DEFAULT_DB_VARIABLES + ENV_VARS + _FORCED
+
+
+def plan_for(ctx, devices, options, arch, memo: str,
+             variables: Mapping[str, str | None]) -> _Plan:
+    """The plan of a build on ``ctx``, ``variables`` holding :data:`BUILD_VARIABLES`."""
+    forced = variables[_FORCED[0]]
+    env = environment(variables)
+    try:
+        key = (None if devices is None else tuple(d.int_ptr for d in devices),
+               options if options is None or isinstance(options, str) else tuple(options),
+               arch, memo, forced, env)
+        per_ctx = _plans.get(ctx)
+        plan = per_ctx.get(key) if per_ctx is not None else None
+    except TypeError:  # unhashable options or devices: no plan kept; the checks below say why
+        return _Plan(ctx, devices, options, arch, memo, forced, env)
+    if plan is None:
+        plan = _Plan(ctx, devices, options, arch, memo, forced, env)
+        if per_ctx is None:
+            per_ctx = _plans[ctx] = {}
+        if len(per_ctx) > 256:  # options generated per build: keep the memory bounded
+            per_ctx.clear()
+        per_ctx[key] = plan
+    return plan
+
+

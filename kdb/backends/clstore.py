@@ -1,0 +1,134 @@
+"""OpenCL stores: what a build from source leaves to store, and the store worker's half.
+
+A program built from source is returned at once; reading its binaries back
+(``CL_PROGRAM_BINARIES``) is slow on PoCL, so a job describing the build goes to the store
+worker (:mod:`kdb.spool`), which builds it again and stores the binaries (:func:`store_job`).
+Until then the program itself serves repeats in this process (:data:`compiled`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyopencl as cl
+
+from .. import config, logs
+from ..claims import Claim
+from ..db import KernelDB
+from ..keys import HashAttributes
+from .clbinaries import program_binaries
+from .clkeys import BACKEND, device_details
+
+log = logs.get("kdb")
+
+def program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
+    """How the store worker can build this program again (:mod:`kdb.spool`): ``devices``
+    in the build's order, as ``(name, index among the platform's devices)``; None when it
+    cannot (sub-devices, which it could not find again)."""
+    try:
+        platform = devs[0].platform
+        roots = [d.int_ptr for d in platform.get_devices()]
+        where = [(d.name, roots.index(d.int_ptr)) for d in devs]
+        options = bytes(opt_bytes).decode("latin-1")
+        cwd = os.getcwd()
+    except (ValueError, TypeError, OSError, cl.Error):  # OSError: a deleted working directory
+        return None
+    return {"source": text, "options": options, "platform": platform.name,
+            "devices": where, "cwd": cwd, "ptrs": [d.int_ptr for d in devs]}
+
+
+
+#: The memory tier: programs this process built from source, keyed by (context, devices,
+#: keys). A repeated build is served at once instead of compiling again or waiting on this
+#: process's own claim; their binaries are stored by the store worker.
+compiled: dict[tuple, object] = {}
+
+
+def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
+                 held: dict[str, Claim], forget: tuple = (), program: dict | None = None) -> None:
+    """Record the compile now; hand the store to the store worker (:mod:`kdb.spool`), or, with
+    ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread."""
+    per_device = seconds / max(len(devs), 1)
+    ptrs = program.pop("ptrs") if program is not None else []
+    recs = [db.record_compile(a, per_device) for a in attrs]
+    if not attrs or db.disabled or not db.can_store(attrs[0].arch):
+        for claim in held.values():
+            claim.release()
+        return
+    if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
+        job = {"kind": "store", "backend": BACKEND, "seconds": seconds, "program": program,
+               "entries": [{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
+                            "attributes": a.encoded().decode("utf-8"), "seconds": per_device,
+                            "details": device_details(d)} for d, a in zip(devs, attrs)],
+               "logs": [list(rec) for rec in recs]}
+        claims = [held.pop(a.key) for a in attrs if a.key in held]
+
+        def store_now() -> None:
+            """Another process waits for one of these keys while this one still holds the
+            program (ranks starting together): store it from here, no rebuild, no worker."""
+            binaries = program_binaries(raw)
+            db.store([(a, binaries[d.int_ptr], per_device, device_details(d))
+                      for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs)
+
+        if db.spool(job, claims, store_now):
+            return
+        held.update((c.key, c) for c in claims)
+    binaries: dict[int, bytes] | None = None
+
+    def produce_for(ptr: int):
+        def produce() -> bytes | None:
+            nonlocal binaries
+            if binaries is None:
+                try:
+                    binaries = program_binaries(raw)
+                except Exception as err:  # noqa: BLE001 - storing is best effort
+                    log.warning("kdb: could not read program binaries: %s", err)
+                    binaries = {}
+                finally:
+                    # From here the bytes are in KernelDB's in-flight map, then the user file.
+                    compiled.pop(forget, None)
+            return binaries.get(ptr) or None
+        return produce
+
+    for d, a, rec in zip(devs, attrs, recs):
+        db.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
+                     details=device_details(d), log=rec, claim=held.pop(a.key, None))
+
+
+def _detach() -> bool:
+    """Whether stores go to the store worker (``KDB_STORE_AT_EXIT=detach``, the default)."""
+    return config.store_at_exit() == "detach"
+
+
+def store_job(db: KernelDB, job: dict) -> None:
+    """The store worker's half (:mod:`kdb.spool`): build the program again (PoCL's cache
+    answers), read its binaries and store each entry with its latency rows."""
+    from ..store import CompileRecord
+
+    prog = job["program"]
+    plats = [p for p in cl.get_platforms() if p.name == prog["platform"]]
+    if not plats:
+        raise LookupError(f"no OpenCL platform named {prog['platform']!r}")
+    plat_devs = plats[0].get_devices()
+    devs = []
+    for name, index in prog["devices"]:
+        if index >= len(plat_devs) or plat_devs[index].name != name:
+            raise LookupError(f"no device {name!r} at index {index} of {prog['platform']!r}")
+        devs.append(plat_devs[index])
+    if prog.get("cwd"):
+        os.chdir(prog["cwd"])  # relative -I paths
+    ctx = cl.Context(devs)
+    raw = cl._Program(ctx, prog["source"])
+    raw.build(prog["options"].encode("latin-1"), devs)
+    binaries = program_binaries(raw)
+    items = []
+    for e in job["entries"]:
+        binary = binaries.get(devs[e["device"]].int_ptr)
+        if binary:
+            attrs = HashAttributes.from_canonical(e["attributes"], name=e["name"])
+            items.append((attrs, binary, e["seconds"], e["details"]))
+    db.store(items, [CompileRecord(*row) for row in job.get("logs", [])])
+    if len(items) < len(job["entries"]):
+        raise LookupError(f"the driver returned no binary for {len(job['entries']) - len(items)}"
+                          " device(s)")
+

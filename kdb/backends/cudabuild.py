@@ -1,0 +1,124 @@
+"""CUDA builds: a request compiled by nvcc or NVRTC, served from kdb, or from the stored
+builds of another compiler where none is installed (:mod:`kdb.fallback`).
+
+nvcc cross-compiles, so this half needs no GPU and never imports pycuda.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from typing import Iterable, Sequence
+
+from .. import config, logs
+from ..db import KernelDB, default_db
+from ..errors import BackendUnavailableError, CompileError
+from . import nvrtc as _nvrtc
+from .cudakeys import _Request, _request, compiler_kind, compiler_rank
+from .nvrtc import NvrtcIdentity
+
+log = logs.get("kdb")
+
+
+def _run_nvcc(req: _Request) -> bytes:
+    """nvcc in a temporary directory; its failure is a :class:`kdb.CompileError`."""
+    import subprocess
+    import tempfile
+
+    out_name = f"kernel.{req.output}"
+    with tempfile.TemporaryDirectory(prefix="kdb-nvcc-") as tmp:
+        with open(os.path.join(tmp, "kernel.cu"), "w", encoding="utf-8") as f:
+            f.write(req.text)
+        cmd = req.command("kernel.cu", out_name)
+        try:
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True)
+        except OSError as err:
+            raise BackendUnavailableError(
+                f"cannot run {req.nvcc.path}: {err}; set {config.ENV_NVCC} or CUDA_HOME "
+                "to a working nvcc") from err
+        said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
+        out_path = os.path.join(tmp, out_name)
+        if proc.returncode != 0 or not os.path.isfile(out_path):
+            why = f"exit status {proc.returncode}" if proc.returncode else "no output file"
+            err = CompileError(
+                f"nvcc failed ({why}) building {req.attrs.name} for {req.arch}; fix the "
+                f"source or options. Command (run in a temporary directory): "
+                f"{shlex.join(cmd)}", log=said, options=req.options)
+            err.command = cmd  # type: ignore[attr-defined]
+            raise err
+        with open(out_path, "rb") as f:
+            data = f.read()
+    if said.strip():
+        log.debug("kdb: nvcc said, building %s: %s", req.attrs.name, said.strip())
+    return data
+
+
+def _build(req: _Request) -> bytes:
+    """Run the request's compiler (nvcc or NVRTC); its failure is a :class:`kdb.CompileError`."""
+    if isinstance(req.tool, NvrtcIdentity):
+        data, said = _nvrtc.run(req.tool.path, req.text, req.arch, req.output, req.options,
+                                req.include_dirs, req.attrs.name)
+        if said.strip():
+            log.debug("kdb: NVRTC said, building %s: %s", req.attrs.name, said.strip())
+        return data
+    return _run_nvcc(req)
+
+
+def _stored_builds(db: KernelDB, req: _Request) -> list:
+    """With no compiler here: the stored builds that match on all but the compiler, newest
+    compiler first (:mod:`kdb.fallback`); none raises, naming the arch and what to install."""
+    from .. import fallback
+    from ..discovery import dist_name
+
+    accept = None if req.wanted is None else (lambda c: compiler_kind(c) == req.wanted)
+    found = fallback.candidates(db, req.attrs, compiler_rank, accept)
+    if found:
+        return found
+    which = f"{req.wanted} " if req.wanted else ""
+    raise BackendUnavailableError(
+        f"no {which}compiler is installed and no stored binary of {req.attrs.name} for "
+        f"{req.arch} matches this request ({req.output}, these options and headers). Install "
+        f"the system database for {req.arch} (pip install {dist_name(req.arch)}, or the "
+        f"package your framework publishes; KDB_SYSTEM_DB_PATH for a directory), or a "
+        f"compiler: pip install 'kdb[cuda]' (NVRTC, no toolkit needed), or the CUDA toolkit "
+        f"({config.ENV_NVCC} or CUDA_HOME). Looked for: {req.missing}")
+
+
+def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
+    """A miss: compile now, log the compile, store the result in the background."""
+    start = time.perf_counter()
+    binary = _build(req)
+    seconds = time.perf_counter() - start
+    rec = db.record_compile(req.attrs, seconds)
+    db.put_later(req.attrs, lambda: binary, compile_seconds=seconds, details=req.details(),
+                 log=rec)
+    return binary
+
+
+def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natural name
+            options: str | Sequence[str] | None = (),
+            include_dirs: Iterable[str | os.PathLike[str]] | None = (),
+            output: str = "cubin", *, db: KernelDB | None = None, name: str | None = None,
+            nvcc: str | os.PathLike[str] | None = None, compiler: str | None = None) -> bytes:
+    """The cubin (or PTX, or fatbin) of ``source`` for ``arch``, from kdb when it holds it.
+
+    ``compiler``: ``"nvcc"``, ``"nvrtc"``, or ``None`` (nvcc where one is found, else
+    NVRTC); NVRTC builds no fatbins. ``-I`` directories (in ``include_dirs`` or
+    ``options``) are passed to the compiler; the headers they bring in enter the key by
+    content. With no compiler installed, the stored build of the newest compiler that
+    matches on everything else answers (:mod:`kdb.fallback`). Raises
+    :class:`kdb.CompileError` with the compiler's message when it fails,
+    :class:`kdb.BackendUnavailableError` when there is no compiler and no stored build.
+    """
+    db = db or default_db()
+    req = _request(source, arch, options, include_dirs, output, nvcc, db.cache_root, name,
+                   compiler)
+    if req.tool is None:
+        from ..fallback import served
+
+        best = _stored_builds(db, req)[0]
+        served(db, req.attrs, best)
+        return best.binary
+    return db.get_or_compile(req.attrs, lambda: _build(req), details=req.details())
+

@@ -1,0 +1,302 @@
+"""CUDA requests: the arguments of a build checked, the compiler chosen, and its key.
+
+A request is everything :func:`kdb.cuda.compile` and :class:`kdb.cuda.SourceModule` look up:
+the source, the arch, the output kind, the options and include directories, and the
+compiler's identity (:mod:`.nvcc` or :mod:`.nvrtc`), or none where none is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from .. import config
+from ..errors import BackendUnavailableError, InvalidArgumentError, UnsupportedTypeError
+from ..includes import header_digests, split_include_options
+from ..keys import HashAttributes
+from . import nvrtc as _nvrtc
+from .common import label, source_text
+from .nvcc import ARCH_RE as _ARCH_RE
+from .nvcc import NvccIdentity, find_nvcc, identity
+from .nvrtc import NvrtcIdentity
+
+BACKEND = "cuda"
+
+#: Output kinds and the nvcc flag that makes each.
+OUTPUTS = {"cubin": "-cubin", "ptx": "-ptx", "fatbin": "-fatbin"}
+
+#: Variables nvcc reads that change what it produces (the nvcc guide documents them; nvcc
+#: 13.0's binary reads exactly these). No ``CUDA_*`` variable changes nvcc's output:
+#: ``CUDA_CACHE_*`` steer the driver's JIT cache, ``CUDA_HOME`` / ``KDB_NVCC`` only choose
+#: the nvcc, whose identity is in the key already.
+ENV_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+
+#: Options that kdb sets itself (arch, output kind, output file): pass ``arch=`` / ``output=``.
+RESERVED_OPTIONS = frozenset({
+    "-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code", "--gpu-code",
+    "-o", "--output-file", "-odir", "--output-directory", "-cubin", "--cubin", "-ptx",
+    "--ptx", "-fatbin", "--fatbin", "-c", "--compile", "-E", "--preprocess",
+})
+
+_KERNEL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+_EM_CUDA = 190
+
+
+# -- arguments ----------------------------------------------------------------------------
+
+def check_arch(arch: object, output: str = "cubin") -> str:
+    """``arch`` if nvcc can build ``output`` for it, else :class:`kdb.InvalidArgumentError`.
+
+    >>> check_arch("sm_90"), check_arch("sm_90a"), check_arch("compute_80", "ptx")
+    ('sm_90', 'sm_90a', 'compute_80')
+    """
+    if output not in OUTPUTS:
+        raise InvalidArgumentError(
+            f"output {output!r} is not one of {', '.join(map(repr, OUTPUTS))}")
+    if not isinstance(arch, str) or not _ARCH_RE.match(arch):
+        raise InvalidArgumentError(
+            f"CUDA arch {arch!r} is not valid: use 'sm_XX' (a real GPU, e.g. 'sm_90', "
+            "'sm_90a') or 'compute_XX' (a virtual arch, for output='ptx' or 'fatbin')")
+    if output == "cubin" and arch.startswith("compute_"):
+        raise InvalidArgumentError(
+            f"a cubin needs a real arch: use {'sm_' + arch[len('compute_'):]!r}, or "
+            "output='ptx' for the virtual arch")
+    return config.check_arch(arch)
+
+
+def split_options(options: str | Sequence[str] | None) -> list[str]:
+    """Options as a list; a string is split the way a shell would.
+
+    >>> split_options("-DN=4 -use_fast_math")
+    ['-DN=4', '-use_fast_math']
+    """
+    if options is None:
+        return []
+    if isinstance(options, str):
+        try:
+            return shlex.split(options)
+        except ValueError as err:  # "No closing quotation": a KdbError, still a ValueError
+            raise InvalidArgumentError(
+                f"nvcc options {options[:80]!r} cannot be split like a shell line ({err}); "
+                "close the quote or pass the options as a list") from None
+    try:
+        items = list(options)
+    except TypeError:
+        raise UnsupportedTypeError(
+            f"nvcc options must be a string or a list of strings, not {type(options).__name__}"
+        ) from None
+    out = []
+    for opt in items:
+        if not isinstance(opt, str):
+            raise UnsupportedTypeError(
+                f"nvcc options must be strings; got {type(opt).__name__} ({opt!r})")
+        out.append(opt)
+    return out
+
+
+def _check_options(options: Iterable[str]) -> None:
+    for opt in options:
+        if opt.split("=", 1)[0] in RESERVED_OPTIONS:
+            raise InvalidArgumentError(
+                f"option {opt!r} is set by kdb: pass arch= (e.g. 'sm_90') and output= "
+                "('cubin', 'ptx' or 'fatbin') instead")
+
+
+def kernel_names(source: str) -> list[str]:
+    """``__global__`` function names in CUDA source (for labels).
+
+    >>> kernel_names("__global__ void add(float *a) {} __global__ void mul() {}")
+    ['add', 'mul']
+    """
+    return _KERNEL_RE.findall(source)
+
+
+def _label(source: str) -> str:
+    return label(_KERNEL_RE, source, "module")
+
+
+def _text(source: str | bytes) -> str:
+    return source_text(source, "CUDA")
+
+
+def cubin_arch(binary: bytes) -> str:
+    """The ``sm_XX`` a cubin was built for, read from its ELF header.
+
+    The SM version sits in ``e_flags``: bits 8-15 from ELF ABI version 8 (CUDA 12.8 and
+    later; checked against nvcc 13.0's sm_75 to sm_120 cubins), bits 0-7 before.
+    """
+    data = bytes(binary[:64])
+    if len(data) < 52 or data[:4] != b"\x7fELF" or struct.unpack_from("<H", data, 18)[0] != _EM_CUDA:
+        raise InvalidArgumentError("not a cubin (an ELF file for EM_CUDA)")
+    flags = struct.unpack_from("<I", data, 48 if data[4] == 2 else 36)[0]
+    sm = (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
+    return f"sm_{sm}"
+
+
+def environment() -> tuple[tuple[str, str], ...]:
+    """The nvcc-relevant environment variables that are set."""
+    variables = config.read_variables(ENV_VARS)
+    return tuple((k, v) for k in ENV_VARS if (v := variables[k]) is not None)
+
+
+
+# -- choosing a compiler ------------------------------------------------------------------
+
+#: The compilers ``compile(..., compiler=)`` takes; ``None`` picks nvcc where found, else NVRTC.
+COMPILERS = ("nvcc", "nvrtc")
+
+#: Version spellings, most precise first: nvcc's "V13.0.88", its "release 13.0", NVRTC's "13.5".
+_VERSION_RES = tuple(re.compile(p) for p in (r"V(\d+)\.(\d+)\.(\d+)", r"release (\d+)\.(\d+)",
+                                             r"^(\d+)\.(\d+)$"))
+
+
+def compiler_rank(compiler: Iterable[tuple[str, str]]) -> tuple[int, ...]:
+    """How new the compiler of stored attributes is, for serving where none is installed.
+
+    >>> compiler_rank([("nvcc_version", "Cuda compilation tools, release 13.0, V13.0.88")])
+    (13, 0, 88)
+    >>> compiler_rank([("nvrtc_version", "13.5"), ("libnvrtc", "gnu-build-id:ab")])
+    (13, 5, 0)
+    """
+    for name, value in compiler:
+        if name in ("nvcc_version", "nvrtc_version"):
+            for pattern in _VERSION_RES:
+                m = pattern.search(value.strip())
+                if m:
+                    nums = [int(g) for g in m.groups()]
+                    return tuple(nums + [0] * (3 - len(nums)))
+    return (0, 0, 0)
+
+
+def compiler_kind(compiler: Iterable[tuple[str, str]]) -> str | None:
+    """``"nvcc"`` or ``"nvrtc"``: which compiler stored attributes name.
+
+    >>> compiler_kind([("nvrtc_version", "13.5")])
+    'nvrtc'
+    """
+    names = {name for name, _ in compiler}
+    return next((k for k in COMPILERS if f"{k}_version" in names), None)
+
+
+def _configured(explicit: object, variable: str) -> bool:
+    if explicit is not None:
+        return True
+    return bool((config.read_variables((variable,))[variable] or "").strip())
+
+
+def find_compiler(compiler: str | None = None, nvcc: str | os.PathLike[str] | None = None,
+                  memo_dir: str | os.PathLike[str] | None = None
+                  ) -> tuple[str | None, NvccIdentity | NvrtcIdentity | None, str]:
+    """``(kind, identity, "")`` of the compiler to run, or ``(None, None, why)`` when none is
+    installed. A compiler named in ``KDB_NVCC`` / ``KDB_NVRTC`` (or ``nvcc=``) that is not
+    there raises: that is a mistake to fix, not a machine without a compiler."""
+    if compiler not in (None, *COMPILERS):
+        raise InvalidArgumentError(
+            f"compiler {compiler!r} is not one of None, 'nvcc', 'nvrtc' (None: nvcc where "
+            "one is found, else NVRTC)")
+    if nvcc is not None and compiler == "nvrtc":
+        raise InvalidArgumentError("nvcc= names an nvcc, but compiler='nvrtc': drop one")
+    why = []
+    if compiler in (None, "nvcc") or nvcc is not None:
+        try:
+            return "nvcc", identity(find_nvcc(nvcc), memo_dir), ""
+        except BackendUnavailableError as err:
+            if _configured(nvcc, config.ENV_NVCC):
+                raise
+            why.append(str(err).split(". ", 1)[0] + ".")  # what is missing, not the remedy
+        if compiler == "nvcc" or nvcc is not None:
+            return None, None, why[0]
+    try:
+        return "nvrtc", _nvrtc.identity(_nvrtc.find_nvrtc(), memo_dir), ""
+    except BackendUnavailableError as err:
+        if _configured(None, config.ENV_NVRTC):
+            raise
+        why.append(str(err).split(". ", 1)[0] + ".")
+    return None, None, " ".join(why)
+
+
+# -- requests -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Request:
+    text: str
+    arch: str
+    output: str
+    options: tuple[str, ...]  # without -I
+    include_dirs: tuple[str, ...]  # absolute
+    tool: NvccIdentity | NvrtcIdentity | None  # None: no compiler here
+    attrs: HashAttributes
+    wanted: str | None = None  # the compiler asked for (None: any)
+    missing: str = ""  # why no compiler was found
+
+    @property
+    def nvcc(self) -> NvccIdentity:
+        assert isinstance(self.tool, NvccIdentity)
+        return self.tool
+
+    def command(self, src: str, out: str) -> list[str]:
+        return [self.nvcc.path, OUTPUTS[self.output], f"-arch={self.arch}", *self.options,
+                *(f"-I{d}" for d in self.include_dirs), "-o", out, src]
+
+    def details(self) -> dict[str, Any]:
+        """Machine-local facts kept beside the entry for ``kdb explain``, never in the key."""
+        import platform as _platform
+
+        tool = self.tool
+        where = ({"nvrtc": tool.path} if isinstance(tool, NvrtcIdentity)
+                 else {"nvcc": tool.path, "toolkit": tool.toolkit} if tool else {})
+        return {**where, "release": tool.release if tool else "",
+                "include_dirs": list(self.include_dirs), "host": _platform.node()}
+
+
+def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None,
+             include_dirs: Iterable[str | os.PathLike[str]] | None, output: str,
+             nvcc: str | os.PathLike[str] | None, memo_dir: str | os.PathLike[str] | None,
+             name: str | None, compiler: str | None = None) -> _Request:
+    text = _text(source)
+    check_arch(arch, output)
+    rest, option_dirs = split_include_options(split_options(options))
+    _check_options(rest)
+    if isinstance(include_dirs, (str, os.PathLike)):
+        raise InvalidArgumentError("include_dirs must be a sequence of directories, not one")
+    if compiler == "nvrtc" and output == "fatbin":
+        raise InvalidArgumentError("NVRTC builds cubins and PTX, not fatbins: use "
+                                   "output='cubin' or 'ptx', or compiler='nvcc'")
+    dirs = tuple(os.path.abspath(os.fspath(d)) for d in (*(include_dirs or ()), *option_dirs))
+    kind, ident, missing = find_compiler(compiler, nvcc, memo_dir)
+    if kind == "nvrtc" and output == "fatbin":
+        raise BackendUnavailableError(
+            "a fatbin needs nvcc, and none was found (NVRTC, found instead, builds cubins and "
+            f"PTX only): install the CUDA toolkit and set {config.ENV_NVCC} or CUDA_HOME")
+    attrs = HashAttributes(
+        backend=BACKEND,
+        source=text,
+        arch=arch,
+        build_options=tuple(rest),
+        internal_options=(OUTPUTS[output],),
+        headers=header_digests(text, dirs),
+        compiler=ident.compiler if ident else (),
+        # nvcc reads these variables; NVRTC reads none. With no compiler, the entries built
+        # with the same variables are the ones to serve.
+        environment=() if kind == "nvrtc" else environment(),
+        name=name or _label(text),
+    )
+    return _Request(text, arch, output, tuple(rest), dirs, ident, attrs, compiler, missing)
+
+
+def attributes_for(source: str | bytes, arch: str = "sm_90",
+                   options: str | Sequence[str] | None = (),
+                   include_dirs: Iterable[str | os.PathLike[str]] | None = (),
+                   output: str = "cubin", *, nvcc: str | os.PathLike[str] | None = None,
+                   memo_dir: str | os.PathLike[str] | None = None,
+                   name: str | None = None, compiler: str | None = None) -> HashAttributes:
+    """The hash attributes :func:`compile` looks up for these arguments (with no compiler
+    installed: an empty compiler identity, whose key is the compiler-free key)."""
+    return _request(source, arch, options, include_dirs, output, nvcc, memo_dir, name,
+                    compiler).attrs
+
+
