@@ -17,7 +17,7 @@ from .zstd import load as _load_zstd
 ZSTD = "zstd"
 RAW = "raw"
 #: zstd levels: LEVEL compresses best for its cost; FAST_LEVEL (-1) leaves literals without
-#: Huffman coding, so its frames decompress about twice as fast (table "zstd levels" of
+#: Huffman coding, so its frames decompress faster (table "zstd levels" of
 #: ``benchmarks/run.py --only scale``). Data whose redundancy is in its byte statistics
 #: rather than in repeats does not shrink at -1 at all, and cubins shrink less: a store keeps
 #: the fast frame only when it is at most FAST_SLACK times the size of the LEVEL frame.
