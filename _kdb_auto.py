@@ -8,7 +8,7 @@ one of them, right after that module has finished executing, it calls :mod:`kdb.
 (``kdb.opencl.install()``, or pycuda's ``compile`` through ``kdb.cuda``).
 
 A top-level module, not ``kdb.something``: importing anything under ``kdb`` runs
-``kdb/__init__.py`` (~13 ms), which a process that never builds a kernel should not pay.
+``kdb/__init__.py``, which a process that never builds a kernel should not pay.
 Whatever goes wrong here costs one warning on stderr and a program that runs as without kdb.
 """
 

@@ -40,8 +40,8 @@ def pocl_primed(ws: Workspace) -> Path:
     """A POCL_CACHE_DIR in the steady state of repeated start-ups: primed by a source
     start-up, then by a start-up that loads the stored binaries (PoCL caches a program
     loaded from a binary under that binary's own hash: without this step the first arm to
-    load binaries pays for PoCL writing them to its cache, ~4 ms a kernel). Arms get copies,
-    so every arm and run starts from the same state."""
+    load binaries pays for PoCL writing them to its cache). Arms get copies, so every arm
+    and run starts from the same state."""
 
     def build() -> Path:
         d = _pocl_source_primed(ws)

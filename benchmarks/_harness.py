@@ -137,8 +137,8 @@ def precompile() -> None:
 
     An installed kdb imports from ``.pyc``; a module edited since its ``.pyc`` was written is
     compiled from source by every fresh process that imports it (never cached where
-    PYTHONDONTWRITEBYTECODE=1 is set, as on these machines), which would add ~3 ms per module
-    to kdb's arms. Run before each scenario: kdb's files may change while the suite runs.
+    PYTHONDONTWRITEBYTECODE=1 is set, as on these machines), which would add a compile per
+    module to kdb's arms. Run before each scenario: kdb's files may change while the suite runs.
     """
     import compileall
     import importlib.util

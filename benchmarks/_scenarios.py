@@ -55,7 +55,7 @@ def _record(t: Table, arm: str, p: Proc, *phases: str) -> None:
 # -- 1. warm start --------------------------------------------------------------------------
 
 def warm(ws: Workspace, o: Outcome) -> None:
-    n_k, runs = ws.opts.kernels, ws.opts.n(7)  # the noisiest figure: a 17 ms floor
+    n_k, runs = ws.opts.kernels, ws.opts.n(7)  # the noisiest figure: its floor is short
     o.title = (f"Warm start: a fresh process builds {n_k} distinct OpenCL kernels on PoCL "
                f"and launches each once (median of {runs} runs)")
     primed, floor, sysdir = kdb_primed(ws), floor_bins(ws), system_dir(ws)
@@ -164,7 +164,7 @@ def cold(ws: Workspace, o: Outcome) -> None:
         o.notes.append("--quick: the GenericScanKernel workload is left out (its binaries "
                        "take tens of seconds to read on PoCL).")
     else:
-        # Its binaries take ~40 s to read here (the wait arm's exit pays it): 2 runs.
+        # Its binaries are slow to read on PoCL (the wait arm's exit pays it): 2 runs.
         workloads.append(("scan", "pyopencl GenericScanKernel (InclusiveScanKernel, int32)", {},
                           ws.opts.n(2)))
     metrics = [Metric("wall", "process (incl. exit)"), Metric("phase", "build+launch"),

@@ -3,33 +3,32 @@
 A blob that does not decode, or whose content does not match, is reported as ``None`` (a
 miss), never returned. zstd frames are written with their own content checksum (XXH64),
 which zstd verifies while decompressing: on the hit path that check replaces the sha256,
-which costs more than the decompression itself (40 us against 31 us for a 70 KB binary).
-The sha256 stays in every row, and ``thorough=True`` (``kdb verify``, ``kdb pack``) checks it.
-Compressor objects are not thread-safe, so each thread gets its own.
+which costs more than the decompression itself. The sha256 stays in every row, and
+``thorough=True`` (``kdb verify``, ``kdb pack``) checks it. Compressor objects are not
+thread-safe, so each thread gets its own. zstd itself comes from :mod:`kdb.zstd`.
 """
 
 from __future__ import annotations
 
 import threading
 
-import zstandard
+from .zstd import load as _load_zstd
 
 ZSTD = "zstd"
 RAW = "raw"
 #: zstd levels: LEVEL compresses best for its cost; FAST_LEVEL (-1) leaves literals without
-#: Huffman coding, so its frames decompress about twice as fast. On the 20 PoCL binaries of
-#: the benchmarks: 0.572 of the raw size against 0.557, 20 us against 41 us to decompress
-#: each (53 KB), a tenth of what a warm start spends per kernel besides PoCL (table "zstd
-#: levels" of ``benchmarks/run.py --only scale``). Data whose
-#: redundancy is in its byte statistics rather than in repeats does not shrink at -1 at all,
-#: and cubins shrink 13% less: a store keeps the fast frame only when it is at most
-#: FAST_SLACK times the size of the LEVEL frame. Frames of any level decode alike.
+#: Huffman coding, so its frames decompress faster (table "zstd levels" of
+#: ``benchmarks/run.py --only scale``). Data whose redundancy is in its byte statistics
+#: rather than in repeats does not shrink at -1 at all, and cubins shrink less: a store keeps
+#: the fast frame only when it is at most FAST_SLACK times the size of the LEVEL frame.
+#: Frames of any level decode alike.
 LEVEL = 3
 FAST_LEVEL = -1
 FAST_SLACK = 1.05
 _FRAME_CHECKSUM_FLAG = 0x04  # bit 2 of a zstd frame's header descriptor (byte 4)
 
 _local = threading.local()
+_zstd = _load_zstd()  # zstandard's C extension, or the package where that is not possible
 
 
 def checksum(raw: bytes) -> str:
@@ -49,15 +48,15 @@ def encode(raw: bytes) -> tuple[str, bytes]:
     return ZSTD, blob
 
 
-def _compressor(level: int) -> zstandard.ZstdCompressor:
+def _compressor(level: int) -> object:
     """This thread's compressor for ``level`` (they are not thread-safe)."""
     comps = getattr(_local, "c", None)
     if comps is None:
         comps = _local.c = {}
     comp = comps.get(level)
     if comp is None:
-        comp = comps[level] = zstandard.ZstdCompressor(level=level, write_content_size=True,
-                                                       write_checksum=True)
+        comp = comps[level] = _zstd.ZstdCompressor(level=level, write_content_size=True,
+                                                   write_checksum=True)
     return comp
 
 
@@ -70,7 +69,7 @@ def decode(codec: str, blob: bytes, raw_size: int, digest: str,
         if codec == ZSTD:
             dec = getattr(_local, "d", None)
             if dec is None:
-                dec = _local.d = zstandard.ZstdDecompressor()
+                dec = _local.d = _zstd.ZstdDecompressor()
             raw = dec.decompress(blob, max_output_size=raw_size)
             verified = len(blob) > 4 and blob[4] & _FRAME_CHECKSUM_FLAG  # zstd checked it
         elif codec == RAW:
@@ -78,7 +77,7 @@ def decode(codec: str, blob: bytes, raw_size: int, digest: str,
             verified = False
         else:
             return None
-    except (zstandard.ZstdError, ValueError, OverflowError):  # a negative or huge raw_size
+    except (_zstd.ZstdError, ValueError, OverflowError):  # a negative or huge raw_size
         return None
     if len(raw) != raw_size:
         return None

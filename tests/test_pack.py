@@ -134,7 +134,9 @@ def test_manifest_defaults_defines_and_relative_paths(tmp_path):
 
 
 def test_pack_and_wheel_doctests():
-    for module in (packing, wheel):
+    from kdb import manifest, pack_inputs, systemfile
+
+    for module in (packing, manifest, pack_inputs, systemfile, wheel):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
