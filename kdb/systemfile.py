@@ -14,9 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import codec, config, migrate
+from . import codec, config, fileformat, migrate
 from .errors import PackError
-from .store import KernelFile, sqlite_uri
+from .fileformat import sqlite_uri
+from .store import KernelFile
 
 
 #: Columns copied from a user file into a system file (every column of ``kernels``).
@@ -55,7 +56,6 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     ``keep_compile_seconds=False`` (entries compiled for this pack, whose timings vary
     from run to run) compile seconds are 0.
     """
-    from .version import __version__
     from .keys import compiler_free_key
     from .wheel import source_date_epoch
 
@@ -75,40 +75,39 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
             conn.execute(f"CREATE TEMP TABLE incoming AS SELECT {_COLUMNS} FROM main.kernels "
                          "WHERE 0")
             conn.execute("CREATE INDEX temp.ix_incoming_key ON incoming (key)")
-            conn.execute("BEGIN")
-            for n, src in enumerate(sources):
-                if not Path(src).is_file():
-                    raise PackError(f"source database {src} does not exist")
-                conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
-                new = (f"INSERT INTO incoming SELECT {_COLUMNS} FROM src{n}.kernels AS s "
-                       "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
-                       "WHERE i.key = s.key)")
-                if keys is None:
-                    conn.execute(new, (arch,))
-                else:
-                    for key in sorted(keys):
-                        conn.execute(new + " AND key = ?", (arch, key))
-            rows = conn.execute(f"SELECT {_COLUMNS} FROM incoming ORDER BY key").fetchall()
-            at = _COLUMNS.replace(" ", "").split(",")
-            for row in rows:
-                entry = dict(zip(at, row))
-                entry.update(created=stamp, last_access=stamp, hits=0,
-                             details=_portable_details(entry["details"]),
-                             compiler_free_key=compiler_free_key(entry["attributes"]))
-                if not keep_compile_seconds:
-                    entry["compile_seconds"] = 0.0
-                conn.execute(f"INSERT INTO kernels ({', '.join(entry)}) VALUES "
-                             f"({', '.join('?' * len(entry))})", tuple(entry.values()))
-            missing = [] if keys is None else sorted(
-                set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
-            count, raw, stored = conn.execute(
-                "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
-                "FROM kernels").fetchone()
-            _write_meta(conn, {"arch": arch, "format": str(config.FORMAT_MAJOR),
-                               "kdb_version": __version__, "stored_bytes": str(stored),
-                               "raw_bytes": str(raw), "entries": str(count),
-                               "created": str(int(stamp))})
-            conn.execute("COMMIT")
+            with fileformat.transaction(conn):
+                for n, src in enumerate(sources):
+                    if not Path(src).is_file():
+                        raise PackError(f"source database {src} does not exist")
+                    conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
+                    new = (f"INSERT INTO incoming SELECT {_COLUMNS} FROM src{n}.kernels AS s "
+                           "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
+                           "WHERE i.key = s.key)")
+                    if keys is None:
+                        conn.execute(new, (arch,))
+                    else:
+                        for key in sorted(keys):
+                            conn.execute(new + " AND key = ?", (arch, key))
+                rows = conn.execute(f"SELECT {_COLUMNS} FROM incoming ORDER BY key").fetchall()
+                at = _COLUMNS.replace(" ", "").split(",")
+                for row in rows:
+                    entry = dict(zip(at, row))
+                    entry.update(created=stamp, last_access=stamp, hits=0,
+                                 details=_portable_details(entry["details"]),
+                                 compiler_free_key=compiler_free_key(entry["attributes"]))
+                    if not keep_compile_seconds:
+                        entry["compile_seconds"] = 0.0
+                    conn.execute(f"INSERT INTO kernels ({', '.join(entry)}) VALUES "
+                                 f"({', '.join('?' * len(entry))})", tuple(entry.values()))
+                missing = [] if keys is None else sorted(
+                    set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
+                count, raw, stored = conn.execute(
+                    "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
+                    "FROM kernels").fetchone()
+                # Sorted: a reproducible pack depends on the rows' insertion order.
+                fileformat.set_meta(conn, sorted([
+                    ("arch", arch), ("stored_bytes", str(stored)), ("raw_bytes", str(raw)),
+                    ("entries", str(count)), *fileformat.file_facts(created=int(stamp))]))
             conn.execute("DROP TABLE temp.incoming")
             for n, _ in enumerate(sources):
                 conn.execute(f"DETACH DATABASE src{n}")
@@ -146,7 +145,7 @@ def _portable_details(text: object) -> str:
 
 def _verify(path: Path, expected: int) -> None:
     """Open the file read-only, as kdb will at run time, and decode every entry."""
-    if not _is_rollback_journal(path):
+    if fileformat.journal_of(path) != "rollback":
         raise PackError(f"{path} is not in rollback-journal mode; a system file must not be WAL")
     f = KernelFile(path, tier="system", readonly=True)
     try:
@@ -158,20 +157,3 @@ def _verify(path: Path, expected: int) -> None:
                 raise PackError(f"{path}: entry {key[:16]} does not decode; the file is bad")
     finally:
         f.close()
-
-
-def _write_meta(conn: sqlite3.Connection, rows: dict[str, str]) -> None:
-    """The system file's ``meta`` rows, in name order (the file-format module's job)."""
-    for name, value in sorted(rows.items()):
-        conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
-
-
-def _is_rollback_journal(path: Path) -> bool:
-    """Whether the file's header says rollback journal, not WAL (the file-format module's job).
-
-    Bytes 18-19 of the header are 1 for a rollback journal, 2 for WAL; an immutable
-    connection's PRAGMA journal_mode does not look (sqlite.org/fileformat2.html#database_header).
-    """
-    with open(path, "rb") as fh:
-        header = fh.read(20)
-    return len(header) == 20 and header[18:20] == b"\x01\x01"

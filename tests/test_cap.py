@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from kdb import ConfigError, HashAttributes, KernelDB, config, report
+from kdb import ConfigError, HashAttributes, KernelDB, config, maintenance, report
 from kdb.cli import cli
 from kdb.store import Entry, KernelFile
 from conftest import sql
@@ -174,7 +174,7 @@ def test_kdb_evict_refuses_a_bad_size(cache_dir):
     assert result.exit_code != 0 and "500M" in result.output
     assert "Traceback" not in result.output
     with pytest.raises(Exception, match="size in bytes"):
-        report.evict(cache_dir / "v1", -5)
+        maintenance.evict(cache_dir / "v1", -5)
 
 
 def test_stats_show_no_cap(cache_dir, monkeypatch):

@@ -78,9 +78,12 @@ def test_a_system_file_before_revision_0004_gives_none_and_a_user_file_is_backfi
     (cache_dir / "v1").chmod(0o700)
     user.chmod(0o600)
     db = KernelDB(system_path=[])
-    found = fallback.candidates(db, _attrs(), _rank)  # opening upgrades it to the head
+    assert fallback.candidates(db, _attrs(), _rank) == []  # read as it is: no column yet
+    assert db.put(_attrs("1.0", source=SRC + " // another kernel"), b"x")  # the writer upgrades
+    found = fallback.candidates(db, _attrs(), _rank)
     assert [c.binary for c in found] == [b"user, 0001"]
-    assert sql(user, "SELECT compiler_free_key FROM kernels") == [(_attrs().key,)]
+    assert sql(user, "SELECT compiler_free_key FROM kernels WHERE key = ?",
+               (_attrs("1.0").key,)) == [(_attrs().key,)]
     db.close()
 
 
