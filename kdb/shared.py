@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, TypeVar
 from sqlalchemy import event, func, select, text
 from sqlalchemy.engine import Connection, Engine
 
-from . import claims, codec, config, faults, migrate
+from . import claims, codec, config, faults, lifecycle, migrate
 from .schema import compile_log, counters, kernels, meta
 from .keys import compiler_free_key
 from .store import CompileRecord, Entry
@@ -282,8 +282,15 @@ class SharedTier:
         self._wants: set[str] = set()  # keys this process waits for (want id held shared)
         self._checked: dict[str, tuple[float, bool]] = {}
 
+    #: The tier's name (:mod:`kdb.tiers`).
+    name = "shared"
+
     def __repr__(self) -> str:
         return f"SharedTier({self.shown!r})"
+
+    def describe(self) -> str:
+        """The server, its password masked."""
+        return self.shown
 
     # -- connection state -------------------------------------------------------------------
 
@@ -473,15 +480,19 @@ class SharedTier:
 
         return self._run("publishing a kernel", w, 0)
 
-    def drop(self, key: str) -> None:
-        """Delete a bad entry (checksum mismatch or key collision), so it is published anew."""
+    def drop(self, keys: Iterable[str]) -> None:
+        """Delete bad entries (checksum mismatch or key collision), so they are published
+        anew."""
+        keys = list(keys)
+
         def w(engine: Engine) -> None:
             with engine.begin() as conn:
-                row = conn.execute(kernels.delete().where(kernels.c.key == key).returning(
-                    kernels.c.raw_size, kernels.c.stored_size)).first()
-                if row:
-                    _bump_meta(conn, {"entries": -1, "raw_bytes": -row[0],
-                                      "stored_bytes": -row[1]})
+                rows = conn.execute(kernels.delete().where(kernels.c.key.in_(keys)).returning(
+                    kernels.c.raw_size, kernels.c.stored_size)).all()
+                if rows:
+                    _bump_meta(conn, {"entries": -len(rows),
+                                      "raw_bytes": -sum(r[0] for r in rows),
+                                      "stored_bytes": -sum(r[1] for r in rows)})
 
         self._run("dropping a bad entry", w, None)
 
@@ -772,4 +783,4 @@ def _after_fork() -> None:
         t._locker_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+lifecycle.on_fork(_after_fork)
