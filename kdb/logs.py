@@ -12,6 +12,7 @@ record goes to ``logging.getLogger(name)`` as usual, with the caller's line.
 from __future__ import annotations
 
 import sys
+import threading
 
 _WARNING = 30
 
@@ -79,3 +80,33 @@ def get(name: str = "kdb") -> LazyLogger:
     if got is None:
         got = _loggers[name] = LazyLogger(name)
     return got
+
+
+# -- once per process -------------------------------------------------------------------------
+
+_seen: set[str] = set()
+_seen_lock = threading.Lock()
+
+
+def first_time(key: str) -> bool:
+    """True the first time ``key`` is seen in this process (until :func:`forget_once`)."""
+    with _seen_lock:
+        if key in _seen:
+            return False
+        _seen.add(key)
+        return True
+
+
+def warn_once(key: str, message: str, *args: object) -> bool:
+    """Log ``message`` on the ``kdb`` logger at warning level the first time ``key`` is
+    seen in this process; True if it was logged."""
+    if not first_time(key):
+        return False
+    get("kdb").warning(message, *args, stacklevel=2)
+    return True
+
+
+def forget_once() -> None:
+    """Forget which once-keys were seen (tests, and a process that wants them again)."""
+    with _seen_lock:
+        _seen.clear()
