@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import weakref
 
 from . import config, lifecycle, logs
 from .store import CompileRecord, KernelFile
@@ -82,12 +81,16 @@ class Book:
         self.hand_over: Callable[[dict[str, dict]], None] | None = None
         self.lock = threading.Lock()
         self.pending: dict[str, Pending] = {}
-        _books.add(self)
+        _books.append(self)
 
-    def track(self, owner: object) -> None:
-        """Write what is left when ``owner`` (the KernelDB) is collected without a flush.
-        (At exit the lifecycle writes it instead; the finalizer holds no reference to it.)"""
-        weakref.finalize(owner, self.write_all, True).atexit = False
+    def release(self) -> None:
+        """Its KernelDB is collected: write what is left and forget this book. (At exit the
+        lifecycle writes every book first; a book holds no reference to its KernelDB.)"""
+        try:
+            _books.remove(self)
+        except ValueError:
+            pass
+        self.write_all(quiet=True)
 
     # -- counting (the hit path) -------------------------------------------------------------
 
@@ -191,7 +194,8 @@ class Book:
         self.hand_over = None
 
 
-_books: weakref.WeakSet[Book] = weakref.WeakSet()
+#: Every live KernelDB's book (removed by :meth:`Book.release`), for the exit and fork.
+_books: list[Book] = []
 
 
 def _write_every_book() -> None:

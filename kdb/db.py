@@ -69,10 +69,18 @@ class KernelDB:
         self._user: dict[str, KernelFile] = {}
         self._local: dict[str, tuple[FileTier, ...]] = {}
         self._inflight: dict[str, bytes] = {}
-        # Batched hit counts, counters and log rows (kdb.bookkeeping); written by the
+        # Batched hit counts, counters and log rows (kdb.bookkeeping): written by the
         # background store, a flush, the exit, or when this instance is collected.
         self._book = Book(self.user_dir, self._user, self._inflight, self.disabled)
-        self._book.track(self)
+
+    def __del__(self) -> None:
+        # Collected without a flush: its batched bookkeeping is not lost.
+        book = self.__dict__.get("_book")
+        if book is not None:
+            try:
+                book.release()
+            except Exception:  # noqa: BLE001, S110 - at collection or interpreter shutdown
+                pass
 
     def __repr__(self) -> str:
         return f"KernelDB(cache_dir={str(self.cache_root)!r})"
@@ -528,6 +536,6 @@ def default_db(variables: dict[str, str | None] | None = None) -> KernelDB:
         cfg = tuple(variables.get(name) for name in DEFAULT_DB_VARIABLES)
     if _default is None or cfg != _default_config:
         # The old instance is not flushed here: that would make this build wait for every
-        # pending store. Its queued jobs hold it alive; its finalizer writes what is left.
+        # pending store. Its queued jobs hold it alive; collecting it writes what is left.
         _default, _default_config = KernelDB(), cfg
     return _default
