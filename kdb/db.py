@@ -16,12 +16,11 @@ import sys
 import time
 from collections import namedtuple
 
-from . import config, discovery, faults, latency, logs
+from . import arguments, config, faults, latency, logs
 from .bookkeeping import Book, Pending
-from .errors import InvalidArgumentError
 from .keys import HashAttributes
 from .store import CompileRecord, Entry, KernelFile
-from .tiers import FileTier, verified
+from .tiers import FileTier, system_files, verified
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here: the hit path does not import typing
@@ -55,8 +54,8 @@ class KernelDB:
                  system_path: str | os.PathLike[str] | list | None = None, *,
                  disabled: bool | None = None, trace: bool | None = None,
                  use_system: bool = True) -> None:
-        _check_arguments(cache_dir, system_path, disabled=disabled, trace=trace,
-                         use_system=use_system)
+        arguments.check_db_arguments(cache_dir, system_path, disabled=disabled, trace=trace,
+                                     use_system=use_system)
         self.cache_root = config.cache_root(cache_dir)
         self.user_dir = config.user_dir(cache_dir)
         self.system_dirs = config.system_dirs(system_path)
@@ -64,7 +63,7 @@ class KernelDB:
         self.trace = config.flag(config.ENV_TRACE, trace)
         self.use_system = use_system  # False: user tier only (``kdb pack`` builds this way)
         if self.trace:
-            _enable_trace_output()
+            logs.enable_output(trace_log, "kdb.trace")
         self._system: dict[str, list[KernelFile]] = {}
         self._user: dict[str, KernelFile] = {}
         self._local: dict[str, tuple[FileTier, ...]] = {}
@@ -96,31 +95,9 @@ class KernelDB:
         """The system files for ``arch``; the first call per arch warns if there are none."""
         files = self._system.get(arch)
         if files is None:
-            config.check_arch(arch)
-            if not self.use_system:
-                files = self._system[arch] = []
-                return files
-            srcs = discovery.sources_for(arch, self.system_dirs, memo_dir=self.cache_root)
-            files = self._system[arch] = [
-                KernelFile(s.path, tier="system", readonly=True) for s in srcs]
-            if not files:
-                self._warn_no_system(arch)
+            files = self._system[arch] = system_files(
+                arch, self.system_dirs, self.cache_root, self.user_dir, self.use_system)
         return files
-
-    def _warn_no_system(self, arch: str) -> None:
-        latency.note_missing_system(arch)
-        dirs = ", ".join(str(d) for d in self.system_dirs) or "none set"
-        faults.warn_once(
-            f"nosys:{arch}",
-            "kdb: no system kernel database for arch %r: looked for %s in KDB_SYSTEM_DB_PATH "
-            "(%s) and in installed packages (entry point group %r). Kernels for this device "
-            "will be compiled at first use and stored in %s, so the first start-up will be "
-            "slow. To fix it, install the system database package for this arch "
-            "(pip install %s, if your framework publishes one), or build one with "
-            "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
-            arch, f"{arch}.kdb", dirs, discovery.GROUP, self.user_dir / f"{arch}.kdb",
-            discovery.dist_name(arch), arch,
-        )
 
     def _tiers(self, arch: str) -> Iterator:
         """The tiers in lookup order: system files, the user file, then the shared tier
@@ -139,9 +116,8 @@ class KernelDB:
 
     def lookup(self, attrs: HashAttributes) -> Hit | None:
         """The binary for ``attrs`` from the first tier that holds a sound copy, else None."""
-        if not isinstance(attrs, HashAttributes):
-            raise InvalidArgumentError(
-                f"expected kdb.HashAttributes, got {type(attrs).__name__}")
+        if type(attrs) is not HashAttributes:
+            arguments.check_attrs(attrs)
         if self.disabled:
             return None
         if self.trace:
@@ -209,10 +185,8 @@ class KernelDB:
     def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
                        details: dict[str, Any] | None = None) -> bytes:
         """The stored binary, or ``compile_fn()``'s result, stored in the background."""
-        if not callable(compile_fn):
-            raise InvalidArgumentError(
-                f"compile_fn must be a function returning bytes, not {type(compile_fn).__name__}")
-        _check_details(details)
+        arguments.check_compile_fn(compile_fn)
+        arguments.check_details(details)
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         hit = self.lookup(attrs)
         if hit is not None:
@@ -224,9 +198,7 @@ class KernelDB:
             start = time.perf_counter()
             binary = compile_fn()
             seconds = time.perf_counter() - start
-            if not isinstance(binary, (bytes, bytearray, memoryview)):
-                raise InvalidArgumentError(
-                    f"compile_fn must return bytes, returned {type(binary).__name__}")
+            arguments.check_binary(binary, "compile_fn must return bytes, returned")
         except BaseException:
             if got is not None:
                 got.release()
@@ -263,14 +235,10 @@ class KernelDB:
     def put(self, attrs: HashAttributes, binary: bytes, *, compile_seconds: float = 0.0,
             details: dict[str, Any] | None = None) -> bool:
         """Store ``binary`` for ``attrs`` in the user tier now; True if it was written."""
-        if not isinstance(binary, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError(f"binary must be bytes, not {type(binary).__name__}")
-        if not isinstance(attrs, HashAttributes):
-            raise InvalidArgumentError(f"expected kdb.HashAttributes, got {type(attrs).__name__}")
-        _check_details(details)
-        if isinstance(compile_seconds, bool) or not isinstance(compile_seconds, (int, float)):
-            raise InvalidArgumentError(
-                f"compile_seconds must be a number, not {type(compile_seconds).__name__}")
+        arguments.check_binary(binary)
+        arguments.check_attrs(attrs)
+        arguments.check_details(details)
+        arguments.check_seconds(compile_seconds)
         if self.disabled:
             return False
         self.flush()
@@ -292,7 +260,7 @@ class KernelDB:
         ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
         user tier, and published to the shared tier unless ``publish`` is false).
         """
-        _check_details(details)
+        arguments.check_details(details)
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         if log is not None:
             self._book.add_log(attrs.arch, log)
@@ -454,50 +422,6 @@ class KernelDB:
         self.flush()
         for f in (*self._user.values(), *(f for fs in self._system.values() for f in fs)):
             f.close()
-
-
-def _check_arguments(cache_dir: object, system_path: object, **flags: object) -> None:
-    """The caller's mistakes in ``KernelDB(...)`` as :class:`InvalidArgumentError`, at once."""
-    paths = (str, os.PathLike)
-    if cache_dir is not None and not isinstance(cache_dir, paths):
-        raise InvalidArgumentError(
-            f"cache_dir must be a path (str or os.PathLike), not {type(cache_dir).__name__}")
-    items = system_path if isinstance(system_path, (list, tuple)) else [system_path]
-    if system_path is not None and not all(isinstance(p, paths) for p in items):
-        raise InvalidArgumentError(
-            "system_path must be a path, an os.pathsep-separated string, or a list of paths; "
-            f"got {system_path!r}")
-    for name, value in flags.items():
-        if value is not None and not isinstance(value, bool):
-            raise InvalidArgumentError(f"{name} must be True, False or None, not {value!r}")
-
-
-def _check_details(details: object) -> None:
-    """``details`` is stored as JSON: refuse what JSON cannot hold before anything runs."""
-    if details is None:
-        return
-    if not isinstance(details, dict):
-        raise InvalidArgumentError(
-            f"details must be a dict of JSON values, not {type(details).__name__}")
-    import json
-
-    try:
-        json.dumps(details, sort_keys=True)
-    except (TypeError, ValueError) as err:
-        raise InvalidArgumentError(
-            f"details must hold only JSON values (str, numbers, bools, lists, dicts with str "
-            f"keys): {err}") from None
-
-
-def _enable_trace_output() -> None:
-    import logging
-
-    trace = trace_log.logger()
-    trace.setLevel(logging.DEBUG)
-    if not trace.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("kdb.trace: %(message)s"))
-        trace.addHandler(handler)
 
 
 _BACKGROUND = __name__.rpartition(".")[0] + ".background"

@@ -82,6 +82,19 @@ def get(name: str = "kdb") -> LazyLogger:
     return got
 
 
+def enable_output(lazy: LazyLogger, prefix: str) -> None:
+    """Send ``lazy``'s debug records to stderr as ``prefix: message`` (``KDB_TRACE``), unless
+    the program configured logging itself."""
+    import logging
+
+    logger = lazy.logger()
+    logger.setLevel(logging.DEBUG)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
+        logger.addHandler(handler)
+
+
 # -- once per process -------------------------------------------------------------------------
 
 _seen: set[str] = set()

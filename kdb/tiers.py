@@ -17,12 +17,16 @@ refused the same way wherever it came from.
 
 from __future__ import annotations
 
+from . import config, discovery, faults, latency
 from .codec import decode
+from .store import KernelFile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .keys import HashAttributes
-    from .store import CompileRecord, Entry, KernelFile, Row
+    from .store import CompileRecord, Entry, Row
 
 #: Why :func:`verified` refused a row.
 CHECKSUM = "checksum mismatch"
@@ -67,3 +71,28 @@ def verified(row, attrs: HashAttributes) -> tuple[bytes | None, str | None]:
     if row.attributes != attrs.encoded().decode("utf-8"):
         return None, COLLISION
     return raw, None
+
+
+def system_files(arch: str, dirs: list[Path], memo_dir: Path, user_dir: Path,
+                 use_system: bool = True) -> list[KernelFile]:
+    """The read-only system files for ``arch`` (:mod:`kdb.discovery`); none warns once per
+    process and arch, saying what that costs and how to fix it."""
+    config.check_arch(arch)
+    if not use_system:
+        return []
+    files = [KernelFile(s.path, tier="system", readonly=True)
+             for s in discovery.sources_for(arch, dirs, memo_dir=memo_dir)]
+    if not files:
+        latency.note_missing_system(arch)
+        faults.warn_once(
+            f"nosys:{arch}",
+            "kdb: no system kernel database for arch %r: looked for %s in KDB_SYSTEM_DB_PATH "
+            "(%s) and in installed packages (entry point group %r). Kernels for this device "
+            "will be compiled at first use and stored in %s, so the first start-up will be "
+            "slow. To fix it, install the system database package for this arch "
+            "(pip install %s, if your framework publishes one), or build one with "
+            "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
+            arch, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
+            discovery.GROUP, user_dir / f"{arch}.kdb", discovery.dist_name(arch), arch,
+        )
+    return files
