@@ -428,7 +428,7 @@ _BACKGROUND = __name__.rpartition(".")[0] + ".background"
 
 
 def _background():
-    """:mod:`kdb.background`, imported by the first store (its queue costs ~1 ms to import)."""
+    """:mod:`kdb.background`, imported by the first store (a hit never needs its thread)."""
     from . import background
 
     return background

@@ -1,7 +1,7 @@
 """kdb's loggers, without importing :mod:`logging` until a record can be emitted.
 
-``import logging`` costs ~5 ms (it pulls in traceback, linecache, tokenize, string), a
-fifth of a bare Python start, on the path of a process that only serves hits. While
+``import logging`` pulls in traceback, linecache, tokenize and string, a real share of a
+bare Python start, on the path of a process that only serves hits. While
 nobody has imported :mod:`logging`, nobody can have configured it, and unconfigured logging
 drops debug and info records and writes a warning's message and a newline to ``sys.stderr``
 (its last-resort handler): so does this module then, without the import. Once
