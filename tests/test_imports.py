@@ -17,7 +17,7 @@ PACKAGE = Path(kdb.__file__).resolve().parent
 #: The rooms this graph pins: the lookup/compile/store core and its bookkeeping and lifecycle.
 CORE = {"kdb.db", "kdb.tiers", "kdb.claims", "kdb.bookkeeping", "kdb.lifecycle",
         "kdb.background", "kdb.latency", "kdb.spool", "kdb.worker", "kdb.jobs", "kdb.keeper",
-        "kdb.shared", "kdb.pgserver", "kdb.sharedreport", "kdb.tally", "kdb.logs",
+        "kdb.shared", "kdb.pgserver", "kdb.sharedreport", "kdb.sharedlocks", "kdb.tally", "kdb.logs",
         "kdb.faults"}
 
 
