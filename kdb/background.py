@@ -13,14 +13,13 @@ journal leaves nothing half-written). After ``fork`` the child starts with no jo
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 import threading
 import time
 from collections import deque
 
-from . import claims, config, logs
+from . import claims, config, lifecycle, logs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -152,5 +151,5 @@ def _after_fork() -> None:
     _errors.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork)
-atexit.register(finish)
+lifecycle.on_fork(_after_fork)
+lifecycle.on_exit(lifecycle.STORES, finish)

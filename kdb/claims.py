@@ -20,9 +20,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
+from . import faults, lifecycle, logs
 from .config import private_dir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+log = logs.get("kdb")
 
 #: What a holder writes into its lock file: state, pid, compile seconds, wall-clock time.
 COMPILING = "compiling"
@@ -81,8 +89,6 @@ class Holder:
 def _write_state(fd: int | None, state: str, seconds: float = 0.0) -> None:
     if fd is None:
         return
-    import time
-
     text = f"{state} {os.getpid()} {seconds:.6f} {time.time():.3f}\n".encode("ascii")
     try:
         os.pwrite(fd, text.ljust(64), 0)  # one write of a fixed size: never read half-changed
@@ -170,8 +176,89 @@ def wanted(directory: Path, key: str) -> bool:
     return os.path.exists(os.path.join(directory, f"{key}.want"))
 
 
+# -- single flight: claim, or wait for the holder ----------------------------------------------
+
+#: Pids of claim holders this process waited for in vain (stopped, or stuck in a driver).
+_given_up: set[int] = set()
+
+
+def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any],
+                  timeout: float, shared=None):
+    """After a miss: claim ``key`` for compiling, or wait while another process compiles it.
+
+    Polls with bounded back-off: this node's claim first, then (with ``shared``, the shared
+    tier) the cross-node lock; ``find()`` looks for the entry another process may have
+    published meanwhile. Returns what ``find()`` found, a :class:`Claim` (this process
+    compiles; with ``shared`` it also holds the cross-node lock), or ``None`` (compile
+    without coordination: the directory is unusable, or the wait is over).
+
+    A waiter waits for a compile that is running, up to ``timeout`` seconds; for an entry
+    whose compile is done and whose store is only queued (:mod:`kdb.spool`), at most
+    :func:`pending_wait`, since building the program itself costs about that. A holder that
+    made no progress within the bound is given up on for the rest of the process. A process
+    that holds this node's claim while another node compiles the key waits for the shared
+    entry, and past the bound compiles it with that claim.
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        return _wait(directory, key, label, find, timeout, deadline, shared)
+    finally:
+        if shared is not None:
+            shared.unwant(key)
+
+
+def _wait(directory, key, label, find, timeout, deadline, shared):
+    delay = 0.002
+    claim = None
+    while True:
+        try:
+            claim = claim or try_claim(directory, key)
+        except OSError as err:
+            # Same once-key as the user file's write faults: a read-only cache warns once.
+            user_dir = directory.parent
+            faults.fault(f"cannot write to the kernel cache {user_dir} ({err}): kernels "
+                         "are compiled but may not be stored, and processes may compile the "
+                         "same kernel. Make it writable or set KDB_CACHE_DIR to a writable "
+                         "directory.", once=str(user_dir))
+            return None
+        # Shared tier: with the local claim, take the cross-node lock too (None: no server).
+        locked = shared.try_lock(key) if shared and claim else None
+        # Even with the claim: the holder may have published just before releasing it.
+        hit = find()
+        if hit is not None:
+            if locked:
+                shared.unlock(key)
+            if claim is not None:
+                claim.release()
+            return hit
+        if claim is not None and locked is not False:
+            return shared.adopt(claim) if locked else claim
+        if claim is None:
+            held_by = holder(directory, key)
+            if held_by.pid in _given_up:
+                return None  # it made no progress before: do not wait for it again
+            want(directory, key)
+            if (held_by.state == PENDING
+                    and time.time() - held_by.since >= pending_wait(held_by.seconds)):
+                return None  # its store did not come: building it costs no more
+        else:  # this node's claim is ours, another node compiles it: ask it to hurry
+            shared.want(key)
+        if time.monotonic() >= deadline:
+            if claim is None and held_by.pid:
+                _given_up.add(held_by.pid)
+            log.warning("kdb: waited %.0f s for another process (pid %s) to compile %s; "
+                        "compiling it here, and not waiting for that process again "
+                        "(KDB_WAIT_TIMEOUT)", timeout,
+                        held_by.pid if claim is None and held_by.pid else "unknown", label)
+            return claim  # ours if this node's claim is: its other processes wait for us
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
 def _after_fork() -> None:
+    global _lock
     _held.clear()  # the child holds no claims: flock is shared, but the parent owns them
+    _lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+lifecycle.on_fork(_after_fork)

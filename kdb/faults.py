@@ -7,40 +7,25 @@ for test suites and CI that want to see them.
 
 from __future__ import annotations
 
-import threading
-
 from . import config, logs
 from .errors import CacheFaultError
+from .logs import warn_once
+
+__all__ = ["fault", "warn_once", "reset"]
 
 log = logs.get("kdb")
-_seen: set[str] = set()
-_lock = threading.Lock()
 
 
 def fault(message: str, once: str | None = None) -> None:
     """Report a cache fault: raise if strict, else log a warning (once per ``once`` key)."""
     if config.flag(config.ENV_STRICT):
         raise CacheFaultError(message)
-    if once is not None:
-        with _lock:
-            if once in _seen:
-                log.debug("kdb: %s", message)
-                return
-            _seen.add(once)
+    if once is not None and not logs.first_time(once):
+        log.debug("kdb: %s", message)
+        return
     log.warning("kdb: %s", message)
-
-
-def warn_once(key: str, message: str, *args: object) -> bool:
-    """Log ``message`` at warning level the first time ``key`` is seen in this process."""
-    with _lock:
-        if key in _seen:
-            return False
-        _seen.add(key)
-    log.warning(message, *args)
-    return True
 
 
 def reset() -> None:
     """Forget which warnings were given (tests, and a process that wants them again)."""
-    with _lock:
-        _seen.clear()
+    logs.forget_once()

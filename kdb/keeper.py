@@ -68,7 +68,7 @@ def _read_pid(proc, timeout: float) -> int | None:
 def main() -> int:
     from sqlalchemy import func, select
 
-    from .shared import create_engine, lock_id
+    from .pgserver import create_engine, lock_id
 
     spec = json.load(sys.stdin)
     held = {key: path for key, path in spec["items"]}

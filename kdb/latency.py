@@ -7,12 +7,11 @@ kernels, how many seconds, and the missing system databases if that is why.
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import time
 
-from . import logs
+from . import lifecycle, logs
 from .store import CompileRecord
 
 log = logs.get("kdb")
@@ -76,5 +75,5 @@ def _after_fork() -> None:
     reset()
 
 
-os.register_at_fork(after_in_child=_after_fork)
-atexit.register(_at_exit)
+lifecycle.on_fork(_after_fork)
+lifecycle.on_exit(lifecycle.SUMMARY, _at_exit)

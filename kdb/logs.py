@@ -1,7 +1,7 @@
 """kdb's loggers, without importing :mod:`logging` until a record can be emitted.
 
-``import logging`` costs ~5 ms (it pulls in traceback, linecache, tokenize, string), a
-fifth of a bare Python start, on the path of a process that only serves hits. While
+``import logging`` pulls in traceback, linecache, tokenize and string, a real share of a
+bare Python start, on the path of a process that only serves hits. While
 nobody has imported :mod:`logging`, nobody can have configured it, and unconfigured logging
 drops debug and info records and writes a warning's message and a newline to ``sys.stderr``
 (its last-resort handler): so does this module then, without the import. Once
@@ -12,6 +12,7 @@ record goes to ``logging.getLogger(name)`` as usual, with the caller's line.
 from __future__ import annotations
 
 import sys
+import threading
 
 _WARNING = 30
 
@@ -79,3 +80,46 @@ def get(name: str = "kdb") -> LazyLogger:
     if got is None:
         got = _loggers[name] = LazyLogger(name)
     return got
+
+
+def enable_output(lazy: LazyLogger, prefix: str) -> None:
+    """Send ``lazy``'s debug records to stderr as ``prefix: message`` (``KDB_TRACE``), unless
+    the program configured logging itself."""
+    import logging
+
+    logger = lazy.logger()
+    logger.setLevel(logging.DEBUG)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
+        logger.addHandler(handler)
+
+
+# -- once per process -------------------------------------------------------------------------
+
+_seen: set[str] = set()
+_seen_lock = threading.Lock()
+
+
+def first_time(key: str) -> bool:
+    """True the first time ``key`` is seen in this process (until :func:`forget_once`)."""
+    with _seen_lock:
+        if key in _seen:
+            return False
+        _seen.add(key)
+        return True
+
+
+def warn_once(key: str, message: str, *args: object) -> bool:
+    """Log ``message`` on the ``kdb`` logger at warning level the first time ``key`` is
+    seen in this process; True if it was logged."""
+    if not first_time(key):
+        return False
+    get("kdb").warning(message, *args, stacklevel=2)
+    return True
+
+
+def forget_once() -> None:
+    """Forget which once-keys were seen (tests, and a process that wants them again)."""
+    with _seen_lock:
+        _seen.clear()

@@ -1,29 +1,20 @@
-"""Stores handed to a store worker: job files beside the user files, and the worker.
+"""Stores handed to a store worker: job files beside the user files, written and read.
 
-Reading a PoCL program's binaries makes PoCL generate code for every kernel of it: 0.2 s
-for a small program, 30-45 s for some of pyopencl's scan programs that build in 0.5 s
-(``benchmarks/run.py --only suite``, and DESIGN section 11). Done inside the process that
-built the program it competes for PoCL's compiler lock; done after its exit it made the next
-run wait. So a process that compiled a program writes down how to build it again (a *job*:
-back end, source, options, devices, the entries' attributes and its start-up latency rows)
-and goes on at once. One store worker per spool, at low CPU priority (nice 19), builds each
-program again (PoCL's own cache answers), reads its binaries and stores them, taking first
-the entries another process waits for, then the oldest.
+Reading a PoCL program's binaries makes PoCL generate code for every kernel of it, which
+can cost far more than the build (DESIGN section 11). Done inside the process that built
+the program it competes for PoCL's compiler lock; done after its exit it made the next run
+wait. So a process that compiled a program writes down how to build it again (a
+:class:`~kdb.jobs.StoreJob`: back end, source, options, devices, the entries' attributes
+and its start-up latency rows) and goes on at once. One store worker per spool
+(:mod:`kdb.worker`, at low CPU priority) builds each program again (PoCL's own cache
+answers), reads its binaries and stores them, taking first the entries another process
+waits for, then the oldest.
 
 Nobody waits for a store. A job holds no claim once its process has exited; a process that
 misses an entry whose job is still queued builds the program itself, which costs no more
 than no cache would. Jobs are files, so they survive the process that wrote them, a killed
 worker (the next process starts another) and ``kdb log`` can show their compiles before
 their binaries are stored.
-
-The worker is a supervisor (this module, no OpenCL) and two children that do the stores. A
-job whose store takes far longer than its compile did (pyopencl's scan programs: 30-45 s
-against 0.5 s) is stopped and set aside as *slow*; the second child stores slow jobs one by
-one while the first goes on with the others, so one costly program never holds up the
-entries the next run asks for, and nothing is thrown away once it is set aside.
-
-    python -m kdb.spool DIR            # the worker's supervisor for one spool directory
-    python -m kdb.spool --child        # a child: stores the jobs named on stdin (--slow-child)
 """
 
 from __future__ import annotations
@@ -35,11 +26,13 @@ import threading
 import time
 from pathlib import Path
 
+from . import lifecycle, logs
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-from . import logs
+    from .jobs import StoreJob
 
 log = logs.get("kdb")
 
@@ -51,17 +44,6 @@ TAKEN = ".taken"  # a job a store worker's child (or its own process) is storing
 LOCK = "worker.lock"
 #: The worker's log, beside the user files (what it could not store, and why).
 LOG_NAME = "store-worker.log"
-
-#: A job waits this long before it is stored (unless another process waits for it), so the
-#: program's first launches have put their work-group code in PoCL's cache: the stored
-#: binary then carries it and the next start's first launches skip PoCL's JIT.
-MIN_AGE_S = 1.0
-#: Seconds without a job after which the worker exits.
-IDLE_EXIT_S = 3.0
-#: A store may take ``SLOW_FACTOR`` times its compile, and at least ``SLOW_MIN_S`` seconds,
-#: before it is set aside as slow.
-SLOW_FACTOR = 10.0
-SLOW_MIN_S = 5.0
 
 #: Environment variables that change what a store worker's rebuild produces or where its
 #: OpenCL runtime looks: a worker only stores jobs written under the same values.
@@ -98,7 +80,7 @@ _claims: list[tuple[Path, object]] = []
 _last_sweep = 0.0
 
 
-def submit(user_dir: Path, job: dict, claims: list | None = None,
+def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
            store_now: Callable[[], None] | None = None) -> Path:
     """Write ``job`` to the spool and make sure a worker runs; returns the job's path.
 
@@ -117,10 +99,10 @@ def submit(user_dir: Path, job: dict, claims: list | None = None,
     _counter += 1
     name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
     path = spool / (name + JOB)
-    _write_file(path, job)
+    _write_file(path, job.to_dict())
     with _claims_lock:
         for claim in claims or ():
-            claim.mark_pending(job.get("seconds", 0.0))
+            claim.mark_pending(job.seconds)
             _claims.append((path, claim))
         if claims and store_now is not None:
             _store_now[path] = store_now
@@ -158,10 +140,8 @@ _exit_registered = False
 
 def _register_exit() -> None:
     global _exit_registered
-    import atexit
-
     _exit_registered = True
-    atexit.register(_at_exit)
+    lifecycle.on_exit(lifecycle.STORES, _at_exit)
 
 
 def _write_file(path: Path, data: dict) -> None:
@@ -279,7 +259,7 @@ def ensure_worker(spool: Path) -> None:
     out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o600)
     with os.fdopen(out_fd, "ab") as out:
-        subprocess.Popen([exe, "-m", "kdb.spool", str(spool)],
+        subprocess.Popen([exe, "-m", "kdb.worker", str(spool)],
                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                          start_new_session=True, close_fds=True, cwd="/")
 
@@ -303,11 +283,11 @@ def _after_fork() -> None:
     _orphans_checked.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+lifecycle.on_fork(_after_fork)
 
 
 def can_spool() -> bool:
-    """Whether ``sys.executable -m kdb.spool`` would start Python: not in an application that
+    """Whether ``sys.executable -m kdb.worker`` would start Python: not in an application that
     embeds Python or is frozen (its executable is the application itself), and POSIX."""
     exe = sys.executable
     if os.name != "posix" or not exe or getattr(sys, "frozen", False):
@@ -378,288 +358,10 @@ def _rename(src: Path, dst: Path) -> bool:
         return False
 
 
-# -- the worker: supervisor ------------------------------------------------------------------
-
-def _lowest_priority(idle: bool) -> None:
-    """nice 19; with ``idle``, also ``SCHED_IDLE``: run only on a CPU nothing else wants.
-
-    The lane that stores what the next run asks for runs at nice 19 (it yields to any
-    normal process, and is not starved by the slow lane); the slow lane at ``SCHED_IDLE``.
-    """
-    if idle:
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (AttributeError, OSError):
-            pass
-    try:
-        os.nice(19 - os.nice(0))
-    except OSError:
-        pass
-
-
-def _say(text: str) -> None:
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kdb store worker {os.getpid()}: {text}",
-          flush=True)
-
-
-class _Child:
-    """The child process that stores jobs, one at a time, named on its stdin."""
-
-    def __init__(self, slow: bool) -> None:
-        import subprocess
-
-        self.proc = subprocess.Popen([sys.executable, "-m", "kdb.spool",
-                                      "--slow-child" if slow else "--child"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     close_fds=True)
-
-    def start(self, path: Path) -> None:
-        self.proc.stdin.write(os.fsencode(path) + b"\n")
-        self.proc.stdin.flush()
-
-    def done(self, timeout: float) -> bool | None:
-        """True once the current job is finished, None if not within ``timeout``; False if
-        the child died."""
-        import select
-
-        ready, _, _ = select.select([self.proc.stdout], [], [], max(timeout, 0))
-        if not ready:
-            return None
-        line = self.proc.stdout.readline()
-        return bool(line)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - it is stopping anyway
-            self.proc.kill()
-
-
-def _keys(path: Path, memo: dict) -> tuple[list[str], float, str]:
-    """A job's keys, compile seconds and claims directory (read once per job)."""
-    got = memo.get(path.name)
-    if got is None:
-        job = read_job(path) or {}
-        got = memo[path.name] = ([e.get("key", "") for e in job.get("entries", [])],
-                                 float(job.get("seconds", 0.0) or 0.0),
-                                 job.get("claims_dir", ""))
-    return got
-
-
-class _Lane:
-    """One child and the job it is storing: the normal lane bounds each store's time, the
-    slow lane stores set-aside jobs one by one, so neither holds up the other."""
-
-    def __init__(self, slow: bool) -> None:
-        self.slow = slow
-        self.child: _Child | None = None
-        self.job: Path | None = None
-        self.started = 0.0
-        self.limit: float | None = None
-
-    def start(self, path: Path, memo: dict) -> None:
-        if self.child is None or self.child.proc.poll() is not None:
-            self.child = _Child(self.slow)
-        _, seconds, _ = _keys(path, memo)
-        self.job, self.started = path, time.monotonic()
-        self.limit = None if self.slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
-        self.child.start(path)
-
-    def poll(self, memo: dict) -> None:
-        """Finish, or set aside, the current job if its time has come."""
-        if self.job is None or self.child is None:
-            return
-        done = self.child.done(0)
-        path = self.job
-        if done is None and (self.limit is None or time.monotonic() - self.started <= self.limit):
-            return
-        if done is False:  # the child died (killed, or crashed inside the driver)
-            _say(f"the store of {path.name} ended its process; the job is dropped")
-            _unlink(path)
-            self.child = None
-        elif done is None:
-            _say(f"{path.name}: storing took over {self.limit:.0f} s; set aside, to be stored "
-                 "beside the other jobs")
-            self.child.kill()
-            self.child = None
-            _rename(_taken(path), _slow(path))
-        self.job = None
-        memo.pop(path.name, None)
-
-    def close(self) -> None:
-        if self.child is not None:
-            self.child.close()
-
-
-def _pick(spool: Path, memo: dict, lane: _Lane, busy: set[str]) -> Path | None:
-    """The next job for ``lane``. Normal lane: one another process waits for, else the
-    oldest that is old enough; a job whose keys a slow job already holds joins the slow ones.
-    Slow lane: the oldest slow job."""
-    try:
-        names = sorted(os.listdir(spool))
-    except OSError:
-        return None
-    if lane.slow:
-        slow = [spool / n for n in names if n.endswith(SLOW) and n not in busy]
-        return slow[0] if slow else None
-    from . import claims
-
-    normal = [spool / n for n in names if n.endswith(JOB) and n not in busy]
-    slow_keys = {k for n in names if n.endswith(SLOW) or n in busy
-                 for k in _keys(spool / n, memo)[0]}
-    ready = []
-    now_ns = time.time_ns()
-    for p in normal:
-        keys, _, cdir = _keys(p, memo)
-        if keys and set(keys) <= slow_keys:
-            _rename(p, _slow(p))  # the same program again: it would be slow again
-            continue
-        if cdir and any(claims.wanted(Path(cdir), k) for k in keys):
-            return p
-        try:
-            born = int(p.name.split("-", 1)[0])
-        except ValueError:
-            born = 0
-        if (now_ns - born) / 1e9 >= MIN_AGE_S:
-            ready.append(p)
-    return ready[0] if ready else None
-
-
-def supervise(spool: Path) -> int:
-    """Store every job of ``spool`` until it has been empty ``IDLE_EXIT_S``; one worker at
-    a time (an ``flock`` on ``worker.lock``)."""
-    import fcntl
-
-    _lowest_priority(idle=False)
-    env = read_job(spool / ENVIRONMENT)
-    if env is not None:  # the environment the jobs were written in, for the child's rebuilds
-        for k in [k for k in os.environ if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES]:
-            del os.environ[k]
-        os.environ.update({k: v for k, v in env.get("variables", [])})
-    fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return 0  # another worker has it
-    lanes = [_Lane(slow=False), _Lane(slow=True)]
-    memo: dict = {}
-    idle_since = time.monotonic()
-    try:
-        while True:
-            for lane in lanes:
-                lane.poll(memo)
-            busy = {lane.job.name for lane in lanes if lane.job is not None}
-            for lane in lanes:
-                if lane.job is None:
-                    path = _pick(spool, memo, lane, busy)
-                    if path is not None:
-                        lane.start(path, memo)
-                        busy.add(path.name)
-            if busy or _has_jobs(spool):
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= IDLE_EXIT_S:
-                break
-            _wait_any(lanes, 0.1)
-    finally:
-        for lane in lanes:
-            lane.close()
-        os.close(fd)
-    # A process may have written a job after our last look and seen our lock: go on.
-    if _has_jobs(spool) and not worker_running(spool):
-        return supervise(spool)
-    return 0
-
-
-def _wait_any(lanes: list[_Lane], timeout: float) -> None:
-    import select
-
-    pipes = [lane.child.proc.stdout for lane in lanes
-             if lane.job is not None and lane.child is not None]
-    if pipes:
-        select.select(pipes, [], [], timeout)
-    else:
-        time.sleep(timeout)
-
-
-def _has_jobs(spool: Path) -> bool:
-    try:
-        return any(n.endswith((JOB, SLOW)) for n in os.listdir(spool))
-    except OSError:
-        return False
-
-
 def _unlink(path: Path) -> None:
+    """Remove the job ``path`` names, whichever state it is in."""
     for p in (path.with_suffix(JOB), _slow(path), _taken(path)):
         try:
             os.unlink(p)
         except OSError:
             pass
-
-
-# -- the worker: child ------------------------------------------------------------------------
-
-def child_main(slow: bool = False) -> int:
-    """Store each job named on stdin; answer one line per job on stdout."""
-    _lowest_priority(idle=slow)
-    dbs: dict = {}
-    for line in sys.stdin.buffer:
-        path = Path(os.fsdecode(line.rstrip(b"\n")))
-        if _rename(path, _taken(path)):  # else the process that wrote it stores it itself
-            try:
-                store_job(_taken(path), dbs)
-            except Exception as err:  # noqa: BLE001 - report, drop the job, go on
-                _say(f"could not store {path.name}: {err}")
-            _unlink(path)
-        sys.stdout.write("done\n")
-        sys.stdout.flush()
-    for db in dbs.values():
-        db.close()
-    return 0
-
-
-def store_job(path: Path, dbs: dict | None = None) -> None:
-    """Store one job: its back end builds the program again and reads the binaries."""
-    import importlib
-
-    job = read_job(path)
-    if job is None:
-        return
-    from .db import KernelDB
-
-    dbs = {} if dbs is None else dbs
-    db = dbs.get(job["cache_dir"])
-    if db is None:
-        db = dbs[job["cache_dir"]] = KernelDB(cache_dir=job["cache_dir"])
-    if job.get("kind") == "bookkeeping":
-        db.write_bookkeeping(job["archs"])
-        return
-    if _stored_already(db, job):  # the same program compiled again before it was stored
-        from .store import CompileRecord
-
-        db.store([], [CompileRecord(*row) for row in job.get("logs", [])])
-        return
-    backend = importlib.import_module(f"kdb.backends.{job['backend']}")
-    backend.store_job(db, job)
-
-
-def _stored_already(db, job: dict) -> bool:
-    from .keys import HashAttributes
-
-    entries = job.get("entries", [])
-    for e in entries:
-        attrs = HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
-        if db.user_file(attrs.arch).fetch(attrs.key) is None:
-            return False
-    return bool(entries)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] in (["--child"], ["--slow-child"]):
-        sys.exit(child_main(slow=sys.argv[1] == "--slow-child"))
-    sys.exit(supervise(Path(sys.argv[1])))

@@ -1,8 +1,9 @@
-"""This process's kdb counts, and the per-process reports ``kdb run`` and ``pytest --kdb`` add up.
+"""The per-process reports ``kdb run`` and ``pytest --kdb`` add up.
 
-:class:`kdb.KernelDB` counts hits per tier, misses, compiles and seconds here as it counts them
-for the user file. When ``KDB_RUN_REPORT`` names a directory, a process that counted anything
-leaves ``<pid>-<ns>.json`` there at exit (one small file, written to a temporary name and
+:class:`kdb.KernelDB` counts hits per tier, misses, compiles and seconds as it counts them for
+the user file (:mod:`kdb.bookkeeping`, which keeps this process's totals off the import of a
+hit). When ``KDB_RUN_REPORT`` names a directory, a process that counted anything leaves
+``<pid>-<ns>.json`` there at exit (one small file, written to a temporary name and
 renamed). One file per process is exact under concurrency (MPI ranks, pytest-xdist workers)
 with no lock, and independent of when the stores and counters reach the user files: a process
 that exits may leave those to the store worker, which writes them after ``kdb run`` has
@@ -12,53 +13,19 @@ other process that shares the cache meanwhile.
 
 from __future__ import annotations
 
-import atexit
 import os
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from . import config
+from .bookkeeping import add, process_counts as counts, write_run_report as write_report
 
-_counts: dict[str, float] = {}
-_lock = threading.Lock()
+__all__ = ["COUNTERS", "TIERS", "add", "counts", "write_report", "read_reports", "summarize",
+           "describe"]
 
 #: The counters a report carries (as :mod:`kdb.db` names them), and the tiers that serve.
 COUNTERS = ("hits.system", "hits.user", "hits.shared", "misses", "compiles",
             "compile_seconds", "saved_seconds")
 TIERS = ("system", "user", "shared")
-
-
-def add(counter: str, n: float, saved: float = 0.0) -> None:
-    """Count ``n`` of ``counter`` (and ``saved`` seconds) for this process."""
-    with _lock:
-        _counts[counter] = _counts.get(counter, 0) + n
-        if saved:
-            _counts["saved_seconds"] = _counts.get("saved_seconds", 0) + saved
-
-
-def counts() -> dict[str, float]:
-    """This process's counts so far."""
-    with _lock:
-        return dict(_counts)
-
-
-def write_report(directory: str | os.PathLike[str] | None = None) -> Path | None:
-    """Leave this process's counts in ``directory`` (default ``KDB_RUN_REPORT``); the file,
-    or None when there is nothing to say or nowhere to say it."""
-    if directory is None:
-        directory = os.environ.get(config.ENV_RUN_REPORT)
-    got = counts()
-    if not directory or not got:
-        return None
-    import json  # not at import: json costs ~1 ms of a fresh process that only hits
-
-    path = Path(directory) / f"{os.getpid()}-{time.time_ns()}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "counts": got}), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
 
 
 def read_reports(directory: str | os.PathLike[str],
@@ -115,20 +82,3 @@ def describe(s: dict[str, Any]) -> str:
     return (f"{s['requested']} kernels requested: {s['compiled']} compiled "
             f"({s['compile_seconds']:.2f} s compiling), {s['served']} served"
             + (f" ({tiers})" if tiers else "") + f", {s['saved_seconds']:.2f} s saved")
-
-
-def _at_exit() -> None:
-    try:
-        write_report()
-    except OSError:  # a report directory gone or full: the program's exit is what matters
-        pass
-
-
-def _after_fork() -> None:
-    global _lock
-    _lock = threading.Lock()  # another thread of the parent may have held it
-    _counts.clear()  # the parent reports its own counts; a forked child counts afresh
-
-
-os.register_at_fork(after_in_child=_after_fork)
-atexit.register(_at_exit)

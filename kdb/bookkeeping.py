@@ -1,0 +1,262 @@
+"""Batched bookkeeping: what a KernelDB counted and still has to write, and its one writer.
+
+A hit never writes: it bumps a counter (and a per-key hit count for the user tier) in
+memory here. The rows are written later in one short transaction, together with entries
+the background store adds, by :meth:`Book.write` (the background thread, ``flush()``, a
+collected KernelDB, the exit, and the store worker writing what a process handed it all go
+through it). This process's own totals (:func:`process_counts`) feed ``kdb run`` and
+``pytest --kdb``: at exit a process leaves them in ``KDB_RUN_REPORT`` (:mod:`kdb.tally`
+adds the reports up).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from . import config, lifecycle, logs
+from .store import CompileRecord, KernelFile
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Callable
+
+    from .store import Entry
+
+log = logs.get("kdb")
+
+
+class Pending:
+    """What is still to be written for one arch."""
+
+    __slots__ = ("entries", "logs", "hits", "counters")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.logs: list[CompileRecord] = []
+        self.hits: dict[str, tuple[int, float]] = {}
+        self.counters: dict[str, float] = {}
+
+    def empty(self) -> bool:
+        return not (self.entries or self.logs or self.hits or self.counters)
+
+    def worth_creating_a_file(self) -> bool:
+        """Entries and log rows are; counters alone are not: creating a user file runs the
+        alembic migrations, which a process that only hit the system tier would otherwise
+        pay at exit. Its counts go to the user file once one exists."""
+        return bool(self.entries or self.logs)
+
+    def to_json(self) -> dict:
+        """The rows as JSON data (entries are not carried: a store job carries those)."""
+        return {"logs": [list(rec) for rec in self.logs],
+                "hits": {k: list(v) for k, v in self.hits.items()},
+                "counters": self.counters}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Pending:
+        p = cls()
+        p.logs = [CompileRecord(*row) for row in data["logs"]]
+        p.hits = {k: tuple(v) for k, v in data["hits"].items()}
+        p.counters = dict(data["counters"])
+        return p
+
+
+class Book:
+    """One KernelDB's pending bookkeeping, per arch, and the user files it goes to.
+
+    ``files`` and ``inflight`` are the KernelDB's own maps (opened user files; binaries
+    served from memory until stored), shared, not copied. ``hand_over``, once set (the
+    KernelDB handed stores to the store worker), takes at exit the bookkeeping of archs
+    whose user file does not exist yet, so that no exit creates and migrates one.
+    """
+
+    def __init__(self, user_dir: Path, files: dict[str, KernelFile], inflight: dict[str, bytes],
+                 disabled: bool) -> None:
+        self.user_dir = user_dir
+        self.files = files
+        self.inflight = inflight
+        self.disabled = disabled
+        self.hand_over: Callable[[dict[str, dict]], None] | None = None
+        self.lock = threading.Lock()
+        self.pending: dict[str, Pending] = {}
+        _books.append(self)
+
+    def release(self) -> None:
+        """Its KernelDB is collected: write what is left and forget this book. (At exit the
+        lifecycle writes every book first; a book holds no reference to its KernelDB.)"""
+        try:
+            _books.remove(self)
+        except ValueError:
+            pass
+        self.write_all(quiet=True)
+
+    # -- counting (the hit path) -------------------------------------------------------------
+
+    def count(self, arch: str, counter: str, n: float, key: str | None = None,
+              saved: float = 0.0) -> None:
+        with self.lock:
+            p = self.pending.get(arch)
+            if p is None:
+                p = self.pending[arch] = Pending()
+            p.counters[counter] = p.counters.get(counter, 0) + n
+            if saved:
+                p.counters["saved_seconds"] = p.counters.get("saved_seconds", 0) + saved
+            if key is not None:
+                count, _ = p.hits.get(key, (0, 0.0))
+                p.hits[key] = (count + 1, time.time())
+        add(counter, n, saved)
+
+    def add_log(self, arch: str, rec: CompileRecord) -> None:
+        with self.lock:
+            self.pending.setdefault(arch, Pending()).logs.append(rec)
+
+    def add_entry(self, arch: str, entry: Entry) -> None:
+        with self.lock:
+            self.pending.setdefault(arch, Pending()).entries.append(entry)
+
+    def take(self, arch: str) -> Pending | None:
+        with self.lock:
+            return self.pending.pop(arch, None)
+
+    # -- the one writer ---------------------------------------------------------------------
+
+    def user_file(self, arch: str) -> KernelFile:
+        f = self.files.get(arch)
+        if f is None:
+            config.check_arch(arch)
+            f = self.files[arch] = KernelFile(self.user_dir / f"{arch}.kdb", tier="user",
+                                              readonly=False)
+        return f
+
+    def write_pending(self, arch: str, p: Pending | None) -> bool:
+        """Write ``p`` to ``arch``'s user file in one transaction; False if nothing was."""
+        if p is None or p.empty() or self.disabled:
+            return False
+        f = self.user_file(arch)
+        if not p.worth_creating_a_file() and not f.path.exists():
+            return False
+        written = f.write(p.entries, p.logs, p.hits, p.counters)
+        for e in p.entries:
+            self.inflight.pop(e.key, None)
+        return written
+
+    def write(self, arch: str) -> bool:
+        """Write what is pending for ``arch`` (the background thread, or a flush)."""
+        return self.write_pending(arch, self.take(arch))
+
+    def write_all(self, quiet: bool = False) -> None:
+        """Write what is pending for every arch; ``quiet``: log a failure, never raise (a
+        collected KernelDB, the exit)."""
+        for arch in list(self.pending):
+            try:
+                self.write(arch)
+            except Exception as err:  # noqa: BLE001 - runs at collection or exit
+                if not quiet:
+                    raise
+                log.warning("kdb: could not write bookkeeping: %s", err)
+
+    def take_json(self, archs) -> dict[str, dict]:
+        """Remove and return what is pending for ``archs`` as JSON data, for a process that
+        writes it instead of this one (the store worker): :meth:`write_json` there."""
+        out = {}
+        with self.lock:
+            for arch in archs:
+                p = self.pending.pop(arch, None)
+                if p is not None:
+                    out[arch] = p.to_json()
+        return out
+
+    def write_json(self, archs: dict[str, dict]) -> None:
+        """Write bookkeeping another process took with :meth:`take_json`."""
+        for arch, data in archs.items():
+            self.write_pending(arch, Pending.from_json(data))
+
+    def at_exit(self) -> None:
+        """Hand the bookkeeping of archs without a user file to the store worker (when this
+        KernelDB used it), and write the rest."""
+        if self.hand_over is not None and not self.disabled:
+            try:
+                archs = [a for a in list(self.pending)
+                         if not (self.user_dir / f"{a}.kdb").exists()]
+                book = self.take_json(archs)
+                if book:
+                    self.hand_over(book)
+            except Exception as err:  # noqa: BLE001 - never fail an exiting program
+                log.warning("kdb: could not hand bookkeeping to the store worker: %s", err)
+        self.write_all(quiet=True)
+
+    def forget(self) -> None:
+        """After fork: the parent writes what it counted; the child starts afresh."""
+        self.lock = threading.Lock()
+        self.pending.clear()
+        self.hand_over = None
+
+
+#: Every live KernelDB's book (removed by :meth:`Book.release`), for the exit and fork.
+_books: list[Book] = []
+
+
+def _write_every_book() -> None:
+    for book in list(_books):
+        book.at_exit()
+
+
+# -- this process's totals (``kdb run``, ``pytest --kdb``) ----------------------------------
+
+_counts: dict[str, float] = {}
+_counts_lock = threading.Lock()
+
+
+def add(counter: str, n: float, saved: float = 0.0) -> None:
+    """Count ``n`` of ``counter`` (and ``saved`` seconds) for this process."""
+    with _counts_lock:
+        _counts[counter] = _counts.get(counter, 0) + n
+        if saved:
+            _counts["saved_seconds"] = _counts.get("saved_seconds", 0) + saved
+
+
+def process_counts() -> dict[str, float]:
+    """This process's counts so far."""
+    with _counts_lock:
+        return dict(_counts)
+
+
+def write_run_report(directory: str | os.PathLike[str] | None = None):
+    """Leave this process's counts in ``directory`` (default ``KDB_RUN_REPORT``) as
+    ``<pid>-<ns>.json``; the file, or None when there is nothing to say or nowhere to say
+    it. One file per process is exact under concurrency with no lock."""
+    if directory is None:
+        directory = os.environ.get(config.ENV_RUN_REPORT)
+    got = process_counts()
+    if not directory or not got:
+        return None
+    import json
+    from pathlib import Path
+
+    path = Path(directory) / f"{os.getpid()}-{time.time_ns()}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "counts": got}), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _report_at_exit() -> None:
+    try:
+        write_run_report()
+    except OSError:  # a report directory gone or full: the program's exit is what matters
+        pass
+
+
+def _after_fork() -> None:
+    global _counts_lock
+    _counts_lock = threading.Lock()  # another thread of the parent may have held it
+    _counts.clear()
+    for book in list(_books):
+        book.forget()
+
+
+lifecycle.on_exit(lifecycle.BOOKKEEPING, _write_every_book)
+lifecycle.on_exit(lifecycle.REPORT, _report_at_exit)
+lifecycle.on_fork(_after_fork)

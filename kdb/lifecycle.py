@@ -1,0 +1,73 @@
+"""The process's exit and fork, in one explicit order.
+
+kdb keeps per-process state in several modules (pending bookkeeping, the background store
+thread, claims, the latency log, shared-tier connections). Left to ``atexit`` one module at
+a time, their hooks ran in reverse import order, which no module chose. Here modules
+register a hook in a named phase, and the one ``atexit`` hook runs the phases in this
+order:
+
+1. ``BOOKKEEPING``: every KernelDB's batched hit counts, counters and log rows are written
+   (or handed to the store worker);
+2. ``STORES``: background stores are finished within ``KDB_STORE_TIMEOUT``, and claims whose
+   stores are still queued are handed over (:mod:`kdb.keeper`);
+3. ``SUMMARY``: the start-up latency summary is logged (:mod:`kdb.latency`);
+4. ``REPORT``: the rest: this process's run report (``KDB_RUN_REPORT``).
+
+Within a phase, hooks run in the order they registered. After ``fork`` every ``on_fork``
+hook runs in the child, so a child starts with no pending bookkeeping, stores, claims or
+connections of its parent's, and never writes them a second time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+from . import logs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
+BOOKKEEPING = 1
+STORES = 2
+SUMMARY = 3
+REPORT = 4
+PHASES = (BOOKKEEPING, STORES, SUMMARY, REPORT)
+
+_exit_hooks: list[tuple[int, Callable[[], None]]] = []
+_fork_hooks: list[Callable[[], None]] = []
+
+
+def on_exit(phase: int, hook: Callable[[], None]) -> None:
+    """Run ``hook`` at exit, in ``phase`` (one of :data:`PHASES`)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown exit phase {phase!r}")
+    _exit_hooks.append((phase, hook))
+
+
+def on_fork(hook: Callable[[], None]) -> None:
+    """Run ``hook`` in a forked child, before anything else runs there."""
+    _fork_hooks.append(hook)
+
+
+def run_exit_hooks() -> None:
+    """Run every exit hook, phase by phase; a failing hook is logged, never raised."""
+    for phase in PHASES:
+        for p, hook in list(_exit_hooks):
+            if p != phase:
+                continue
+            try:
+                hook()
+            except Exception as err:  # noqa: BLE001 - never fail an exiting program
+                logs.get("kdb").warning("kdb: at exit: %s failed: %s",
+                                        getattr(hook, "__qualname__", hook), err)
+
+
+def _after_fork_in_child() -> None:
+    for hook in list(_fork_hooks):
+        hook()
+
+
+atexit.register(run_exit_hooks)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,39 @@
+"""kdb.jobs: a deferred store is a typed job that survives JSON and names its back end."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdb import jobs
+from kdb.jobs import BOOKKEEPING, STORE, StoreJob
+
+
+def test_a_store_job_round_trips_through_json_with_the_back_ends_own_fields():
+    data = {"kind": "store", "backend": "opencl", "seconds": 0.5,
+            "program": {"source": "__kernel void k() {}", "options": ""},
+            "entries": [{"key": "ab", "name": "k", "attributes": "{}", "seconds": 0.5,
+                         "details": {}, "device": 0}],
+            "logs": [["row"]], "cache_dir": "/c", "claims_dir": "/c/v1/claims"}
+    job = StoreJob.from_json(StoreJob.from_dict(data).to_json())
+    assert job.kind == STORE and job.backend == "opencl" and job.seconds == 0.5
+    assert job.keys == ["ab"]
+    assert job.extra == {"program": data["program"]}
+    assert job.to_dict() == data  # what the back end's store_job receives, unchanged
+
+
+def test_a_bookkeeping_job_carries_only_its_rows():
+    job = StoreJob.bookkeeping("/c", {"arch": {"logs": [], "hits": {}, "counters": {"x": 1}}})
+    assert job.to_dict() == {"kind": BOOKKEEPING, "cache_dir": "/c",
+                             "archs": {"arch": {"logs": [], "hits": {}, "counters": {"x": 1}}}}
+    assert StoreJob.from_dict(job.to_dict()).archs == job.archs
+
+
+def test_the_registry_names_each_back_end_and_refuses_an_unknown_one():
+    assert jobs.BACKENDS["opencl"] == "kdb.backends.opencl"
+    with pytest.raises(LookupError, match="unknown back end"):
+        jobs.backend_module("nosuch")
+
+
+def test_a_job_that_is_not_an_object_is_refused():
+    with pytest.raises(ValueError):
+        StoreJob.from_dict(["not", "a", "job"])
