@@ -47,14 +47,20 @@ class Claim:
         self.directory = directory
         self.key = key
         self._fd: int | None = fd
+        #: The shared tier's cross-node locks when this claim also holds the key's lock there
+        #: (:meth:`kdb.sharedlocks.CrossNodeLocks.adopt`): asked about waiters, released with it.
+        self.cross_node = None
 
     def __repr__(self) -> str:
         return f"Claim({self.key[:16]})"
 
     @property
     def wanted(self) -> bool:
-        """Whether another process waits for this key."""
-        return (self.directory / f"{self.key}.want").exists()
+        """Whether another process, of this node or (with the shared tier) of another,
+        waits for this key."""
+        if (self.directory / f"{self.key}.want").exists():
+            return True
+        return self.cross_node is not None and self.cross_node.wanted(self.key)
 
     def mark_pending(self, seconds: float) -> None:
         """The compile is done (in ``seconds``) and its store is queued: waiters now wait at
@@ -63,6 +69,12 @@ class Claim:
 
     def release(self) -> None:
         """Give the key up (after the entry was published, or when compiling failed)."""
+        cross, self.cross_node = self.cross_node, None
+        if cross is not None:
+            try:
+                cross.unlock(self.key)
+            except Exception:  # noqa: BLE001 - the local claim is released whatever happens
+                pass
         with _lock:
             _held.pop(self.key, None)
             fd, self._fd = self._fd, None

@@ -101,12 +101,6 @@ def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
 _ENCODED_NAMES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
 
-def environ_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
-    """The values of ``names`` by position: :func:`read_variables`' answer as a tuple, for
-    :func:`kdb.db.default_db` until it takes the mapping."""
-    return tuple(read_variables(names).values())
-
-
 #: Longest duration any ``*_TIMEOUT`` / ``*_RETRY`` setting may ask for: a day. A larger
 #: value (``1e300``, ``inf``) would be a wait without a limit in all but name.
 MAX_SECONDS = 86400.0
@@ -118,9 +112,9 @@ MAX_SIZE_LIMIT = 1 << 62
 def _bad_setting(name: str, raw: str, problem: str, used: str) -> None:
     """A program never ends over a bad ``KDB_*`` value: one warning per variable and value
     naming both and what is used instead (the command line refuses them: :func:`problems`)."""
-    from . import faults  # faults reads KDB_STRICT through this module
+    from . import logs
 
-    faults.warn_once(f"config:{name}={raw}", "kdb: %s=%s %s; using %s instead", name,
+    logs.warn_once(f"config:{name}={raw}", "kdb: %s=%s %s; using %s instead", name,
                      _short(raw), problem, used)
 
 

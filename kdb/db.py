@@ -167,7 +167,7 @@ class KernelDB:
             return None  # this process compiled it and is storing it: never wait on oneself
         user = self.user_file(attrs.arch)
         shared = self._shared()  # shared tier: the cross-node lock and its hits (None: off)
-        if shared is None and not (user.usable and user._trusted()):
+        if shared is None and not (user.usable and user.trusted()):
             return None  # a refused user file: nothing to wait for, and no claims written there
         published = (FileTier(user),) if shared is None else (FileTier(user), shared)
         return claims.claim_or_wait(self.user_dir / "claims", attrs.key,
@@ -315,7 +315,7 @@ class KernelDB:
         refused (another owner, newer than kdb, not a file) and no shared tier is set, so a
         back end need not read binaries, nor start a store worker, for nothing."""
         f = self.user_file(arch)
-        return self._shared() is not None or (f.usable and f._trusted())
+        return self._shared() is not None or (f.usable and f.trusted())
 
     def store(self, items: list, logs: list[CompileRecord] = ()) -> bool:
         """Store ``(attrs, binary, compile_seconds, details)`` items and latency rows now, in
@@ -453,11 +453,8 @@ def default_db(variables: dict[str, str | None] | None = None) -> KernelDB:
     global _default, _default_config
     # The raw variables, compared as strings: resolving paths on every build costs more.
     if variables is None:
-        cfg = config.environ_values(DEFAULT_DB_VARIABLES)
-    elif isinstance(variables, tuple):  # the old positional form, until every back end moves
-        cfg = variables
-    else:
-        cfg = tuple(variables.get(name) for name in DEFAULT_DB_VARIABLES)
+        variables = config.read_variables(DEFAULT_DB_VARIABLES)
+    cfg = tuple(variables.get(name) for name in DEFAULT_DB_VARIABLES)
     if _default is None or cfg != _default_config:
         # The old instance is not flushed here: that would make this build wait for every
         # pending store. Its queued jobs hold it alive; collecting it writes what is left.

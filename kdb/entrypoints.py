@@ -252,9 +252,9 @@ _unsaved: dict[str, dict[tuple[str, str], tuple]] = {}
 
 def _save_at_exit(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:
     if not _unsaved:
-        import atexit
+        from . import lifecycle
 
-        atexit.register(flush)
+        lifecycle.on_exit(lifecycle.REPORT, flush)
     _unsaved.setdefault(memo_file, {}).update(records)
 
 

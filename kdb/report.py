@@ -218,25 +218,3 @@ def log_record(r: tuple) -> dict[str, Any]:
     return {"at": r[0], "key": r[1], "name": r[2], "arch": r[3], "backend": r[4],
             "seconds": r[5], "missed": [m for m in r[6].split(",") if m], "reason": r[7],
             "pid": r[8], "pending": False}
-
-
-# -- moved: the names this module had before, for callers not yet changed ---------------------
-
-_MOVED = {
-    "info": "info", "opencl_devices": "info", "compiler_short": "info", "cuda_toolchain": "info",
-    "explain": "explain", "describe_difference": "explain",
-    "verify_file": "integrity", "_verify_file": "integrity",
-    "verify": "maintenance", "clearable": "maintenance", "clear": "maintenance",
-    "migrate_files": "maintenance", "evict": "maintenance",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """``report.verify``, ``report.evict`` and the other moved names, from their new module."""
-    where = _MOVED.get(name)
-    if where is None:
-        raise AttributeError(f"module 'kdb.report' has no attribute {name!r}")
-    import importlib
-
-    module = importlib.import_module(f"kdb.{where}")
-    return getattr(module, name.lstrip("_"))

@@ -38,10 +38,10 @@ from .pgserver import (MIGRATE_LOCK, MIGRATE_WAIT_S, create_engine, lock_id, mas
                        schema_revision, upgrade)
 from .schema import compile_log, counters, kernels, meta
 from .keys import compiler_free_key
-from .sharedlocks import WANT_CHECK_S, CrossNodeLocks, SharedClaim
+from .sharedlocks import WANT_CHECK_S, CrossNodeLocks
 from .store import CompileRecord, Entry
 
-__all__ = ["SharedTier", "SharedClaim", "SharedRow", "tier", "reset", "mask", "lock_id",
+__all__ = ["SharedTier", "SharedRow", "tier", "reset", "mask", "lock_id",
            "create_engine", "upgrade", "MIGRATE_LOCK", "WANT_CHECK_S"]
 
 log = logging.getLogger("kdb")

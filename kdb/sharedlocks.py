@@ -117,23 +117,7 @@ class CrossNodeLocks:
 
     def adopt(self, claim: claims.Claim) -> claims.Claim:
         """Make a local claim also hold (and, on release, give up) the cross-node lock."""
-        claim.__class__ = SharedClaim  # same layout: the claim stays in kdb.claims' registry
-        claim._tier = self  # type: ignore[attr-defined]
+        claim.cross_node = self
         return claim
 
 
-class SharedClaim(claims.Claim):
-    """A local claim that also holds its key's compile lock on the shared tier."""
-
-    _tier: CrossNodeLocks
-
-    @property
-    def wanted(self) -> bool:
-        """Whether a process of this node or of another waits for this key."""
-        return super().wanted or self._tier.wanted(self.key)
-
-    def release(self) -> None:
-        try:
-            self._tier.unlock(self.key)
-        finally:
-            super().release()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kdb import HashAttributes, KernelDB, codec, config, fs, migrate, report
+from kdb import HashAttributes, KernelDB, codec, config, fs, integrity, maintenance, migrate
 from conftest import sql
 
 LONG = os.environ.get("KDB_LONG_TESTS") == "1"
@@ -171,7 +171,7 @@ def _kill_round(work: Path, kills: int, writers: int) -> dict:
                 assert codec.decode(kind, blob, raw_size, digest) is not None
         finally:
             conn.close()
-    verified = report.verify(user_dir)  # integrity, checksums, keys, and the running totals
+    verified = maintenance.verify(user_dir)  # integrity, checksums, keys, and the running totals
     assert verified["ok"], [f["problems"] or f["bad_entries"] for f in verified["files"]]
 
     db = KernelDB(cache_dir=work / "cache", use_system=False)
@@ -420,11 +420,11 @@ def test_random_damage_never_returns_wrong_bytes_or_raises(tmp_path):
             if d.exists():
                 d.chmod(0o700)
         (where / "a1.kdb").chmod(0o600)
-        checked = report._verify_file(where / "a1.kdb", tier, "a1")  # never raises either
+        checked = integrity.verify_file(where / "a1.kdb", tier, "a1")  # never raises either
         bad_files += not checked["ok"]
         if tier == "user" and n % 4 == 1:  # and a repair leaves a file that verifies
-            report.verify(where, repair=True)
-            assert report.verify(where)["ok"], n
+            maintenance.verify(where, repair=True)
+            assert maintenance.verify(where)["ok"], n
             repaired += 1
         db = KernelDB(cache_dir=root / "cache", system_path=[root / "system"])
         for name, raw in good.items():
@@ -559,7 +559,7 @@ def test_a_full_disk_stores_no_partial_entry_warns_and_goes_on(cache_dir, run_py
     assert sql(path, "PRAGMA integrity_check") == [("ok",)]
     names = sorted(r[0] for r in sql(path, "SELECT name FROM kernels"))
     assert names == ["before0", "before1", "before2", "small"]  # no partial entry
-    assert report.verify(cache_dir / "v1")["ok"]
+    assert maintenance.verify(cache_dir / "v1")["ok"]
 
 
 MOUNTS = """\

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import REPO, run_checked
-from kdb import HashAttributes, KernelDB, demo, discovery, latency, migrate, report, wheel
+from kdb import HashAttributes, KernelDB, demo, discovery, info, latency, migrate, wheel
 from kdb import pack as packing
 from kdb.cli import cli
 from kdb.errors import InvalidArgumentError
@@ -558,7 +558,7 @@ def test_a_system_file_from_a_newer_schema_is_skipped_and_the_next_serves(
     assert hit.path == str(good / f"{arch}.kdb")
     assert "9999" in caplog.text and str(future / f"{arch}.kdb") in caplog.text
     assert sha256(future / f"{arch}.kdb") == before
-    systems = {s["path"]: s for s in report.info(tmp_path / "cache" / "v1",
+    systems = {s["path"]: s for s in info.info(tmp_path / "cache" / "v1",
                                                  tmp_path / "cache")["system_databases"]}
     assert "newer than this kdb" in systems[str(future / f"{arch}.kdb")]["problem"]
     assert systems[str(good / f"{arch}.kdb")]["problem"] == ""

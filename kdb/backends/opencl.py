@@ -80,7 +80,7 @@ def _text(source: str | bytes) -> str:
 def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bool,
            wrapper: cl.Program | None = None) -> cl.Program:
     variables = config.read_variables(BUILD_VARIABLES)
-    db = db or default_db()
+    db = db or default_db(variables)
     text = _text(source)
     plan = plan_for(ctx, devices, options, arch, str(db.cache_root), variables)
     devs, opt_bytes = plan.devs, plan.opt_bytes
