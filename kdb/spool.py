@@ -125,7 +125,7 @@ def _at_exit() -> None:
     pending = [(p, c) for p, c in _claims if _exists(p)]
     tiers: dict[int, tuple[object, list]] = {}
     for path, claim in pending:
-        tier = getattr(claim, "_tier", None)
+        tier = claim.cross_node  # the shared tier whose lock this claim also holds
         if tier is not None:
             tiers.setdefault(id(tier), (tier, []))[1].append((claim.key, str(path)))
     if tiers:

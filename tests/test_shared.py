@@ -280,6 +280,7 @@ def test_a_node_started_after_another_exited_waits_for_its_queued_stores(shared_
     from kdb import spool
     from kdb.config import private_dir
 
+    _arch()  # imports pyopencl, which sets PYOPENCL_HOME: a variable the child's spool digest has
     node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
     env_a = _child_env(node_a, tmp_path / "pocl-a", shared_url, KDB_STORE_AT_EXIT="detach")
     sdir = private_dir(spool.spool_dir(node_a / "v1", env_a))
