@@ -15,7 +15,6 @@ import os
 import sys
 import time
 from collections import namedtuple
-from pathlib import Path
 
 from . import config, logs
 
@@ -297,7 +296,7 @@ def _save(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:
         try:
             fd = _create(tmp)
         except FileNotFoundError:  # no cache directory yet
-            config.private_dir(Path(directory))
+            config.make_private_dir(directory)
             fd = _create(tmp)
         created = True
         with open(fd, "wb") as f:
