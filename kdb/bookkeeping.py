@@ -17,6 +17,7 @@ import time
 
 from . import config, lifecycle, logs
 from .store import CompileRecord, KernelFile
+from .strpaths import join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class Book:
         f = self.files.get(arch)
         if f is None:
             config.check_arch(arch)
-            f = self.files[arch] = KernelFile(config.join(self.user_dir, f"{arch}.kdb"),
+            f = self.files[arch] = KernelFile(join(self.user_dir, f"{arch}.kdb"),
                                               tier="user", readonly=False)
         return f
 
@@ -178,7 +179,7 @@ class Book:
         if self.hand_over is not None and not self.disabled:
             try:
                 archs = [a for a in list(self.pending)
-                         if not os.path.exists(config.join(self.user_dir, f"{a}.kdb"))]
+                         if not os.path.exists(join(self.user_dir, f"{a}.kdb"))]
                 book = self.take_json(archs)
                 if book:
                     self.hand_over(book)

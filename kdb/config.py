@@ -6,11 +6,11 @@ framework's ``os.environ[...] = ...`` before the first lookup takes effect.
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 
 from .errors import ConfigError, UnsafeArchError
+from .strpaths import expanded, home, join, make_private_dir, spelled
 
 # re loads where a size is parsed and pathlib where a caller asks for a Path, not at import:
 # every hit imports this module, and both would be most of its import time.
@@ -323,65 +323,20 @@ def shared_url(explicit: str | None = None) -> str | None:
     return url.strip() or None
 
 
-def spelled(path: str | os.PathLike[str]) -> str:
-    """``str(pathlib.Path(path))``: no empty or ``.`` parts, no trailing slash (``..`` is
-    kept). Written here so that the hit path, which keeps its paths as str, needs no pathlib.
-
-    >>> spelled("a//./b/"), spelled(""), spelled("//x/"), spelled("/../a")
-    ('a/b', '.', '//x', '/../a')
-    """
-    text = os.fspath(path)
-    if not isinstance(text, str):
-        raise TypeError("argument should be a str or an os.PathLike object where __fspath__ "
-                        f"returns a str, not {type(text).__name__!r}")
-    if os.sep != "/" or os.altsep:  # Windows: drives, UNC, two separators; pathlib knows them
-        from pathlib import Path
-
-        return str(Path(text))
-    root = "/" if text[:1] == "/" else ""
-    if text[:2] == "//" and text[2:3] != "/":
-        root = "//"  # POSIX leaves the meaning of exactly two leading slashes open
-    return root + "/".join(p for p in text.split("/") if p and p != ".") or "."
-
-
-def join(directory: str, name: str) -> str:
-    """``str(Path(directory) / name)`` for a spelled ``directory`` and a plain file name."""
-    return name if directory == "." else os.path.join(directory, name)
-
-
-def _home() -> str:
-    home = os.path.expanduser("~")
-    if home[:1] == "~":
-        raise RuntimeError("Could not determine home directory.")
-    return home
-
-
-def expand_path(path: str | os.PathLike[str]) -> str:
-    """``str(Path(path).expanduser())``, without pathlib (the hit path's paths are str)."""
-    text = spelled(path)
-    if text[:1] == "~":
-        first, sep, rest = text.partition("/")
-        home = os.path.expanduser(first)
-        if home[:1] == "~":
-            raise RuntimeError("Could not determine home directory.")
-        text = spelled(os.path.join(home, rest) if sep else home)
-    return text
-
-
 def cache_root_str(explicit: str | os.PathLike[str] | None = None) -> str:
     """:func:`cache_root` as a str (what the hit path uses)."""
     if explicit is not None:
-        return expand_path(explicit)
+        return expanded(explicit)
     env = os.environ.get(ENV_CACHE_DIR)
     if env:
-        return expand_path(env)
+        return expanded(env)
     if sys.platform == "darwin":
-        base = os.path.join(_home(), "Library", "Caches")
+        base = os.path.join(home(), "Library", "Caches")
     elif sys.platform == "win32":
-        fallback = os.path.join(_home(), "AppData", "Local")
+        fallback = os.path.join(home(), "AppData", "Local")
         base = os.environ.get("LOCALAPPDATA", fallback)
     else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(_home(), ".cache")
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache")
     return join(spelled(base), "kdb")
 
 
@@ -398,7 +353,7 @@ def system_dirs_str(explicit: str | os.PathLike[str] | list | tuple | None = Non
         parts = [p for p in str(explicit).split(os.pathsep) if p]
     else:
         parts = [str(p) for p in explicit]
-    return [expand_path(p) for p in parts]
+    return [expanded(p) for p in parts]
 
 
 def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -420,36 +375,6 @@ def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -
     from pathlib import Path
 
     return [Path(p) for p in system_dirs_str(explicit)]
-
-
-def make_private_dir(path: str | os.PathLike[str]) -> None:
-    """Create ``path`` and any missing parents with mode 0700 (a cache holds code to run)."""
-    missing = []
-    p = spelled(os.fspath(path))
-    while not _exists(p):
-        missing.append(p)
-        parent = os.path.dirname(p) or "."
-        if parent == p:
-            break
-        p = parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
-
-
-def _exists(path: str) -> bool:
-    """``Path.exists``: False where nothing is there, an error (no permission) raised."""
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError, ValueError):
-        return False
-    except OSError as err:
-        if err.errno in (errno.EBADF, errno.ELOOP):
-            return False
-        raise
-    return True
 
 
 def private_dir(path: Path) -> Path:

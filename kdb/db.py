@@ -20,6 +20,7 @@ from . import arguments, config, faults, latency, logs
 from .bookkeeping import Book, Pending
 from .keys import HashAttributes
 from .store import CompileRecord, Entry, KernelFile
+from .strpaths import join
 from .tiers import FileTier, system_files, verified
 
 TYPE_CHECKING = False
@@ -59,7 +60,7 @@ class KernelDB:
                                      use_system=use_system)
         # Kept as str: a hit needs no pathlib (the properties below give Paths to callers).
         self._cache_root = config.cache_root_str(cache_dir)
-        self._user_dir = config.join(self._cache_root, f"v{config.FORMAT_MAJOR}")
+        self._user_dir = join(self._cache_root, f"v{config.FORMAT_MAJOR}")
         self._system_dirs = config.system_dirs_str(system_path)
         self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled)
         self.trace = config.flag(config.ENV_TRACE, trace)

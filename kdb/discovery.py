@@ -23,6 +23,7 @@ from collections import namedtuple
 
 from . import config, entrypoints, errors, logs
 from .entrypoints import _EntryPoint, _load, _memo, _parse_group, _read, flush  # noqa: F401
+from .strpaths import join, spelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a hit keeps its paths as str: pathlib loads where a caller asks for one
@@ -105,7 +106,7 @@ def _resolve(ep: _EntryPoint) -> SystemSource:
     locations = list(spec.submodule_search_locations or []) if spec else []
     if not locations:
         return SystemSource(arch, ".", origin, f"package {module!r} not found")
-    path = config.join(config.spelled(locations[0]), f"{arch}.kdb")
+    path = join(spelled(locations[0]), f"{arch}.kdb")
     if not os.path.isfile(path):
         return SystemSource(arch, path, origin, "file missing")
     return SystemSource(arch, path, origin)
@@ -128,7 +129,7 @@ def all_sources(extra_dirs: list[str | os.PathLike[str]] | None = None, *,
                     config.check_arch(arch)
                 except Exception:  # noqa: BLE001 - not ours to judge; skip
                     continue
-                path = config.join(config.spelled(d), n)
+                path = join(spelled(d), n)
                 # Never open what is not a regular file: a FIFO blocks open() for good.
                 problem = "" if os.path.isfile(path) else "not a regular file (skipped)"
                 out.append(SystemSource(arch, path, config.ENV_SYSTEM_DB_PATH, problem))
@@ -140,7 +141,7 @@ def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = Non
                 memo_dir: str | os.PathLike[str] | None = None) -> list[SystemSource]:
     """Usable system databases for one arch, in search order; broken entries are logged."""
     dirs = config.system_dirs_str() if extra_dirs is None else extra_dirs
-    files = (config.join(config.spelled(d), f"{arch}.kdb") for d in dirs)
+    files = (join(spelled(d), f"{arch}.kdb") for d in dirs)
     out = [SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH) for f in files if os.path.isfile(f)]
     for ep in entry_points(memo_dir=memo_dir):
         if ep.name != arch:

@@ -17,6 +17,7 @@ import time
 from collections import namedtuple
 
 from . import config, logs
+from .strpaths import make_private_dir
 
 log = logs.get("kdb")
 
@@ -296,7 +297,7 @@ def _save(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:
         try:
             fd = _create(tmp)
         except FileNotFoundError:  # no cache directory yet
-            config.make_private_dir(directory)
+            make_private_dir(directory)
             fd = _create(tmp)
         created = True
         with open(fd, "wb") as f:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import stat
 
+from .strpaths import parent, spelled
+
 #: File system types (as /proc/mounts names them) on which SQLite's WAL cannot be trusted.
 NETWORK_FS = frozenset({
     "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "ceph", "beegfs", "glusterfs",
@@ -39,12 +41,9 @@ def fs_type(path: str | os.PathLike[str], mounts: str = "/proc/mounts") -> str |
 
 def network_fs(path: str | os.PathLike[str]) -> str | None:
     """The network file system type under ``path``, or ``None`` if it is local."""
-    p = os.fspath(path)
-    while not os.path.exists(p):
-        parent = os.path.dirname(p.rstrip("/") or "/") or "."
-        if parent == p:
-            break
-        p = parent
+    p = spelled(path)
+    while not os.path.exists(p) and parent(p) != p:
+        p = parent(p)
     kind = fs_type(p)
     return kind if kind in NETWORK_FS else None
 

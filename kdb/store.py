@@ -20,9 +20,10 @@ import threading
 from collections import namedtuple
 
 from . import faults, fs
-from .config import BUSY_TIMEOUT_S, spelled
+from .config import BUSY_TIMEOUT_S
 from .fileformat import (DAMAGE, HEAD, classify, journal_of, move_aside, sqlite_uri, status_of,
                          wal_size)
+from .strpaths import parent, spelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here; typing and pathlib stay off the hit path
@@ -86,7 +87,7 @@ class KernelFile:
     @property
     def directory(self) -> str:
         """The directory the file is in, as a str (``path.parent``)."""
-        return os.path.dirname(self.filename) or "."
+        return parent(self.filename)
 
     def __repr__(self) -> str:
         return f"KernelFile({self.filename!r}, tier={self.tier!r})"
@@ -382,5 +383,4 @@ def _writable(path: str) -> bool:
     """Whether this process can write ``path`` and create its journal beside it."""
     if not os.path.exists(path):
         return True  # created by the writer, which reports what fails
-    return os.access(path, os.W_OK) and os.access(os.path.dirname(path) or ".",
-                                                   os.W_OK | os.X_OK)
+    return os.access(path, os.W_OK) and os.access(parent(path), os.W_OK | os.X_OK)

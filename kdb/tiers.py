@@ -20,6 +20,7 @@ from __future__ import annotations
 from . import config, discovery, faults, latency
 from .codec import decode
 from .store import KernelFile
+from .strpaths import join, spelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ def system_files(arch: str, dirs: list[str | Path], memo_dir: str | Path, user_d
             "(pip install %s, if your framework publishes one), or build one with "
             "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
             arch, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
-            discovery.GROUP, config.join(config.spelled(user_dir), f"{arch}.kdb"), discovery.dist_name(arch), arch,
+            discovery.GROUP, join(spelled(user_dir), f"{arch}.kdb"), discovery.dist_name(arch),
+            arch,
         )
     return files
