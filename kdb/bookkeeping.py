@@ -17,7 +17,7 @@ import time
 
 from . import config, lifecycle, logs
 from .store import CompileRecord, KernelFile
-from .strpaths import join
+from .strpaths import exists, join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class Book:
         if p is None or p.empty() or self.disabled:
             return False
         f = self.user_file(arch)
-        if not p.worth_creating_a_file() and not os.path.exists(f.filename):
+        if not p.worth_creating_a_file() and not exists(f.filename):
             return False
         written = f.write(p.entries, p.logs, p.hits, p.counters)
         for e in p.entries:
@@ -179,7 +179,7 @@ class Book:
         if self.hand_over is not None and not self.disabled:
             try:
                 archs = [a for a in list(self.pending)
-                         if not os.path.exists(join(self.user_dir, f"{a}.kdb"))]
+                         if not exists(join(self.user_dir, f"{a}.kdb"))]
                 book = self.take_json(archs)
                 if book:
                     self.hand_over(book)

@@ -23,7 +23,7 @@ from collections import namedtuple
 
 from . import config, entrypoints, errors, logs
 from .entrypoints import _EntryPoint, _load, _memo, _parse_group, _read, flush  # noqa: F401
-from .strpaths import join, spelled
+from .strpaths import is_file, join, spelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # a hit keeps its paths as str: pathlib loads where a caller asks for one
@@ -107,7 +107,7 @@ def _resolve(ep: _EntryPoint) -> SystemSource:
     if not locations:
         return SystemSource(arch, ".", origin, f"package {module!r} not found")
     path = join(spelled(locations[0]), f"{arch}.kdb")
-    if not os.path.isfile(path):
+    if not is_file(path):
         return SystemSource(arch, path, origin, "file missing")
     return SystemSource(arch, path, origin)
 
@@ -131,7 +131,7 @@ def all_sources(extra_dirs: list[str | os.PathLike[str]] | None = None, *,
                     continue
                 path = join(spelled(d), n)
                 # Never open what is not a regular file: a FIFO blocks open() for good.
-                problem = "" if os.path.isfile(path) else "not a regular file (skipped)"
+                problem = "" if is_file(path) else "not a regular file (skipped)"
                 out.append(SystemSource(arch, path, config.ENV_SYSTEM_DB_PATH, problem))
     out.extend(_resolve(ep) for ep in entry_points(memo_dir=memo_dir))
     return out
@@ -142,7 +142,7 @@ def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = Non
     """Usable system databases for one arch, in search order; broken entries are logged."""
     dirs = config.system_dirs_str() if extra_dirs is None else extra_dirs
     files = (join(spelled(d), f"{arch}.kdb") for d in dirs)
-    out = [SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH) for f in files if os.path.isfile(f)]
+    out = [SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH) for f in files if is_file(f)]
     for ep in entry_points(memo_dir=memo_dir):
         if ep.name != arch:
             continue

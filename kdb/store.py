@@ -23,7 +23,7 @@ from . import faults, fs
 from .config import BUSY_TIMEOUT_S
 from .fileformat import (DAMAGE, HEAD, classify, journal_of, move_aside, sqlite_uri, status_of,
                          wal_size)
-from .strpaths import parent, spelled
+from .strpaths import exists, parent, spelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here; typing and pathlib stay off the hit path
@@ -351,7 +351,7 @@ class KernelFile:
         from .eviction import evict
         from .filewriter import change
 
-        if not os.path.exists(self.filename):
+        if not exists(self.filename):
             return 0, 0  # nothing stored, nothing to evict
         return change(self, "evict from", lambda conn: evict(conn, target), None)
 
@@ -381,6 +381,6 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 def _writable(path: str) -> bool:
     """Whether this process can write ``path`` and create its journal beside it."""
-    if not os.path.exists(path):
+    if not exists(path):
         return True  # created by the writer, which reports what fails
     return os.access(path, os.W_OK) and os.access(parent(path), os.W_OK | os.X_OK)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 
 def spelled(path: str | os.PathLike[str]) -> str:
@@ -71,17 +72,28 @@ def expanded(path: str | os.PathLike[str]) -> str:
     return text
 
 
-def exists(path: str) -> bool:
-    """``Path.exists``: False where nothing is there; an error (no permission) raises."""
+def _mode(path: str | os.PathLike[str]) -> int | None:
+    """``path``'s st_mode; None where nothing is there, an error (no permission) raised, as
+    ``Path.exists`` and ``Path.is_file`` do."""
     try:
-        os.stat(path)
+        return os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError, ValueError):
-        return False
+        return None
     except OSError as err:
         if err.errno in (errno.EBADF, errno.ELOOP):
-            return False
+            return None
         raise
-    return True
+
+
+def exists(path: str | os.PathLike[str]) -> bool:
+    """``Path(path).exists()``."""
+    return _mode(path) is not None
+
+
+def is_file(path: str | os.PathLike[str]) -> bool:
+    """``Path(path).is_file()``."""
+    mode = _mode(path)
+    return mode is not None and stat.S_ISREG(mode)
 
 
 def make_private_dir(path: str | os.PathLike[str]) -> None:
