@@ -17,10 +17,10 @@ import time
 
 from . import config, lifecycle, logs
 from .store import CompileRecord, KernelFile
+from .strpaths import exists, join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from pathlib import Path
     from typing import Callable
 
     from .store import Entry
@@ -72,7 +72,7 @@ class Book:
     whose user file does not exist yet, so that no exit creates and migrates one.
     """
 
-    def __init__(self, user_dir: Path, files: dict[str, KernelFile], inflight: dict[str, bytes],
+    def __init__(self, user_dir: str, files: dict[str, KernelFile], inflight: dict[str, bytes],
                  disabled: bool) -> None:
         self.user_dir = user_dir
         self.files = files
@@ -126,8 +126,8 @@ class Book:
         f = self.files.get(arch)
         if f is None:
             config.check_arch(arch)
-            f = self.files[arch] = KernelFile(self.user_dir / f"{arch}.kdb", tier="user",
-                                              readonly=False)
+            f = self.files[arch] = KernelFile(join(self.user_dir, f"{arch}.kdb"),
+                                              tier="user", readonly=False)
         return f
 
     def write_pending(self, arch: str, p: Pending | None) -> bool:
@@ -135,7 +135,7 @@ class Book:
         if p is None or p.empty() or self.disabled:
             return False
         f = self.user_file(arch)
-        if not p.worth_creating_a_file() and not f.path.exists():
+        if not p.worth_creating_a_file() and not exists(f.filename):
             return False
         written = f.write(p.entries, p.logs, p.hits, p.counters)
         for e in p.entries:
@@ -179,7 +179,7 @@ class Book:
         if self.hand_over is not None and not self.disabled:
             try:
                 archs = [a for a in list(self.pending)
-                         if not (self.user_dir / f"{a}.kdb").exists()]
+                         if not exists(join(self.user_dir, f"{a}.kdb"))]
                 book = self.take_json(archs)
                 if book:
                     self.hand_over(book)

@@ -10,9 +10,10 @@ import os
 import sys
 
 from .errors import ConfigError, UnsafeArchError
+from .strpaths import expanded, home, join, make_private_dir, spelled
 
-# re and pathlib load where a size is parsed or a path is made, not at import: every hit
-# imports this module, and both would be most of its import time.
+# re loads where a size is parsed and pathlib where a caller asks for a Path, not at import:
+# every hit imports this module, and both would be most of its import time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
@@ -322,56 +323,65 @@ def shared_url(explicit: str | None = None) -> str | None:
     return url.strip() or None
 
 
-def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The user tier's root directory (``KDB_CACHE_DIR``, else the platform's user cache)."""
-    from pathlib import Path
-
+def cache_root_str(explicit: str | os.PathLike[str] | None = None) -> str:
+    """:func:`cache_root` as a str (what the hit path uses)."""
     if explicit is not None:
-        return Path(explicit).expanduser()
+        return expanded(explicit)
     env = os.environ.get(ENV_CACHE_DIR)
     if env:
-        return Path(env).expanduser()
+        return expanded(env)
     if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
+        base = os.path.join(home(), "Library", "Caches")
     elif sys.platform == "win32":
-        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+        fallback = os.path.join(home(), "AppData", "Local")
+        base = os.environ.get("LOCALAPPDATA", fallback)
     else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "kdb"
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache")
+    return join(spelled(base), "kdb")
 
 
-def user_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Directory of the user tier's files, versioned by the on-disk format's major version."""
-    return cache_root(explicit) / f"v{FORMAT_MAJOR}"
+def user_dir_str(explicit: str | os.PathLike[str] | None = None) -> str:
+    """:func:`user_dir` as a str (what the hit path uses)."""
+    return join(cache_root_str(explicit), f"v{FORMAT_MAJOR}")
 
 
-def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -> list[Path]:
-    """Extra directories searched for ``<arch>.kdb`` (``KDB_SYSTEM_DB_PATH``, os.pathsep list)."""
+def system_dirs_str(explicit: str | os.PathLike[str] | list | tuple | None = None) -> list[str]:
+    """:func:`system_dirs` as strs (what the hit path uses)."""
     if explicit is None:
         explicit = os.environ.get(ENV_SYSTEM_DB_PATH, "")
-    from pathlib import Path
-
     if isinstance(explicit, (str, os.PathLike)):
         parts = [p for p in str(explicit).split(os.pathsep) if p]
     else:
         parts = [str(p) for p in explicit]
-    return [Path(p).expanduser() for p in parts]
+    return [expanded(p) for p in parts]
+
+
+def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The user tier's root directory (``KDB_CACHE_DIR``, else the platform's user cache)."""
+    from pathlib import Path
+
+    return Path(cache_root_str(explicit))
+
+
+def user_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Directory of the user tier's files, versioned by the on-disk format's major version."""
+    from pathlib import Path
+
+    return Path(user_dir_str(explicit))
+
+
+def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -> list[Path]:
+    """Extra directories searched for ``<arch>.kdb`` (``KDB_SYSTEM_DB_PATH``, os.pathsep list)."""
+    from pathlib import Path
+
+    return [Path(p) for p in system_dirs_str(explicit)]
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` and any missing parents with mode 0700 (a cache holds code to run)."""
+    """Create ``path`` and any missing parents with mode 0700; returns it as a Path."""
     from pathlib import Path
 
-    missing = []
-    p = Path(path)
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
+    make_private_dir(path)
     return Path(path)
 
 

@@ -20,10 +20,12 @@ from . import arguments, config, faults, latency, logs
 from .bookkeeping import Book, Pending
 from .keys import HashAttributes
 from .store import CompileRecord, Entry, KernelFile
+from .strpaths import join
 from .tiers import FileTier, system_files, verified
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations are strings here: the hit path does not import typing
+if TYPE_CHECKING:  # annotations are strings here: the hit path imports neither
+    from pathlib import Path
     from typing import Any, Callable, Iterator
 
     from . import claims
@@ -56,9 +58,10 @@ class KernelDB:
                  use_system: bool = True) -> None:
         arguments.check_db_arguments(cache_dir, system_path, disabled=disabled, trace=trace,
                                      use_system=use_system)
-        self.cache_root = config.cache_root(cache_dir)
-        self.user_dir = config.user_dir(cache_dir)
-        self.system_dirs = config.system_dirs(system_path)
+        # Kept as str: a hit needs no pathlib (the properties below give Paths to callers).
+        self._cache_root = config.cache_root_str(cache_dir)
+        self._user_dir = join(self._cache_root, f"v{config.FORMAT_MAJOR}")
+        self._system_dirs = config.system_dirs_str(system_path)
         self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled)
         self.trace = config.flag(config.ENV_TRACE, trace)
         self.use_system = use_system  # False: user tier only (``kdb pack`` builds this way)
@@ -70,7 +73,7 @@ class KernelDB:
         self._inflight: dict[str, bytes] = {}
         # Batched hit counts, counters and log rows (kdb.bookkeeping): written by the
         # background store, a flush, the exit, or when this instance is collected.
-        self._book = Book(self.user_dir, self._user, self._inflight, self.disabled)
+        self._book = Book(self._user_dir, self._user, self._inflight, self.disabled)
 
     def __del__(self) -> None:
         # Collected without a flush: its batched bookkeeping is not lost.
@@ -82,7 +85,28 @@ class KernelDB:
                 pass
 
     def __repr__(self) -> str:
-        return f"KernelDB(cache_dir={str(self.cache_root)!r})"
+        return f"KernelDB(cache_dir={self._cache_root!r})"
+
+    @property
+    def cache_root(self) -> Path:
+        """The user tier's root directory."""
+        from pathlib import Path
+
+        return Path(self._cache_root)
+
+    @property
+    def user_dir(self) -> Path:
+        """The directory of the user tier's files (``<cache_root>/v<format major>``)."""
+        from pathlib import Path
+
+        return Path(self._user_dir)
+
+    @property
+    def system_dirs(self) -> list[Path]:
+        """The directories searched for ``<arch>.kdb`` before installed packages."""
+        from pathlib import Path
+
+        return [Path(d) for d in self._system_dirs]
 
     # -- tiers ----------------------------------------------------------------------------
 
@@ -96,7 +120,7 @@ class KernelDB:
         files = self._system.get(arch)
         if files is None:
             files = self._system[arch] = system_files(
-                arch, self.system_dirs, self.cache_root, self.user_dir, self.use_system)
+                arch, self._system_dirs, self._cache_root, self._user_dir, self.use_system)
         return files
 
     def _tiers(self, arch: str) -> Iterator:

@@ -19,12 +19,15 @@ by distribution name. Every file found serves; the first that holds a key answer
 from __future__ import annotations
 
 import os
-import re
 from collections import namedtuple
-from pathlib import Path
 
 from . import config, entrypoints, errors, logs
 from .entrypoints import _EntryPoint, _load, _memo, _parse_group, _read, flush  # noqa: F401
+from .strpaths import is_file, join, spelled
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a hit keeps its paths as str: pathlib loads where a caller asks for one
+    from pathlib import Path
 
 log = logs.get("kdb")
 GROUP = "kdb.system"
@@ -46,8 +49,7 @@ def dist_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:
     'myfw-kernels-sm_90'
     """
     config.check_arch(arch)
-    if prefix != DEFAULT_PREFIX and (  # the missing-system-db warning: no regex to compile
-            not isinstance(prefix, str) or not re.match(r"^[a-z]([a-z0-9._-]*[a-z0-9])?$", prefix)):
+    if prefix != DEFAULT_PREFIX and not _valid_prefix(prefix):
         raise errors.InvalidArgumentError(
             f"package name prefix {prefix!r} is not valid: use lower-case letters, digits and "
             "'._-', starting with a letter (for example 'kdb-system' or 'myfw-kernels')")
@@ -57,12 +59,25 @@ def dist_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}-{name}"
 
 
-class SystemSource(namedtuple("SystemSource", "arch path origin problem", defaults=("",))):
-    """A system database file and where it came from: ``arch``, ``path`` (a Path),
-    ``origin`` ("KDB_SYSTEM_DB_PATH" or "package <dist> <version>") and ``problem``
-    (non-empty when the entry is broken; shown by ``kdb info``)."""
+def _valid_prefix(prefix: object) -> bool:
+    # re loads here only: the missing-system-db warning names the default prefix, on a hit
+    import re
+
+    return isinstance(prefix, str) and bool(re.match(r"^[a-z]([a-z0-9._-]*[a-z0-9])?$", prefix))
+
+
+class SystemSource(namedtuple("SystemSource", "arch filename origin problem", defaults=("",))):
+    """A system database file and where it came from: ``arch``, ``filename`` (a str; ``path``
+    gives it as a Path), ``origin`` ("KDB_SYSTEM_DB_PATH" or "package <dist> <version>") and
+    ``problem`` (non-empty when the entry is broken; shown by ``kdb info``)."""
 
     __slots__ = ()
+
+    @property
+    def path(self) -> Path:
+        from pathlib import Path  # for callers; the hit path reads ``filename``
+
+        return Path(self.filename)
 
 
 def entry_points(group: str = GROUP,
@@ -78,29 +93,29 @@ def _resolve(ep: _EntryPoint) -> SystemSource:
     try:
         arch = config.check_arch(ep.name)
     except Exception as err:  # noqa: BLE001 - a broken plugin must never be fatal
-        return SystemSource(ep.name, Path(), origin, f"bad arch id: {err}")
+        return SystemSource(ep.name, ".", origin, f"bad arch id: {err}")
     if not module.isidentifier():
-        return SystemSource(arch, Path(), origin,
+        return SystemSource(arch, ".", origin,
                             f"entry point value {ep.value!r} is not a top-level package name")
     import importlib.util  # only when a package declares a system database
 
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError) as err:
-        return SystemSource(arch, Path(), origin, f"cannot locate package {module!r}: {err}")
+        return SystemSource(arch, ".", origin, f"cannot locate package {module!r}: {err}")
     locations = list(spec.submodule_search_locations or []) if spec else []
     if not locations:
-        return SystemSource(arch, Path(), origin, f"package {module!r} not found")
-    path = Path(locations[0]) / f"{arch}.kdb"
-    if not path.is_file():
+        return SystemSource(arch, ".", origin, f"package {module!r} not found")
+    path = join(spelled(locations[0]), f"{arch}.kdb")
+    if not is_file(path):
         return SystemSource(arch, path, origin, "file missing")
     return SystemSource(arch, path, origin)
 
 
-def all_sources(extra_dirs: list[Path] | None = None, *,
+def all_sources(extra_dirs: list[str | os.PathLike[str]] | None = None, *,
                 memo_dir: str | os.PathLike[str] | None = None) -> list[SystemSource]:
     """Every system database visible: from the extra directories, then from packages."""
-    dirs = config.system_dirs() if extra_dirs is None else extra_dirs
+    dirs = config.system_dirs_str() if extra_dirs is None else extra_dirs
     out: list[SystemSource] = []
     for d in dirs:
         try:
@@ -114,20 +129,20 @@ def all_sources(extra_dirs: list[Path] | None = None, *,
                     config.check_arch(arch)
                 except Exception:  # noqa: BLE001 - not ours to judge; skip
                     continue
-                path = Path(d) / n
+                path = join(spelled(d), n)
                 # Never open what is not a regular file: a FIFO blocks open() for good.
-                problem = "" if path.is_file() else "not a regular file (skipped)"
+                problem = "" if is_file(path) else "not a regular file (skipped)"
                 out.append(SystemSource(arch, path, config.ENV_SYSTEM_DB_PATH, problem))
     out.extend(_resolve(ep) for ep in entry_points(memo_dir=memo_dir))
     return out
 
 
-def sources_for(arch: str, extra_dirs: list[Path] | None = None, *,
+def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = None, *,
                 memo_dir: str | os.PathLike[str] | None = None) -> list[SystemSource]:
     """Usable system databases for one arch, in search order; broken entries are logged."""
-    dirs = config.system_dirs() if extra_dirs is None else extra_dirs
-    out = [SystemSource(arch, Path(d) / f"{arch}.kdb", config.ENV_SYSTEM_DB_PATH)
-           for d in dirs if (Path(d) / f"{arch}.kdb").is_file()]
+    dirs = config.system_dirs_str() if extra_dirs is None else extra_dirs
+    files = (join(spelled(d), f"{arch}.kdb") for d in dirs)
+    out = [SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH) for f in files if is_file(f)]
     for ep in entry_points(memo_dir=memo_dir):
         if ep.name != arch:
             continue

@@ -15,9 +15,9 @@ import os
 import sys
 import time
 from collections import namedtuple
-from pathlib import Path
 
 from . import config, logs
+from .strpaths import make_private_dir
 
 log = logs.get("kdb")
 
@@ -297,7 +297,7 @@ def _save(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:
         try:
             fd = _create(tmp)
         except FileNotFoundError:  # no cache directory yet
-            config.private_dir(Path(directory))
+            make_private_dir(directory)
             fd = _create(tmp)
         created = True
         with open(fd, "wb") as f:

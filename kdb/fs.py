@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
+
+from .strpaths import exists, parent, spelled
 
 #: File system types (as /proc/mounts names them) on which SQLite's WAL cannot be trusted.
 NETWORK_FS = frozenset({
@@ -40,9 +41,9 @@ def fs_type(path: str | os.PathLike[str], mounts: str = "/proc/mounts") -> str |
 
 def network_fs(path: str | os.PathLike[str]) -> str | None:
     """The network file system type under ``path``, or ``None`` if it is local."""
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
+    p = spelled(path)
+    while not exists(p) and parent(p) != p:
+        p = parent(p)
     kind = fs_type(p)
     return kind if kind in NETWORK_FS else None
 

@@ -18,15 +18,16 @@ import sqlite3
 import stat
 import threading
 from collections import namedtuple
-from pathlib import Path
 
 from . import faults, fs
 from .config import BUSY_TIMEOUT_S
 from .fileformat import (DAMAGE, HEAD, classify, journal_of, move_aside, sqlite_uri, status_of,
                          wal_size)
+from .strpaths import exists, parent, spelled
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations are strings here; typing stays off the hit path
+if TYPE_CHECKING:  # annotations are strings here; typing and pathlib stay off the hit path
+    from pathlib import Path
     from typing import Iterable
 
 __all__ = ["CompileRecord", "Entry", "KernelFile", "Row", "sqlite_uri"]
@@ -63,10 +64,13 @@ class CompileRecord(namedtuple("CompileRecord",
 
 
 class KernelFile:
-    """A tier's file for one arch. Thread-safe: one connection per thread."""
+    """A tier's file for one arch. Thread-safe: one connection per thread.
 
-    def __init__(self, path: Path, *, tier: str, readonly: bool) -> None:
-        self.path = Path(path)
+    ``filename`` is its path as a str (what the hit path uses); ``path``, the same as a Path.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, tier: str, readonly: bool) -> None:
+        self.filename = spelled(path)
         self.tier = tier
         self.readonly = readonly
         self.usable = True  # False once the file proved unusable in this process
@@ -74,17 +78,28 @@ class KernelFile:
         self._local = threading.local()
         self._lock = threading.Lock()
 
+    @property
+    def path(self) -> Path:
+        from pathlib import Path
+
+        return Path(self.filename)
+
+    @property
+    def directory(self) -> str:
+        """The directory the file is in, as a str (``path.parent``)."""
+        return parent(self.filename)
+
     def __repr__(self) -> str:
-        return f"KernelFile({str(self.path)!r}, tier={self.tier!r})"
+        return f"KernelFile({self.filename!r}, tier={self.tier!r})"
 
     # -- connections ------------------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
         if self.readonly:
-            uri = sqlite_uri(self.path, "mode=ro&immutable=1")
+            uri = sqlite_uri(self.filename, "mode=ro&immutable=1")
             conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
         else:
-            uri = sqlite_uri(self.path, "mode=rw")
+            uri = sqlite_uri(self.filename, "mode=rw")
             conn = sqlite3.connect(
                 uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                 check_same_thread=False,
@@ -99,7 +114,7 @@ class KernelFile:
         if not self.usable:
             return None
         try:
-            mode = os.stat(self.path).st_mode
+            mode = os.stat(self.filename).st_mode
         except OSError:
             return None  # not there (yet), or not reachable: a miss
         if not stat.S_ISREG(mode):
@@ -108,7 +123,7 @@ class KernelFile:
         if not self.readonly and not self._checked:
             if not self.trusted():
                 return None
-            if not _writable(self.path):
+            if not _writable(self.filename):
                 self._read_only_cache()
         conn = None
         try:
@@ -122,25 +137,25 @@ class KernelFile:
             self._damaged(err)
             return None
         self._local.conn, self._local.pid = conn, os.getpid()
-        self._local.ident = _identity(self.path)
+        self._local.ident = _identity(self.filename)
         return conn
 
     def _replaced(self) -> bool:
         """Whether the file this thread's connection writes to is no longer at ``path``
         (``kdb clear``, a repair, or a user deleted it): writes would go to an unlinked file."""
-        return getattr(self._local, "ident", None) != _identity(self.path)
+        return getattr(self._local, "ident", None) != _identity(self.filename)
 
     def trusted(self) -> bool:
         """A user file is code this process will run: refuse one others can change (a
         fault, once); True when this file and its directory are private to this user."""
-        why = fs.unsafe_reason(self.path) or fs.unsafe_reason(self.path.parent)
+        why = fs.unsafe_reason(self.filename) or fs.unsafe_reason(self.directory)
         if why is None:
             return True
         self.usable = False
-        faults.fault(f"{self.path} is refused: {why}, and loading a binary from it would run "
+        faults.fault(f"{self.filename} is refused: {why}, and loading a binary from it would run "
                      "code someone else can change. Make it yours and private (chmod 700 on "
                      "the directory, 600 on the file) or set KDB_CACHE_DIR to a private "
-                     "directory; kernels are compiled meanwhile.", once="unsafe:" + str(self.path))
+                     "directory; kernels are compiled meanwhile.", once="unsafe:" + self.filename)
         return False
 
     _trusted = trusted  # the name other modules used before
@@ -151,18 +166,18 @@ class KernelFile:
         self.usable = False
         kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
                 else "not a regular file")
-        faults.fault(f"{self.path} is {kind}, not a kdb file; it is skipped and kernels are "
+        faults.fault(f"{self.filename} is {kind}, not a kdb file; it is skipped and kernels are "
                      "compiled" + ("" if self.readonly else " but not stored there: remove it")
-                     + ".", once=str(self.path))
+                     + ".", once=self.filename)
 
     def _read_only_cache(self) -> None:
         """The user file exists but cannot be written (a read-only cache directory): use its
         entries, store nothing. Opened immutable: a WAL file needs a writable ``-shm`` beside
         it, and nobody can commit to a file in a directory no one may write."""
         self.readonly = True
-        faults.fault(f"the kernel cache {self.path.parent} is read-only: kernels stored there "
+        faults.fault(f"the kernel cache {self.directory} is read-only: kernels stored there "
                      "are used, new ones are compiled but not stored. Make it writable or set "
-                     "KDB_CACHE_DIR to a writable directory.", once=str(self.path.parent))
+                     "KDB_CACHE_DIR to a writable directory.", once=self.directory)
 
     def _check(self, conn: sqlite3.Connection) -> bool:
         """Once per process: may lookups read this file as it is? Never upgrades it: every
@@ -183,25 +198,25 @@ class KernelFile:
             if status.kind == "stale":
                 if self.readonly:
                     self.usable = False
-                    faults.fault(f"{self.path} is {status.what}, older than this kdb reads; "
+                    faults.fault(f"{self.filename} is {status.what}, older than this kdb reads; "
                                  "it is skipped and kernels are compiled instead",
-                                 once=str(self.path))
+                                 once=self.filename)
                 return False
             self.usable = False
             if status.kind in ("foreign", "empty"):  # no revision: not a kdb file
                 faults.fault(
-                    f"{self.path} is {status_of(None).what}; "
+                    f"{self.filename} is {status_of(None).what}; "
                     + ("it is skipped" if self.readonly else "it is moved aside"),
-                    once=str(self.path),
+                    once=self.filename,
                 )
                 if not self.readonly:
                     self._quarantine()
             else:
                 faults.fault(
-                    f"{self.path} has schema revision {status.revision!r}, newer than this kdb "
+                    f"{self.filename} has schema revision {status.revision!r}, newer than this kdb "
                     f"knows ({HEAD}); it is left untouched and kernels are compiled instead. "
                     "Upgrade kdb (pip install -U kdb) or point KDB_CACHE_DIR elsewhere.",
-                    once=str(self.path),
+                    once=self.filename,
                 )
             return False
 
@@ -212,18 +227,18 @@ class KernelFile:
         a warning; if a non-empty ``-wal`` lies beside it, commits the main file lacks (or a
         half-done checkpoint) may sit there, so the file is skipped instead.
         """
-        if journal_of(self.path) != "wal":
+        if journal_of(self.filename) != "wal":
             return True  # rollback journal, or unreadable (opening reports it)
-        wal = wal_size(self.path)
+        wal = wal_size(self.filename)
         if wal:
             self.usable = False
         faults.fault(
-            f"system database {self.path} is in WAL mode"
+            f"system database {self.filename} is in WAL mode"
             + (f" with a {wal}-byte -wal file beside it that a read-only reader cannot use; "
                "it is skipped" if wal else "; it is read, but should be rebuilt")
             + ". Rebuild it with `kdb pack` (which writes journal_mode=DELETE) or run "
             "`sqlite3 FILE 'PRAGMA journal_mode=DELETE'` on a writable copy.",
-            once="walsys:" + str(self.path))
+            once="walsys:" + self.filename)
         return not wal
 
     def _damaged(self, err: Exception) -> None:
@@ -231,18 +246,18 @@ class KernelFile:
         if isinstance(err, sqlite3.OperationalError):
             # I/O error, full disk, cannot open, read-only, locked: the file may be sound,
             # and moving it aside would lose every entry. Not used by this process.
-            faults.fault(f"cannot use {self.path} now ({err}); kernels are compiled instead "
-                         "and may not be stored", once=str(self.path.parent))
+            faults.fault(f"cannot use {self.filename} now ({err}); kernels are compiled instead "
+                         "and may not be stored", once=self.directory)
             return
         what = "skipped" if self.readonly else "moved aside and recreated"
-        faults.fault(f"{self.path} is damaged ({err}); it is {what}", once=str(self.path))
+        faults.fault(f"{self.filename} is damaged ({err}); it is {what}", once=self.filename)
         if not self.readonly:
             self._quarantine()
 
     def _quarantine(self) -> bool:
         """Move the file aside (:func:`kdb.fileformat.move_aside`); False if it could not be
         moved (a read-only cache): it is then left in place and not used."""
-        moved = move_aside(self.path)
+        moved = move_aside(self.filename)
         self._local = threading.local()
         self.usable = moved  # the next write creates a fresh file
         self._checked = False
@@ -266,7 +281,8 @@ class KernelFile:
             if "no such table" in str(err):
                 return None  # a file the writer has created but not migrated yet
             if "locked" in str(err) or "busy" in str(err):
-                faults.fault(f"{self.path} is locked ({err}); treating as a miss", once="locked")
+                faults.fault(f"{self.filename} is locked ({err}); treating as a miss",
+                             once="locked")
                 return None
             self.close()
             self._damaged(err)
@@ -290,7 +306,8 @@ class KernelFile:
             if "no such" in str(err):  # an older revision, or a file not migrated yet
                 return []
             if "locked" in str(err) or "busy" in str(err):
-                faults.fault(f"{self.path} is locked ({err}); treating as a miss", once="locked")
+                faults.fault(f"{self.filename} is locked ({err}); treating as a miss",
+                             once="locked")
                 return []
             self.close()
             self._damaged(err)
@@ -334,7 +351,7 @@ class KernelFile:
         from .eviction import evict
         from .filewriter import change
 
-        if not self.path.exists():
+        if not exists(self.filename):
             return 0, 0  # nothing stored, nothing to evict
         return change(self, "evict from", lambda conn: evict(conn, target), None)
 
@@ -353,7 +370,7 @@ class KernelFile:
         return change(self, "delete from", drop, 0)
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
+def _identity(path: str) -> tuple[int, int] | None:
     """(device, inode) of ``path``, or None when nothing is there."""
     try:
         st = os.stat(path)
@@ -362,8 +379,8 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _writable(path: Path) -> bool:
+def _writable(path: str) -> bool:
     """Whether this process can write ``path`` and create its journal beside it."""
-    if not path.exists():
+    if not exists(path):
         return True  # created by the writer, which reports what fails
-    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+    return os.access(path, os.W_OK) and os.access(parent(path), os.W_OK | os.X_OK)

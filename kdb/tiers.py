@@ -20,6 +20,7 @@ from __future__ import annotations
 from . import config, discovery, faults, latency
 from .codec import decode
 from .store import KernelFile
+from .strpaths import join, spelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class FileTier:
         return self.file.delete(list(keys))
 
     def describe(self) -> str:
-        return str(self.file.path)
+        return self.file.filename
 
 
 def verified(row, attrs: HashAttributes) -> tuple[bytes | None, str | None]:
@@ -73,14 +74,14 @@ def verified(row, attrs: HashAttributes) -> tuple[bytes | None, str | None]:
     return raw, None
 
 
-def system_files(arch: str, dirs: list[Path], memo_dir: Path, user_dir: Path,
+def system_files(arch: str, dirs: list[str | Path], memo_dir: str | Path, user_dir: str | Path,
                  use_system: bool = True) -> list[KernelFile]:
     """The read-only system files for ``arch`` (:mod:`kdb.discovery`); none warns once per
     process and arch, saying what that costs and how to fix it."""
     config.check_arch(arch)
     if not use_system:
         return []
-    files = [KernelFile(s.path, tier="system", readonly=True)
+    files = [KernelFile(s.filename, tier="system", readonly=True)
              for s in discovery.sources_for(arch, dirs, memo_dir=memo_dir)]
     if not files:
         latency.note_missing_system(arch)
@@ -93,6 +94,7 @@ def system_files(arch: str, dirs: list[Path], memo_dir: Path, user_dir: Path,
             "(pip install %s, if your framework publishes one), or build one with "
             "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
             arch, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
-            discovery.GROUP, user_dir / f"{arch}.kdb", discovery.dist_name(arch), arch,
+            discovery.GROUP, join(spelled(user_dir), f"{arch}.kdb"), discovery.dist_name(arch),
+            arch,
         )
     return files

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import ast
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 import kdb
 
@@ -130,3 +133,84 @@ def test_a_hit_in_a_fresh_process_imports_only_the_hit_path(cache_dir):
     for name in ("kdb.tally", "kdb.background", "kdb.claims", "kdb.spool", "kdb.worker",
                  "kdb.shared", "kdb.jobs", "kdb.keeper"):
         assert name not in loaded, name
+
+
+#: What a hit never loads: pathlib and re (and what they pull in), typing, logging, the
+#: database layers, and the modules of a miss or a store.
+NEVER_ON_A_HIT = ("pathlib", "re", "enum", "fnmatch", "urllib.parse", "ipaddress", "typing",
+                  "logging", "sqlalchemy", "alembic", "kdb.migrate", "kdb.claims", "kdb.spool")
+
+_REPORT = f"""
+import atexit, sys  # not json: it imports re
+watch = {NEVER_ON_A_HIT!r}
+loaded = lambda: " ".join(m for m in watch if m in sys.modules)
+atexit.register(lambda: print("exit", loaded()))  # runs after kdb's exit hooks
+"""
+
+
+def _fresh(code: str, env: dict[str, str]) -> tuple[dict[str, list[str]], str]:
+    """Run ``code`` in a fresh interpreter that sees only the kdb source tree and the
+    installed packages: ``-S``, so no ``.pth`` file (an editable install's finder imports
+    pathlib and re) runs first. Returns the watched modules by report line, and stderr."""
+    import os
+    import sysconfig
+
+    paths = [str(PACKAGE.parent), sysconfig.get_paths()["purelib"],
+             sysconfig.get_paths()["platlib"]]
+    env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(paths)}
+    proc = subprocess.run([sys.executable, "-S", "-c", _REPORT + textwrap.dedent(code)],
+                          check=True, capture_output=True, text=True, env=env)
+    out = {}
+    for line in proc.stdout.splitlines():
+        tag, _, names = line.partition(" ")
+        out[tag] = names.split()
+    return out, proc.stderr
+
+
+def _a_stored_kernel(cache: Path) -> None:
+    db = kdb.KernelDB(cache_dir=cache)
+    assert db.put(kdb.HashAttributes(backend="opencl", source="__kernel void k() {}",
+                                     arch="hitarch", name="k"), b"binary")
+    db.close()
+
+
+_HIT = """
+import kdb
+db = kdb.KernelDB(use_system={use_system})
+hit = db.lookup(kdb.HashAttributes(backend="opencl", source="__kernel void k() {{}}",
+                                   arch="hitarch", name="k"))
+assert hit.binary == b"binary" and hit.tier == {tier!r}, hit
+print("hit", loaded())
+"""
+
+
+def test_a_hit_loads_neither_pathlib_nor_re_nor_the_miss_path(tmp_path):
+    """A hit from the user tier (with and without the system tier, the first start that
+    warns and scans the entry points and the next that reads their memo) and from the
+    system tier imports none of :data:`NEVER_ON_A_HIT`, before or at exit."""
+    baseline, _ = _fresh("print('hit', loaded())", {})
+    if "pathlib" in baseline["hit"] or "re" in baseline["hit"]:
+        pytest.skip(f"this interpreter loads {baseline['hit']} at start-up")
+    user = tmp_path / "user"
+    _a_stored_kernel(user)
+    env = {"KDB_CACHE_DIR": str(user), "KDB_SYSTEM_DB_PATH": ""}
+    assert not (user / "entry-points.txt").exists()
+    first, err = _fresh(_HIT.format(use_system=True, tier="user"), env)
+    assert "no system kernel database for arch 'hitarch'" in err
+    assert (user / "entry-points.txt").exists()  # written at the first start's exit
+    again, _ = _fresh(_HIT.format(use_system=True, tier="user"), env)
+    user_only, _ = _fresh(_HIT.format(use_system=False, tier="user"), env)
+
+    system = tmp_path / "system"
+    system.mkdir()
+    with sqlite3.connect(user / "v1" / "hitarch.kdb") as src, \
+            sqlite3.connect(system / "hitarch.kdb") as dst:
+        src.backup(dst)
+        dst.execute("PRAGMA journal_mode=DELETE")  # as kdb pack writes a system file
+    from_system, _ = _fresh(_HIT.format(use_system=True, tier="system"),
+                            {"KDB_CACHE_DIR": str(tmp_path / "empty"),
+                             "KDB_SYSTEM_DB_PATH": str(system)})
+    for name, run in [("first start", first), ("memo read", again), ("user only", user_only),
+                      ("system tier", from_system)]:
+        assert run["hit"] == [], (name, run)
+        assert run["exit"] == [], (name, run)
