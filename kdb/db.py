@@ -4,9 +4,9 @@ A hit is :meth:`KernelDB.lookup` read top to bottom: key, then one loop over the
 (:mod:`kdb.tiers`: system files, the user file, and the shared tier when ``KDB_SHARED_URL``
 is set), each row checked by :func:`kdb.tiers.verified`, a counter bumped in memory
 (:mod:`kdb.bookkeeping`). No lock, no write, no SQLAlchemy. A miss claims the key or waits
-for the process that compiles it (:mod:`kdb.claims`), compiles outside any transaction,
-and is stored by the background writer (:mod:`kdb.background`) or the store worker
-(:mod:`kdb.spool`) in one short transaction together with the batched bookkeeping.
+for the process that compiles it (:mod:`kdb.claims`) and compiles outside any transaction;
+how the result reaches the writable tiers (the background writer, the store worker, the
+shared tier) is the store side, :mod:`kdb.storing`, which ``KernelDB`` inherits.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import sys
 import time
 from collections import namedtuple
 
-from . import arguments, config, faults, latency, logs
-from .bookkeeping import Book, Pending
+from . import arguments, config, latency, logs
+from .bookkeeping import Book
 from .keys import HashAttributes
-from .store import CompileRecord, Entry, KernelFile
+from .store import CompileRecord, KernelFile
 from .strpaths import join
+from .storing import _BACKGROUND, Storing, _background
 from .tiers import FileTier, system_files, verified
 
 TYPE_CHECKING = False
@@ -42,7 +43,7 @@ class Hit(namedtuple("Hit", "binary tier path compile_seconds")):
     __slots__ = ()
 
 
-class KernelDB:
+class KernelDB(Storing):
     """A kernel database: read-only system files per arch, then a writable user file per arch.
 
     ``cache_dir`` is the user tier's root (default ``KDB_CACHE_DIR`` or the platform's user
@@ -256,147 +257,6 @@ class KernelDB:
         self._count(attrs.arch, "compile_seconds", seconds)
         return rec
 
-    def put(self, attrs: HashAttributes, binary: bytes, *, compile_seconds: float = 0.0,
-            details: dict[str, Any] | None = None) -> bool:
-        """Store ``binary`` for ``attrs`` in the user tier now; True if it was written."""
-        arguments.check_binary(binary)
-        arguments.check_attrs(attrs)
-        arguments.check_details(details)
-        arguments.check_seconds(compile_seconds)
-        if self.disabled:
-            return False
-        self.flush()
-        entry = self._entry(attrs, bytes(binary), compile_seconds, details)
-        pending = self._book.take(attrs.arch) or Pending()  # written in the same transaction
-        pending.entries.append(entry)
-        written = self._book.write_pending(attrs.arch, pending)
-        shared = self._shared()  # shared tier: a compile is published to both
-        if shared is not None:
-            shared.publish([entry])
-        return written
-
-    def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
-                  compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
-                  log: CompileRecord | None = None, claim: claims.Claim | None = None,
-                  publish: bool = True) -> None:
-        """Store what ``produce()`` returns, on the background thread (None: store nothing).
-
-        ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
-        user tier, and published to the shared tier unless ``publish`` is false).
-        """
-        arguments.check_details(details)
-        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
-        if log is not None:
-            self._book.add_log(attrs.arch, log)
-        if self.disabled:
-            if claim is not None:
-                claim.release()
-            return
-
-        def job() -> None:
-            entry = None
-            try:
-                raw = produce()
-                if raw is not None:
-                    entry = self._entry(attrs, bytes(raw), compile_seconds, details)
-                    self._inflight[entry.key] = entry.raw
-                    self._book.add_entry(attrs.arch, entry)
-                self._book.write(attrs.arch)
-                shared = self._shared() if publish and entry is not None else None
-                if shared is not None:  # shared tier: published before the claim is released
-                    shared.publish([entry], [log] if log is not None else [])
-            finally:
-                if claim is not None:
-                    claim.release()
-
-        _background().submit(job)
-
-    def spool(self, job: dict, claims: list | None = None, store_now=None) -> bool:
-        """Hand a back end's store job (its JSON data, naming the back end) to the store
-        worker (:mod:`kdb.spool`); False when it cannot be written (the caller stores in the
-        background instead)."""
-        from . import spool
-        from .jobs import StoreJob
-
-        if self.disabled or not spool.can_spool():
-            return False
-        typed = StoreJob.from_dict({**job, "cache_dir": str(self.cache_root),
-                                    "claims_dir": str(self.user_dir / "claims")})
-        try:
-            spool.submit(self.user_dir, typed, claims, store_now)
-        except OSError as err:
-            faults.fault(f"cannot hand stores to the store worker under {self.user_dir} ({err});"
-                         " storing them in this process", once=str(self.user_dir))
-            return False
-        if self._book.hand_over is None:  # at exit, bookkeeping without a user file goes too
-            user_dir, cache_root = self.user_dir, str(self.cache_root)
-            self._book.hand_over = lambda archs: spool.submit(
-                user_dir, StoreJob.bookkeeping(cache_root, archs))
-        return True
-
-    def can_store(self, arch: str) -> bool:
-        """Whether a store for ``arch`` could land anywhere: False when the user file was
-        refused (another owner, newer than kdb, not a file) and no shared tier is set, so a
-        back end need not read binaries, nor start a store worker, for nothing."""
-        f = self.user_file(arch)
-        return self._shared() is not None or (f.usable and f.trusted())
-
-    def store(self, items: list, logs: list[CompileRecord] = ()) -> bool:
-        """Store ``(attrs, binary, compile_seconds, details)`` items and latency rows now, in
-        one transaction per arch (the store worker's write); True if written."""
-        by_arch: dict[str, list[Entry]] = {}
-        for attrs, binary, seconds, details in items:
-            by_arch.setdefault(attrs.arch, []).append(
-                self._entry(attrs, bytes(binary), seconds, details))
-        rows: dict[str, list[CompileRecord]] = {}
-        for rec in logs:
-            rows.setdefault(rec.arch, []).append(rec)
-        ok = True
-        for arch in sorted(set(by_arch) | set(rows)):
-            entries = by_arch.get(arch, [])
-            ok = self.user_file(arch).write(entries, rows.get(arch, []), {}, {}) and ok
-            shared = self._shared() if entries else None
-            if shared is not None:
-                shared.publish(entries, rows.get(arch, []))
-        return ok
-
-    def write_bookkeeping(self, archs: dict[str, dict]) -> None:
-        """Write bookkeeping taken from another process (:meth:`take_bookkeeping`)."""
-        self._book.write_json(archs)
-
-    def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:
-        """Drop an entry that proved bad (e.g. the driver refused the binary) from the user
-        tier, and from the shared tier too when it came from there."""
-        faults.fault(f"entry {attrs.key[:16]} ({attrs.name or 'unnamed'}) dropped: {reason}",
-                     once=f"discard:{self.user_dir}")
-        self._inflight.pop(attrs.key, None)
-        f = self.user_file(attrs.arch)
-        _background().submit(lambda: f.delete([attrs.key]))
-        shared = self._shared() if tier == "shared" else None
-        if shared is not None:
-            _background().submit(lambda: shared.drop([attrs.key]))
-
-    def _bad_entry(self, tier, attrs: HashAttributes, reason: str) -> None:
-        """A row that failed :func:`~kdb.tiers.verified`: the user's is dropped, the shared
-        tier's dropped and published anew, a system file's (immutable) skipped."""
-        if tier.name == "user":
-            self.discard(attrs, reason)
-        elif tier.name == "shared":
-            faults.fault(f"entry {attrs.key[:16]} in the shared tier {tier.describe()} is "
-                         f"unusable: {reason}; it is dropped and compiled again",
-                         once="bad:shared:" + attrs.key)
-            _background().submit(lambda: tier.drop([attrs.key]))
-        else:
-            faults.fault(f"entry {attrs.key[:16]} in {tier.describe()} is unusable: {reason}; "
-                         "skipped", once=f"bad:{tier.describe()}")
-
-    @staticmethod
-    def _entry(attrs: HashAttributes, raw: bytes, seconds: float,
-               details: dict[str, Any] | None) -> Entry:
-        return Entry(key=attrs.key, arch=attrs.arch, backend=attrs.backend, name=attrs.name,
-                     attributes=attrs.encoded().decode("utf-8"), raw=raw,
-                     compile_seconds=seconds, details=details)
-
     # -- shared tier (kdb.shared; only when KDB_SHARED_URL is set) ------------------------
 
     def _shared(self):
@@ -407,19 +267,6 @@ class KernelDB:
         from . import shared  # SQLAlchemy loads here, never on a local hit
 
         return shared.tier(url)
-
-    def _copy_to_user(self, shared, attrs: HashAttributes, raw: bytes, row) -> None:
-        """A shared hit: served from memory until copied into the user tier; counted there."""
-        self._inflight[attrs.key] = raw
-        try:
-            import json
-
-            details = json.loads(row.details)
-        except ValueError:
-            details = None
-        self.put_later(attrs, lambda: raw, compile_seconds=row.compile_seconds,
-                       details=details, publish=False)
-        _background().submit(lambda: shared.touch(attrs.key))
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -446,16 +293,6 @@ class KernelDB:
         self.flush()
         for f in (*self._user.values(), *(f for fs in self._system.values() for f in fs)):
             f.close()
-
-
-_BACKGROUND = __name__.rpartition(".")[0] + ".background"
-
-
-def _background():
-    """:mod:`kdb.background`, imported by the first store (a hit never needs its thread)."""
-    from . import background
-
-    return background
 
 
 _default: KernelDB | None = None
