@@ -158,7 +158,6 @@ class KernelFile:
                      "directory; kernels are compiled meanwhile.", once="unsafe:" + self.filename)
         return False
 
-    _trusted = trusted  # the name other modules used before
 
     def _not_a_file(self, mode: int) -> None:
         """A directory, FIFO or device where the file should be: opening a FIFO would block
