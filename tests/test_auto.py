@@ -26,6 +26,8 @@ BIN = Path(sys.executable).parent
 KDB = str(BIN / "kdb")
 
 APP = textwrap.dedent('''
+    import sys
+
     import numpy as np
     import pyopencl as cl
 
@@ -39,7 +41,9 @@ APP = textwrap.dedent('''
     prg.twice(q, a.shape, None, buf)
     cl.enqueue_copy(q, a, buf)
     assert a[3] == 6.0, a
-    print("adopted" if hasattr(cl.Program.build, "__wrapped__") else "plain")
+    # One write: print() writes the text and its newline apart on an unbuffered stdout
+    # (PYTHONUNBUFFERED), and mpirun may splice another rank's line in between.
+    sys.stdout.write(("adopted" if hasattr(cl.Program.build, "__wrapped__") else "plain") + "\\n")
 ''')
 
 
