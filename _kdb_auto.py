@@ -80,6 +80,16 @@ def enable():
         sys.meta_path.insert(0, _finder)
 
 
+def disable():
+    """Adopt nothing in this process from now on (kdb's own store worker: it builds through
+    kdb's API, and a hook firing inside its imports would only get in the way)."""
+    global _finder
+    _pending.clear()
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    _finder = None
+
+
 def _adopt(name, module):
     hook = _pending.pop(name, None)
     if hook is None:

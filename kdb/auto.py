@@ -44,11 +44,25 @@ def check_usable() -> Path:
 
 
 def adopt_pyopencl(module: Any = None) -> None:
-    """Route every ``pyopencl.Program(ctx, source).build()`` of this process through kdb."""
-    check_usable()
-    from . import opencl
+    """Route every ``pyopencl.Program(ctx, source).build()`` of this process through kdb.
 
-    opencl.install()
+    The hook runs right after pyopencl's import, whoever imported it. When that was kdb's
+    own OpenCL back end, still half-imported (``import kdb.backends.opencl``, or a module
+    that imports it, before pyopencl), it installs itself once its import completes.
+    """
+    check_usable()
+    import sys
+
+    backend = sys.modules.get(_BACKEND)
+    if backend is not None and getattr(backend.__spec__, "_initializing", False):
+        backend._install_when_imported = True  # read at the end of kdb.backends.opencl
+        return
+    from .backends.opencl import install  # not kdb.opencl: that facade may be half-imported
+
+    install()
+
+
+_BACKEND = "kdb.backends.opencl"
 
 
 def adopt_pycuda(module: Any = None) -> None:

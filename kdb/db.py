@@ -17,7 +17,7 @@ import time
 from collections import namedtuple
 
 from . import arguments, config, latency, logs
-from .bookkeeping import Book
+from .bookkeeping import Book, add
 from .keys import HashAttributes
 from .store import CompileRecord, KernelFile
 from .strpaths import join
@@ -149,6 +149,7 @@ class KernelDB(Storing):
             trace_log.debug("lookup %s %s", attrs.key, attrs.encoded().decode("utf-8"))
         raw = self._inflight.get(attrs.key)
         if raw is not None:
+            add("hits.memory", 1)  # this process's own counts only: not a file's statistics
             return Hit(raw, "memory", "", 0.0)
         hit = self._first_hit(attrs, self._tiers(attrs.arch))
         if hit is None:

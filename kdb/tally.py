@@ -23,9 +23,13 @@ __all__ = ["COUNTERS", "TIERS", "add", "counts", "write_report", "read_reports",
            "describe"]
 
 #: The counters a report carries (as :mod:`kdb.db` names them), and the tiers that serve.
-COUNTERS = ("hits.system", "hits.user", "hits.shared", "misses", "compiles",
+COUNTERS = ("hits.memory", "hits.system", "hits.user", "hits.shared", "misses", "compiles",
             "compile_seconds", "saved_seconds")
-TIERS = ("system", "user", "shared")
+#: Where a served program came from: this process's memory (built or loaded earlier in the
+#: same process), or a tier.
+TIERS = ("memory", "system", "user", "shared")
+#: What ``saved_seconds`` is: not wall time saved, but an estimate from what was recorded.
+SAVED_BASIS = "compile seconds recorded when each served program was first built"
 
 
 def read_reports(directory: str | os.PathLike[str],
@@ -53,14 +57,17 @@ def read_reports(directory: str | os.PathLike[str],
 
 
 def summarize(c: dict[str, float]) -> dict[str, Any]:
-    """Requests, compiles, hits per tier and seconds from raw counters.
+    """Programs requested, compiled and served (per tier and from memory), and seconds,
+    from raw counters.
 
-    A request is served (a hit in some tier) or compiled; a miss that waited for another
-    process's compile and was then served counts once, as served.
+    A request is one build call that reached kdb: it is served (from memory or a tier) or
+    compiled; a miss that waited for another process's compile and was then served counts
+    once, as served. ``saved_seconds`` is an estimate (:data:`SAVED_BASIS`), never wall time.
 
-    >>> s = summarize({"hits.user": 3, "compiles": 1, "compile_seconds": 0.5, "misses": 1})
-    >>> s["requested"], s["served"], s["compiled"], s["hits"]["user"]
-    (4, 3, 1, 3)
+    >>> s = summarize({"hits.user": 3, "hits.memory": 2, "compiles": 1,
+    ...                "compile_seconds": 0.5, "misses": 1})
+    >>> s["requested"], s["served"], s["compiled"], s["hits"]["user"], s["hits"]["memory"]
+    (6, 5, 1, 3, 2)
     """
     hits = {t: int(c.get(f"hits.{t}", 0)) for t in TIERS}
     served = sum(hits.values())
@@ -68,17 +75,23 @@ def summarize(c: dict[str, float]) -> dict[str, Any]:
     return {"requested": served + compiled, "served": served, "compiled": compiled,
             "hits": hits, "misses": int(c.get("misses", 0)),
             "compile_seconds": round(float(c.get("compile_seconds", 0.0)), 3),
-            "saved_seconds": round(float(c.get("saved_seconds", 0.0)), 3)}
+            "saved_seconds": round(float(c.get("saved_seconds", 0.0)), 3),
+            "saved_basis": SAVED_BASIS}
 
 
 def describe(s: dict[str, Any]) -> str:
     """One line for people: what :func:`summarize` (or :func:`read_reports`) returned.
 
-    >>> describe(summarize({"hits.user": 3, "compiles": 1, "compile_seconds": 0.5,
-    ...                     "saved_seconds": 1.25}))
-    '4 kernels requested: 1 compiled (0.50 s compiling), 3 served (user 3), 1.25 s saved'
+    >>> describe(summarize({"hits.user": 3, "hits.memory": 1, "compiles": 1,
+    ...                     "compile_seconds": 0.5, "saved_seconds": 1.25}))
+    '5 programs requested: 1 compiled (0.50 s compiling), 4 served (memory 1, user 3); the served programs took 1.25 s to compile when first built'
     """
     tiers = ", ".join(f"{t} {n}" for t, n in s["hits"].items() if n)
-    return (f"{s['requested']} kernels requested: {s['compiled']} compiled "
+    n = s["requested"]
+    line = (f"{n} program{'' if n == 1 else 's'} requested: {s['compiled']} compiled "
             f"({s['compile_seconds']:.2f} s compiling), {s['served']} served"
-            + (f" ({tiers})" if tiers else "") + f", {s['saved_seconds']:.2f} s saved")
+            + (f" ({tiers})" if tiers else ""))
+    if s["saved_seconds"]:
+        line += (f"; the served programs took {s['saved_seconds']:.2f} s to compile when "
+                 "first built")
+    return line

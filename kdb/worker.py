@@ -300,6 +300,9 @@ def _stored_already(db: KernelDB, job: StoreJob) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    auto_hook = sys.modules.get("_kdb_auto")  # KDB_AUTO=1 inherited: never adopt in here
+    if auto_hook is not None:
+        auto_hook.disable()
     if argv in (["--child"], ["--slow-child"]):
         return child_main(slow=argv[0] == "--slow-child")
     return supervise(Path(argv[0]))

@@ -201,6 +201,78 @@ def test_auto_adopts_pycuda_compile(env, tmp_path):
     assert stats(env)["compiles"] == 1  # the second request was served
 
 
+IMPORT_ORDERS = {
+    "pyopencl first": "import pyopencl as cl\nimport kdb.opencl\n",
+    "kdb.opencl first": "import kdb.opencl\nimport pyopencl as cl\n",
+    "kdb first": "import kdb\nimport pyopencl as cl\n",
+    "the back end first": "import kdb.backends.opencl\nimport pyopencl as cl\nimport kdb.opencl\n",
+}
+
+ORDER_APP = """
+import numpy as np
+{imports}
+ctx = cl.Context(cl.get_platforms()[0].get_devices())
+q = cl.CommandQueue(ctx)
+prg = cl.Program(ctx, "__kernel void k(__global int *a) {{ a[get_global_id(0)] = 7; }}").build()
+a = np.zeros(4, dtype=np.int32)
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+prg.k(q, a.shape, None, buf)
+cl.enqueue_copy(q, a, buf)
+assert list(a) == [7] * 4, a
+import sys, kdb.opencl
+sys.stdout.write(("adopted" if kdb.opencl.installed() else "plain") + "\\n")
+"""
+
+
+@pytest.mark.parametrize("order", list(IMPORT_ORDERS))
+def test_auto_adopts_pyopencl_whichever_is_imported_first(order, env, tmp_path):
+    """kdb's API imported by the program itself, before or after pyopencl: still adopted,
+    with no warning (the hook once hit a half-imported kdb.opencl)."""
+    app = tmp_path / "order.py"
+    app.write_text(ORDER_APP.format(imports=IMPORT_ORDERS[order]))
+    env["KDB_AUTO"] = "1"
+    proc = run([sys.executable, app], env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "adopted"
+    assert kdb_lines(proc.stderr) == [ln for ln in kdb_lines(proc.stderr)
+                                      if "this start-up compiled" in ln]
+    assert "could not switch on" not in proc.stderr
+
+
+def _worker_log(env) -> str:
+    logs = list(Path(env["KDB_CACHE_DIR"]).rglob("store-worker.log"))
+    return "".join(p.read_text(errors="replace") for p in logs)
+
+
+def test_kdb_run_adopts_a_program_that_imports_kdb_first_and_the_worker_adopts_nothing(
+        env, tmp_path):
+    app = tmp_path / "order.py"
+    app.write_text(ORDER_APP.format(imports=IMPORT_ORDERS["kdb.opencl first"]))
+    env["KDB_STORE_AT_EXIT"] = "detach"  # the default: stores go to the store worker
+    proc = run([KDB, "run", "--json", "--", sys.executable, app], env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "adopted"
+    from kdb import spool
+
+    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 60) == 0
+    assert stats(env)["entries"] == 1
+    text = _worker_log(env)
+    assert "partially initialized" not in text and "KDB_AUTO" not in text, text
+
+
+def test_pytest_kdb_adopts_a_test_module_that_imports_kdb_first(env, tmp_path):
+    tests = tmp_path / "suite"
+    tests.mkdir()
+    body = ORDER_APP.format(imports=IMPORT_ORDERS["kdb.opencl first"])
+    (tests / "test_order.py").write_text(
+        "def test_order(capsys):\n    exec(compile(%r, 'app', 'exec'), {})\n"
+        "    assert capsys.readouterr().out.strip() == 'adopted'\n" % body)
+    proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests,
+                "--kdb"], env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "could not switch on" not in proc.stdout + proc.stderr
+
+
 # -- kdb run --------------------------------------------------------------------------------
 
 def test_kdb_run_a_child_process_twice_compiles_nothing_the_second_time(app, env):
@@ -237,7 +309,7 @@ def test_kdb_run_prints_one_summary_line_and_takes_its_cache_dir(app, env, tmp_p
     proc = run([KDB, "run", "--cache-dir", other, "--", sys.executable, app], env)
     assert proc.returncode == 0, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("kdb run: 1 kernels requested: 1 compiled (") and "exit status 0" in last
+    assert last.startswith("kdb run: 1 program requested: 1 compiled (") and "exit status 0" in last
     assert list((other / "v1").glob("*.kdb"))
 
 
@@ -245,7 +317,7 @@ def test_kdb_run_passes_stdin_through(env):
     proc = run([KDB, "run", "--", sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"],
                env, input="abc")
     assert proc.stdout.strip() == "cba"
-    assert "0 kernels requested" in proc.stderr
+    assert "0 programs requested" in proc.stderr
 
 
 def test_kdb_run_reports_death_by_signal_as_a_shell_does(env):
@@ -330,10 +402,11 @@ def test_pytest_kdb_switches_kdb_on_for_the_session_and_its_subprocesses(app, en
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests]
     first = run([*pytest_cmd, "--kdb"], env, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "kdb: 2 kernels requested: 1 compiled" in first.stdout  # the second waited or hit
+    assert "kdb: 2 programs requested: 1 compiled" in first.stdout  # the second waited or hit
     second = run([*pytest_cmd, "-p", "kdb.pytest"], env, cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "kdb: 2 kernels requested: 0 compiled (0.00 s compiling), 2 served (user 2)" \
+    assert ("kdb: 2 programs requested: 0 compiled (0.00 s compiling), 2 served (user 2); the "
+            "served programs took") \
         in second.stdout
     without = run(pytest_cmd, env, cwd=tmp_path)
     assert without.returncode == 1 and "kdb:" not in without.stdout  # plain pyopencl
@@ -348,8 +421,42 @@ def test_reports_add_up_across_processes_and_skip_torn_files(tmp_path):
     (tmp_path / "torn.json").write_text('{"pid": 3, "cou')
     s = tally.read_reports(tmp_path)
     assert (s["requested"], s["served"], s["compiled"], s["processes"]) == (3, 2, 1, 2)
-    assert tally.describe(s) == ("3 kernels requested: 1 compiled (0.25 s compiling), "
-                                 "2 served (user 2), 1.00 s saved")
+    assert tally.describe(s) == ("3 programs requested: 1 compiled (0.25 s compiling), "
+                                 "2 served (user 2); the served programs took 1.00 s to "
+                                 "compile when first built")
+    assert s["saved_basis"] == tally.SAVED_BASIS
+
+
+COUNTED_APP = textwrap.dedent('''
+    import sys
+    import pyopencl as cl
+
+    ctx = cl.Context(cl.get_platforms()[0].get_devices())
+    calls = 0
+    for i in range(3):                  # three sources, the first built three times
+        for _ in range(3 if i == 0 else 1):
+            cl.Program(ctx, "__kernel void k%d(__global int *a) { a[0] = %d; }" % (i, i)).build()
+            calls += 1
+    sys.stdout.write("%d\\n" % calls)
+''')
+
+
+def test_kdb_run_summary_counts_every_build_call(env, tmp_path):
+    """The summary's programs requested match the program's own count of its build calls:
+    repeats served from this process's memory are counted as served, not dropped."""
+    app = tmp_path / "counted.py"
+    app.write_text(COUNTED_APP)
+    summaries = []
+    for _ in range(2):
+        proc = run([KDB, "run", "--json", "--", sys.executable, app], env)
+        assert proc.returncode == 0, proc.stderr
+        summaries.append((int(proc.stdout), json.loads(proc.stderr.strip().splitlines()[-1])))
+    (calls1, first), (calls2, second) = summaries
+    assert (first["requested"], first["compiled"], first["hits"]["memory"]) == (calls1, 3, 2)
+    assert first["served"] == 2
+    assert (second["requested"], second["compiled"], second["served"]) == (calls2, 0, calls2)
+    assert second["hits"]["user"] + second["hits"]["memory"] == calls2
+    assert second["saved_basis"] == tally.SAVED_BASIS
 
 
 # -- from the wheel -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Sequence
 import pyopencl as cl
 
 from .. import config
+from ..bookkeeping import add as _count
 from ..claims import Claim
 from ..db import KernelDB, default_db
 from ..errors import CompileError, InvalidArgumentError
@@ -93,6 +94,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     memory_key = (ctx.int_ptr, plan.dev_ptrs, tuple(a.key for a in attrs))
     built = _compiled.get(memory_key)
     if built is not None:  # compiled by this process, its binaries not read back yet
+        _count("hits.memory", len(attrs))
         return _wrap(built, wrapper)
 
     hits: list = [None] * len(attrs)
@@ -229,3 +231,9 @@ def uninstall() -> None:
 
 def installed() -> bool:
     return _original_build is not None
+
+
+# KDB_AUTO's hook saw pyopencl imported by this very module, before install() existed
+# (kdb.auto.adopt_pyopencl): install now that it does.
+if globals().pop("_install_when_imported", False):
+    install()
