@@ -340,3 +340,15 @@ def test_sources_differing_in_undecodable_bytes_get_two_keys(cache_dir, cl_ctx):
     assert len(keys) == 2
     kdb.default_db().flush()
     assert stored(cache_dir) == 2
+
+
+def test_kdb_trace_names_the_reason_for_each_uncached_build(cache_dir, run_py, tmp_path):
+    write(tmp_path / "h.h", "#define K 2\n")
+    code = _child(RUN, '#define HDR "h.h"\n#include HDR\n' + KERNEL, tmp_path)
+    code = code.replace("prg = kdb.opencl.build(ctx, SRC, [\"-I\", INC])",
+                        "prg = kdb.opencl.build(ctx, SRC, ['-I', INC])\n"
+                        "prg = kdb.opencl.build(ctx, SRC, ['-I', INC])")
+    out = run_py(code, env={"KDB_TRACE": "1"})
+    assert json.loads(out.stdout.splitlines()[-1])["result"] == 2
+    assert out.stderr.count("not cached: #include 'HDR' names its header by a macro") == 2
+    assert out.stderr.count("such programs are built without the cache") == 1

@@ -42,7 +42,7 @@ from .clstore import compiled as _compiled
 from .clstore import program_spec, store_job, store_later  # noqa: F401 - spool finds store_job here
 from .common import source_text
 
-log = logs.get("kdb")
+trace_log = logs.get("kdb.trace")
 
 # -- build --------------------------------------------------------------------------------
 
@@ -107,11 +107,13 @@ def _program_source(source: str | bytes, text: str) -> str | bytes:
 
 
 def _uncached(ctx, source, text: str, opt_bytes: bytes, devs, err: UncertainIncludes,
-              pyopencl_errors: bool, wrapper) -> cl.Program:
+              db: KernelDB, pyopencl_errors: bool, wrapper) -> cl.Program:
     """A plain build, neither looked up nor stored: kdb cannot be sure what it reads."""
-    logs.warn_once(f"includes:{err.kind}", "kdb: %s; such programs are built without the "
-                   "cache (KDB_TRACE=1 names each one)", err)
-    log.debug("kdb: %s not cached: %s", _label(text), err)
+    if not db.disabled:
+        logs.warn_once(f"includes:{err.kind}", "kdb: %s; such programs are built without "
+                       "the cache (KDB_TRACE=1 names each one)", err)
+    if db.trace:
+        trace_log.debug("%s not cached: %s", _label(text), err)
     raw = _compile(ctx, _program_source(source, text), opt_bytes, devs, pyopencl_errors,
                    wrapper)
     return _wrap(raw, wrapper)
@@ -138,7 +140,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     try:  # per build: the headers and the working directory may change
         headers = headers_of(text, opt_bytes, search=plan.search)
     except UncertainIncludes as err:
-        return _uncached(ctx, source, text, opt_bytes, devs, err, pyopencl_errors, wrapper)
+        return _uncached(ctx, source, text, opt_bytes, devs, err, db, pyopencl_errors, wrapper)
     # Unlabelled until a miss: a hit never shows the label, and finding it scans the source.
     key_text, extra = _keyed(source, text)
     attrs = [HashAttributes._unchecked(BACKEND, key_text, a, plan.user_rest,
