@@ -346,7 +346,10 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None
     if problem:
         raise UncertainIncludes("macro", problem)
     if cwd is None:
-        cwd = os.getcwd()
+        try:
+            cwd = os.getcwd()
+        except OSError:  # a deleted working directory: "." is what the compiler searches
+            cwd = "."
     quote = [os.path.join(cwd, d) for r in search.quote for d in r]
     tail = [cwd, *(os.path.join(cwd, d) for r in search.dirs for d in r)]
     out: dict[str, str] = {}

@@ -325,9 +325,12 @@ LATIN1 = """
 """
 
 
-def test_a_source_that_is_not_utf8_builds_and_is_cached_by_its_bytes(cache_dir, run_py):
-    first = json.loads(run_py(textwrap.dedent(LATIN1)).stdout.splitlines()[-1])
+@pytest.mark.parametrize("store", ["wait", "detach"])  # stored by this process, or the worker
+def test_a_source_that_is_not_utf8_builds_and_is_cached_by_its_bytes(store, cache_dir, run_py):
+    out = run_py(textwrap.dedent(LATIN1), env={"KDB_STORE_AT_EXIT": store})
+    first = json.loads(out.stdout.splitlines()[-1])
     assert first == {"result": 8, "compiles": 1}
+    assert spool.wait(cache_dir / "v1", 120) == 0
     second = json.loads(run_py(textwrap.dedent(LATIN1)).stdout.splitlines()[-1])
     assert second == {"result": 8, "compiles": 0}  # a hit in a second process
 

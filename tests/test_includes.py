@@ -332,3 +332,11 @@ def test_a_header_found_nowhere_is_missing(tmp_path):
 
 def test_a_source_without_include_costs_no_lookup(tmp_path):
     assert headers("__kernel void k() {}", f"-I {tmp_path}", "/nonexistent") == {}
+
+
+def test_a_deleted_working_directory_finds_nothing_there(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert dict(read_headers('#include "h.h"\n', parse_search(""))) == {"h.h": "missing"}
