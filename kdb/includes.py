@@ -227,12 +227,13 @@ def parse_search(options: str | bytes) -> IncludeSearch:
                 alt = alt[len(flag) + long:] if alt is not None else None
             else:
                 continue
+            if value.startswith("-") and tok != flag:  # -include-pch, -isystem-after, -I-
+                problem = problem or f"the build option {tok!r} changes where headers are found"
+                break
             found[where].append(_readings(value, alt))
             break
         else:
             problem = problem or f"the build option {tok!r} changes where headers are found"
-    if any(r == ("-",) for r in found["dirs"]):
-        problem = problem or "the build option '-I-' changes where headers are found"
     return IncludeSearch(found["quote"], found["dirs"] + found["system"], found["forced"],
                          problem)
 

@@ -256,7 +256,8 @@ def test_options_are_split_as_the_compiler_splits_the_joined_string():
 
 
 @pytest.mark.parametrize("option", ["-imacros m.h", "-idirafter /x", "-nostdinc", "-I-",
-                                    "--sysroot=/x", "-iprefix /x"])
+                                    "--sysroot=/x", "-iprefix /x", "-include-pch x.pch",
+                                    "-isystem-after /x", "--include-directory-after /x"])
 def test_an_include_option_kdb_does_not_model_makes_the_build_uncertain(option):
     with pytest.raises(UncertainIncludes) as info:
         read_headers("__kernel void k() {}", parse_search(option))
