@@ -3,15 +3,20 @@
 Include paths enter the key as the content of the headers they make the source include, not
 as paths: two virtual environments with the same headers in different places get one key.
 The scan is textual and conservative: it follows every include line, including those inside
-``#if`` blocks the compiler may skip (a spurious miss is harmless, a stale hit is not). An
-include whose name is a macro cannot be resolved without the preprocessor; then every header
-file directly inside the include directories is digested instead.
+``#if`` blocks the compiler may skip (a spurious miss is harmless, a stale hit is not).
+
+:func:`read_headers` (OpenCL) reads options and directives as the compiler does and refuses,
+with :class:`UncertainIncludes`, what it cannot be sure of (a macro include, a FIFO, an
+unreadable header): that build is not cached. :func:`header_digests` (CUDA) keeps the older
+rule: a macro include digests every header directly inside the include directories.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import stat
 from typing import Iterable
 
 from .digests import file_digest
@@ -107,3 +112,272 @@ def source_dir_of(path: str | os.PathLike[str] | None) -> str | None:
     """The directory searched first for ``#include "x"`` of a source read from ``path``."""
     return os.path.dirname(os.path.abspath(path)) if path else None
 
+
+
+# -- what an OpenCL C compiler reads ------------------------------------------------------
+
+class UncertainIncludes(Exception):
+    """kdb cannot be sure which files a build reads: the build runs, nothing is cached.
+
+    ``kind`` names the cause (one warning per kind and process); the message says what.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class IncludeSearch:
+    """Where a build's compiler looks for headers, as its options say: ``-iquote`` dirs,
+    ``-I`` dirs, ``-isystem`` dirs and ``-include`` files, each a tuple of the readings a
+    compiler may give the written value (all of them are searched: a superset is safe).
+    ``problem`` is set when an option changes the search in a way kdb does not model."""
+
+    __slots__ = ("quote", "dirs", "forced", "problem")
+
+    def __init__(self, quote=(), dirs=(), forced=(), problem: str | None = None) -> None:
+        self.quote: tuple[tuple[str, ...], ...] = tuple(quote)
+        self.dirs: tuple[tuple[str, ...], ...] = tuple(dirs)
+        self.forced: tuple[tuple[str, ...], ...] = tuple(forced)
+        self.problem = problem
+
+
+_SPACES = " \t\n\r\v\f"
+
+
+def compiler_tokens(options: str) -> list[tuple[str, str | None]]:
+    """``(token, as PoCL 3 reads it)``: the option string split as PoCL splits it for clang,
+    spaces inside double quotes kept and the quotes removed; PoCL 3 turned the quotes into
+    spaces instead (the second item; None for a token without quotes).
+
+    >>> compiler_tokens('-DX=1 -I"/a b"  -Ic')
+    [('-DX=1', None), ('-I/a b', '-I /a b '), ('-Ic', None)]
+    """
+    if '"' not in options:
+        return [(t, None) for t in options.split()]
+    out: list[tuple[str, str | None]] = []
+    cur: list[str] = []
+    alt: list[str] = []
+    quoted = inside = started = False
+    for ch in options:
+        if ch == '"':
+            inside = not inside
+            quoted = started = True
+            alt.append(" ")
+        elif ch in _SPACES and not inside:
+            if started:
+                out.append(("".join(cur), "".join(alt) if quoted else None))
+            cur, alt, quoted, started = [], [], False, False
+        else:
+            cur.append(ch)
+            alt.append(ch)
+            started = True
+    if started:
+        out.append(("".join(cur), "".join(alt) if quoted else None))
+    return out
+
+
+def _readings(value: str, alt: str | None) -> tuple[str, ...]:
+    """The directories or files a compiler may make of an option's value: the value, less
+    the spaces newer PoCL drops after ``-I``, as PoCL 3 reads a quoted one (``alt``), and
+    clang's reading of ``=dir`` (relative to the sysroot, or literal when there is none)."""
+    got = [value, value.strip(_SPACES), alt]
+    if value.startswith("="):
+        got.append(value[1:])
+    return tuple(dict.fromkeys(g for g in got if g))
+
+
+#: The options that name include search dirs or files, and where their value goes.
+_INCLUDE_FLAGS = (("--include-directory", "dirs"), ("-isystem", "system"),
+                  ("-iquote", "quote"), ("-include", "forced"), ("-I", "dirs"))
+
+
+def parse_search(options: str | bytes) -> IncludeSearch:
+    """The include search of a build from its option string, as the compiler reads it
+    (``options`` exactly as handed to ``clBuildProgram``).
+
+    >>> s = parse_search(b"-DX=1 -I/a -iquote q -isystem s --include-directory=b -include f.h")
+    >>> [d[0] for d in s.dirs], [d[0] for d in s.quote], [f[0] for f in s.forced]
+    (['/a', 'b', 's'], ['q'], ['f.h'])
+    """
+    if isinstance(options, (bytes, bytearray)):
+        options = bytes(options).decode("utf-8", "surrogateescape")
+    tokens = compiler_tokens(options)
+    found: dict[str, list[tuple[str, ...]]] = {"dirs": [], "system": [], "quote": [],
+                                               "forced": []}
+    problem = None
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i][0]
+        i += 1
+        if tok in ("-D", "-U", "-x"):  # the next token is this option's value
+            i += 1
+            continue
+        if not tok.startswith(("-i", "-I", "--i", "-nostdinc", "--sysroot")):
+            continue
+        for flag, where in _INCLUDE_FLAGS:
+            long = flag == "--include-directory"
+            if tok == flag:
+                if i >= len(tokens):
+                    break  # a dangling flag: the compiler refuses or ignores it
+                value, alt = tokens[i]
+                i += 1
+            elif tok.startswith(flag) and (not long or tok[len(flag)] == "="):
+                value, alt = tok[len(flag) + long:], tokens[i - 1][1]
+                alt = alt[len(flag) + long:] if alt is not None else None
+            else:
+                continue
+            if value.startswith("-") and tok != flag:  # -include-pch, -isystem-after, -I-
+                problem = problem or f"the build option {tok!r} changes where headers are found"
+                break
+            found[where].append(_readings(value, alt))
+            break
+        else:
+            problem = problem or f"the build option {tok!r} changes where headers are found"
+    return IncludeSearch(found["quote"], found["dirs"] + found["system"], found["forced"],
+                         problem)
+
+
+_SPLICE_RE = re.compile(r"\\[ \t]*\r?\n")
+_LEX_RE = re.compile(r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'',
+                     re.DOTALL)
+_DIRECTIVE_RE = re.compile(r"^[ \t]*#[ \t]*(?:include_next|include|import)\b[ \t]*(.*)$",
+                           re.MULTILINE)
+_HAS_INCLUDE_RE = re.compile(r"__has_include(?:_next)?\s*\(\s*(.?)")
+_NAME_RE = re.compile(r'(?:<([^>\n]+)>|"([^"\n]+)")')
+
+
+def _comment_free(text: str) -> str:
+    """``text`` after line splicing, with comments replaced by a space, as the
+    preprocessor sees it before it reads a directive."""
+    if "\\" in text:
+        text = _SPLICE_RE.sub("", text)
+    if "/*" in text or "//" in text:
+        text = _LEX_RE.sub(lambda m: " " if m.group()[0] == "/" else m.group(), text)
+    return text
+
+
+@functools.lru_cache(maxsize=512)
+def directives(text: str) -> tuple[tuple[tuple[bool, str], ...], str | None]:
+    """``((quoted, name) ...)`` for every ``#include``, ``#include_next``, ``#import`` and
+    ``__has_include`` in ``text``, and a problem when one names its header by a macro.
+
+    >>> directives('#\\\\\\ninclude "a.h"\\n/* #include "b.h" */ #include <c.h> // "d.h"\\n')
+    (((True, 'a.h'), (False, 'c.h')), None)
+    """
+    if "include" not in text and "import" not in text:
+        return (), None
+    text = _comment_free(text)
+    out: list[tuple[bool, str]] = []
+    problem = None
+    found = [(m.group(1), "#include") for m in _DIRECTIVE_RE.finditer(text)]
+    if "__has_include" in text:
+        found += [(text[m.start(1):m.start(1) + 4096], "__has_include")
+                  for m in _HAS_INCLUDE_RE.finditer(text)]
+    for arg, what in found:
+        m = _NAME_RE.match(arg.strip())
+        if m is None:
+            problem = problem or f"{what} {arg.strip()[:60]!r} names its header by a macro"
+            continue
+        angle, quoted = m.groups()
+        out.append((quoted is not None, (quoted or angle).strip()))
+    return tuple(out), problem
+
+
+#: Directives of header contents by digest: a warm build reads no header again.
+_parsed: dict[str, tuple] = {}
+
+
+def _header_directives(path: str, digest: str, name: str) -> tuple:
+    got = _parsed.get(digest)
+    if got is None:
+        try:
+            text = _read_text(path)
+        except OSError as err:
+            raise UncertainIncludes("unreadable", f"header {name!r} cannot be read "
+                                    f"({err.strerror or err})") from None
+        got = directives(text)
+        if len(_parsed) > 4096:
+            _parsed.clear()
+        _parsed[digest] = got
+    return got
+
+
+def _find(name: str, dirs: list[str]) -> list[tuple[str, tuple[int, int]]]:
+    """Every regular file ``name`` names in ``dirs``, once each, in search order."""
+    out: list[tuple[str, tuple[int, int]]] = []
+    for d in dirs:
+        p = os.path.join(d, name)
+        try:
+            st = os.stat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as err:
+            raise UncertainIncludes("unreadable", f"header {name!r} cannot be looked up in "
+                                    f"{d} ({err.strerror or err})") from None
+        if stat.S_ISDIR(st.st_mode):
+            continue  # the compiler goes on to the next directory
+        if not stat.S_ISREG(st.st_mode):
+            raise UncertainIncludes("not a file", f"header {name!r} is not a regular file "
+                                    f"({p}: a FIFO, socket or device)")
+        ident = (st.st_dev, st.st_ino)
+        if all(ident != seen for _, seen in out):
+            out.append((p, ident))
+    return out
+
+
+def read_headers(source: str, search: IncludeSearch, cwd: str | None = None
+                 ) -> tuple[tuple[str, str], ...]:
+    """``(include name, content digest)`` for every file a build of ``source`` with this
+    include search may read, the way an OpenCL C compiler looks: quoted includes in the
+    including file's directory first (the working directory ``cwd`` for the program
+    itself and ``-include``), then ``-iquote``, the working directory (PoCL's ``-I.``),
+    ``-I`` and ``-isystem``. Every match along the path enters, not only the first, so the
+    key holds whatever file the compiler picks. Names are as written, prefixed by the
+    chain of including headers (``a.h>b.h``; ``h.h|2`` for a second match, ``+f.h`` for
+    ``-include``): no path enters.
+
+    Raises :class:`UncertainIncludes` where kdb cannot be sure what the build reads.
+    """
+    if search.problem:
+        raise UncertainIncludes("option", search.problem)
+    if not search.forced and "include" not in source and "import" not in source:
+        return ()
+    found, problem = directives(source)
+    if problem:
+        raise UncertainIncludes("macro", problem)
+    if cwd is None:
+        try:
+            cwd = os.getcwd()
+        except OSError:  # a deleted working directory: "." is what the compiler searches
+            cwd = "."
+    quote = [os.path.join(cwd, d) for r in search.quote for d in r]
+    tail = [cwd, *(os.path.join(cwd, d) for r in search.dirs for d in r)]
+    out: dict[str, str] = {}
+    followed: set[tuple[int, int]] = set()
+    forced = tuple((True, name) for r in search.forced for name in r)
+    stack: list[tuple[tuple, str, str]] = [(found, cwd, ""), (forced, cwd, "+")]
+    while stack:
+        items, here, prefix = stack.pop()
+        for quoted, name in items:
+            label = prefix + name
+            matches = _find(name, [here, *quote, *tail] if quoted else tail)
+            if not matches:
+                out.setdefault(label, "missing")
+                continue
+            for k, (path, ident) in enumerate(matches):
+                lab = label if k == 0 else f"{label}|{k + 1}"
+                try:
+                    digest = file_digest(path)
+                except OSError as err:
+                    raise UncertainIncludes("unreadable", f"header {name!r} cannot be read "
+                                            f"({err.strerror or err})") from None
+                out[lab] = digest
+                if ident in followed:
+                    continue
+                followed.add(ident)
+                nested, problem = _header_directives(path, digest, name)
+                if problem:
+                    raise UncertainIncludes("macro", f"in {name!r}: {problem}")
+                stack.append((nested, os.path.dirname(path), lab + ">"))
+    return tuple(sorted(out.items()))

@@ -208,3 +208,136 @@ def test_opencl_attributes_are_portable_across_environments(tmp_path, cl_ctx):
         assert str(tmp_path) not in attrs.encoded().decode()
         keys.append(attrs.key)
     assert keys[0] == keys[1]
+
+
+# -- read_headers: what an OpenCL C compiler reads ------------------------------------------
+
+from kdb.includes import (  # noqa: E402
+    UncertainIncludes,
+    compiler_tokens,
+    directives,
+    parse_search,
+    read_headers,
+)
+
+
+def headers(source: str, options: str, cwd) -> dict[str, str]:
+    return dict(read_headers(source, parse_search(options), str(cwd)))
+
+
+@pytest.mark.parametrize("options", [
+    "-I {d}", "-I{d}", "-DX=1 -I{d}", "-DX=1 -I {d}", '-I"{d}"', '-I "{d}"', "-I={d}",
+    "--include-directory {d}", "--include-directory={d}", "-isystem {d}", "-isystem{d}",
+    "-iquote {d}", "-iquote{d}",
+])
+def test_every_include_dir_form_finds_the_header_and_sees_its_edit(options, tmp_path):
+    d = tmp_path / "inc dir" if '"' in options else tmp_path / "inc"
+    h = write(d / "h.h", "#define K 2\n")
+    work = (tmp_path / "work")
+    work.mkdir()
+    opts = options.format(d=d)
+    before = headers('#include "h.h"\n', opts, work)
+    assert before == {"h.h": file_digest(h)}
+    write(h, "#define K 3\n")
+    assert headers('#include "h.h"\n', opts, work) != before
+
+
+def test_include_option_finds_the_file_from_the_working_directory(tmp_path):
+    h = write(tmp_path / "forced.h", "#define K 2\n")
+    got = headers("__kernel void k() {}", "-include forced.h", tmp_path)
+    assert got == {"+forced.h": file_digest(h)}
+
+
+def test_options_are_split_as_the_compiler_splits_the_joined_string():
+    """pyopencl joins list elements with spaces: ["-DX=1 -I/a"] is two options."""
+    s = parse_search(b"-DX=1 -I/a -D -I/not-a-dir -I -DY -cl-mad-enable")
+    assert [r[0] for r in s.dirs] == ["/a", "-DY"]
+    assert compiler_tokens('-I"/a b" x') == [("-I/a b", "-I /a b "), ("x", None)]
+
+
+@pytest.mark.parametrize("option", ["-imacros m.h", "-idirafter /x", "-nostdinc", "-I-",
+                                    "--sysroot=/x", "-iprefix /x", "-include-pch x.pch",
+                                    "-isystem-after /x", "--include-directory-after /x"])
+def test_an_include_option_kdb_does_not_model_makes_the_build_uncertain(option):
+    with pytest.raises(UncertainIncludes) as info:
+        read_headers("__kernel void k() {}", parse_search(option))
+    assert info.value.kind == "option"
+
+
+def test_the_working_directory_is_searched_first_for_the_program(tmp_path):
+    """PoCL builds the program from a temporary file with -I. (checked with a real build:
+    tests/test_include_builds.py); a header beside the cwd and in -I both count."""
+    here = write(tmp_path / "h.h", "// cwd\n")
+    there = write(tmp_path / "inc" / "h.h", "// -I\n")
+    got = headers("#include <h.h>\n", f"-I {tmp_path / 'inc'}", tmp_path)
+    assert got == {"h.h": file_digest(here), "h.h|2": file_digest(there)}
+
+
+def test_nested_quoted_include_searches_its_own_dir_then_the_path(tmp_path):
+    inc = tmp_path / "inc"
+    write(inc / "sub" / "a.h", '#include "b.h"\n')
+    own = write(inc / "sub" / "b.h", "// beside a.h\n")
+    other = write(inc / "b.h", "// in -I\n")
+    got = headers('#include "sub/a.h"\n', f"-I {inc}", tmp_path)
+    assert got["sub/a.h>b.h"] == file_digest(own)
+    assert got["sub/a.h>b.h|2"] == file_digest(other)
+
+
+def test_directives_after_splicing_and_without_comments():
+    src = ('#\\\ninclude "a.h"\n#  include <b.h>\n/* #include "c.h" */\n// #include "d.h"\n'
+           '# /* x */ include "e.h"\n#include_next <f.h>\n#if __has_include("g.h")\n#endif\n'
+           '__constant char s[] = "/* #include \\"z.h\\" */";\n')
+    got, problem = directives(src)
+    assert problem is None
+    assert got == ((True, "a.h"), (False, "b.h"), (True, "e.h"), (False, "f.h"), (True, "g.h"))
+
+
+@pytest.mark.parametrize("src", ['#define H "h.h"\n#include H\n', "#include MAKE(h)\n",
+                                 "#if __has_include(H)\n#endif\n"])
+def test_an_include_named_by_a_macro_is_uncertain(src, tmp_path):
+    with pytest.raises(UncertainIncludes) as info:
+        headers(src, "", tmp_path)
+    assert info.value.kind == "macro"
+
+
+def test_a_macro_include_inside_a_header_is_uncertain(tmp_path):
+    write(tmp_path / "h.h", "#include OTHER\n")
+    with pytest.raises(UncertainIncludes, match="in 'h.h'"):
+        headers('#include "h.h"\n', "", tmp_path)
+
+
+def test_a_fifo_is_uncertain_and_never_opened(tmp_path):
+    os.mkfifo(tmp_path / "h.h")  # opening it would block: kdb only looks at its type
+    with pytest.raises(UncertainIncludes, match="not a regular file") as info:
+        headers('#include "h.h"\n', "", tmp_path)
+    assert info.value.kind == "not a file"
+
+
+def test_a_header_that_cannot_be_looked_up_is_uncertain(tmp_path):
+    os.symlink("h.h", tmp_path / "h.h")  # a loop: stat fails with ELOOP, not "no such file"
+    with pytest.raises(UncertainIncludes) as info:
+        headers('#include "h.h"\n', "", tmp_path)
+    assert info.value.kind == "unreadable"
+
+
+def test_a_directory_is_skipped_as_the_compiler_skips_it(tmp_path):
+    (tmp_path / "h.h").mkdir()
+    h = write(tmp_path / "inc" / "h.h", "// the file\n")
+    assert headers('#include "h.h"\n', f"-I {tmp_path / 'inc'}", tmp_path) == {
+        "h.h": file_digest(h)}
+
+
+def test_a_header_found_nowhere_is_missing(tmp_path):
+    assert headers('#include "nowhere.h"\n', "", tmp_path) == {"nowhere.h": "missing"}
+
+
+def test_a_source_without_include_costs_no_lookup(tmp_path):
+    assert headers("__kernel void k() {}", f"-I {tmp_path}", "/nonexistent") == {}
+
+
+def test_a_deleted_working_directory_finds_nothing_there(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert dict(read_headers('#include "h.h"\n', parse_search(""))) == {"h.h": "missing"}

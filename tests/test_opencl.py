@@ -677,3 +677,39 @@ def test_a_context_with_two_devices_stores_and_loads_a_binary_per_device(cache_d
     arch_ids = {p.stem for p in (cache_dir / "v1").glob("*.kdb")}
     assert len(arch_ids) == 1
     assert len(kernel_rows(cache_dir, arch_ids.pop())) == 2
+
+
+CHILD_LIBRARY = """
+import json
+import numpy as np
+import pyopencl as cl
+import pyopencl.array as cla
+import pyopencl.clmath
+from pyopencl.scan import InclusiveScanKernel
+import kdb.opencl
+from kdb import latency
+kdb.opencl.install()
+plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+ctx = cl.Context(plat.get_devices()[:1])
+q = cl.CommandQueue(ctx)
+z = cla.to_device(q, np.arange(8, dtype=np.complex64) * (1 + 1j))
+x = cla.to_device(q, np.arange(8, dtype=np.float32))
+scan = InclusiveScanKernel(ctx, np.float32, "a+b", neutral="0")
+ok = (np.allclose((z * z).get(), (np.arange(8) * (1 + 1j)) ** 2)
+      and float(cla.sum(x).get()) == 28.0
+      and np.allclose(scan(x.copy()).get(), np.cumsum(np.arange(8)))
+      and np.allclose(pyopencl.clmath.exp(z).get(), np.exp(np.arange(8) * (1 + 1j)), rtol=1e-4))
+print(json.dumps({"compiles": len(latency.records()), "correct": bool(ok)}))
+"""
+
+
+def test_pyopencl_library_programs_hit_in_a_second_process(cache_dir, run_py):
+    """Complex elementwise (pyopencl-complex.h from pyopencl's own -I), reduction, scan:
+    their headers enter the key by content and stay cacheable."""
+    env = {"KDB_CACHE_DIR": str(cache_dir)}
+    first = run_py(CHILD_LIBRARY, env=env)
+    out1 = json.loads(first.stdout.strip().splitlines()[-1])
+    assert out1["correct"] and out1["compiles"] >= 4
+    assert "without the cache" not in first.stderr
+    second = json.loads(run_py(CHILD_LIBRARY, env=env).stdout.strip().splitlines()[-1])
+    assert second == {"compiles": 0, "correct": True}

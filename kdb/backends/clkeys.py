@@ -8,7 +8,6 @@ Everything here is what a lookup needs before it touches a database; :mod:`.open
 from __future__ import annotations
 
 import functools
-import os
 import platform as _platform
 import re
 import shlex
@@ -22,7 +21,7 @@ from .. import config, logs
 from ..db import DEFAULT_DB_VARIABLES
 from ..digests import library_id
 from ..errors import InvalidArgumentError, UnsupportedTypeError
-from ..includes import header_digests, split_include_options
+from ..includes import IncludeSearch, parse_search, read_headers, split_include_options
 from ..keys import HashAttributes
 from .clbinaries import library_of
 from .common import label
@@ -209,40 +208,52 @@ def _options_bytes(options: list[str]) -> bytes:
 def attributes_for(device: cl.Device, source: str, user_options: list[str],
                    added_options: list[str], name: str = "", arch: str | None = None,
                    memo_dir: str | None = None) -> HashAttributes:
-    """The hash attributes of building ``source`` for ``device`` with these options."""
-    user_rest, added_rest, include_dirs = _split_options(user_options, added_options)
-    dirs = [os.path.abspath(d) for d in include_dirs]
+    """The hash attributes of building ``source`` for ``device`` with these options.
+
+    Raises :class:`kdb.includes.UncertainIncludes` where kdb cannot be sure which headers
+    the build reads (such a build is not cached).
+    """
+    user_rest, added_rest = _split_options(user_options, added_options)
     return HashAttributes._unchecked(
         backend=BACKEND,
         source=source,
         arch=arch or arch_of(device),
         build_options=user_rest,
         internal_options=added_rest,
-        headers=header_digests(source, dirs),
+        headers=headers_of(source, _options_bytes([*user_options, *added_options])),
         compiler=compiler_identity(device, memo_dir),
         environment=environment(),
         name=name,
     )
 
 
-def _split_options(user: list[str], added: list[str]) -> tuple[tuple, tuple, tuple]:
-    """``(user options, added options, include dirs)``: ``-I`` options enter the key as the
-    headers they find, never as paths (the dirs are relative to the cwd of the build)."""
-    user_rest, user_dirs = split_include_options(user)
-    added_rest, added_dirs = split_include_options(added)
-    return tuple(user_rest), tuple(added_rest), (*user_dirs, *added_dirs)
+def headers_of(source: str, opt_bytes: bytes, cwd: str | None = None,
+               search: IncludeSearch | None = None) -> tuple[tuple[str, str], ...]:
+    """The key's ``headers`` of building ``source`` with ``opt_bytes`` (the options as
+    handed to ``clBuildProgram``) in ``cwd``: what the build reads, by content. The store
+    worker checks a job's headers with this too. Raises
+    :class:`kdb.includes.UncertainIncludes` where kdb cannot be sure."""
+    return read_headers(source, search or parse_search(opt_bytes), cwd)
+
+
+def _split_options(user: list[str], added: list[str]) -> tuple[tuple, tuple]:
+    """``(user options, added options)`` for the key, ``-I`` options left out: include
+    paths enter the key as the headers they find (:func:`headers_of`), never as paths."""
+    user_rest, _ = split_include_options(user)
+    added_rest, _ = split_include_options(added)
+    return tuple(user_rest), tuple(added_rest)
 
 
 class _Plan:
     """What the builds on one context share while their options and environment do not
-    change: devices, split options, arch ids, compiler identities.
+    change: devices, split options, the include search, arch ids, compiler identities.
 
     Worked out once, not on every build: a warm build is short, and this work was a large
     part of what kdb adds to one. Plans live as long as their context object (an
     ``int_ptr`` can be reused).
     """
 
-    __slots__ = ("devs", "dev_ptrs", "user_rest", "include_dirs", "added_rest", "opt_bytes",
+    __slots__ = ("devs", "dev_ptrs", "user_rest", "added_rest", "opt_bytes", "search",
                  "archs", "compilers", "environment")
 
     def __init__(self, ctx, devices, options, arch, memo: str, forced: str | None,
@@ -252,7 +263,8 @@ class _Plan:
         user = split_options(options)
         added = _internal_options(self.devs[0], forced)
         self.opt_bytes = _options_bytes(user + added)
-        self.user_rest, self.added_rest, self.include_dirs = _split_options(user, added)
+        self.search = parse_search(self.opt_bytes)  # where the compiler finds headers
+        self.user_rest, self.added_rest = _split_options(user, added)
         self.archs = [arch or arch_of(d) for d in self.devs]
         self.compilers = [compiler_identity(d, memo) for d in self.devs]
         self.environment = env

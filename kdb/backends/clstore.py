@@ -15,9 +15,10 @@ import pyopencl as cl
 from .. import config, logs
 from ..claims import Claim
 from ..db import KernelDB
+from ..includes import UncertainIncludes
 from ..keys import HashAttributes
 from .clbinaries import program_binaries
-from .clkeys import BACKEND, device_details
+from .clkeys import BACKEND, device_details, headers_of
 
 log = logs.get("kdb")
 
@@ -102,7 +103,13 @@ def _detach() -> bool:
 
 def store_job(db: KernelDB, job: dict) -> None:
     """The store worker's half (:mod:`kdb.spool`): build the program again (PoCL's cache
-    answers), read its binaries and store each entry with its latency rows."""
+    answers), read its binaries and store each entry with its latency rows.
+
+    The rebuild reads the headers as they are now; the key was computed from them as they
+    were at the build. Their digests are taken again, before and after the rebuild, with
+    the code the key used (:func:`.clkeys.headers_of`): when they differ from an entry's,
+    the job is dropped with an exception that names the header (the worker logs it).
+    """
     from ..store import CompileRecord
 
     prog = job["program"]
@@ -117,18 +124,44 @@ def store_job(db: KernelDB, job: dict) -> None:
         devs.append(plat_devs[index])
     if prog.get("cwd"):
         os.chdir(prog["cwd"])  # relative -I paths
+    opt_bytes = prog["options"].encode("latin-1")
+    keyed = [HashAttributes.from_canonical(e["attributes"], name=e["name"])
+             for e in job["entries"]]
+    _check_headers(prog, opt_bytes, keyed)
     ctx = cl.Context(devs)
-    raw = cl._Program(ctx, prog["source"])
-    raw.build(prog["options"].encode("latin-1"), devs)
+    raw = cl._Program(ctx, prog["source"].encode("utf-8", "surrogateescape"))
+    raw.build(opt_bytes, devs)
     binaries = program_binaries(raw)
+    _check_headers(prog, opt_bytes, keyed)  # not edited while it built, either
     items = []
-    for e in job["entries"]:
+    for e, attrs in zip(job["entries"], keyed):
         binary = binaries.get(devs[e["device"]].int_ptr)
         if binary:
-            attrs = HashAttributes.from_canonical(e["attributes"], name=e["name"])
             items.append((attrs, binary, e["seconds"], e["details"]))
     db.store(items, [CompileRecord(*row) for row in job.get("logs", [])])
     if len(items) < len(job["entries"]):
         raise LookupError(f"the driver returned no binary for {len(job['entries']) - len(items)}"
                           " device(s)")
 
+
+class HeaderChangedError(LookupError):
+    """A header a store job's key was computed from is not what it was at the build."""
+
+
+def _check_headers(prog: dict, opt_bytes: bytes, keyed: list[HashAttributes]) -> None:
+    try:
+        now = dict(headers_of(prog["source"], opt_bytes, prog.get("cwd") or None))
+    except UncertainIncludes as err:
+        raise HeaderChangedError(f"job dropped: what the build reads is no longer certain "
+                                 f"({err})") from None
+    for attrs in keyed:
+        then = dict(attrs.headers)
+        for name in sorted(set(then) | set(now)):
+            if then.get(name) != now.get(name):
+                state = ("is gone" if now.get(name, "missing") == "missing" else
+                         "is new" if then.get(name, "missing") == "missing" else
+                         "was edited")
+                raise HeaderChangedError(
+                    f"job dropped: header {name!r} {state} since the build of "
+                    f"{attrs.name or attrs.key[:12]}, so the binary would not match its key "
+                    "(the next run that builds it stores it)")

@@ -11,18 +11,17 @@ programs from binaries or IL, ``compile()`` and ``link_program()`` pass through 
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Sequence
 
 import pyopencl as cl
 
-from .. import config
+from .. import config, logs
 from ..bookkeeping import add as _count
 from ..claims import Claim
 from ..db import KernelDB, default_db
 from ..errors import CompileError, InvalidArgumentError
-from ..includes import header_digests
+from ..includes import UncertainIncludes
 from ..keys import HashAttributes
 from .clkeys import (  # noqa: F401 - the back end's public names live here too
     BACKEND,
@@ -34,6 +33,7 @@ from .clkeys import (  # noqa: F401 - the back end's public names live here too
     compiler_identity,
     device_details,
     environment,
+    headers_of,
     internal_options,
     kernel_names,
     plan_for,
@@ -42,6 +42,8 @@ from .clkeys import (  # noqa: F401 - the back end's public names live here too
 from .clstore import compiled as _compiled
 from .clstore import program_spec, store_job, store_later  # noqa: F401 - spool finds store_job here
 from .common import source_text
+
+trace_log = logs.get("kdb.trace")
 
 # -- build --------------------------------------------------------------------------------
 
@@ -75,7 +77,58 @@ def build(ctx: cl.Context, source: str | bytes, options: str | Sequence[str] | N
 
 
 def _text(source: str | bytes) -> str:
+    """The program text as ``str``; bytes that are not UTF-8 (a Latin-1 comment) keep their
+    bytes as lone surrogates (``surrogateescape``): pyopencl builds them, so kdb does too."""
+    if isinstance(source, (bytes, bytearray)):
+        return bytes(source).decode("utf-8", "surrogateescape")
     return source_text(source, "OpenCL")
+
+
+def _keyed(source: str | bytes, text: str) -> tuple[str, tuple[str, ...]]:
+    """The key's source text and extra internal options. Bytes that are not UTF-8 are keyed
+    by their sha256 (an internal option no compiler option can equal) beside their text with
+    U+FFFD for each undecodable byte: every key stays valid Unicode, and keys of UTF-8
+    sources stay as they were."""
+    if not isinstance(source, (bytes, bytearray)) or text.isascii():
+        return text, ()
+    raw = bytes(source)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        import hashlib
+
+        return (raw.decode("utf-8", "replace"),
+                (f"kdb:source-sha256={hashlib.sha256(raw).hexdigest()}",))
+    return text, ()
+
+
+def _program_source(source: str | bytes, text: str) -> str | bytes:
+    """What ``clCreateProgramWithSource`` gets: the caller's bytes as they are."""
+    return bytes(source) if isinstance(source, (bytes, bytearray)) else text
+
+
+def _uncached(ctx, source, text: str, opt_bytes: bytes, devs, err: UncertainIncludes,
+              db: KernelDB, pyopencl_errors: bool, wrapper) -> cl.Program:
+    """A plain build, neither looked up nor stored: kdb cannot be sure what it reads."""
+    if not db.disabled:
+        logs.warn_once(f"includes:{err.kind}", "kdb: %s; such programs are built without "
+                       "the cache (KDB_TRACE=1 names each one)", err)
+    if db.trace:
+        trace_log.debug("%s not cached: %s", _label(text), err)
+    raw = _compile(ctx, _program_source(source, text), opt_bytes, devs, pyopencl_errors,
+                   wrapper)
+    return _wrap(raw, wrapper)
+
+
+def _compile(ctx, src, opt_bytes: bytes, devs, pyopencl_errors: bool, wrapper) -> cl._Program:
+    raw = cl._Program(ctx, src)
+    if pyopencl_errors and wrapper is not None:
+        # As pyopencl's own uncached build does: the options appended to the message.
+        wrapper._build_and_catch_errors(lambda: raw.build(opt_bytes, devs),
+                                        options_bytes=opt_bytes)
+    else:
+        raw.build(opt_bytes, devs)
+    return raw
 
 
 def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bool,
@@ -85,10 +138,14 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     text = _text(source)
     plan = plan_for(ctx, devices, options, arch, str(db.cache_root), variables)
     devs, opt_bytes = plan.devs, plan.opt_bytes
-    dirs = [os.path.abspath(d) for d in plan.include_dirs]  # per build: the cwd may change
-    headers = header_digests(text, dirs)
+    try:  # per build: the headers and the working directory may change
+        headers = headers_of(text, opt_bytes, search=plan.search)
+    except UncertainIncludes as err:
+        return _uncached(ctx, source, text, opt_bytes, devs, err, db, pyopencl_errors, wrapper)
     # Unlabelled until a miss: a hit never shows the label, and finding it scans the source.
-    attrs = [HashAttributes._unchecked(BACKEND, text, a, plan.user_rest, plan.added_rest,
+    key_text, extra = _keyed(source, text)
+    attrs = [HashAttributes._unchecked(BACKEND, key_text, a, plan.user_rest,
+                                       plan.added_rest + extra if extra else plan.added_rest,
                                        headers, c, plan.environment, name or "")
              for a, c in zip(plan.archs, plan.compilers)]
     memory_key = (ctx.int_ptr, plan.dev_ptrs, tuple(a.key for a in attrs))
@@ -116,13 +173,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
 
     start = time.perf_counter()
     try:
-        raw = cl._Program(ctx, text)
-        if pyopencl_errors and wrapper is not None:
-            # As pyopencl's own uncached build does: the options appended to the message.
-            wrapper._build_and_catch_errors(lambda: raw.build(opt_bytes, devs),
-                                            options_bytes=opt_bytes)
-        else:
-            raw.build(opt_bytes, devs)
+        raw = _compile(ctx, _program_source(source, text), opt_bytes, devs, pyopencl_errors,
+                       wrapper)
     except BaseException:
         for claim in held.values():
             claim.release()

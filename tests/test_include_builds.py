@@ -1,0 +1,357 @@
+"""The key sees what the compiler reads: real PoCL builds over every include form.
+
+Each case builds a kernel that returns the header's ``K``, builds it again unchanged (a hit),
+edits the header and builds again: the program must return the new value. Where kdb cannot
+be sure what a build reads, it builds without the cache, says so, and stores nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cl = pytest.importorskip("pyopencl")
+
+import kdb  # noqa: E402
+import kdb.opencl  # noqa: E402
+from kdb import latency, spool  # noqa: E402
+from kdb.backends import clstore  # noqa: E402
+from kdb.errors import CompileError  # noqa: E402
+
+KERNEL = "__kernel void k(__global int *o) { o[0] = K; }\n"
+
+
+def result(ctx, prg) -> int:
+    q = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+    prg.k(q, (1,), None, buf)
+    out = np.zeros(1, np.int32)
+    cl.enqueue_copy(q, out, buf)
+    q.finish()
+    return int(out[0])
+
+
+def stored(cache_dir: Path) -> int:
+    import sqlite3
+
+    files = list((cache_dir / "v1").glob("*.kdb"))
+    if not files:
+        return 0
+    conn = sqlite3.connect(files[0])
+    try:
+        return conn.execute("SELECT count(*) FROM kernels").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+#: id: (the include line(s), options given the include dir ``d``, the header K lives in,
+#: relative to the working directory ``w``). d is w/inc.
+CASES = {
+    "cwd, quoted, no -I": ('#include "h.h"', lambda d: [], "h.h"),
+    "cwd, angle, no -I": ("#include <h.h>", lambda d: [], "h.h"),
+    "-I d": ('#include "h.h"', lambda d: ["-I", d], "inc/h.h"),
+    "['-I ' + d]": ('#include "h.h"', lambda d: ["-I " + d], "inc/h.h"),
+    "['-DX=1 -I' + d]": ('#include "h.h"', lambda d: ["-DX=1 -I" + d], "inc/h.h"),
+    "'-DX=1 -I d'": ('#include "h.h"', lambda d: "-DX=1 -I " + d, "inc/h.h"),
+    "-Idir": ("#include <h.h>", lambda d: ["-I" + d], "inc/h.h"),
+    "-I relative": ("#include <h.h>", lambda d: ["-I", "inc"], "inc/h.h"),
+    "-I=dir (clang: literal)": ("#include <h.h>", lambda d: ["-I=inc"], "=inc/h.h"),
+    "#\\ newline include": ('#\\\ninclude "h.h"', lambda d: ["-I", d], "inc/h.h"),
+    "# /* comment */ include": ('#/* x */include "h.h"', lambda d: ["-I", d], "inc/h.h"),
+    "nested, own dir first": ('#include "sub/n.h"', lambda d: ["-I", d], "inc/sub/m.h"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_editing_the_header_changes_the_result(case, cache_dir, cl_ctx, tmp_path, monkeypatch):
+    include, options, where = CASES[case]
+    work = tmp_path / "work"
+    d = work / "inc"
+    write(d / "sub" / "n.h", '#include "m.h"\n')
+    write(d / "m.h", "#define K 99\n")  # shadowed by sub/m.h: the compiler never reads it
+    monkeypatch.chdir(work)
+    header = work / where
+    src = include + "\n" + KERNEL
+    opts = options(str(d))
+
+    write(header, "#define K 2\n")
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 2
+    kdb.default_db().flush()
+    compiles = len(latency.records())
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 2
+    assert len(latency.records()) == compiles  # unchanged header: a hit
+
+    write(header, "#define K 3\n")
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 3  # want 3 got 3
+    assert len(latency.records()) == compiles + 1
+
+
+def test_an_include_inside_a_comment_does_not_count(cache_dir, cl_ctx, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "h.h", "#define K 5\n")
+    other = write(tmp_path / "other.h", "#define K 6\n")
+    src = ('/* #include "other.h" */\n// #include "other.h"\n#include "h.h"\n'
+           '__constant char s[] = "#include \\"other.h\\"";\n' + KERNEL)
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src)) == 5
+    kdb.default_db().flush()
+    other.write_text("#define K 7\n")
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src)) == 5
+    assert len(latency.records()) == 1  # the commented-out header's edit is no miss
+
+
+@pytest.mark.parametrize("flag", ["--include-directory", "--include-directory=", "-isystem",
+                                  "-iquote", "-include"])
+def test_include_forms_pocl_refuses_fail_as_in_pyopencl(flag, cache_dir, cl_ctx, tmp_path):
+    """PoCL accepts only -I among the include options; other drivers' clang takes these
+    (kdb.includes reads them: tests/test_includes.py). Here: the same refusal, no entry."""
+    d = str(write(tmp_path / "inc" / "h.h", "#define K 2\n").parent)
+    value = d + "/h.h" if flag == "-include" else d
+    opts = [flag + value] if flag.endswith("=") else [flag, value]
+    src = ("" if flag == "-include" else '#include "h.h"\n') + KERNEL
+    with pytest.raises(cl.Error):
+        cl.Program(cl_ctx, src).build(options=opts)
+    with pytest.raises(CompileError):
+        kdb.opencl.build(cl_ctx, src, opts)
+    kdb.default_db().flush()
+    assert stored(cache_dir) == 0
+
+
+# -- what kdb cannot be sure of: built, not cached -----------------------------------------
+
+def test_a_macro_include_is_built_uncached_with_one_warning(cache_dir, cl_ctx, tmp_path,
+                                                             caplog):
+    h = write(tmp_path / "h.h", "#define K 2\n")
+    src = '#define HDR "h.h"\n#include HDR\n' + KERNEL
+    opts = ["-I", str(tmp_path)]
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 2
+        h.write_text("#define K 3\n")
+        assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 3
+    warned = [r for r in caplog.records if "macro" in r.getMessage()]
+    assert len(warned) == 1 and "without the cache" in warned[0].getMessage()
+    kdb.default_db().flush()
+    assert stored(cache_dir) == 0 and not spool.jobs(cache_dir / "v1")
+
+
+def test_a_fifo_header_is_built_uncached(cache_dir, cl_ctx, tmp_path, caplog):
+    fifo = tmp_path / "h.h"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def feed() -> None:  # each time the compiler opens the FIFO, give it the header
+        while not done.is_set():
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as err:
+                if err.errno != errno.ENXIO:
+                    raise
+                done.wait(0.01)
+                continue
+            os.write(fd, b"#define K 4\n")
+            os.close(fd)
+            done.wait(0.05)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kdb"):
+            prg = kdb.opencl.build(cl_ctx, '#include "h.h"\n' + KERNEL, ["-I", str(tmp_path)])
+    finally:
+        done.set()
+        feeder.join(5)
+    assert result(cl_ctx, prg) == 4
+    assert any("not a regular file" in r.getMessage() for r in caplog.records)
+    kdb.default_db().flush()
+    assert stored(cache_dir) == 0
+
+
+# -- what is stored is what was keyed (the store worker) -----------------------------------
+
+#: A child that builds with the store worker held off (it holds the spool's lock), then
+#: does ``AFTER`` to the header before it exits: the job is stored later, by the worker.
+HELD_OFF = """
+    import fcntl, json, os, shutil
+    from pathlib import Path
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import config, spool
+
+    spool_dir = config.private_dir(spool.spool_dir(Path(os.environ["KDB_CACHE_DIR"]) / "v1"))
+    lock = os.open(spool_dir / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    prg = kdb.opencl.build(ctx, SRC, ["-I", INC])
+    q = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+    prg.k(q, (1,), None, buf)
+    out = np.zeros(1, np.int32)
+    cl.enqueue_copy(q, out, buf)
+    AFTER
+    print(json.dumps({"result": int(out[0])}))
+"""
+
+RUN = """
+    import json
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import latency
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    prg = kdb.opencl.build(ctx, SRC, ["-I", INC])
+    q = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+    prg.k(q, (1,), None, buf)
+    out = np.zeros(1, np.int32)
+    cl.enqueue_copy(q, out, buf)
+    print(json.dumps({"result": int(out[0]), "compiles": len(latency.records())}))
+"""
+
+
+def store_jobs(user_dir: Path) -> list[dict]:
+    jobs = [spool.read_job(p) for p in spool.jobs(user_dir)]
+    return [j for j in jobs if j and j.get("kind") == "store"]
+
+
+def _hold_off_the_worker(cache_dir: Path) -> int:
+    """Hold this environment's spool lock: a worker seems to run, so none is started."""
+    import fcntl
+
+    from kdb import config
+
+    d = config.private_dir(spool.spool_dir(cache_dir / "v1"))
+    fd = os.open(d / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _child(code: str, src: str, inc: Path, after: str = "pass") -> str:
+    return (f"SRC = {src!r}\nINC = {str(inc)!r}\n"
+            + textwrap.dedent(code).replace("AFTER", after))
+
+
+def test_a_header_edited_before_the_worker_stores_is_not_stored(cache_dir, run_py, tmp_path):
+    h = write(tmp_path / "inc" / "h.h", "#define K 2\n")
+    src = '#include "h.h"\n' + KERNEL
+    edit = f"open({str(h)!r}, 'w').write('#define K 3\\n')"
+    first = run_py(_child(HELD_OFF, src, h.parent, edit), env={"KDB_STORE_AT_EXIT": "detach"})
+    assert json.loads(first.stdout.splitlines()[-1]) == {"result": 2}
+    v1 = cache_dir / "v1"
+    assert len(store_jobs(v1)) == 1
+    assert spool.wait(v1, 120) == 0  # the worker runs the job while the header says 3
+
+    h.write_text("#define K 2\n")  # restored: the key of the first build again
+    again = json.loads(run_py(_child(RUN, src, h.parent)).stdout.splitlines()[-1])
+    assert again["result"] == 2  # not the binary of K 3 under the key of K 2
+    assert again["compiles"] == 1
+
+
+def test_a_deleted_header_drops_the_job_and_says_why(cache_dir, run_py, tmp_path):
+    h = write(tmp_path / "tmpinc" / "h.h", "#define K 2\n")
+    src = '#include "h.h"\n' + KERNEL
+    gone = f"shutil.rmtree({str(h.parent)!r})"
+    first = run_py(_child(HELD_OFF, src, h.parent, gone), env={"KDB_STORE_AT_EXIT": "detach"})
+    assert json.loads(first.stdout.splitlines()[-1]) == {"result": 2}
+    [job] = store_jobs(cache_dir / "v1")
+    db = kdb.KernelDB(use_system=False)
+    with pytest.raises(clstore.HeaderChangedError,
+                       match=r"job dropped: header 'h.h' is gone since the build"):
+        clstore.store_job(db, job)
+    db.flush()
+    assert stored(cache_dir) == 0
+
+
+def test_a_header_edited_while_the_worker_rebuilds_is_not_stored(cache_dir, cl_ctx, tmp_path,
+                                                                 monkeypatch):
+    """The digests are taken again after the rebuild: an edit during it drops the job."""
+    h = write(tmp_path / "inc" / "h.h", "#define K 2\n")
+    src = '#include "h.h"\n' + KERNEL
+    monkeypatch.setenv("KDB_STORE_AT_EXIT", "detach")
+    held = _hold_off_the_worker(cache_dir)
+    try:
+        assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, ["-I", str(h.parent)])) == 2
+    finally:
+        os.close(held)
+    [job] = store_jobs(cache_dir / "v1")
+    real_build = cl._Program.build
+
+    def build_then_edit(self, *args, **kwargs):
+        out = real_build(self, *args, **kwargs)
+        h.write_text("#define K 3\n")
+        return out
+
+    monkeypatch.setattr(cl._Program, "build", build_then_edit)
+    db = kdb.KernelDB(use_system=False)
+    with pytest.raises(clstore.HeaderChangedError, match="header 'h.h' was edited"):
+        clstore.store_job(db, job)
+    db.flush()
+    assert stored(cache_dir) == 0
+
+
+# -- sources pyopencl accepts --------------------------------------------------------------
+
+LATIN1 = """
+    import json
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import latency
+    kdb.opencl.install()
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    prg = cl.Program(ctx, b"/* caf\\xe9 */ __kernel void k(__global int *o) { o[0] = 8; }").build()
+    q = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+    prg.k(q, (1,), None, buf)
+    out = np.zeros(1, np.int32)
+    cl.enqueue_copy(q, out, buf)
+    print(json.dumps({"result": int(out[0]), "compiles": len(latency.records())}))
+"""
+
+
+@pytest.mark.parametrize("store", ["wait", "detach"])  # stored by this process, or the worker
+def test_a_source_that_is_not_utf8_builds_and_is_cached_by_its_bytes(store, cache_dir, run_py):
+    out = run_py(textwrap.dedent(LATIN1), env={"KDB_STORE_AT_EXIT": store})
+    first = json.loads(out.stdout.splitlines()[-1])
+    assert first == {"result": 8, "compiles": 1}
+    assert spool.wait(cache_dir / "v1", 120) == 0
+    second = json.loads(run_py(textwrap.dedent(LATIN1)).stdout.splitlines()[-1])
+    assert second == {"result": 8, "compiles": 0}  # a hit in a second process
+
+
+def test_sources_differing_in_undecodable_bytes_get_two_keys(cache_dir, cl_ctx):
+    a = kdb.opencl.build(cl_ctx, b"/* \xe9 */ " + KERNEL.replace("K", "1").encode())
+    b = kdb.opencl.build(cl_ctx, b"/* \xe8 */ " + KERNEL.replace("K", "1").encode())
+    assert result(cl_ctx, a) == result(cl_ctx, b) == 1
+    keys = {r.key for r in latency.records()}
+    assert len(keys) == 2
+    kdb.default_db().flush()
+    assert stored(cache_dir) == 2
+
+
+def test_kdb_trace_names_the_reason_for_each_uncached_build(cache_dir, run_py, tmp_path):
+    write(tmp_path / "h.h", "#define K 2\n")
+    code = _child(RUN, '#define HDR "h.h"\n#include HDR\n' + KERNEL, tmp_path)
+    code = code.replace("prg = kdb.opencl.build(ctx, SRC, [\"-I\", INC])",
+                        "prg = kdb.opencl.build(ctx, SRC, ['-I', INC])\n"
+                        "prg = kdb.opencl.build(ctx, SRC, ['-I', INC])")
+    out = run_py(code, env={"KDB_TRACE": "1"})
+    assert json.loads(out.stdout.splitlines()[-1])["result"] == 2
+    assert out.stderr.count("not cached: #include 'HDR' names its header by a macro") == 2
+    assert out.stderr.count("such programs are built without the cache") == 1
