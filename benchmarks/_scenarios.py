@@ -37,6 +37,7 @@ from _harness import (
     spawn,
     wait_for_worker,
 )
+from _script import autogroup, script
 
 KB = 1024
 
@@ -687,10 +688,13 @@ def suite(ws: Workspace, o: Outcome) -> None:
                Metric("run3", "run 3 (later)"),
                Metric("c3", "compiles run 3", unit="n", ratio=False)]
     limits = {"kept": 0.6, "fresh": 0.5}
+    ag = "absent" if autogroup() is None else autogroup()
+    o.info["sched_autogroup_enabled"] = autogroup()
     for policy in ("kept", "fresh"):
         t = o.table(f"PoCL's cache {policy} between run 1 and run 2"
                     + (" (only kdb's cache survives)" if policy == "fresh" else "")
-                    + f"; median of {runs}; run 3 starts once kdb's store worker is idle",
+                    + f"; median of {runs}; run 3 starts once kdb's store worker is idle"
+                    + f"; sched_autogroup_enabled = {ag}",
                     "nokdb", metrics)
         t.arm("nokdb", "no kdb (plain pyopencl)")
         t.arm("kdb", "kdb through kdb.opencl.install(), defaults")
@@ -719,8 +723,8 @@ def suite(ws: Workspace, o: Outcome) -> None:
                 three = _suite_run({**env, "POCL_CACHE_DIR": str(pocl)}, scale)
                 t.add(arm, "run3", three["wall"])
                 t.add(arm, "c3", three["compiles"])
-        o.checks.append(at_most(f"suite, PoCL cache {policy}: run 1, kdb vs no kdb",
-                                t.ratio("kdb", "run1"), 1.1))
+        o.checks.append(at_most(f"suite, PoCL cache {policy}: run 1, kdb vs no kdb "
+                                f"(autogroup {ag})", t.ratio("kdb", "run1"), 1.05))
         o.checks.append(at_most(f"suite, PoCL cache {policy}: run 2, kdb vs no kdb",
                                 t.ratio("kdb", "run2"), limits[policy]))
         o.checks.append(at_most(f"suite, PoCL cache {policy}: run 2 compiles, kdb",
@@ -904,5 +908,5 @@ def auto(ws: Workspace, o: Outcome) -> None:
 
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
-    "suite": suite, "auto": auto,
+    "suite": suite, "auto": auto, "script": script,
 }

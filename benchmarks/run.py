@@ -5,7 +5,8 @@
     python benchmarks/run.py --quick          # smoke run: 1 run each, 4 kernels (< 1 minute)
     python benchmarks/run.py --only hit,scale --runs 7
 
-Scenarios (issue 6, DESIGN section 10): warm, cold, hit, many, scale, cuda. Each prints a
+Scenarios (issue 6, DESIGN section 10): warm, cold, hit, many, scale, cuda, suite, auto;
+script (issue 19: a new user's first run, kdb against no kdb). Each prints a
 table per measurement, every arm's median and its ratio to the reference arm, then the
 DESIGN section 10 figures it bears on; everything (samples included) goes to a JSON file.
 Whatever kdb is installed in this interpreter is what gets measured.
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import REPO, BenchError, Options, Outcome, Workspace, precompile  # noqa: E402
 from _scenarios import SCENARIOS  # noqa: E402
+from _script import autogroup  # noqa: E402
 
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -92,6 +94,7 @@ def _meta(args: argparse.Namespace) -> dict[str, Any]:
         "platform": platform.platform(), "machine": platform.machine(),
         "cpus": os.cpu_count(), "kdb_version": kdb.__version__, "kdb_file": kdb.__file__,
         "versions": versions, "git": _git(),
+        "sched_autogroup_enabled": autogroup(),  # changes what a background process costs
     }
 
 

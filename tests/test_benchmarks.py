@@ -88,3 +88,20 @@ def test_unknown_scenario_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "unknown scenario" in proc.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_every_scenario_is_registered_and_documented():
+    """run.py --only accepts each scenario, and the README's benchmark table has a row for it
+    (the script scenario of issue 19 among them)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from _scenarios import SCENARIOS
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    assert "script" in SCENARIOS and "suite" in SCENARIOS
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Benchmarks"):]
+    for name in SCENARIOS:
+        assert f"| `{name}` |" in table, name
+    proc = _run("--help")
+    assert proc.returncode == 0 and "script" in proc.stdout
