@@ -54,7 +54,8 @@ def info(obj: Settings, as_json: bool) -> None:
     for s in data["system_databases"]:
         size = f"{s['entries']} entries  {human_bytes(s['size'])}  " if not s["problem"] else ""
         click.echo(f"  {s['arch']}  {s['path']}  {size}({s['origin']})"
-                   + (f"  [BROKEN: {s['problem']}]" if s["problem"] else ""))
+                   + (f"  [{'REFUSED' if s.get('refused') else 'BROKEN'}: {s['problem']}]"
+                      if s["problem"] else ""))
     click.echo("OpenCL devices:")
     if data["devices_note"]:
         click.echo(f"  ({data['devices_note']})")

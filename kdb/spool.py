@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import lifecycle, logs
+from . import fs, lifecycle, logs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -87,13 +87,19 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
     ``claims`` (:class:`kdb.claims.Claim`) are marked pending and released once the job is
     stored, or when this process exits. ``store_now`` stores the job in this process; it is
     called (on a watcher thread) when another process waits for one of the claimed keys.
-    Raises ``OSError`` when the spool cannot be written.
+    Raises ``OSError`` when the spool cannot be written, :class:`UntrustedSpool` (after its
+    warning) when a directory on its way is not this user's alone.
     """
     global _counter
     from .config import private_dir
 
     env = _environment()
-    spool = private_dir(spool_dir(user_dir))
+    spool = spool_dir(user_dir)
+    if not trusted(spool):  # checked before anything is created in it, and after
+        raise UntrustedSpool(spool)
+    private_dir(spool)
+    if not trusted(spool, ENVIRONMENT):
+        raise UntrustedSpool(spool)
     if not (spool / ENVIRONMENT).exists():
         _write_file(spool / ENVIRONMENT, env)
     _counter += 1
@@ -243,19 +249,26 @@ def worker_running(spool: Path) -> bool:
 
 
 def ensure_worker(spool: Path) -> None:
-    """Start a worker for ``spool`` unless one runs (checked at most every 0.25 s)."""
+    """Start a worker for ``spool`` unless one runs (checked at most every 0.25 s).
+
+    Only in a spool this user alone can write (:func:`trusted`), and always this process's
+    own Python: never an executable named by a file, which whoever wrote it chose."""
     now = time.monotonic()
     if now - _worker_checked.get(spool, -1e9) < 0.25:
         return
     _worker_checked[spool] = now
-    if worker_running(spool):
+    if not trusted(spool, ENVIRONMENT) or worker_running(spool):
+        return
+    env = read_job(spool / ENVIRONMENT) or {}
+    if env.get("executable", sys.executable) != sys.executable:
+        # Another Python's jobs: its own processes start their worker. This one is never
+        # started from a path read from a file, nor rebuilds with a different pyopencl.
+        log.debug("kdb: spool %s is another Python's (%s); left to it", spool,
+                  env.get("executable"))
         return
     import subprocess
 
-    env = read_job(spool / ENVIRONMENT) or {}
-    exe = env.get("executable") or sys.executable
-    if not os.access(exe, os.X_OK):
-        exe = sys.executable
+    exe = sys.executable
     out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o600)
     with os.fdopen(out_fd, "ab") as out:
@@ -314,11 +327,35 @@ def jobs(user_dir: Path) -> list[Path]:
 
 
 def read_job(path: Path) -> dict | None:
+    """A job's (or ``environment.json``'s) data; ``None`` when it is gone, not JSON, or not
+    this user's alone (refused with a warning: its contents are run as this user)."""
     try:
         with open(path, encoding="utf-8") as f:
+            why = fs.stat_problem(os.fstat(f.fileno())) or fs.unsafe_reason(path.parent)
+            if why is not None:  # one warning per spool, however many files were planted
+                fs.refuse(str(path), why, _RUN_BY_WORKER, once=str(path.parent))
+                return None
             return json.load(f)
     except (OSError, ValueError):
         return None  # stored (and removed) meanwhile, or not a job
+
+
+class UntrustedSpool(PermissionError):
+    """A spool (or a directory above it) that another user owns or can write: refused."""
+
+
+def trusted(spool: Path, *names: str) -> bool:
+    """Whether the cache root, the user dir, the spool root, ``spool`` and its files ``names``
+    are this user's alone (missing ones are fine); else one warning naming the first that
+    is not, and the fix."""
+    spool = Path(spool)
+    chain = [spool.parent.parent.parent, spool.parent.parent, spool.parent, spool,
+             *(spool / n for n in names)]
+    return not fs.refused(chain, _RUN_BY_WORKER)
+
+
+_RUN_BY_WORKER = ("a store worker started from it would run code someone else chose",
+                  "kernels are compiled and not handed to a store worker there")
 
 
 def pending_log_rows(user_dir: Path) -> list[list]:
