@@ -26,7 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from . import fs, lifecycle, logs
+from . import lifecycle, logs
+from .spooltrust import UntrustedSpool, accepted, trusted  # noqa: F401 - re-exported
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -257,14 +258,7 @@ def ensure_worker(spool: Path) -> None:
     if now - _worker_checked.get(spool, -1e9) < 0.25:
         return
     _worker_checked[spool] = now
-    if not trusted(spool, ENVIRONMENT) or worker_running(spool):
-        return
-    env = read_job(spool / ENVIRONMENT) or {}
-    if env.get("executable", sys.executable) != sys.executable:
-        # Another Python's jobs: its own processes start their worker. This one is never
-        # started from a path read from a file, nor rebuilds with a different pyopencl.
-        log.debug("kdb: spool %s is another Python's (%s); left to it", spool,
-                  env.get("executable"))
+    if not runnable(spool) or worker_running(spool):
         return
     import subprocess
 
@@ -331,31 +325,23 @@ def read_job(path: Path) -> dict | None:
     this user's alone (refused with a warning: its contents are run as this user)."""
     try:
         with open(path, encoding="utf-8") as f:
-            why = fs.stat_problem(os.fstat(f.fileno())) or fs.unsafe_reason(path.parent)
-            if why is not None:  # one warning per spool, however many files were planted
-                fs.refuse(str(path), why, _RUN_BY_WORKER, once=str(path.parent))
+            if not accepted(path, f.fileno()):
                 return None
             return json.load(f)
     except (OSError, ValueError):
         return None  # stored (and removed) meanwhile, or not a job
 
 
-class UntrustedSpool(PermissionError):
-    """A spool (or a directory above it) that another user owns or can write: refused."""
-
-
-def trusted(spool: Path, *names: str) -> bool:
-    """Whether the cache root, the user dir, the spool root, ``spool`` and its files ``names``
-    are this user's alone (missing ones are fine); else one warning naming the first that
-    is not, and the fix."""
-    spool = Path(spool)
-    chain = [spool.parent.parent.parent, spool.parent.parent, spool.parent, spool,
-             *(spool / n for n in names)]
-    return not fs.refused(chain, _RUN_BY_WORKER)
-
-
-_RUN_BY_WORKER = ("a store worker started from it would run code someone else chose",
-                  "kernels are compiled and not handed to a store worker there")
+def runnable(spool: Path) -> bool:
+    """Whether this process may start ``spool``'s worker: the spool is :func:`trusted` and
+    its jobs were written by this Python. Another Python's jobs are left to its own
+    processes: rebuilt with this one's pyopencl they could store a different binary."""
+    if not trusted(spool, ENVIRONMENT):
+        return False
+    exe = (read_job(spool / ENVIRONMENT) or {}).get("executable", sys.executable)
+    if exe != sys.executable:
+        log.debug("kdb: spool %s is another Python's (%s); left to it", spool, exe)
+    return exe == sys.executable
 
 
 def pending_log_rows(user_dir: Path) -> list[list]:
@@ -369,13 +355,14 @@ def pending_log_rows(user_dir: Path) -> list[list]:
 
 
 def wait(user_dir: Path, timeout: float, progress=None) -> int:
-    """Wait until the spool under ``user_dir`` is empty or ``timeout`` passed (starting a
-    worker where none runs); returns how many jobs are left. ``progress(left)`` is called
-    when the count changes."""
+    """Wait until the spools under ``user_dir`` this process can store (:func:`runnable`)
+    are empty or ``timeout`` passed (starting a worker where none runs); returns how many
+    of their jobs are left. ``progress(left)`` is called when the count changes."""
     deadline = time.monotonic() + timeout
     last = None
+    ours: dict[Path, bool] = {}  # spools this process can store (not refused, its Python)
     while True:
-        left = jobs(user_dir)
+        left = [p for p in jobs(user_dir) if _memo(ours, p.parent)]
         if len(left) != last and progress is not None:
             progress(len(left))
         last = len(left)
@@ -385,6 +372,12 @@ def wait(user_dir: Path, timeout: float, progress=None) -> int:
             _worker_checked.pop(spool, None)
             ensure_worker(spool)
         time.sleep(0.1)
+
+
+def _memo(ours: dict[Path, bool], spool: Path) -> bool:
+    if spool not in ours:
+        ours[spool] = runnable(spool)
+    return ours[spool]
 
 
 def _rename(src: Path, dst: Path) -> bool:

@@ -192,7 +192,7 @@ def supervise(spool: Path) -> int:
     import fcntl
 
     _lowest_priority(idle=False)
-    from .spool import trusted
+    from .spooltrust import trusted
 
     if not trusted(spool, ENVIRONMENT):  # its variables (LD_*...) would be applied, its jobs run
         _say(f"{spool} is not this user's alone; nothing stored (see the warning above)")
