@@ -333,15 +333,17 @@ def read_job(path: Path) -> dict | None:
 
 
 def runnable(spool: Path) -> bool:
-    """Whether this process may start ``spool``'s worker: the spool is :func:`trusted` and
-    its jobs were written by this Python. Another Python's jobs are left to its own
-    processes: rebuilt with this one's pyopencl they could store a different binary."""
+    """Whether this process may start ``spool``'s worker: :func:`trusted`, and its jobs are
+    this Python's (rebuilt with another's pyopencl they could store a different binary)."""
     if not trusted(spool, ENVIRONMENT):
         return False
     exe = (read_job(spool / ENVIRONMENT) or {}).get("executable", sys.executable)
-    if exe != sys.executable:
+    same = exe == sys.executable or isinstance(exe, str) and (  # python, python3: one venv
+        os.path.split(exe)[0], os.path.realpath(exe)) == (
+        os.path.split(sys.executable)[0], os.path.realpath(sys.executable))
+    if not same:
         log.debug("kdb: spool %s is another Python's (%s); left to it", spool, exe)
-    return exe == sys.executable
+    return same
 
 
 def pending_log_rows(user_dir: Path) -> list[list]:

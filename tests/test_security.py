@@ -489,3 +489,21 @@ def test_can_store_is_false_under_a_cache_root_others_can_write(cache_dir, caplo
         assert db.put(attrs("put"), BINARY) is False
     notes = warnings_of(caplog)
     assert len(notes) == 1 and f"{cache_dir} is refused" in notes[0], notes
+
+
+def test_a_spool_of_this_python_under_another_name_is_run(cache_dir, tmp_path, monkeypatch):
+    """``python`` and ``python3`` of one environment are one Python (a ``kdb`` command and
+    the program it packs for may spell it differently); another directory's is not."""
+    from kdb import spool
+
+    for env in ("one", "two"):
+        (tmp_path / env).mkdir()
+        (tmp_path / env / "python3").symlink_to(sys.executable)
+        (tmp_path / env / "python").symlink_to("python3")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "one" / "python"))
+    d = config.private_dir(cache_dir / "v1" / "spool" / "x")
+    for exe, runs in (("one/python3", True), ("two/python", False), ("two/python3", False)):
+        (d / "environment.json").write_text(json.dumps({"executable": str(tmp_path / exe),
+                                                        "variables": []}))
+        (d / "environment.json").chmod(0o600)
+        assert spool.runnable(d) is runs, exe
