@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from . import lifecycle, logs
-from .spooltrust import UntrustedSpool, accepted, trusted  # noqa: F401 - re-exported
+from .spooltrust import (ENVIRONMENT, UntrustedSpool, accepted,  # noqa: F401
+                         runnable, trusted)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,9 +51,6 @@ LOG_NAME = "store-worker.log"
 #: OpenCL runtime looks: a worker only stores jobs written under the same values.
 _ENV_PREFIXES = ("POCL_", "OCL_", "OPENCL_", "PYOPENCL_", "CUDA_", "LD_", "KDB_")
 _ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
-
-
-ENVIRONMENT = "environment.json"
 
 
 def _environment() -> dict:
@@ -330,20 +328,6 @@ def read_job(path: Path) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None  # stored (and removed) meanwhile, or not a job
-
-
-def runnable(spool: Path) -> bool:
-    """Whether this process may start ``spool``'s worker: :func:`trusted`, and its jobs are
-    this Python's (rebuilt with another's pyopencl they could store a different binary)."""
-    if not trusted(spool, ENVIRONMENT):
-        return False
-    exe = (read_job(spool / ENVIRONMENT) or {}).get("executable", sys.executable)
-    same = exe == sys.executable or isinstance(exe, str) and (  # python, python3: one venv
-        os.path.split(exe)[0], os.path.realpath(exe)) == (
-        os.path.split(sys.executable)[0], os.path.realpath(sys.executable))
-    if not same:
-        log.debug("kdb: spool %s is another Python's (%s); left to it", spool, exe)
-    return same
 
 
 def pending_log_rows(user_dir: Path) -> list[list]:

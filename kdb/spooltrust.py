@@ -7,10 +7,17 @@ naming the path and the fix, and no worker starts, no job is written or read the
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 
-from . import fs
+from . import fs, logs
+
+log = logs.get("kdb")
+
+#: The file naming the Python and the variables a spool's jobs were written with.
+ENVIRONMENT = "environment.json"
 
 #: What trusting a spool someone else can write would risk, and what kdb does instead.
 RISK = ("a store worker started from it would run code someone else chose",
@@ -40,3 +47,23 @@ def accepted(path: Path, fd: int) -> bool:
         return True
     fs.refuse(str(path), why, RISK, once=str(Path(path).parent))
     return False
+
+
+def runnable(spool: Path) -> bool:
+    """Whether this process may start ``spool``'s worker: :func:`trusted`, and its jobs are
+    this Python's (rebuilt with another's pyopencl they could store a different binary)."""
+    if not trusted(spool, ENVIRONMENT):
+        return False
+    try:
+        with open(Path(spool) / ENVIRONMENT, encoding="utf-8") as f:
+            if not accepted(Path(spool) / ENVIRONMENT, f.fileno()):
+                return False
+            exe = json.load(f).get("executable", sys.executable)
+    except (OSError, ValueError, AttributeError):
+        exe = sys.executable  # none yet (the worker then keeps the caller's variables)
+    same = exe == sys.executable or isinstance(exe, str) and (  # python, python3: one venv
+        os.path.split(exe)[0], os.path.realpath(exe)) == (
+        os.path.split(sys.executable)[0], os.path.realpath(sys.executable))
+    if not same:
+        log.debug("kdb: spool %s is another Python's (%s); left to it", spool, exe)
+    return same
