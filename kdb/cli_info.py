@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from . import config
+from . import config, discovery
 from .clitools import Settings, emit_json, human_bytes, json_option
 from .info import info as info_of
 
@@ -54,7 +54,7 @@ def info(obj: Settings, as_json: bool) -> None:
     for s in data["system_databases"]:
         size = f"{s['entries']} entries  {human_bytes(s['size'])}  " if not s["problem"] else ""
         click.echo(f"  {s['arch']}  {s['path']}  {size}({s['origin']})"
-                   + (f"  [BROKEN: {s['problem']}]" if s["problem"] else ""))
+                   + (f"  [{_problem(s)}]" if s["problem"] else ""))
     click.echo("OpenCL devices:")
     if data["devices_note"]:
         click.echo(f"  ({data['devices_note']})")
@@ -115,3 +115,11 @@ def _echo_cuda(cuda: dict[str, Any]) -> None:
     click.echo(f"  system db: {' '.join(cuda['system_db']) or 'none for these arches'}")
     click.echo("  pycuda:    " + ("installed" if cuda["pycuda"] else
                                   "not installed (loading needs pip install 'kdb[pycuda]')"))
+
+
+def _problem(system: dict) -> str:
+    """A system database's problem as ``kdb info`` shows it: refused (not loaded: others
+    could change it) or broken."""
+    if system.get("refused"):
+        return "REFUSED: " + system["problem"][len(discovery.REFUSED):]
+    return "BROKEN: " + system["problem"]

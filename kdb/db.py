@@ -192,8 +192,10 @@ class KernelDB(Storing):
         if self.disabled or claims.held_here(attrs.key):
             return None  # this process compiled it and is storing it: never wait on oneself
         user = self.user_file(attrs.arch)
+        if not self._user_trusted(user):
+            return None  # claims live beside the user file: none in a directory others own
         shared = self._shared()  # shared tier: the cross-node lock and its hits (None: off)
-        if shared is None and not (user.usable and user.trusted()):
+        if shared is None and not user.usable:
             return None  # a refused user file: nothing to wait for, and no claims written there
         published = (FileTier(user),) if shared is None else (FileTier(user), shared)
         return claims.claim_or_wait(self.user_dir / "claims", attrs.key,

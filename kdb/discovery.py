@@ -132,9 +132,32 @@ def all_sources(extra_dirs: list[str | os.PathLike[str]] | None = None, *,
                 path = join(spelled(d), n)
                 # Never open what is not a regular file: a FIFO blocks open() for good.
                 problem = "" if is_file(path) else "not a regular file (skipped)"
-                out.append(SystemSource(arch, path, config.ENV_SYSTEM_DB_PATH, problem))
-    out.extend(_resolve(ep) for ep in entry_points(memo_dir=memo_dir))
+                out.append(_checked(SystemSource(arch, path, config.ENV_SYSTEM_DB_PATH,
+                                                 problem)))
+    out.extend(_checked(_resolve(ep)) for ep in entry_points(memo_dir=memo_dir))
     return out
+
+
+#: How the problem of a system database refused for its owner or permissions begins.
+REFUSED = "refused: "
+
+
+def unsafe(filename: str) -> str | None:
+    """Why a system database must not be loaded (:func:`kdb.fs.system_unsafe_reason` of the
+    file, then of its directory), as a problem ``kdb info`` and ``kdb verify`` show; None
+    when it may be."""
+    from . import fs
+
+    bad = fs.unsafe_chain([filename, os.path.dirname(filename) or "."], system=True)
+    if bad is None:
+        return None
+    return (f"{REFUSED}{bad[0]}: {bad[1]}, so another user could swap in their own kernels; "
+            f"make it owned by you or root and writable by its owner only (chmod go-w)")
+
+
+def _checked(src: SystemSource) -> SystemSource:
+    problem = "" if src.problem else unsafe(src.filename)
+    return src._replace(problem=problem) if problem else src
 
 
 def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = None, *,
@@ -142,14 +165,31 @@ def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = Non
     """Usable system databases for one arch, in search order; broken entries are logged."""
     dirs = config.system_dirs_str() if extra_dirs is None else extra_dirs
     files = (join(spelled(d), f"{arch}.kdb") for d in dirs)
-    out = [SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH) for f in files if is_file(f)]
+    out = []
+    for f in files:
+        if is_file(f):
+            why = unsafe(f)
+            if why is None:
+                out.append(SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH))
+            else:
+                _refuse(f, config.ENV_SYSTEM_DB_PATH, why)
     for ep in entry_points(memo_dir=memo_dir):
         if ep.name != arch:
             continue
         src = _resolve(ep)
-        if src.problem:
+        why = src.problem or unsafe(src.filename)
+        if not why:
+            out.append(src)
+        elif src.problem:
             log.warning("kdb: system database entry point %s = %s (%s) skipped: %s",
                         ep.name, ep.value, src.origin, src.problem)
         else:
-            out.append(src)
+            _refuse(src.filename, src.origin, why)
     return out
+
+
+def _refuse(filename: str, origin: str, why: str) -> None:
+    from . import faults
+
+    faults.fault(f"system database {filename} (from {origin}) is not loaded: {why}",
+                 once="unsafe-system:" + filename)

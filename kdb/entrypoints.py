@@ -207,6 +207,8 @@ def _load(memo_file: str) -> dict[tuple[str, str], tuple]:
         P <dist> <version> <name> <value> one line per entry point in the group
         end
     """
+    if _unsafe(memo_file):
+        return {}
     try:
         with open(memo_file, "rb") as f:
             lines = f.read().decode("utf-8", "surrogateescape").split("\n")
@@ -268,6 +270,8 @@ def flush() -> None:
 def _save(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:
     """Write ``records`` and the file's still valid records of other directories (other
     venvs share the cache root), atomically; a read-only cache only costs a rescan."""
+    if _unsafe(memo_file):
+        return
     mine = dict(records)
     for key, rec in _load(memo_file).items():
         if key in mine:
@@ -309,6 +313,18 @@ def _save(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def _unsafe(memo_file: str) -> bool:
+    """Whether the cache file or its directory is not this user's alone: another user could
+    point a system database's entry point at a package of their choosing. It is then neither
+    read nor written (the cache root's own refusal is reported where the tiers use it)."""
+    from .fs import unsafe_chain
+
+    bad = unsafe_chain([memo_file, os.path.dirname(memo_file)])
+    if bad is not None:
+        log.debug("kdb: entry point cache %s not used: %s", *bad)
+    return bad is not None
 
 
 def _create(path: str) -> int:

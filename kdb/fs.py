@@ -2,8 +2,9 @@
 
 SQLite's WAL needs shared memory that network file systems (NFS, Lustre, GPFS, ...) do
 not provide across nodes: on those kdb uses a rollback journal and says to use a node-local
-cache plus the shared tier. A user database is code the process will load and run, so one
-that another user owns, or that group or others can write, is refused.
+cache plus the shared tier. A user database, a store worker's spool and a system database
+are code the process will load and run, so one that another user owns (root may own a system
+database), or that group or others can write, is refused.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def network_fs(path: str | os.PathLike[str]) -> str | None:
 
 
 def unsafe_reason(path: str | os.PathLike[str]) -> str | None:
-    """Why a user database (or its directory) must not be trusted, or ``None`` if it may.
+    """Why a user database (or its directory, or a spool's file) must not be trusted, or
+    ``None`` if it may: it must be this user's and written by nobody else. A symbolic link
+    counts as what it points to, unless another user owns the link (they could re-point it).
 
     A path that cannot be there (under a regular file: ``KDB_CACHE_DIR=/dev/null``) is not
     unsafe: nothing is read from it, and whoever tries to create it reports why it failed.
@@ -59,12 +62,71 @@ def unsafe_reason(path: str | os.PathLike[str]) -> str | None:
     >>> unsafe_reason("/dev/null/v1/a.kdb") is None
     True
     """
+    return _owner_problem(path, system=False)
+
+
+def system_unsafe_reason(path: str | os.PathLike[str]) -> str | None:
+    """Why a system database (or its directory) must not be loaded, or ``None`` if it may:
+    it must be owned by this user or root and written by nobody else. A sticky directory
+    that others can write (``/tmp``) is refused too: one rule, however the bits are set.
+
+    >>> system_unsafe_reason("/") is None
+    True
+    >>> system_unsafe_reason("/tmp")
+    'group or others can write it'
+    """
+    return _owner_problem(path, system=True)
+
+
+def unsafe_chain(paths, system: bool = False) -> tuple[str, str] | None:
+    """The first of ``paths`` (a cache root, its user dir, a spool, a file...) that must not
+    be trusted, with why; ``None`` when every one may be."""
+    for p in paths:
+        why = _owner_problem(p, system)
+        if why is not None:
+            return spelled(p), why
+    return None
+
+
+def _owner_problem(path: str | os.PathLike[str], system: bool) -> str | None:
     try:
         st = os.stat(path)
+        link = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"it is owned by another user (uid {st.st_uid})"
+    me = os.getuid() if hasattr(os, "getuid") else None
+    allowed = (me, 0) if system else (me,)
+    if me is not None and stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+        return f"it is a symbolic link owned by another user (uid {link.st_uid})"
+    return stat_problem(st, allowed)
+
+
+def stat_problem(st: os.stat_result, allowed: tuple | None = None) -> str | None:
+    """Why a file with this ``stat`` must not be trusted: an owner not in ``allowed`` (default:
+    this user), or group or others can write it."""
+    if hasattr(os, "getuid"):
+        if st.st_uid not in (allowed or (os.getuid(),)):
+            return f"it is owned by another user (uid {st.st_uid})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return "group or others can write it"
     return None
+
+
+def refused(paths, why_not: tuple[str, str], system: bool = False) -> bool:
+    """True, after one warning (:func:`refuse`), when one of ``paths`` must not be trusted."""
+    bad = unsafe_chain(paths, system)
+    if bad is None:
+        return False
+    refuse(*bad, why_not, once=bad[0])
+    return True
+
+
+def refuse(path: str, why: str, why_not: tuple[str, str], once: str) -> None:
+    """One warning (a fault) naming ``path``, what is wrong with it, the fix and what kdb
+    does instead. ``why_not``: (what trusting it would risk, what happens meanwhile)."""
+    from . import faults
+
+    risk, meanwhile = why_not
+    faults.fault(f"{path} is refused: {why}, and {risk}. chown/chmod it (make it yours; chmod "
+                 "700 a directory, 600 a file) or set KDB_CACHE_DIR to a directory of your own; "
+                 f"{meanwhile}.", once="unsafe:" + once)

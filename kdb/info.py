@@ -141,7 +141,9 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "schema_head": HEAD,
         "user_files": [asdict(f) for f in users],
         "system_path": [str(d) for d in config.system_dirs()],
-        "system_databases": [{**asdict(s), **provider(s.origin)} for s in systems],
+        "system_databases": [{**asdict(s), **provider(s.origin),
+                              "refused": s.problem.startswith(discovery.REFUSED)}
+                             for s in systems],
         "devices": devices,
         "devices_note": note,
         "missing_system": missing,

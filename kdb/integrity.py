@@ -41,6 +41,7 @@ def verify(user_dir: Path, arch: str | None = None, fix=None) -> dict[str, Any]:
             continue
         if src.problem:
             files.append(file_result(src.path, "system", src.arch, [src.problem]))
+            files[-1]["unsafe"] = src.problem.startswith(discovery.REFUSED)
         else:
             result = verify_file(Path(src.path), "system", src.arch)
             _check_installed(result, Path(src.path), src.origin)

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 from . import lifecycle, logs
+from .spooltrust import (ENVIRONMENT, UntrustedSpool, accepted,  # noqa: F401
+                         runnable, trusted)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,9 +51,6 @@ LOG_NAME = "store-worker.log"
 #: OpenCL runtime looks: a worker only stores jobs written under the same values.
 _ENV_PREFIXES = ("POCL_", "OCL_", "OPENCL_", "PYOPENCL_", "CUDA_", "LD_", "KDB_")
 _ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
-
-
-ENVIRONMENT = "environment.json"
 
 
 def _environment() -> dict:
@@ -87,13 +86,19 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
     ``claims`` (:class:`kdb.claims.Claim`) are marked pending and released once the job is
     stored, or when this process exits. ``store_now`` stores the job in this process; it is
     called (on a watcher thread) when another process waits for one of the claimed keys.
-    Raises ``OSError`` when the spool cannot be written.
+    Raises ``OSError`` when the spool cannot be written, :class:`UntrustedSpool` (after its
+    warning) when a directory on its way is not this user's alone.
     """
     global _counter
     from .config import private_dir
 
     env = _environment()
-    spool = private_dir(spool_dir(user_dir))
+    spool = spool_dir(user_dir)
+    if not trusted(spool):  # checked before anything is created in it, and after
+        raise UntrustedSpool(spool)
+    private_dir(spool)
+    if not trusted(spool, ENVIRONMENT):
+        raise UntrustedSpool(spool)
     if not (spool / ENVIRONMENT).exists():
         _write_file(spool / ENVIRONMENT, env)
     _counter += 1
@@ -243,19 +248,19 @@ def worker_running(spool: Path) -> bool:
 
 
 def ensure_worker(spool: Path) -> None:
-    """Start a worker for ``spool`` unless one runs (checked at most every 0.25 s)."""
+    """Start a worker for ``spool`` unless one runs (checked at most every 0.25 s).
+
+    Only in a spool this user alone can write (:func:`trusted`), and always this process's
+    own Python: never an executable named by a file, which whoever wrote it chose."""
     now = time.monotonic()
     if now - _worker_checked.get(spool, -1e9) < 0.25:
         return
     _worker_checked[spool] = now
-    if worker_running(spool):
+    if not runnable(spool) or worker_running(spool):
         return
     import subprocess
 
-    env = read_job(spool / ENVIRONMENT) or {}
-    exe = env.get("executable") or sys.executable
-    if not os.access(exe, os.X_OK):
-        exe = sys.executable
+    exe = sys.executable
     out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o600)
     with os.fdopen(out_fd, "ab") as out:
@@ -314,8 +319,12 @@ def jobs(user_dir: Path) -> list[Path]:
 
 
 def read_job(path: Path) -> dict | None:
+    """A job's (or ``environment.json``'s) data; ``None`` when it is gone, not JSON, or not
+    this user's alone (refused with a warning: its contents are run as this user)."""
     try:
         with open(path, encoding="utf-8") as f:
+            if not accepted(path, f.fileno()):
+                return None
             return json.load(f)
     except (OSError, ValueError):
         return None  # stored (and removed) meanwhile, or not a job
@@ -332,13 +341,14 @@ def pending_log_rows(user_dir: Path) -> list[list]:
 
 
 def wait(user_dir: Path, timeout: float, progress=None) -> int:
-    """Wait until the spool under ``user_dir`` is empty or ``timeout`` passed (starting a
-    worker where none runs); returns how many jobs are left. ``progress(left)`` is called
-    when the count changes."""
+    """Wait until the spools under ``user_dir`` this process can store (:func:`runnable`)
+    are empty or ``timeout`` passed (starting a worker where none runs); returns how many
+    of their jobs are left. ``progress(left)`` is called when the count changes."""
     deadline = time.monotonic() + timeout
     last = None
+    ours: dict[Path, bool] = {}  # spools this process can store (not refused, its Python)
     while True:
-        left = jobs(user_dir)
+        left = [p for p in jobs(user_dir) if _memo(ours, p.parent)]
         if len(left) != last and progress is not None:
             progress(len(left))
         last = len(left)
@@ -348,6 +358,12 @@ def wait(user_dir: Path, timeout: float, progress=None) -> int:
             _worker_checked.pop(spool, None)
             ensure_worker(spool)
         time.sleep(0.1)
+
+
+def _memo(ours: dict[Path, bool], spool: Path) -> bool:
+    if spool not in ours:
+        ours[spool] = runnable(spool)
+    return ours[spool]
 
 
 def _rename(src: Path, dst: Path) -> bool:

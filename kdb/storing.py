@@ -33,7 +33,7 @@ class Storing:
         arguments.check_attrs(attrs)
         arguments.check_details(details)
         arguments.check_seconds(compile_seconds)
-        if self.disabled:
+        if self.disabled or not self._user_trusted(self.user_file(attrs.arch)):
             return False
         self.flush()
         entry = self._entry(attrs, bytes(binary), compile_seconds, details)
@@ -58,7 +58,7 @@ class Storing:
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         if log is not None:
             self._book.add_log(attrs.arch, log)
-        if self.disabled:
+        if self.disabled or not self._user_trusted(self.user_file(attrs.arch)):
             if claim is not None:
                 claim.release()
             return
@@ -94,6 +94,8 @@ class Storing:
                                     "claims_dir": str(self.user_dir / "claims")})
         try:
             spool.submit(self.user_dir, typed, claims, store_now)
+        except spool.UntrustedSpool:
+            return False  # warned: stored in this process, in the user file if it is trusted
         except OSError as err:
             faults.fault(f"cannot hand stores to the store worker under {self.user_dir} ({err});"
                          " storing them in this process", once=str(self.user_dir))
@@ -105,11 +107,25 @@ class Storing:
         return True
 
     def can_store(self, arch: str) -> bool:
-        """Whether a store for ``arch`` could land anywhere: False when the user file was
-        refused (another owner, newer than kdb, not a file) and no shared tier is set, so a
-        back end need not read binaries, nor start a store worker, for nothing."""
+        """Whether a store for ``arch`` could land anywhere, so a back end need not read
+        binaries, nor start a store worker, for nothing. False when the user file, its
+        directory or the cache root is not this user's alone, shared tier or not (stores,
+        claims and spools live there); else False when the user file was refused (newer
+        than kdb, not a file) and no shared tier is set."""
         f = self.user_file(arch)
-        return self._shared() is not None or (f.usable and f.trusted())
+        if not self._user_trusted(f):
+            return False
+        return self._shared() is not None or f.usable
+
+    def _user_trusted(self, f) -> bool:
+        """The user file ``f``, its directory and the cache root are this user's alone (a
+        warning, once, names the first that is not)."""
+        from . import fs
+
+        if fs.refused([self._cache_root], _USER_TIER):
+            f.usable = False
+            return False
+        return f.trusted()
 
     def store(self, items: list, logs: list[CompileRecord] = ()) -> bool:
         """Store ``(attrs, binary, compile_seconds, details)`` items and latency rows now, in
@@ -180,6 +196,9 @@ class Storing:
                        details=details, publish=False)
         _background().submit(lambda: shared.touch(attrs.key))
 
+
+_USER_TIER = ("loading a binary from it would run code someone else can change",
+              "kernels are compiled meanwhile and not stored")
 
 _BACKGROUND = __name__.rpartition(".")[0] + ".background"
 

@@ -192,6 +192,11 @@ def supervise(spool: Path) -> int:
     import fcntl
 
     _lowest_priority(idle=False)
+    from .spooltrust import trusted
+
+    if not trusted(spool, ENVIRONMENT):  # its variables (LD_*...) would be applied, its jobs run
+        _say(f"{spool} is not this user's alone; nothing stored (see the warning above)")
+        return 1
     env = read_job(spool / ENVIRONMENT)
     if env is not None:  # the environment the jobs were written in, for the child's rebuilds
         for k in [k for k in os.environ if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES]:

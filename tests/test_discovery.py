@@ -147,6 +147,103 @@ def test_system_tier_is_checked_before_the_user_tier(cache_dir, system_dir):
     assert (hit.tier, hit.binary) == ("user", USER_BINARY)
 
 
+# -- a system database others can write is not loaded (issue 19, defect 4) ------------------
+
+def _not_loaded(path: Path, why: str, caplog, culprit: Path | None = None) -> None:
+    """Not served, one warning naming it and the fix; ``kdb verify`` fails on it and ``kdb
+    info`` marks it refused, each with the reason (``culprit``: the file, or its directory)."""
+    culprit = culprit or path
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.get(attrs()) is None  # the binary there may be anyone's
+        assert db.get(attrs()) is None
+        db.close()
+    notes = [r.getMessage() for r in caplog.records
+             if r.levelno >= logging.WARNING and "not loaded" in r.getMessage()]
+    assert len(notes) == 1, caplog.text
+    assert str(path) in notes[0] and f"{culprit}: {why}" in notes[0], notes
+    assert "chmod go-w" in notes[0], notes
+    result = CliRunner().invoke(cli, ["verify", "--json"])
+    assert result.exit_code == 1, result.output
+    import json
+
+    [f] = [f for f in json.loads(result.output)["files"] if f["tier"] == "system"]
+    assert f["path"] == str(path) and not f["ok"] and f["unsafe"]
+    assert why in f["problems"][0]
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert f"[REFUSED: {culprit}: {why}" in result.output, result.output
+    assert "all sound" not in CliRunner().invoke(cli, ["verify"]).output
+
+
+def test_a_world_writable_system_file_is_not_loaded(cache_dir, system_dir, caplog):
+    path = system_dir / f"{ARCH}.kdb"
+    path.chmod(0o666)
+    _not_loaded(path, "group or others can write it", caplog)
+
+
+def test_a_system_file_in_a_world_writable_directory_is_not_loaded(cache_dir, system_dir,
+                                                                     caplog):
+    system_dir.chmod(0o777)  # anyone can swap the file for their own
+    _not_loaded(system_dir / f"{ARCH}.kdb", "group or others can write it", caplog, system_dir)
+
+
+def test_a_system_file_in_a_sticky_shared_directory_is_not_loaded(cache_dir, system_dir,
+                                                                   caplog):
+    """/tmp's bits: kept strict, one rule for a directory others can write."""
+    system_dir.chmod(0o1777)
+    _not_loaded(system_dir / f"{ARCH}.kdb", "group or others can write it", caplog, system_dir)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+def test_a_system_file_owned_by_another_user_is_not_loaded(cache_dir, system_dir, caplog):
+    path = system_dir / f"{ARCH}.kdb"
+    os.chown(path, 65534, 65534)  # nobody, 0644: they can rewrite it
+    _not_loaded(path, "it is owned by another user (uid 65534)", caplog)
+
+
+def test_a_system_file_of_root_or_this_user_readable_by_all_is_loaded(cache_dir, system_dir):
+    """0644 in 0755, as pip installs into site-packages: the normal case."""
+    (system_dir / f"{ARCH}.kdb").chmod(0o644)
+    system_dir.chmod(0o755)
+    [src] = discovery.sources_for(ARCH)
+    assert src.problem == "" and discovery.unsafe(src.filename) is None
+    assert KernelDB().get(attrs()) == SYSTEM_BINARY
+
+
+def test_an_installed_system_package_others_can_write_is_not_loaded(cache_dir, fake_site,
+                                                                      caplog):
+    only_fake(fake_site)
+    package = fake_site / "kdb_system_fake"
+    package.chmod(0o777)
+    assert discovery.sources_for(ARCH, []) == []
+    [src] = [s for s in discovery.all_sources([]) if s.arch == ARCH]
+    assert src.problem.startswith(discovery.REFUSED) and str(package) in src.problem
+    _not_loaded(package / f"{ARCH}.kdb", "group or others can write it", caplog, package)
+
+
+def test_an_entry_point_cache_others_can_write_is_not_read(fake_site, tmp_path):
+    """Its records name the package a system database is read from."""
+    memo = tmp_path / "memo"
+    only_fake(fake_site)
+    settle(fake_site)
+    new_process()
+    assert FAKE_EP in ours(discovery.entry_points(memo_dir=memo))
+    new_process()  # writes the cache file
+    memo_file = memo / "entry-points.txt"
+    text = memo_file.read_text()
+    memo_file.write_text(text.replace(f"\t{ARCH}\tkdb_system_fake", f"\t{ARCH}\tplanted"))
+    assert ours(discovery.entry_points(memo_dir=memo))[0][3] == "planted"  # trusted: used
+    new_process()
+    memo_file.write_text(text.replace(f"\t{ARCH}\tkdb_system_fake", f"\t{ARCH}\tplanted"))
+    memo_file.chmod(0o666)
+    assert ours(discovery.entry_points(memo_dir=memo)) == [FAKE_EP]  # rescanned instead
+
+
 def test_system_file_is_read_without_write_access(cache_dir, system_dir):
     path = system_dir / f"{ARCH}.kdb"
     path.chmod(0o444)

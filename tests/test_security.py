@@ -6,16 +6,22 @@ arch ids cannot steer a write outside the cache; system files are never opened w
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from kdb import HashAttributes, KernelDB, UnsafeArchError, claims, config
+from kdb import HashAttributes, KernelDB, UnsafeArchError, claims, config, faults
 from kdb.cli import cli
 
 BINARY = b"\x7fELF kernel " * 100
@@ -257,3 +263,247 @@ def test_verify_repair_never_touches_a_system_file(tmp_path, cache_dir):
                                 env={"KDB_SYSTEM_DB_PATH": str(sysdir)})
     assert result.exit_code == 1  # still wrong: repair does not fix system files
     assert snapshot(sysdir) == before
+
+
+# -- a cache another user can write: no store worker, no job (issue 19, defect 3) -----------
+
+RUNUSER = "/usr/sbin/runuser"
+needs_another_user = pytest.mark.skipif(
+    not (hasattr(os, "getuid") and os.getuid() == 0 and os.access(RUNUSER, os.X_OK)),
+    reason="acting as user nobody needs root and /usr/sbin/runuser")
+
+#: Run as the other user (sh: their Python may be out of their reach): a planted executable
+#: and a PYTHONPATH whose sitecustomize runs in any Python started with it, each touching the
+#: marker; a spool naming them, with a job.
+PLANT = r"""
+set -e
+root=$1 evil=$2 marker=$3
+mkdir -p "$evil" "$root/v1/spool/x"
+printf '#!/bin/sh\ntouch %s\n' "$marker" > "$evil/python"
+chmod 755 "$evil/python"
+printf 'open(%s, "a").close()\n' "'$marker'" > "$evil/sitecustomize.py"
+printf '{"executable": "%s/python", "variables": [["PYTHONPATH", "%s"], ["LD_LIBRARY_PATH", "%s"]]}' \
+    "$evil" "$evil" "$evil" > "$root/v1/spool/x/environment.json"
+printf '{"kind": "store", "backend": "opencl", "entries": []}' \
+    > "$root/v1/spool/x/00000000000000000001-1-1.job"
+"""
+
+#: The victim's program: pyopencl through kdb.opencl.install(), its answer on stdout.
+TWICE = """
+import numpy as np, pyopencl as cl, kdb.opencl
+kdb.opencl.install()
+plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+ctx = cl.Context(plat.get_devices()[:1])
+queue = cl.CommandQueue(ctx)
+prg = cl.Program(ctx, "__kernel void twice(__global int *a) "
+                      "{ int i = get_global_id(0); a[i] = 2 * i; }").build()
+a = np.zeros(8, np.int32)
+buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, a.nbytes)
+prg.twice(queue, a.shape, None, buf)
+cl.enqueue_copy(queue, a, buf)
+print(a.tolist())
+"""
+TWICE_ANSWER = str([2 * i for i in range(8)])
+
+
+@pytest.fixture
+def open_dir():
+    """A directory anyone may create in, as /tmp (pytest's own tmp_path is private)."""
+    d = Path(tempfile.mkdtemp(prefix="kdb-open-", dir="/tmp"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def as_nobody(*cmd: str) -> None:
+    subprocess.run([RUNUSER, "-u", "nobody", "--", *cmd], check=True, timeout=60)
+
+
+def plant(root: Path, open_dir: Path) -> Path:
+    """The other user's cache root with a spool naming their executable; the marker path."""
+    marker = open_dir / "planted-code-ran"
+    as_nobody("/bin/sh", "-c", PLANT, "plant", str(root), str(open_dir / "evil"), str(marker))
+    assert (root / "v1").stat().st_uid == 65534
+    return marker
+
+
+def never_ran(marker: Path, seconds: float = 4.0) -> None:
+    """A store worker starts at once and runs after a job's MIN_AGE_S: give it the time."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert not marker.exists(), "code planted by another user ran"
+        time.sleep(0.1)
+
+
+def victim_env(root: Path, **more: str) -> dict[str, str]:
+    return {"KDB_CACHE_DIR": str(root), "KDB_STORE_AT_EXIT": "detach", **more}
+
+
+@needs_another_user
+def test_a_program_never_runs_a_spool_another_user_planted(open_dir, run_py):
+    """With the shared tier set, a miss used to spool into the other user's cache and start
+    the worker of every spool there: with their executable, or their PYTHONPATH."""
+    pytest.importorskip("pyopencl")
+    root = open_dir / "kdb"
+    marker = plant(root, open_dir)
+    url = "postgresql+psycopg://kdb@127.0.0.1:9/kdb"  # nothing listens: the tier is off
+    proc = run_py(TWICE, env=victim_env(root, KDB_SHARED_URL=url))
+    assert proc.stdout.splitlines()[-1] == TWICE_ANSWER
+    never_ran(marker)
+    assert f"{root} is refused: it is owned by another user (uid 65534)" in proc.stderr, proc.stderr
+    assert "KDB_CACHE_DIR to a directory of your own" in proc.stderr
+    assert [p.name for p in (root / "v1" / "spool").iterdir()] == ["x"]  # no job written
+    assert not (root / "v1" / "spool" / "x" / "worker.lock").exists()
+
+
+@needs_another_user
+def test_pack_from_log_never_runs_a_spool_another_user_planted(open_dir):
+    """``kdb pack --from-log`` waits for the spool's jobs, starting their worker: it ran the
+    other user's executable over and over, and waited its full 900 s."""
+    pytest.importorskip("pyopencl")
+    root = open_dir / "kdb"
+    marker = plant(root, open_dir)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "kdb.cli", "pack", "--arch", "native",
+                           "--from-log", "--out", str(open_dir / "out")],
+                          env={**os.environ, **victim_env(root)}, capture_output=True,
+                          text=True, timeout=300)
+    assert time.monotonic() - start < 120, proc.stdout + proc.stderr
+    never_ran(marker)
+    assert "is refused" in proc.stderr and str(root / "v1") in proc.stderr, proc.stderr
+
+
+@needs_another_user
+def test_a_cache_root_another_user_created_is_refused(open_dir, run_py):
+    """They only made the directory (others can rename what the victim creates in it)."""
+    pytest.importorskip("pyopencl")
+    root = open_dir / "kdb"
+    as_nobody("mkdir", "-m", "0777", str(root))
+    proc = run_py(TWICE, env=victim_env(root, KDB_SHARED_URL="postgresql+psycopg://kdb@127."
+                                                             "0.0.1:9/kdb"))
+    assert proc.stdout.splitlines()[-1] == TWICE_ANSWER
+    assert f"{root} is refused: it is owned by another user (uid 65534)" in proc.stderr
+    assert not (root / "v1" / "spool").exists()  # no spool, no job
+
+
+def test_a_spool_group_or_others_can_write_starts_no_worker(cache_dir, tmp_path, caplog):
+    """Our own spool, made writable by others: its environment.json's executable and
+    variables are never used, its jobs never read. (Without runuser: only the bits.)"""
+    from kdb import spool
+
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "python").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (evil / "python").chmod(0o755)
+    d = config.private_dir(cache_dir / "v1" / "spool" / "x")
+    (d / "environment.json").write_text(json.dumps({"executable": str(evil / "python"),
+                                                    "variables": []}))
+    (d / "environment.json").chmod(0o600)
+    job = d / "00000000000000000001-1-1.job"
+    job.write_text(json.dumps({"entries": [], "logs": [["row"]]}))
+    job.chmod(0o600)
+    d.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        spool.ensure_worker(d)
+        assert spool.read_job(job) is None
+        assert spool.pending_log_rows(cache_dir / "v1") == []
+        assert spool.wait(cache_dir / "v1", 30) == 0  # nothing to wait for: refused
+    never_ran(marker, 1.0)
+    assert not (d / "worker.lock").exists()
+    notes = warnings_of(caplog)
+    assert len(notes) == 1 and f"{d} is refused: group or others can write it" in notes[0]
+    d.chmod(0o700)
+    (d / "environment.json").chmod(0o666)  # the file alone
+    faults.reset()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        spool.ensure_worker(d)
+    never_ran(marker, 1.0)
+    assert f"{d / 'environment.json'} is refused" in caplog.text
+    assert spool.read_job(job) == {"entries": [], "logs": [["row"]]}  # the job itself is ours
+
+
+def test_the_worker_never_applies_a_spool_others_can_write(cache_dir, tmp_path):
+    """Started by hand on such a spool, the worker stores nothing and applies none of its
+    variables: a PYTHONPATH there would run code in every store it starts."""
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').close()\n")
+    d = config.private_dir(cache_dir / "v1" / "spool" / "x")
+    (d / "environment.json").write_text(json.dumps({"executable": sys.executable,
+                                                    "variables": [["PYTHONPATH", str(evil)]]}))
+    (d / "00000000000000000001-1-1.job").write_text(json.dumps({"kind": "store"}))
+    for p in d.iterdir():
+        p.chmod(0o600)
+    d.chmod(0o770)
+    proc = subprocess.run([sys.executable, "-m", "kdb.worker", str(d)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "refused" in proc.stderr and not marker.exists()
+
+
+def test_the_store_worker_is_always_this_python(cache_dir, tmp_path):
+    """environment.json names the Python its jobs were written with; a worker is started
+    with this process's own, and only for this Python's spools, never with a path read."""
+    from kdb import spool
+
+    marker = tmp_path / "ran"
+    other = tmp_path / "python"
+    other.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    other.chmod(0o755)
+    d = config.private_dir(cache_dir / "v1" / "spool" / "x")
+    (d / "environment.json").write_text(json.dumps({"executable": str(other),
+                                                    "variables": []}))
+    (d / "environment.json").chmod(0o600)
+    spool.ensure_worker(d)
+    never_ran(marker, 1.0)
+    assert not (d / "worker.lock").exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+def test_can_store_is_false_where_the_user_dir_is_refused_even_with_a_shared_tier(
+        cache_dir, monkeypatch, caplog):
+    db = KernelDB(use_system=False)
+    db.put(attrs("old"), BINARY)
+    db.close()
+    os.chown(cache_dir / "v1", 65534, 65534)
+    monkeypatch.setenv("KDB_SHARED_URL", "postgresql+psycopg://kdb@127.0.0.1:9/kdb")
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        db = KernelDB()  # the shared tier is consulted with the system tier
+        assert db._shared() is not None
+        assert db.can_store("a1") is False
+        assert db.claim_or_wait(attrs("new")) is None  # no claim file in their directory
+    assert "owned by another user" in caplog.text
+    assert not (cache_dir / "v1" / "claims").exists()
+
+
+def test_can_store_is_false_under_a_cache_root_others_can_write(cache_dir, caplog):
+    db = KernelDB(use_system=False)
+    db.put(attrs("old"), BINARY)
+    db.close()
+    cache_dir.chmod(0o777)  # others could rename v1 away and put their own in its place
+    db = KernelDB(use_system=False)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.can_store("a1") is False
+        assert db.put(attrs("put"), BINARY) is False
+    notes = warnings_of(caplog)
+    assert len(notes) == 1 and f"{cache_dir} is refused" in notes[0], notes
+
+
+def test_a_spool_of_this_python_under_another_name_is_run(cache_dir, tmp_path, monkeypatch):
+    """``python`` and ``python3`` of one environment are one Python (a ``kdb`` command and
+    the program it packs for may spell it differently); another directory's is not."""
+    from kdb import spool
+
+    for env in ("one", "two"):
+        (tmp_path / env).mkdir()
+        (tmp_path / env / "python3").symlink_to(sys.executable)
+        (tmp_path / env / "python").symlink_to("python3")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "one" / "python"))
+    d = config.private_dir(cache_dir / "v1" / "spool" / "x")
+    for exe, runs in (("one/python3", True), ("two/python", False), ("two/python3", False)):
+        (d / "environment.json").write_text(json.dumps({"executable": str(tmp_path / exe),
+                                                        "variables": []}))
+        (d / "environment.json").chmod(0o600)
+        assert spool.runnable(d) is runs, exe
