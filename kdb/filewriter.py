@@ -61,22 +61,30 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
         return conn
     if not f.usable:
         return None
-    held = None  # an fd on the file being made ready: its inode cannot be reused meanwhile
+    # A connection held open while the file is made ready keeps its inode from being reused,
+    # so a new file at the path always has another identity. (Not a plain fd: closing one
+    # would drop this process's SQLite locks on the file, sqlite.org/howtocorrupt.html.)
+    keeper = None
+    ident = began = None
     try:
         private_dir(f.path.parent)
         if not f.trusted():  # never create a file where others could change it
             return None
-        held = os.open(f.path, os.O_RDONLY | os.O_CREAT, 0o600)
+        if not f.path.exists():
+            os.close(os.open(f.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        ident, began = identity(f.filename), True
+        keeper = f._open()
+        _check_there(f, ident)
         from .migrate import file_lock
 
         with file_lock(f.path):
-            _check_there(held, f)
+            _check_there(f, ident)
             probe = f._open()
             try:
                 rev = revision_of(probe)
                 if rev is None and not has_no_tables(probe):
                     probe.close()
-                    _check_there(held, f)
+                    _check_there(f, ident)
                     f._damaged(sqlite3.DatabaseError("not a kdb database"))
                     return None
                 if rev is None:
@@ -88,35 +96,35 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
                     f._checked = False
                     f._conn()  # reports the future revision once
                     return None
-                if not _migrate(f, lambda: _check_there(held, f)):
+                if not _migrate(f, lambda: _check_there(f, ident)):
                     return None
                 if rev is None:
                     _describe(f)
-                _check_there(held, f)
+                _check_there(f, ident)
     except DAMAGE as err:
-        if held is not None:
-            _check_there(held, f, err)
+        if began:
+            _check_there(f, ident, err)
         f._damaged(err)
         return None
     except OSError as err:
-        if held is not None:
-            _check_there(held, f, err)
+        if began:
+            _check_there(f, ident, err)
         f.usable = False
         faults.fault(f"cannot write {f.path} ({err}); kernels will not be stored",
                      once=str(f.path.parent))
         return None
     finally:
-        if held is not None:
-            os.close(held)
+        if keeper is not None:
+            keeper.close()
     f.close()
     f._checked = True
     return f._conn()
 
-def _check_there(fd: int, f: KernelFile, err: Exception | None = None) -> None:
-    """Raise :class:`_Gone` where the file open as ``fd`` is no longer the one at ``f``'s
-    path: removed, or replaced by another process's new file (``kdb clear``)."""
-    st = os.fstat(fd)
-    if st.st_nlink == 0 or identity(f.filename) != (st.st_dev, st.st_ino):
+def _check_there(f: KernelFile, ident: tuple[int, int] | None,
+                 err: Exception | None = None) -> None:
+    """Raise :class:`_Gone` where the file that had ``ident`` when this writer began is no
+    longer at ``f``'s path: removed, or replaced by another process's (``kdb clear``)."""
+    if ident is None or identity(f.filename) != ident:
         raise _Gone from err
 
 
