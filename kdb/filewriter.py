@@ -16,9 +16,8 @@ from . import codec, faults, fs
 from .config import max_size, private_dir
 from .eviction import evict
 from .fileformat import (DAMAGE, HEAD, REVISIONS, bump_meta, file_facts, has_no_tables,
-                         meta_int, revision_of, set_meta, transaction)
+                         identity, meta_int, revision_of, set_meta, transaction)
 from .keys import compiler_free_key
-from .store import identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from collections import namedtuple
 
 from . import faults, fs
 from .config import BUSY_TIMEOUT_S
-from .fileformat import (DAMAGE, HEAD, classify, journal_of, move_aside, sqlite_uri, status_of,
-                         wal_size)
+from .fileformat import (DAMAGE, HEAD, classify, identity, journal_of, move_aside, sqlite_uri,
+                         status_of, wal_size)
 from .strpaths import exists, parent, spelled
 
 TYPE_CHECKING = False
@@ -372,15 +372,6 @@ class KernelFile:
             return remove(conn, rows)[0]
 
         return change(self, "delete from", drop, 0)
-
-
-def identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of ``path``, or None when nothing is there."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _writable(path: str) -> bool:
