@@ -58,20 +58,30 @@ def clearable(user_dir: Path, arch: str | None = None) -> list[Path]:
 def _spool_leftovers(user_dir: Path) -> list[Path]:
     """Every spool's queued and half-stored jobs (clear means clear: a store not done is
     dropped, and its program's next run compiles it again), temporary files of processes
-    that have exited, and, where no store worker runs, the spool directory itself."""
+    that have exited, and a spool directory itself where it holds no job, no store worker
+    runs, and no process wrote to it for :data:`SPOOL_IDLE_S` (one may be starting its
+    worker there)."""
+    import time
+
     from . import spool
 
     out: list[Path] = []
     for d in sorted(p for p in (user_dir / spool.SPOOL).glob("*") if p.is_dir()):
-        idle = not spool.worker_running(d)
-        for p in sorted(d.iterdir()):
-            if p.suffix in (spool.JOB, spool.SLOW, spool.TAKEN) or (
-                    p.name.endswith(".tmp") and not _alive(p.name.split(".")[-2])) or (
+        quiet = time.time() - d.stat().st_mtime > SPOOL_IDLE_S  # before worker_running's open
+        names = sorted(d.iterdir())
+        jobs = [p for p in names if p.suffix in (spool.JOB, spool.SLOW, spool.TAKEN)]
+        idle = quiet and not jobs and not spool.worker_running(d)
+        for p in names:
+            if p in jobs or (p.name.endswith(".tmp") and not _alive(p.name.split(".")[-2])) or (
                     idle and p.name in (spool.ENVIRONMENT, spool.LOCK)):
                 out.append(p)
         if idle:
             out.append(d)  # removed once empty; a job written meanwhile keeps it
     return out
+
+
+#: Seconds a spool directory must have gone unwritten before ``kdb clear`` removes it.
+SPOOL_IDLE_S = 60.0
 
 
 def _stale_claims(claims_dir: Path) -> list[Path]:

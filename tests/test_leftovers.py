@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -94,11 +95,16 @@ def test_clear_removes_spool_leftovers_and_stale_claims_but_not_live_ones(cache_
         assert not (claims / "stale.lock").exists() and not (claims / "stale.want").exists()
         assert not (claims / "orphan.want").exists()
         assert (claims / "live.lock").exists()  # its holder runs
-        assert sorted(p.name for p in idle.iterdir()) == [f".1-2-6.job.{os.getpid()}.tmp"]
+        # Just written to: a process may be starting its worker there.
+        assert sorted(p.name for p in idle.iterdir()) == [
+            f".1-2-6.job.{os.getpid()}.tmp", "environment.json", "worker.lock"]
         assert sorted(p.name for p in busy.iterdir()) == ["environment.json", "worker.lock"]
         (idle / f".1-2-6.job.{os.getpid()}.tmp").unlink()
+        past = time.time() - 120
+        os.utime(idle, (past, past))
         assert CliRunner().invoke(cli, ["clear", "--yes"]).exit_code == 0
-        assert not idle.exists()  # an empty spool no worker uses
+        assert not idle.exists()  # an empty spool no worker uses, unwritten for a while
+        assert sorted(p.name for p in busy.iterdir()) == ["environment.json", "worker.lock"]
     finally:
         for w in workers:
             w.communicate("")
