@@ -267,6 +267,58 @@ def _wait(directory, key, label, find, timeout, deadline, shared):
         delay = min(delay * 2, 0.1)
 
 
+# -- leftovers ----------------------------------------------------------------------------------
+
+def _at_exit() -> None:
+    """A claim ends with its process (the kernel drops the ``flock``); so does its lock file,
+    or it would stay behind for every store still queued at exit. Runs after the STORES
+    phase has handed cross-node locks to a keeper, so only the local files go here."""
+    with _lock:
+        held = [(claim, claim._fd) for claim in _held.values()]
+        for claim, _ in held:
+            claim._fd = None
+        _held.clear()
+    for claim, fd in held:
+        if fd is None:
+            continue
+        for name in (f"{claim.key}.want", f"{claim.key}.lock"):
+            try:
+                os.unlink(claim.directory / name)
+            except OSError:
+                pass
+        os.close(fd)
+
+
+def remove_if_stale(path: Path) -> bool:
+    """Remove the claim file ``path`` (``<key>.lock``) if no process holds its ``flock``
+    (its holder is gone), with its ``.want``; True if removed. Held while unlinking, so a
+    process that opens it meanwhile finds the inode changed and takes a new file."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False  # a live holder
+    try:
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:
+            return False
+        os.unlink(path)
+        try:
+            os.unlink(path.with_suffix(".want"))
+        except OSError:
+            pass
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _after_fork() -> None:
     global _lock
     _held.clear()  # the child holds no claims: flock is shared, but the parent owns them
@@ -274,3 +326,4 @@ def _after_fork() -> None:
 
 
 lifecycle.on_fork(_after_fork)
+lifecycle.on_exit(lifecycle.SUMMARY, _at_exit)

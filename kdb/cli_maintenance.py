@@ -20,6 +20,11 @@ from .errors import KdbError
 def clear(obj: Settings, arch: str | None, yes: bool, as_json: bool) -> None:
     """Delete the user tier's files (all, or one arch's). System databases are never touched.
 
+    Without --arch it also removes what running kdb leaves behind: every queued store (a
+    program's next run compiles it again), spool directories no store worker uses, and
+    claim files of processes that have exited. Programs running meanwhile go on: each
+    makes a new file on its next write.
+
     \b
     Example:
         kdb clear --arch pocl-x86_64-znver3 --yes
@@ -91,9 +96,22 @@ def verify(ctx: click.Context, repair: bool, arch: str | None, as_json: bool) ->
         click.echo(f"{len(data['files'])} file(s), {data['entries']} entries: "
                    + ("all sound" if data["ok"] else
                       f"{bad} file(s) with problems, {data['bad_entries']} bad entries"
-                      + ("" if repair else "; `kdb verify --repair` fixes user files")))
+                      + _next_step(data["files"], repair)))
     if not data["ok"]:
         ctx.exit(1)
+
+
+def _next_step(files: list[dict], repaired: bool) -> str:
+    """What to do about the files ``kdb verify`` found wrong: a repair where one helps, an
+    upgrade of kdb for a file a newer kdb wrote (a repair leaves those alone)."""
+    bad = [f for f in files if not f["ok"]]
+    out = ""
+    if not repaired and any(f["tier"] == "user" and not f.get("future") and not f.get("unsafe")
+                            for f in bad):
+        out += "; `kdb verify --repair` fixes user files"
+    if any(f.get("future") for f in bad):
+        out += "; files from a newer kdb: upgrade kdb (pip install -U kdb)"
+    return out
 
 
 @click.command()

@@ -12,8 +12,7 @@ import sys
 from .errors import ConfigError, UnsafeArchError
 from .strpaths import expanded, home, join, make_private_dir, spelled
 
-# re loads where a size is parsed and pathlib where a caller asks for a Path, not at import:
-# every hit imports this module, and both would be most of its import time.
+# re and pathlib load where used, not at import: every hit imports this module.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
@@ -47,14 +46,10 @@ ENV_RUN_REPORT = "KDB_RUN_REPORT"
 #: Seconds a writer waits on a locked user database before giving up (and warning).
 BUSY_TIMEOUT_S = 5.0
 
-#: Seconds an exiting process may spend finishing its background stores.
-STORE_TIMEOUT_S = 120.0
+STORE_TIMEOUT_S = 120.0  # an exiting process finishing its background stores
+WAIT_TIMEOUT_S = 60.0  # a process waiting for another that compiles the same kernel
 
-#: Seconds a process waits for another process that compiles the same kernel.
-WAIT_TIMEOUT_S = 60.0
-
-#: Seconds a process waits for another's lock on a user file (held while it creates or
-#: upgrades the file's schema, about half a second) before going on without the file.
+#: Seconds a process waits for another's upgrade lock on a user file before going on without it.
 LOCK_TIMEOUT_S = 10.0
 
 #: The shared tier's bounds: seconds to connect, seconds a statement may run, and seconds
@@ -71,12 +66,10 @@ _ARCH_CHARS = _ARCH_FIRST | frozenset("_.+-")
 
 
 def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
-    """``{name: value}`` for ``names`` (``None`` where unset), read in one go: the mapping a
-    back end or the default database asks for, so that no caller depends on a position.
+    """``{name: value}`` for ``names`` (``None`` where unset), read in one go.
 
-    On POSIX CPython the values are looked up in ``os.environ``'s own dict of bytes, with
-    the names encoded once per tuple: a build reads about twenty variables, and
-    ``os.environ.get`` encodes each name and decodes each value on every call.
+    On POSIX CPython the values come from ``os.environ``'s own dict of bytes, the names
+    encoded once per tuple: ``os.environ.get`` encodes and decodes on every call.
 
     >>> import os; os.environ["KDB_DOCTEST_VAR"] = "1"
     >>> read_variables(("KDB_DOCTEST_VAR", "KDB_DOCTEST_UNSET"))
@@ -101,9 +94,7 @@ def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
 
 _ENCODED_NAMES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
-
-#: Longest duration any ``*_TIMEOUT`` / ``*_RETRY`` setting may ask for: a day. A larger
-#: value (``1e300``, ``inf``) would be a wait without a limit in all but name.
+#: Longest duration any ``*_TIMEOUT`` / ``*_RETRY`` setting may ask for: a day.
 MAX_SECONDS = 86400.0
 
 #: Largest cap ``KDB_CACHE_MAX_SIZE`` may name (SQLite's largest integer is 2**63 - 1).
@@ -111,8 +102,8 @@ MAX_SIZE_LIMIT = 1 << 62
 
 
 def _bad_setting(name: str, raw: str, problem: str, used: str) -> None:
-    """A program never ends over a bad ``KDB_*`` value: one warning per variable and value
-    naming both and what is used instead (the command line refuses them: :func:`problems`)."""
+    """One warning per bad ``KDB_*`` variable and value, naming what is used instead (the
+    command line refuses them: :func:`problems`)."""
     from . import logs
 
     logs.warn_once(f"config:{name}={raw}", "kdb: %s=%s %s; using %s instead", name,
@@ -133,8 +124,7 @@ def parse_flag(name: str, raw: str) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean; set it to 1 or 0")
 
 
-#: What a bad boolean falls back to where the default is not safe: a ``KDB_DISABLE_CACHE``
-#: that does not parse was most likely meant to turn the cache off.
+#: A bad boolean's fallback where the default is not safe (meant to turn the cache off).
 _FLAG_FALLBACK = {ENV_DISABLE_CACHE: True}
 
 
@@ -261,10 +251,8 @@ def parse_store_at_exit(raw: str) -> str:
 
 
 def store_at_exit(explicit: str | None = None) -> str:
-    """``detach``: OpenCL stores (reading a program's binaries back from PoCL can take seconds)
-    go to the store worker as they happen (:mod:`kdb.spool`) and a process exits at once;
+    """``detach``: OpenCL stores go to the store worker (:mod:`kdb.spool`) as they happen;
     ``wait``: the process stores them itself, before exit within ``KDB_STORE_TIMEOUT``.
-
     A bad value falls back to ``wait``, which needs nothing but this process."""
     if explicit is not None:
         return parse_store_at_exit(explicit)
@@ -287,11 +275,19 @@ def lock_timeout(explicit: float | None = None) -> float:
     return seconds(ENV_LOCK_TIMEOUT, LOCK_TIMEOUT_S, explicit)
 
 
-def problems(environ: dict[str, str] | None = None) -> list[str]:
-    """Every ``KDB_*`` variable set to a value kdb cannot use, one message each.
+def check_settings() -> None:
+    """Read every setting the store worker will read, so a bad value warns here, in the
+    program that set it, as the others do: the worker's log is where nobody looks."""
+    max_size(), store_at_exit(), store_timeout(), wait_timeout(), lock_timeout()
+    flag(ENV_DISABLE_CACHE), flag(ENV_STRICT), flag(ENV_TRACE)
+    seconds(ENV_SHARED_CONNECT_TIMEOUT, SHARED_CONNECT_TIMEOUT_S)
+    seconds(ENV_SHARED_STATEMENT_TIMEOUT, SHARED_STATEMENT_TIMEOUT_S)
+    seconds(ENV_SHARED_RETRY, SHARED_RETRY_S)
 
-    The command line refuses to run with any (exit status 2); a program warns once per
-    variable and uses the fallback instead (the getters above).
+
+def problems(environ: dict[str, str] | None = None) -> list[str]:
+    """Every ``KDB_*`` variable set to a value kdb cannot use, one message each: the command
+    line refuses to run with any (exit status 2); a program warns once per variable.
 
     >>> problems({"KDB_WAIT_TIMEOUT": "nan", "KDB_TRACE": "1"})
     ["KDB_WAIT_TIMEOUT='nan' must be a number of seconds from 0 to 86400"]

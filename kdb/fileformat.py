@@ -210,6 +210,16 @@ class transaction:
                 pass
 
 
+def identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, or None when nothing is there: tells a file removed and
+    made again at its path (``kdb clear``) while a connection keeps the old inode in use."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def move_aside(path: str | os.PathLike[str]) -> bool:
     """Move a bad file (and its WAL) aside as ``*.corrupt-<time>``; False if the file itself
     could not be moved (a read-only cache): it is then left in place."""

@@ -16,7 +16,7 @@ from . import codec, faults, fs
 from .config import max_size, private_dir
 from .eviction import evict
 from .fileformat import (DAMAGE, HEAD, REVISIONS, bump_meta, file_facts, has_no_tables,
-                         meta_int, revision_of, set_meta, transaction)
+                         identity, meta_int, revision_of, set_meta, transaction)
 from .keys import compiler_free_key
 
 TYPE_CHECKING = False
@@ -24,12 +24,33 @@ if TYPE_CHECKING:
     from .store import CompileRecord, Entry, KernelFile
 
 
+class _Gone(Exception):
+    """The file was removed or replaced while this writer made it ready (``kdb clear``)."""
+
+
+#: Times a write starts again on a file removed or replaced under it, before it gives up
+#: (quietly, for this write only: the next write tries again).
+_ATTEMPTS = 3
+
+
 def ensure(f: KernelFile) -> sqlite3.Connection | None:
     """A writable connection to a file at the head revision, creating it if needed.
 
-    The one place a user file is upgraded: under its upgrade lock, by the writer."""
+    The one place a user file is upgraded: under its upgrade lock, by the writer. A file
+    removed or replaced meanwhile (``kdb clear`` beside a running program) is no fault: the
+    writer makes the new one ready instead, and never gives the user tier up for it."""
     if f.readonly:
         return None
+    for _ in range(_ATTEMPTS):
+        try:
+            return _ensure(f)
+        except _Gone:
+            f.close()
+            f._checked = False
+    return None
+
+
+def _ensure(f: KernelFile) -> sqlite3.Connection | None:
     conn = f._conn()
     if conn is not None and f._replaced():
         f.close()  # reopen, or create, the file now at ``path``
@@ -39,21 +60,30 @@ def ensure(f: KernelFile) -> sqlite3.Connection | None:
         return conn
     if not f.usable:
         return None
+    # A connection held open while the file is made ready keeps its inode from being reused,
+    # so a new file at the path always has another identity. (Not a plain fd: closing one
+    # would drop this process's SQLite locks on the file, sqlite.org/howtocorrupt.html.)
+    keeper = None
+    ident = began = None
     try:
         private_dir(f.path.parent)
         if not f.trusted():  # never create a file where others could change it
             return None
         if not f.path.exists():
-            fd = os.open(f.path, os.O_WRONLY | os.O_CREAT, 0o600)
-            os.close(fd)
+            os.close(os.open(f.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        ident, began = identity(f.filename), True
+        keeper = f._open()
+        _check_there(f, ident)
         from .migrate import file_lock
 
         with file_lock(f.path):
+            _check_there(f, ident)
             probe = f._open()
             try:
                 rev = revision_of(probe)
                 if rev is None and not has_no_tables(probe):
                     probe.close()
+                    _check_there(f, ident)
                     f._damaged(sqlite3.DatabaseError("not a kdb database"))
                     return None
                 if rev is None:
@@ -65,25 +95,41 @@ def ensure(f: KernelFile) -> sqlite3.Connection | None:
                     f._checked = False
                     f._conn()  # reports the future revision once
                     return None
-                if not _migrate(f):
+                if not _migrate(f, lambda: _check_there(f, ident)):
                     return None
                 if rev is None:
                     _describe(f)
+                _check_there(f, ident)
     except DAMAGE as err:
+        if began:
+            _check_there(f, ident, err)
         f._damaged(err)
         return None
     except OSError as err:
+        if began:
+            _check_there(f, ident, err)
         f.usable = False
         faults.fault(f"cannot write {f.path} ({err}); kernels will not be stored",
                      once=str(f.path.parent))
         return None
+    finally:
+        if keeper is not None:
+            keeper.close()
     f.close()
     f._checked = True
     return f._conn()
 
+def _check_there(f: KernelFile, ident: tuple[int, int] | None,
+                 err: Exception | None = None) -> None:
+    """Raise :class:`_Gone` where the file that had ``ident`` when this writer began is no
+    longer at ``f``'s path: removed, or replaced by another process's (``kdb clear``)."""
+    if ident is None or identity(f.filename) != ident:
+        raise _Gone from err
+
+
 def _describe(f: KernelFile) -> None:
     """Facts about a new file in ``meta``: its arch, format and the kdb that made it."""
-    conn = sqlite3.connect(f.path, isolation_level=None)
+    conn = f._open()  # mode=rw: a file removed meanwhile is not made again here
     try:
         set_meta(conn, [("arch", f.path.stem), *file_facts()])
     finally:
@@ -112,23 +158,34 @@ def write(f: KernelFile, entries: list[Entry], logs: list[CompileRecord],
     a binary larger than the cap is not stored. True when everything given was written.
     """
     cap = max_size() if cap is None else cap  # a bad KDB_CACHE_MAX_SIZE: before any write
-    conn = ensure(f)
-    if conn is None:
-        return False
-    now = time.time()
-    try:
-        with transaction(conn):
-            skipped = _store(f, conn, entries, logs, hits, counters, cap, now)
-        return not skipped
-    except (sqlite3.Error, UnicodeDecodeError) as err:
-        if isinstance(err, UnicodeDecodeError) or (
-                isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err)):
-            f.close()
-            f._damaged(err)
-        else:
-            faults.fault(f"could not write to {f.path} ({err}); entries not stored",
-                         once="write:" + str(f.path))
-        return False
+    for attempt in range(_ATTEMPTS):
+        conn = ensure(f)
+        if conn is None:
+            return False
+        try:
+            with transaction(conn):
+                skipped = _store(f, conn, entries, logs, hits, counters, cap, time.time())
+            return not skipped
+        except (sqlite3.Error, UnicodeDecodeError) as err:
+            if attempt + 1 < _ATTEMPTS and isinstance(err, sqlite3.Error) and f._replaced():
+                f.close()  # removed or replaced since ensure() (kdb clear): write the new one
+                f._checked = False
+                continue
+            _write_failed(f, err)
+            return False
+    return False
+
+
+def _write_failed(f: KernelFile, err: Exception) -> None:
+    """A write that failed on the file itself: damage moves it aside, the rest is a fault."""
+    if isinstance(err, UnicodeDecodeError) or (
+            isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err)):
+        f.close()
+        f._damaged(err)
+    else:
+        faults.fault(f"could not write to {f.path} ({err}); entries not stored",
+                     once="write:" + str(f.path))
+
 
 def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
            logs: list[CompileRecord], hits: dict[str, tuple[int, float]],
@@ -201,13 +258,16 @@ def change(f: KernelFile, what: str, change, default):
 
 
 
-def _migrate(f: KernelFile) -> bool:
-    """Bring the file to the head revision with alembic; a failure is a fault, not fatal."""
+def _migrate(f: KernelFile, check_there) -> bool:
+    """Bring the file to the head revision with alembic; a failure is a fault, not fatal.
+    ``check_there()`` raises :class:`_Gone` where the file was removed or replaced meanwhile:
+    not the file's fault, and no reason to give the user tier up."""
     from . import migrate  # alembic and SQLAlchemy: only here, on a write
 
     try:
         migrate.upgrade_sqlite(f.path, create=False)
     except Exception as err:  # noqa: BLE001 - SQLAlchemy/alembic errors must not propagate
+        check_there()
         f.usable = False
         faults.fault(
             f"{f.path} could not be upgraded to schema revision {HEAD} ({err}); "

@@ -125,7 +125,12 @@ def verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
                 problems.append(status.what)
                 out["fatal"] = True
             elif status.kind == "newer":
-                problems.append(f"{status.what}; {status.remedy} to check it")
+                held = _count_newer(conn)
+                problems.append(f"{status.what}: written by a newer kdb"
+                                + (f", holding {held} entries this kdb cannot check"
+                                   if held is not None else "")
+                                + f"; {status.remedy} (pip install -U kdb) to check it")
+                out["entries"] = held or 0
                 out["future"] = True
             else:
                 if status.kind != "current":
@@ -138,6 +143,15 @@ def verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
         out["fatal"] = True
     out["ok"] = not problems and not out["bad_entries"]
     return out
+
+
+def _count_newer(conn: sqlite3.Connection) -> int | None:
+    """How many entries a file of a newer revision holds, where its ``kernels`` table still
+    answers a count; None where it does not."""
+    try:
+        return int(conn.execute("SELECT count(*) FROM kernels").fetchone()[0])
+    except (sqlite3.Error, TypeError, ValueError):
+        return None
 
 
 def _wal_problem(path: Path) -> list[str]:

@@ -7,6 +7,7 @@ Upgrades go through :mod:`kdb.migrate` (alembic), imported only when one runs.
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 from pathlib import Path
@@ -44,26 +45,99 @@ def clearable(user_dir: Path, arch: str | None = None) -> list[Path]:
             if (p.is_file() or p.is_symlink()) and os.path.realpath(p) not in protected:
                 out.append(p)
     if arch is None:  # leftovers whose database is already gone
-        # .handoff-*.json: left by kdb before its store worker; spool/: stores not done yet
+        # .handoff-*.json: left by kdb before its store worker
         for pattern in ("*.kdb-wal", "*.kdb-shm", "*.kdb.lock", "*.kdb.corrupt-*",
-                        ".handoff-*.json", "spool/*/*.job", "spool/*/*.slow"):
+                        ".handoff-*.json"):
             for p in sorted(user_dir.glob(pattern)):
                 if p not in out and os.path.realpath(p) not in protected:
                     out.append(p)
+        out += _spool_leftovers(user_dir) + _stale_claims(user_dir / "claims")
     return out
+
+
+def _spool_leftovers(user_dir: Path) -> list[Path]:
+    """Every spool's queued and half-stored jobs (clear means clear: a store not done is
+    dropped, and its program's next run compiles it again), temporary files of processes
+    that have exited, and a spool directory itself where it holds no job, no store worker
+    runs, and no process wrote to it for :data:`SPOOL_IDLE_S` (one may be starting its
+    worker there)."""
+    import time
+
+    from . import spool
+
+    out: list[Path] = []
+    for d in sorted(p for p in (user_dir / spool.SPOOL).glob("*") if p.is_dir()):
+        quiet = time.time() - d.stat().st_mtime > SPOOL_IDLE_S  # before worker_running's open
+        names = sorted(d.iterdir())
+        jobs = [p for p in names if p.suffix in (spool.JOB, spool.SLOW, spool.TAKEN)]
+        idle = quiet and not jobs and not spool.worker_running(d)
+        for p in names:
+            if p in jobs or (p.name.endswith(".tmp") and not _alive(p.name.split(".")[-2])) or (
+                    idle and p.name in (spool.ENVIRONMENT, spool.LOCK)):
+                out.append(p)
+        if idle:
+            out.append(d)  # removed once empty; a job written meanwhile keeps it
+    return out
+
+
+#: Seconds a spool directory must have gone unwritten before ``kdb clear`` removes it.
+SPOOL_IDLE_S = 60.0
+
+
+def _stale_claims(claims_dir: Path) -> list[Path]:
+    """Claim files whose holder is gone (no ``flock`` on them), and wishes for no claim."""
+    import fcntl
+
+    out = []
+    for p in sorted(claims_dir.glob("*.lock")):
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            out.append(p)
+        except OSError:
+            pass  # a live holder
+        finally:
+            os.close(fd)
+    out += [p for p in sorted(claims_dir.glob("*.want")) if not p.with_suffix(".lock").exists()]
+    return out
+
+
+def _alive(pid: str) -> bool:
+    """Whether process ``pid`` (a number from a file name) exists."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
 
 
 def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:
     """Remove the files :func:`clearable` listed; returns the paths removed, and those that
-    could not be (a read-only cache) with why."""
+    could not be (a read-only cache) with why. A claim file taken again since, or a spool
+    directory that got a new job since, is left alone."""
+    from .claims import remove_if_stale
+
     removed, failed = [], []
     for p in paths:
         try:
-            p.unlink()
+            if p.parent.name == "claims" and p.suffix == ".lock":
+                if not remove_if_stale(p):
+                    continue
+            elif p.is_dir() and not p.is_symlink():
+                p.rmdir()
+            else:
+                p.unlink()
             removed.append(str(p))
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             pass
         except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST) and p.is_dir():
+                continue
             failed.append((str(p), err.strerror or str(err)))
     return removed, failed
 

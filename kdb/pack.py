@@ -19,8 +19,8 @@ from . import config
 from .errors import InvalidArgumentError, PackError
 from .manifest import KernelSpec, applicable, load_manifest
 from .pack_compile import Progress, compile_manifest, opencl_arches
-from .pack_inputs import (PENDING_WAIT_S, Step, log_keys, shown_source, user_db_file,
-                          wait_for_stores)
+from .pack_inputs import (PENDING_WAIT_S, Step, check_source, log_keys, shown_source,
+                          user_db_file, wait_for_stores)
 from .systemfile import PackResult, write_system_db
 
 __all__ = ["PENDING_WAIT_S", "KernelSpec", "PackError", "PackResult", "Progress", "Step",
@@ -102,6 +102,7 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
             else:
                 src = user_db_file(from_db, arch, work_dir=Path(work))
                 shown = shown_source(from_db) or src  # the shared tier: its URL, password masked
+                check_source(src, shown)
                 keys = log_keys(src) if from_log else None
                 if from_log and not keys:
                     raise PackError(f"the start-up latency log of {shown} is empty for {arch}")

@@ -41,6 +41,27 @@ def user_db_file(source: str | os.PathLike[str] | None, arch: str,
                     f"{p / f'v{config.FORMAT_MAJOR}' / f'{arch}.kdb'} and {p / f'{arch}.kdb'})")
 
 
+def check_source(src: Path, shown: object) -> None:
+    """Refuse a source database this kdb cannot read as it is: one from a newer kdb (packing
+    it would rewrite its entries as an older revision, dropping what that one added), or
+    not a kdb database. :class:`PackError` says what was found and what to do."""
+    from .fileformat import DAMAGE, classify
+    from .tierfiles import reading
+
+    try:
+        with reading(src, "user") as conn:
+            status = classify(conn)
+    except DAMAGE as err:
+        raise PackError(f"--from-db {shown}: cannot read it ({err}); check it with "
+                        "`kdb verify`") from None
+    if status.kind == "newer":
+        raise PackError(f"{shown} was written by a newer kdb: {status.what}, and this kdb "
+                        "cannot read it or rewrite it as an older revision. Upgrade kdb "
+                        "(pip install -U kdb) and pack again.")
+    if status.kind == "foreign":
+        raise PackError(f"{shown} is {status.what}; give a kdb user database")
+
+
 def log_keys(user_file: Path, since: float | None = None) -> set[str]:
     """Keys of the start-up latency log of a user file (optionally since a time)."""
     f = KernelFile(user_file, tier="user", readonly=False)  # immutable=1 would skip the WAL

@@ -53,11 +53,23 @@ _ENV_PREFIXES = ("POCL_", "OCL_", "OPENCL_", "PYOPENCL_", "CUDA_", "LD_", "KDB_"
 _ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
 
 
+#: Variables of the kinds above that change nothing a rebuild makes and differ from run to
+#: run, or between a ``kdb run`` and a plain program: one spool per environment, not per run.
+_ENV_PER_RUN = frozenset({"KDB_RUN_REPORT", "KDB_AUTO", "KDB_TRACE", "KDB_WAIT_TIMEOUT"})
+
+
 def _environment() -> dict:
-    """What a worker must run with to rebuild this process's programs the same way."""
+    """What a worker must run with to rebuild this process's programs the same way.
+
+    The settings the worker will read are checked here, in the program that set them: a bad
+    one warns once now, not only in the worker's log."""
+    from . import config
+
+    config.check_settings()
     return {"executable": sys.executable,
             "variables": sorted([k, v] for k, v in os.environ.items()
-                                if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)}
+                                if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+                                and k not in _ENV_PER_RUN)}
 
 
 def environment_digest(env: dict | None = None) -> str:
@@ -274,7 +286,8 @@ def spool_dir(user_dir: Path, environ=None) -> Path:
     env = _environment()
     if environ is not None:
         env["variables"] = sorted([k, v] for k, v in environ.items()
-                                  if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+                                  if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+                                  and k not in _ENV_PER_RUN)
     return Path(user_dir) / SPOOL / environment_digest(env)
 
 

@@ -21,8 +21,8 @@ from collections import namedtuple
 
 from . import faults, fs
 from .config import BUSY_TIMEOUT_S
-from .fileformat import (DAMAGE, HEAD, classify, journal_of, move_aside, sqlite_uri, status_of,
-                         wal_size)
+from .fileformat import (DAMAGE, HEAD, classify, identity, journal_of, move_aside, sqlite_uri,
+                         status_of, wal_size)
 from .strpaths import exists, parent, spelled
 
 TYPE_CHECKING = False
@@ -137,13 +137,13 @@ class KernelFile:
             self._damaged(err)
             return None
         self._local.conn, self._local.pid = conn, os.getpid()
-        self._local.ident = _identity(self.filename)
+        self._local.ident = identity(self.filename)
         return conn
 
     def _replaced(self) -> bool:
         """Whether the file this thread's connection writes to is no longer at ``path``
         (``kdb clear``, a repair, or a user deleted it): writes would go to an unlinked file."""
-        return getattr(self._local, "ident", None) != _identity(self.filename)
+        return getattr(self._local, "ident", None) != identity(self.filename)
 
     def trusted(self) -> bool:
         """A user file is code this process will run: refuse one others can change (a
@@ -242,6 +242,11 @@ class KernelFile:
 
     def _damaged(self, err: Exception) -> None:
         self.usable = False
+        if isinstance(err, sqlite3.OperationalError) and not exists(self.filename):
+            self.usable = True  # removed meanwhile (kdb clear): the next use makes a new one
+            self.close()
+            self._checked = False
+            return
         if isinstance(err, sqlite3.OperationalError):
             # I/O error, full disk, cannot open, read-only, locked: the file may be sound,
             # and moving it aside would lose every entry. Not used by this process.
@@ -367,15 +372,6 @@ class KernelFile:
             return remove(conn, rows)[0]
 
         return change(self, "delete from", drop, 0)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of ``path``, or None when nothing is there."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def _writable(path: str) -> bool:

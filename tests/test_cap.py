@@ -87,6 +87,27 @@ def test_a_cap_that_is_not_a_size_warns_once_and_uses_the_default(monkeypatch, c
         config.parse_size(junk)
 
 
+BUILD_ONE = """
+import pyopencl as cl
+import kdb.opencl
+kdb.opencl.install()
+plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+ctx = cl.Context(plat.get_devices()[:1])
+cl.Program(ctx, "__kernel void k(__global int *a) { a[0] = 3; }").build()
+"""
+
+
+@pytest.mark.parametrize("at_exit", ["detach", "wait"])
+def test_a_bad_cap_only_the_store_worker_reads_warns_in_the_program(cache_dir, run_py,
+                                                                    at_exit):
+    """Stores go to the store worker (detach), which alone reads the cap: the program that
+    set it still hears of a bad value, once."""
+    pytest.importorskip("pyopencl")
+    proc = run_py(BUILD_ONE, env={"KDB_CACHE_MAX_SIZE": "bogus", "KDB_STORE_AT_EXIT": at_exit})
+    notes = [line for line in proc.stderr.splitlines() if "KDB_CACHE_MAX_SIZE" in line]
+    assert len(notes) == 1 and "'bogus'" in notes[0] and "1G" in notes[0], proc.stderr
+
+
 # -- eviction ------------------------------------------------------------------------------
 
 def fill(db: KernelDB, n: int) -> None:
