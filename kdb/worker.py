@@ -33,8 +33,8 @@ from .store import CompileRecord
 MIN_AGE_S = 1.0
 #: Seconds without a job after which the worker exits.
 IDLE_EXIT_S = 3.0
-#: A store may take ``SLOW_FACTOR`` times its compile, and at least ``SLOW_MIN_S`` seconds,
-#: before it is set aside as slow.
+#: A store may take ``SLOW_FACTOR`` times its compile, and at least ``SLOW_MIN_S`` seconds
+#: (of the lane's CPU time), before it is set aside as slow.
 SLOW_FACTOR = 10.0
 SLOW_MIN_S = 5.0
 #: The spool and claims directories are listed when their mtime changed, at most every
@@ -58,8 +58,8 @@ def _lowest_priority(idle: bool) -> None:
 
 
 def _background_group() -> None:
-    """The lowest weight for this session's autogroup: the worker has a session of its own,
-    and autogroup scheduling shares the CPU between sessions whatever their nice values."""
+    """The lowest weight for this session's autogroup (the worker's own session): autogroup
+    scheduling shares the CPU between sessions whatever their members' nice values."""
     try:
         with open("/proc/self/autogroup", "w") as f:
             f.write("19")
@@ -71,7 +71,7 @@ def _background_group() -> None:
 
 
 def _say(text: str) -> None:
-    """One line for ``store-worker.log`` (on stderr: a child's stdout is its protocol)."""
+    """One line for ``store-worker.log`` (on stderr: a lane's stdout is its protocol)."""
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kdb store worker {os.getpid()}: {text}",
           file=sys.stderr, flush=True)
 
@@ -214,8 +214,19 @@ class _Queue:
             return self.spool / (stem + JOB)
         return None
 
-    def has_jobs(self) -> bool:
+    def has_jobs(self) -> bool:  # a foreign .taken too: its taker may die before storing it
         return bool(self.normal or self.slow or self.foreign)
+
+
+def _clock(pid: int) -> float:
+    """The CPU seconds process ``pid`` used (a lane starved by busier processes is not a slow
+    store), or without ``/proc`` the wall clock."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = f.read().rsplit(b")", 1)[1].split()[11:13]
+        return sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
 
 
 class _Lane:
@@ -224,11 +235,8 @@ class _Lane:
     jobs one by one, so neither holds up the other."""
 
     def __init__(self, slow: bool) -> None:
-        self.slow = slow
-        self.proc = None
-        self.job: Path | None = None
-        self.started = 0.0
-        self.limit: float | None = None
+        self.slow, self.proc, self.job = slow, None, None  # job: the Path it is storing
+        self.started, self.limit = 0.0, None  # its lane's CPU clock then, and the bound
 
     def start(self, path: Path, seconds: float) -> None:
         import subprocess
@@ -237,7 +245,7 @@ class _Lane:
             self.proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", "--slow-child"
                                           if self.slow else "--child"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, close_fds=True)
-        self.job, self.started = path, time.monotonic()
+        self.job, self.started = path, _clock(self.proc.pid)
         self.limit = None if self.slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
         self.proc.stdin.write(os.fsencode(path) + b"\n")
         self.proc.stdin.flush()
@@ -251,15 +259,16 @@ class _Lane:
         path, done = self.job, None
         if select.select([self.proc.stdout], [], [], 0)[0]:  # b"": the child died
             done = self.proc.stdout.readline() == b"done\n"
-        if done is None and (self.limit is None or time.monotonic() - self.started <= self.limit):
+        if done is None and (self.limit is None
+                             or _clock(self.proc.pid) - self.started <= self.limit):
             return False
         if done is False:  # the child died (killed, or crashed inside the driver)
             _say(f"the store of {_about(path)} ended its process; the job is dropped")
             _unlink(path)
             self.proc = None
         elif done is None:
-            _say(f"{_about(path)}: storing took over {self.limit:.0f} s; set aside, to be "
-                 "stored beside the other jobs")
+            _say(f"{_about(path)}: storing took over {self.limit:.0f} s of CPU time; set "
+                 "aside, to be stored beside the other jobs")
             self.proc.kill()
             self.proc.wait()
             self.proc = None
@@ -284,9 +293,9 @@ def supervise(spool: Path) -> int:
 
     _lowest_priority(idle=False)
     env = read_job(spool / ENVIRONMENT)
-    if env is not None:  # the environment the jobs were written in, for the child's rebuilds
+    if env is not None:  # the environment the jobs were written in, for the lanes' rebuilds
         try:
-            variables = {k: v for k, v in env.get("variables", [])}
+            variables = {str(k): str(v) for k, v in env.get("variables", [])}
         except (AttributeError, TypeError, ValueError):
             _say(f"{spool / ENVIRONMENT} is malformed; remove {spool} to start afresh")
             return 1
@@ -325,21 +334,15 @@ def supervise(spool: Path) -> int:
         for lane in lanes:
             lane.close()
         os.close(fd)
-    # A process may have written a job after our last look and seen our lock: go on.
-    if not worker_running(spool):
-        queue.scan(set(), force=True)
-        if queue.normal or queue.slow:
-            return supervise(spool)
-    return 0
+    queue.scan(set(), force=True)  # a job written after our last look, by one who saw our lock
+    return supervise(spool) if queue.has_jobs() and not worker_running(spool) else 0
 
 
 # -- the worker: child ------------------------------------------------------------------------
 
 def child_main(slow: bool = False) -> int:
-    """Store each job named on stdin; answer one line per job on the pipe that was fd 1.
-
-    From here fd 1 is the log (fd 2): what a compiler prints never reaches the supervisor.
-    """
+    """Store each job named on stdin; answer one line per job on the pipe that was fd 1 (fd 1
+    is now the log: what a compiler prints never reaches the supervisor)."""
     protocol = os.dup(1)
     os.dup2(2, 1)
     _lowest_priority(idle=slow)
@@ -368,9 +371,9 @@ def store_job(path: Path, dbs: dict | None = None) -> None:
         return
     job = StoreJob.from_dict(data)
     dbs = {} if dbs is None else dbs
-    db = dbs.get(job.cache_dir)
-    if db is None:
-        db = dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
+    if job.cache_dir not in dbs:
+        dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
+    db = dbs[job.cache_dir]
     if job.kind == BOOKKEEPING:
         db.write_bookkeeping(job.archs)
         return
@@ -381,12 +384,9 @@ def store_job(path: Path, dbs: dict | None = None) -> None:
 
 
 def _stored_already(db: KernelDB, job: StoreJob) -> bool:
-    entries = job.entries
-    for e in entries:
-        attrs = HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
-        if db.user_file(attrs.arch).fetch(attrs.key) is None:
-            return False
-    return bool(entries)
+    attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
+             for e in job.entries]
+    return bool(attrs) and all(db.user_file(a.arch).fetch(a.key) is not None for a in attrs)
 
 
 def main(argv: list[str]) -> int:
