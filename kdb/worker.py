@@ -132,15 +132,13 @@ class _Queue:
             self.foreign = [stem[n] for n in taken if stem[n] not in back]
             self.jobs = {s: j for s, j in self.jobs.items() if s in normal or s in busy
                          or s in self.slow}
-        wanted: set[str] = set()
-        for cdir in {j[2] for j in self.jobs.values() if j and j[2]}:
+        for cdir in self._wants:  # the claims directories of the jobs read so far
             if self._changed(cdir, False):
                 try:
                     self._wants[cdir] = {n[:-5] for n in os.listdir(cdir) if n.endswith(".want")}
                 except OSError:
                     self._wants[cdir] = set()
-            wanted |= self._wants.get(cdir, set())
-        self.wanted = wanted
+        self.wanted = set().union(*self._wants.values())
 
     def job(self, stem: str, suffix: str) -> tuple | None:
         """The job ``stem`` names, read once; a malformed one is set aside (None)."""
@@ -150,6 +148,8 @@ class _Queue:
                 with open(path, "rb") as f:
                     job = StoreJob.from_json(f.read().decode("utf-8"))
                 got = ([k for k in job.keys if k], job.seconds, job.claims_dir)
+                if job.claims_dir:
+                    self._wants.setdefault(job.claims_dir, set())
             except FileNotFoundError:
                 pass  # stored by its own process meanwhile
             except (OSError, ValueError, TypeError) as err:
@@ -190,12 +190,12 @@ class _Queue:
                 return self.spool / (stem + SLOW)
         if slow:
             return None
-        order = list(self.normal)
+        waited = []
         if self.wanted:  # a waited-for key may be in any job: read those not read yet
-            waited = [s for s in order if not self.wanted.isdisjoint(self.keys(s))]
-            order = list(dict.fromkeys(waited + order))
+            waited = [s for s in self.normal if not self.wanted.isdisjoint(self.keys(s))]
         slow_keys = {k for s in self.slow + list(busy) for k in self.keys(s, SLOW)}
-        for stem in order:
+        while self.normal:
+            stem = waited.pop(0) if waited else next(iter(self.normal))
             job = self.job(stem, JOB)
             if job is not None and job[0] and set(job[0]) <= slow_keys:
                 _rename(self.spool / (stem + JOB), self.spool / (stem + SLOW))
