@@ -106,6 +106,26 @@ def test_a_taken_job_whose_taker_died_is_taken_again(cache_dir, run_py):
     assert len(rows) == 2 and not any(r["pending"] for r in rows)
 
 
+def test_a_worker_killed_mid_store_leaves_nothing_stuck(cache_dir, run_py):
+    """The supervisor and its lanes killed while a lane stores a job: the next worker stores
+    that job too, instead of leaving it "not stored yet" for ever."""
+    import signal
+
+    jobs = make_jobs(run_py, cache_dir, 3)
+    proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", str(jobs)], cwd="/",
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(jobs.glob("*" + spool.TAKEN)):
+        assert time.monotonic() < deadline and proc.poll() is None, "no store was seen"
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # its session: the supervisor and both lanes
+    proc.wait()
+    assert list(jobs.glob("*" + spool.TAKEN))
+    drain(cache_dir)
+    assert stored(cache_dir) == 3
+
+
 def test_a_job_taken_by_a_live_process_is_left_to_it_until_it_dies(cache_dir, run_py):
     jobs = make_jobs(run_py, cache_dir, 2)
     first = sorted(jobs.glob("*.job"))[0]
