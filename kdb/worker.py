@@ -58,16 +58,17 @@ def _lowest_priority(idle: bool) -> None:
 
 
 def _background_group() -> None:
-    """The lowest weight for this session's autogroup (the worker's own session): autogroup
-    scheduling shares the CPU between sessions whatever their members' nice values."""
+    """The lowest weight for the autogroup of the worker's own session (autogroup scheduling
+    shares the CPU between sessions whatever their nice); never for a session it joined."""
+    if os.getsid(0) != os.getpid():
+        return
     try:
         with open("/proc/self/autogroup", "w") as f:
             f.write("19")
     except FileNotFoundError:
         pass  # a kernel without autogroup scheduling
     except OSError as err:
-        _say(f"could not give this session the lowest autogroup weight ({err}); stores may "
-             "take CPU time from running programs")
+        _say(f"could not give the worker's session the lowest autogroup weight: {err}")
 
 
 def _say(text: str) -> None:
@@ -230,9 +231,8 @@ def _clock(pid: int) -> float:
 
 
 class _Lane:
-    """A child process that stores the jobs named on its stdin, one at a time, and the job
-    it is storing: the normal lane bounds each store's time, the slow lane stores set-aside
-    jobs one by one, so neither holds up the other."""
+    """A child storing the jobs named on its stdin one by one, and its job now: the normal
+    lane bounds each store's CPU time, the slow lane stores the jobs set aside."""
 
     def __init__(self, slow: bool) -> None:
         self.slow, self.proc, self.job = slow, None, None  # job: the Path it is storing
