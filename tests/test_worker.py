@@ -275,3 +275,22 @@ def test_the_workers_session_has_the_lowest_autogroup_weight(cache_dir, run_py):
         os.close(fd)
     proc.wait(timeout=300)
     assert stored(cache_dir) == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"),
+                    reason="this kernel has no autogroup scheduling (/proc/self/autogroup)")
+def test_a_worker_run_inside_another_session_leaves_its_autogroup_alone(tmp_path):
+    """Only a session of the worker's own is lowered: never the terminal's or a test's."""
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    before = Path("/proc/self/autogroup").read_text().split()[-1]
+    code = f"""
+        from pathlib import Path
+        from kdb import worker
+        worker.IDLE_EXIT_S = 0.0
+        worker.supervise(Path({str(spool_dir)!r}))
+        print(open("/proc/self/autogroup").read().split()[-1])
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True,
+                         capture_output=True, text=True, timeout=120).stdout.split()
+    assert out == [before] and Path("/proc/self/autogroup").read_text().split()[-1] == before
