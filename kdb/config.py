@@ -320,20 +320,22 @@ def shared_url(explicit: str | None = None) -> str | None:
 
 
 def cache_root_str(explicit: str | os.PathLike[str] | None = None) -> str:
-    """:func:`cache_root` as a str (what the hit path uses)."""
-    if explicit is not None:
-        return expanded(explicit)
+    """:func:`cache_root` as a str (the hit path's), absolute: the store worker runs in ``/``."""
     env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return expanded(env)
-    if sys.platform == "darwin":
-        base = os.path.join(home(), "Library", "Caches")
+    if explicit is not None or env:
+        root = expanded(env if explicit is None else explicit)
+    elif sys.platform == "darwin":
+        root = join(spelled(os.path.join(home(), "Library", "Caches")), "kdb")
     elif sys.platform == "win32":
         fallback = os.path.join(home(), "AppData", "Local")
-        base = os.environ.get("LOCALAPPDATA", fallback)
+        root = join(spelled(os.environ.get("LOCALAPPDATA", fallback)), "kdb")
     else:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache")
-    return join(spelled(base), "kdb")
+        root = join(spelled(base), "kdb")
+    try:  # a deleted working directory leaves a relative root as it is
+        return root if os.path.isabs(root) else spelled(os.path.join(os.getcwd(), root))
+    except OSError:
+        return root
 
 
 def user_dir_str(explicit: str | os.PathLike[str] | None = None) -> str:

@@ -20,6 +20,10 @@ STORE = "store"
 BOOKKEEPING = "bookkeeping"
 
 _FIELDS = ("kind", "backend", "seconds", "entries", "logs", "cache_dir", "claims_dir", "archs")
+#: What each field must be: a job that says otherwise is malformed (the worker sets it aside).
+_TYPES = {"kind": (str,), "backend": (str,), "seconds": (int, float, type(None)),
+          "entries": (list,), "logs": (list,), "cache_dir": (str,), "claims_dir": (str,),
+          "archs": (dict,)}
 
 
 class StoreJob:
@@ -71,6 +75,14 @@ class StoreJob:
         if not isinstance(data, dict):
             raise ValueError(f"a store job is a JSON object, not {type(data).__name__}")
         known = {k: data[k] for k in _FIELDS if k in data}
+        for name, types in _TYPES.items():
+            if name in known and not isinstance(known[name], types) or (
+                    name == "seconds" and isinstance(known.get(name), bool)):
+                raise ValueError(f"a store job's {name!r} cannot be a "
+                                 f"{type(known[name]).__name__}: {known[name]!r:.60}")
+        for e in known.get("entries", ()):
+            if not isinstance(e, dict) or not isinstance(e.get("key", ""), str):
+                raise ValueError(f"a store job's entry is not an object with a str key: {e!r:.60}")
         extra = {k: v for k, v in data.items() if k not in _FIELDS}
         return cls(**known, extra=extra)
 

@@ -43,6 +43,7 @@ SPOOL = "spool"
 JOB = ".job"
 SLOW = ".slow"
 TAKEN = ".taken"  # a job a store worker's child (or its own process) is storing now
+BAD = ".bad"  # a job the worker could not read: set aside, never stored (kdb log ignores it)
 LOCK = "worker.lock"
 #: The worker's log, beside the user files (what it could not store, and why).
 LOG_NAME = "store-worker.log"
@@ -205,8 +206,8 @@ def _watch_claims() -> None:
             elif claim.wanted:
                 with _claims_lock:
                     store = _store_now.pop(path, None)
-                if store is None or not (_rename(path, _taken(path))
-                                         or _rename(_slow(path), _taken(path))):
+                fd = take(path) if store is not None else None
+                if fd is None:
                     continue  # the worker has it (it takes wanted jobs first)
                 try:
                     store()
@@ -214,6 +215,8 @@ def _watch_claims() -> None:
                 except Exception as err:  # noqa: BLE001 - the worker will store it instead
                     log.debug("kdb: storing a wanted entry in this process failed: %s", err)
                     _rename(_taken(path), path)
+                finally:
+                    os.close(fd)
                 for other_path, other in [h for h in held if h[0] == path]:
                     _drop_claim(other_path, other)
 
@@ -235,6 +238,26 @@ def _slow(path: Path) -> Path:
 
 def _taken(path: Path) -> Path:
     return path.with_suffix(TAKEN)
+
+
+def take(path: Path) -> int | None:
+    """Take the job ``path`` names (queued or set aside) to store it: its ``.taken`` file,
+    ``flock``-ed through the returned fd until the caller closes it, so that a taker's death
+    is seen (the store worker queues it again). None when another process took it first."""
+    import fcntl
+
+    for src in (path.with_suffix(JOB), _slow(path)):
+        try:
+            fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:  # lock, then rename: a .taken file is never unlocked while its taker lives
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(src, _taken(path))
+            return fd
+        except OSError:
+            os.close(fd)
+    return None
 
 
 def _exists(path: Path) -> bool:

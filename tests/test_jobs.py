@@ -37,3 +37,12 @@ def test_the_registry_names_each_back_end_and_refuses_an_unknown_one():
 def test_a_job_that_is_not_an_object_is_refused():
     with pytest.raises(ValueError):
         StoreJob.from_dict(["not", "a", "job"])
+
+
+@pytest.mark.parametrize("data", [{"seconds": "x"}, {"seconds": True}, {"entries": [1]},
+                                  {"entries": [{"key": 1}]}, {"entries": {}}, {"logs": "x"},
+                                  {"cache_dir": 3}])
+def test_a_job_whose_fields_have_the_wrong_types_is_refused(data):
+    """The worker sets such a job aside (test_worker) instead of crashing on it."""
+    with pytest.raises(ValueError, match="store job"):
+        StoreJob.from_dict(data)

@@ -22,9 +22,20 @@ from kdb import ConfigError, HashAttributes, KernelDB, claims, config, spool
 from kdb.cli import cli
 from conftest import sql
 
-pytest.importorskip("pyopencl")
+cl = pytest.importorskip("pyopencl")
 
-ARCH = "pocl-x86_64-znver3"
+
+def _pocl_arch() -> str:
+    """The arch of the PoCL CPU device here (the user file the children write)."""
+    import kdb.opencl
+
+    for plat in cl.get_platforms():
+        if "Portable" in plat.name:
+            return kdb.opencl.arch_of(plat.get_devices()[0])
+    return "pocl-x86_64-znver3"
+
+
+ARCH = _pocl_arch()
 DETACH = {"KDB_STORE_AT_EXIT": "detach"}
 
 BUILD = """

@@ -39,10 +39,23 @@ def program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
 
 
 
+class _Recent(dict):
+    """A dict that keeps only its ``LIMIT`` newest entries: what was handed to the store
+    worker is not held for the process's life. ``get`` stays dict's own (the hit path)."""
+
+    LIMIT = 32
+
+    def __setitem__(self, key, value) -> None:
+        self.pop(key, None)
+        super().__setitem__(key, value)
+        while len(self) > self.LIMIT:
+            del self[next(iter(self))]
+
+
 #: The memory tier: programs this process built from source, keyed by (context, devices,
-#: keys). A repeated build is served at once instead of compiling again or waiting on this
-#: process's own claim; their binaries are stored by the store worker.
-compiled: dict[tuple, object] = {}
+#: keys), the newest few. A repeated build is served at once instead of compiling again or
+#: waiting on this process's own claim; their binaries are stored by the store worker.
+compiled: dict[tuple, object] = _Recent()
 
 
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
@@ -66,8 +79,12 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
 
         def store_now() -> None:
             """Another process waits for one of these keys while this one still holds the
-            program (ranks starting together): store it from here, no rebuild, no worker."""
-            binaries = program_binaries(raw)
+            program (ranks starting together): store it from here, no rebuild, no worker.
+            The program is looked up, not kept: a job's program is held only while new."""
+            held_raw = compiled.get(forget)
+            if held_raw is None:
+                raise LookupError("the program is no longer held; the store worker stores it")
+            binaries = program_binaries(held_raw)
             db.store([(a, binaries[d.int_ptr], per_device, device_details(d))
                       for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs)
 

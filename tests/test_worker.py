@@ -1,0 +1,296 @@
+"""The store worker never stops and never hides: malformed jobs are set aside, jobs of a dead
+taker are taken again, every failure reaches ``store-worker.log`` with its job and reason, a
+lane's pipe carries only its protocol, a relative cache directory still gets its entries
+stored, a long queue costs the supervisor little, and the worker's session stays in the
+background under autogroup scheduling.
+
+Real processes, real PoCL builds, real job files and real flocks. The jobs are written by a
+child that builds with ``KDB_STORE_AT_EXIT=detach`` but starts no worker, so that each test
+starts the worker itself, when its spool is set up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kdb import spool
+from kdb.cli import cli
+from conftest import sql
+
+cl = pytest.importorskip("pyopencl")
+
+#: Build ``n`` kernels h0.. and leave their stores in the spool (no worker started).
+JOBS = """
+    import pyopencl as cl
+    import kdb.opencl, kdb.spool
+    kdb.spool.ensure_worker = lambda spool: None
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    for i in range({n}):
+        kdb.opencl.build(ctx, f"__kernel void h{{i}}(__global float *a) {{{{ a[0] = {{i}}; }}}}")
+"""
+
+
+def stored(cache: Path) -> int:
+    """Entries in the user files (0 while a worker is creating one)."""
+    import sqlite3
+
+    try:
+        return sum(sql(f, "SELECT count(*) FROM kernels")[0][0]
+                   for f in (cache / "v1").glob("pocl-*.kdb"))
+    except sqlite3.OperationalError:
+        return 0
+
+
+def make_jobs(run_py, cache: Path, n: int) -> Path:
+    """A spool holding the store jobs of ``n`` built kernels, oldest first, then the
+    bookkeeping job of a user file not created yet; returns its directory."""
+    run_py(JOBS.format(n=n), env={"KDB_STORE_AT_EXIT": "detach", "KDB_CACHE_DIR": str(cache)})
+    (found,) = (cache / "v1" / "spool").iterdir()
+    assert len(list(found.glob("*.job"))) == n + 1
+    return found
+
+
+def drain(cache: Path, timeout: float = 180) -> None:
+    """Start the spool's worker as kdb does and wait until nothing is left to store."""
+    assert spool.wait(cache / "v1", timeout) == 0, "the store worker left jobs"
+    deadline = time.monotonic() + timeout
+    while any(spool.worker_running(d) for d in (cache / "v1" / "spool").iterdir()):
+        assert time.monotonic() < deadline, "the store worker never exited"
+        time.sleep(0.05)
+
+
+def worker_log(cache: Path) -> str:
+    path = cache / "v1" / spool.LOG_NAME
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_a_malformed_job_is_set_aside_and_the_others_are_stored(cache_dir, run_py):
+    jobs = make_jobs(run_py, cache_dir, 2)
+    bad = {"00000000000000000001-1-1": "[1]", "00000000000000000001-1-2": '{"seconds": "x"}',
+           "00000000000000000001-1-3": '{"entries": [1]}', "00000000000000000001-1-4": "{no"}
+    for stem, text in bad.items():  # the oldest: the worker meets them first
+        (jobs / (stem + spool.JOB)).write_text(text)
+    drain(cache_dir)
+    assert stored(cache_dir) == 2
+    assert sorted(p.name for p in jobs.glob("*" + spool.BAD)) == sorted(s + ".bad" for s in bad)
+    log = worker_log(cache_dir)
+    for stem in bad:
+        assert f"{stem}.job is not a store job" in log, log
+    assert "Traceback" not in log, log
+    assert spool.jobs(cache_dir / "v1") == []  # kdb log and kdb pack do not wait for them
+
+
+def test_a_taken_job_whose_taker_died_is_taken_again(cache_dir, run_py):
+    """A worker (or a process storing a wanted entry itself) killed mid-store leaves a
+    ``.taken`` file: without a live taker's flock on it, the next worker queues it again."""
+    from click.testing import CliRunner
+
+    jobs = make_jobs(run_py, cache_dir, 2)
+    first = sorted(jobs.glob("*.job"))[0]
+    first.rename(first.with_suffix(spool.TAKEN))  # taken, and its taker gone
+    rows = json.loads(CliRunner().invoke(cli, ["log", "--json"]).output)
+    assert len(rows) == 2 and all(r["pending"] for r in rows)
+    drain(cache_dir)
+    assert stored(cache_dir) == 2
+    assert "queued again" in worker_log(cache_dir)
+    rows = json.loads(CliRunner().invoke(cli, ["log", "--json"]).output)
+    assert len(rows) == 2 and not any(r["pending"] for r in rows)
+
+
+def test_a_worker_killed_mid_store_leaves_nothing_stuck(cache_dir, run_py):
+    """The supervisor and its lanes killed while a lane stores a job: the next worker stores
+    that job too, instead of leaving it "not stored yet" for ever."""
+    import signal
+
+    jobs = make_jobs(run_py, cache_dir, 3)
+    proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", str(jobs)], cwd="/",
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(jobs.glob("*" + spool.TAKEN)):
+        assert time.monotonic() < deadline and proc.poll() is None, "no store was seen"
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # its session: the supervisor and both lanes
+    proc.wait()
+    assert list(jobs.glob("*" + spool.TAKEN))
+    drain(cache_dir)
+    assert stored(cache_dir) == 3
+
+
+def test_a_job_taken_by_a_live_process_is_left_to_it_until_it_dies(cache_dir, run_py):
+    jobs = make_jobs(run_py, cache_dir, 2)
+    first = sorted(jobs.glob("*.job"))[0]
+    fd = spool.take(first)  # this process stores it, as a process with a wanted entry does
+    assert fd is not None and first.with_suffix(spool.TAKEN).exists()
+    assert spool.take(first) is None  # nobody else can take it meanwhile
+    try:
+        spool.ensure_worker(jobs)
+        deadline = time.monotonic() + 120
+        while stored(cache_dir) < 1:
+            assert time.monotonic() < deadline, worker_log(cache_dir)
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert first.with_suffix(spool.TAKEN).exists() and stored(cache_dir) == 1
+        assert spool.worker_running(jobs)  # it stays while a taken job may come back
+    finally:
+        os.close(fd)  # the taker "dies" without storing it
+    drain(cache_dir)
+    assert stored(cache_dir) == 2
+
+
+def test_every_failing_store_reaches_the_log_with_its_job_and_reason(cache_dir, run_py):
+    jobs = make_jobs(run_py, cache_dir, 3)
+    broken = sorted(jobs.glob("*.job"))[0]
+    data = json.loads(broken.read_text())
+    data["program"]["source"] = "__kernel void h0(__global float *a) { a[0] = nosuchname; }"
+    broken.write_text(json.dumps(data))
+    drain(cache_dir)
+    assert stored(cache_dir) == 2
+    log = worker_log(cache_dir)
+    key = data["entries"][0]["key"][:16]
+    assert f"could not store {broken.stem} (h0 {key}): " in log, log
+    assert "BUILD_PROGRAM_FAILURE" in log or "clBuildProgram" in log, log
+    assert "ended its process" not in log and "set aside" not in log, log
+
+
+def test_a_lanes_pipe_carries_only_its_protocol(cache_dir, run_py):
+    """The compiler's output and kdb's messages go to the log (stderr), never to the pipe the
+    supervisor reads one line per job from."""
+    jobs = make_jobs(run_py, cache_dir, 2)
+    broken, good = sorted(jobs.glob("*.job"))[:2]
+    data = json.loads(broken.read_text())
+    data["program"]["source"] = "__kernel void h0(__global float *a) { a[0] = nosuchname; }"
+    broken.write_text(json.dumps(data))
+    env = dict(os.environ, **dict(json.loads((jobs / spool.ENVIRONMENT).read_text())["variables"]))
+    proc = subprocess.run([sys.executable, "-m", "kdb.worker", "--child"], env=env, cwd="/",
+                          input=f"{broken}\n{good}\n{good}\n".encode(), capture_output=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"done\n" * 3
+    assert b"could not store" in proc.stderr and b"nosuchname" in proc.stderr
+    assert stored(cache_dir) == 1 and not broken.exists() and not good.exists()
+
+
+@pytest.mark.parametrize("variable", ["KDB_CACHE_DIR", "XDG_CACHE_HOME"])
+def test_a_relative_cache_dir_is_made_absolute_before_anything_is_spooled(tmp_path, monkeypatch,
+                                                                          variable):
+    monkeypatch.delenv("KDB_CACHE_DIR", raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    code = JOBS.replace("kdb.spool.ensure_worker = lambda spool: None", "").format(n=2)
+    env = dict(os.environ, KDB_STORE_AT_EXIT="detach", POCL_CACHE_DIR=str(tmp_path / "pocl"))
+    env[variable] = "relc"
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=work, check=True,
+                   capture_output=True, timeout=300)
+    cache = work / "relc" if variable == "KDB_CACHE_DIR" else work / "relc" / "kdb"
+    job = next(iter(spool.jobs(cache / "v1")), None)
+    if job is not None:  # not stored yet: it names the cache absolutely
+        data = spool.read_job(job)
+        assert data is None or Path(data["cache_dir"]).is_absolute()
+    drain(cache)
+    assert stored(cache) == 2, worker_log(cache)
+
+
+def test_the_compiled_programs_held_in_memory_are_bounded(cache_dir, run_py):
+    """Programs whose stores went to the worker are not held for the process's life; the
+    newest are, so a repeated build is still served at once."""
+    code = JOBS.format(n=40) + """
+    import json, kdb.latency
+    from kdb.backends import clstore
+    before = len(kdb.latency.records())
+    kdb.opencl.build(ctx, "__kernel void h39(__global float *a) { a[0] = 39; }")
+    print(json.dumps([len(clstore.compiled), clstore._Recent.LIMIT,
+                      len(kdb.latency.records()) - before]))
+    """
+    held, limit, compiles = json.loads(run_py(code, env={"KDB_STORE_AT_EXIT": "detach"})
+                                       .stdout.splitlines()[-1])
+    assert held <= limit < 40
+    assert compiles == 0  # the newest program was served from memory
+
+
+def test_a_long_queue_costs_the_supervisor_a_small_share_of_the_lanes_cpu(cache_dir, run_py):
+    """Queued jobs of a program stored already (cheap to store): the supervisor lists the
+    spool a bounded number of times, not once per job and pass, and uses little CPU."""
+    jobs = make_jobs(run_py, cache_dir, 1)
+    text = sorted(jobs.glob("*.job"))[0].read_text()
+    n = 300
+    for i in range(n):
+        (jobs / f"{1000 + i:020d}-1-{i}.job").write_text(text)
+    code = f"""
+        import json, resource
+        from pathlib import Path
+        from kdb import worker
+        worker.MIN_AGE_S = 0.0
+        queues = []
+        class Counted(worker._Queue):
+            def __init__(self, spool):
+                super().__init__(spool)
+                queues.append(self)
+        worker._Queue = Counted
+        worker.supervise(Path({str(jobs)!r}))
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        lanes = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(json.dumps([sum(q.listings for q in queues), me.ru_utime + me.ru_stime,
+                          lanes.ru_utime + lanes.ru_stime]))
+    """
+    env = dict(os.environ, **dict(json.loads((jobs / spool.ENVIRONMENT).read_text())["variables"]))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd="/",
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    listings, supervisor_s, lanes_s = json.loads(proc.stdout.splitlines()[-1])
+    assert not list(jobs.glob("*.job"))
+    assert stored(cache_dir) == 1
+    assert listings < n / 3, listings
+    # The supervisor's start (imports) is most of what it uses; the lanes did the stores.
+    assert supervisor_s < 0.5 * lanes_s, (supervisor_s, lanes_s)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"),
+                    reason="this kernel has no autogroup scheduling (/proc/self/autogroup)")
+def test_the_workers_session_has_the_lowest_autogroup_weight(cache_dir, run_py):
+    """The worker starts its own session; under autogroup scheduling its nice values count
+    only if its session's group has the lowest weight too."""
+    jobs = make_jobs(run_py, cache_dir, 1)
+    fd = spool.take(sorted(jobs.glob("*.job"))[0])  # a live taker: the worker waits for it
+    proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", str(jobs)], cwd="/",
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        group = ""
+        while "nice 19" not in group and time.monotonic() < deadline:
+            time.sleep(0.1)
+            group = Path(f"/proc/{proc.pid}/autogroup").read_text()
+        assert "nice 19" in group, group
+    finally:
+        os.close(fd)
+    proc.wait(timeout=300)
+    assert stored(cache_dir) == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"),
+                    reason="this kernel has no autogroup scheduling (/proc/self/autogroup)")
+def test_a_worker_run_inside_another_session_leaves_its_autogroup_alone(tmp_path):
+    """Only a session of the worker's own is lowered: never the terminal's or a test's."""
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    before = Path("/proc/self/autogroup").read_text().split()[-1]
+    code = f"""
+        from pathlib import Path
+        from kdb import worker
+        worker.IDLE_EXIT_S = 0.0
+        worker.supervise(Path({str(spool_dir)!r}))
+        print(open("/proc/self/autogroup").read().split()[-1])
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True,
+                         capture_output=True, text=True, timeout=120).stdout.split()
+    assert out == [before] and Path("/proc/self/autogroup").read_text().split()[-1] == before
