@@ -69,7 +69,7 @@ def _spool_leftovers(user_dir: Path) -> list[Path]:
     for d in sorted(p for p in (user_dir / spool.SPOOL).glob("*") if p.is_dir()):
         quiet = time.time() - d.stat().st_mtime > SPOOL_IDLE_S  # before worker_running's open
         names = sorted(d.iterdir())
-        jobs = [p for p in names if p.suffix in (spool.JOB, spool.SLOW, spool.TAKEN)]
+        jobs = [p for p in names if p.suffix in (spool.JOB, spool.SLOW, spool.TAKEN, spool.BAD)]
         idle = quiet and not jobs and not spool.worker_running(d)
         for p in names:
             if p in jobs or (p.name.endswith(".tmp") and not _alive(p.name.split(".")[-2])) or (
