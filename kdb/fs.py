@@ -94,6 +94,9 @@ def _owner_problem(path: str | os.PathLike[str], system: bool) -> str | None:
         link = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        return None  # /dev/null and the like: nothing is read from it, and making a cache
+        # below it fails with its own clear error ("Not a directory")
     me = os.getuid() if hasattr(os, "getuid") else None
     allowed = (me, 0) if system else (me,)
     if me is not None and stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):

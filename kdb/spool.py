@@ -368,11 +368,17 @@ def read_job(path: Path) -> dict | None:
 
 def pending_log_rows(user_dir: Path) -> list[list]:
     """The start-up latency rows of jobs not stored yet (``kdb log`` shows them at once)."""
+    from .jobs import StoreJob
+
     rows = []
     for path in jobs(user_dir):
-        job = read_job(path)
-        if job:
-            rows += job.get("logs", [])
+        data = read_job(path)
+        if data is None:
+            continue
+        try:
+            rows += [r for r in StoreJob.from_dict(data).logs if isinstance(r, list)]
+        except ValueError:
+            continue  # a malformed job: the store worker sets it aside and says so
     return rows
 
 
