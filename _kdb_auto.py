@@ -4,7 +4,7 @@
 start: with ``KDB_AUTO`` unset or empty it costs one environment lookup and imports
 nothing; otherwise it imports this module and calls :func:`start`, which puts an import hook
 on ``sys.meta_path``. The hook imports neither pyopencl nor pycuda: when the program imports
-one of them, right after that module has finished executing, it calls :mod:`kdb.auto`
+one of them, right after that module has finished executing, it calls :mod:`kdb.adopt.auto`
 (``kdb.opencl.install()``, or pycuda's ``compile`` through ``kdb.cuda``).
 
 A top-level module, not ``kdb.something``: importing anything under ``kdb`` runs
@@ -19,8 +19,10 @@ ENV_AUTO = "KDB_AUTO"  # kdb.config.ENV_AUTO; repeated here so that kdb is not i
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
-#: Module name -> name of the function in :mod:`kdb.auto` that adopts it once imported.
-_HOOKS = {"pyopencl": "adopt_pyopencl", "pycuda.compiler": "adopt_pycuda"}
+#: Module name -> the function that adopts it once imported, named as an entry point names
+#: one (``module:function``): this hook sits below kdb and reaches up by name, not by import.
+_HOOKS = {"pyopencl": "kdb.adopt.auto:adopt_pyopencl",
+          "pycuda.compiler": "kdb.adopt.auto:adopt_pycuda"}
 _pending = dict(_HOOKS)
 _finder = None
 _warned = set()
@@ -97,9 +99,10 @@ def _adopt(name, module):
     if not _pending and _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
     try:
-        import kdb.auto
+        import importlib
 
-        getattr(kdb.auto, hook)(module)
+        where, _, function = hook.partition(":")
+        getattr(importlib.import_module(where), function)(module)
     except Exception as err:  # noqa: BLE001 - the program must run, with or without kdb
         _warn(f"{ENV_AUTO} is set but kdb could not switch on for {name} "
               f"({type(err).__name__}: {err}); {name} builds as it would without kdb")

@@ -161,7 +161,8 @@ def task_hit_warm(a: dict[str, Any]) -> dict[str, Any]:
 def task_scale(a: dict[str, Any]) -> dict[str, Any]:
     """Hits on random entries of a large user file, and ``kdb stats`` on it."""
     import kdb
-    from kdb import config, report
+    from kdb import config
+    from kdb.admin import report
 
     attrs = [kdb.HashAttributes(**_workloads.scale_attrs(i)) for i in a["indices"]]
     for x in attrs:

@@ -3,7 +3,7 @@
 - a kdb user tier primed by a kdb start-up (on a PoCL cache a plain pyopencl start-up primed);
 - the floor: the very binaries kdb stored, as plain files;
 - a PoCL cache primed by both a source start-up and a start-up from the stored binaries;
-- a system tier: ``kdb.pack.write_system_db`` from the primed user file.
+- a system tier: ``kdb.pack.build.write_system_db`` from the primed user file.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def floor_bins(ws: Workspace) -> Path:
     """The binaries kdb stored, one plain file per kernel (``<name>.bin``)."""
 
     def build() -> Path:
-        from kdb import codec
+        from kdb.file import codec
 
         primed = kdb_primed(ws)
         d = ws.path / "floor-bins"
@@ -117,7 +117,7 @@ def system_dir(ws: Workspace) -> Path:
     """A directory holding ``<arch>.kdb``, packed from the primed user file."""
 
     def build() -> Path:
-        from kdb import pack
+        from kdb.pack import build as pack
 
         primed = kdb_primed(ws)
         d = ws.path / "system"

@@ -374,7 +374,7 @@ def wait_for_worker(cache_dir: Path, timeout: float = 900) -> float:
     """Wait for the store worker a child left (KDB_STORE_AT_EXIT=detach) to finish: every
     job stored and no worker running. Returns the seconds waited."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from kdb import spool
+    from kdb.storing import spool
 
     start = time.perf_counter()
     deadline = start + timeout

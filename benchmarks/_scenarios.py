@@ -235,7 +235,7 @@ raise SystemExit(0 if len(b) == {size} else 3)
 def _hit_fixture(ws: Workspace) -> dict[str, Any]:
     def build() -> dict[str, Any]:
         import kdb
-        from kdb import codec
+        from kdb.file import codec
 
         cache = ws.path / "hit-cache"
         db = kdb.KernelDB(cache_dir=cache, system_path=[], use_system=False)
@@ -412,7 +412,7 @@ def _scale_file(ws: Workspace, n: int) -> tuple[Path, float]:
 
     import kdb
     from kdb import config
-    from kdb.store import Entry, KernelFile
+    from kdb.file.kernelfile import Entry, KernelFile
 
     cache = ws.path / f"scale-{n}"
     path = config.user_dir(cache) / f"{_workloads.SCALE_ARCH}.kdb"
@@ -443,7 +443,7 @@ def _evict_once(path) -> tuple[float, float, int]:
     import time as _time
     from pathlib import Path
 
-    from kdb.store import KernelFile
+    from kdb.file.kernelfile import KernelFile
 
     with tempfile.TemporaryDirectory(prefix="kdb-evict-") as tmp:
         copy = Path(tmp) / Path(path).name
@@ -467,13 +467,13 @@ def _evict_once(path) -> tuple[float, float, int]:
 
 
 def _zstd_levels(ws: Workspace, o: Outcome, user_file: Path) -> None:
-    """What kdb.codec chooses between: the real PoCL binaries at zstd's LEVEL and FAST_LEVEL,
+    """What kdb.file.codec chooses between: the real PoCL binaries at zstd's LEVEL and FAST_LEVEL,
     their size against the raw bytes and the time to decompress one (median of 50 rounds)."""
     import time
 
     import zstandard
 
-    from kdb import codec
+    from kdb.file import codec
 
     conn = sqlite3.connect(f"file:{user_file}?mode=ro", uri=True)
     try:

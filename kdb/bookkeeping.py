@@ -5,7 +5,7 @@ memory here. The rows are written later in one short transaction, together with 
 the background store adds, by :meth:`Book.write` (the background thread, ``flush()``, a
 collected KernelDB, the exit, and the store worker writing what a process handed it all go
 through it). This process's own totals (:func:`process_counts`) feed ``kdb run`` and
-``pytest --kdb``: at exit a process leaves them in ``KDB_RUN_REPORT`` (:mod:`kdb.tally`
+``pytest --kdb``: at exit a process leaves them in ``KDB_RUN_REPORT`` (:mod:`kdb.adopt.tally`
 adds the reports up).
 """
 
@@ -16,14 +16,14 @@ import threading
 import time
 
 from . import config, lifecycle, logs
-from .store import CompileRecord, KernelFile
+from .file.kernelfile import CompileRecord, KernelFile
 from .strpaths import exists, join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-    from .store import Entry
+    from .file.kernelfile import Entry
 
 log = logs.get("kdb")
 

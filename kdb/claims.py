@@ -7,11 +7,11 @@ kernel releases it when the holder exits or dies, so a crashed compiler's claim 
 outlives it, and taking one costs no database write (no schema needed on a cold machine).
 
 The lock file says what its holder is doing (:func:`holder`): ``compiling``, or
-``pending`` once the compile is done and only its store is queued (:mod:`kdb.spool`). A
+``pending`` once the compile is done and only its store is queued (:mod:`kdb.storing.spool`). A
 waiter waits for a running compile (bounded by ``KDB_WAIT_TIMEOUT``, with back-off), but
 for a pending store only :func:`pending_wait`: a few times what the compile took. A waiter
 marks its demand with ``<key>.want``; a holder that still has the program stores that entry
-at once itself (:mod:`kdb.spool`), and the store worker takes wanted entries first. Claims
+at once itself (:mod:`kdb.storing.spool`), and the store worker takes wanted entries first. Claims
 end with their holder, so nobody ever waits for the store of a process that has exited. On a network file system
 ``flock`` may not coordinate across nodes; there the shared tier's locks are the answer.
 """
@@ -48,7 +48,7 @@ class Claim:
         self.key = key
         self._fd: int | None = fd
         #: The shared tier's cross-node locks when this claim also holds the key's lock there
-        #: (:meth:`kdb.sharedlocks.CrossNodeLocks.adopt`): asked about waiters, released with it.
+        #: (:meth:`kdb.shared.locks.CrossNodeLocks.adopt`): asked about waiters, released with it.
         self.cross_node = None
 
     def __repr__(self) -> str:
@@ -205,7 +205,7 @@ def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any]
     without coordination: the directory is unusable, or the wait is over).
 
     A waiter waits for a compile that is running, up to ``timeout`` seconds; for an entry
-    whose compile is done and whose store is only queued (:mod:`kdb.spool`), at most
+    whose compile is done and whose store is only queued (:mod:`kdb.storing.spool`), at most
     :func:`pending_wait`, since building the program itself costs about that. A holder that
     made no progress within the bound is given up on for the rest of the process. A process
     that holds this node's claim while another node compiles the key waits for the shared

@@ -251,7 +251,7 @@ def parse_store_at_exit(raw: str) -> str:
 
 
 def store_at_exit(explicit: str | None = None) -> str:
-    """``detach``: OpenCL stores go to the store worker (:mod:`kdb.spool`) as they happen;
+    """``detach``: OpenCL stores go to the store worker (:mod:`kdb.storing.spool`) as they happen;
     ``wait``: the process stores them itself, before exit within ``KDB_STORE_TIMEOUT``.
     A bad value falls back to ``wait``, which needs nothing but this process."""
     if explicit is not None:

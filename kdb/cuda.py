@@ -10,7 +10,7 @@ or, in code written for pycuda::
 
 Compiling needs nvcc (``KDB_NVCC``, else ``$CUDA_HOME/bin/nvcc``, else PATH) or NVRTC
 (``pip install 'kdb[cuda]'``, no toolkit); with neither, stored builds are served
-(:mod:`kdb.fallback`). Loading needs pycuda (``pip install 'kdb[pycuda]'``) and a GPU.
+(:mod:`kdb.backends.fallback`). Loading needs pycuda (``pip install 'kdb[pycuda]'``) and a GPU.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ is set), each row checked by :func:`kdb.tiers.verified`, a counter bumped in mem
 (:mod:`kdb.bookkeeping`). No lock, no write, no SQLAlchemy. A miss claims the key or waits
 for the process that compiles it (:mod:`kdb.claims`) and compiles outside any transaction;
 how the result reaches the writable tiers (the background writer, the store worker, the
-shared tier) is the store side, :mod:`kdb.storing`, which ``KernelDB`` inherits.
+shared tier) is the store side, :mod:`kdb.storing.stores`, which ``KernelDB`` inherits.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections import namedtuple
 from . import arguments, config, latency, logs
 from .bookkeeping import Book, add
 from .keys import HashAttributes
-from .store import CompileRecord, KernelFile
+from .file.kernelfile import CompileRecord, KernelFile
 from .strpaths import join
-from .storing import _BACKGROUND, Storing, _background
+from .storing.stores import _BACKGROUND, Storing, _background
 from .tiers import FileTier, system_files, verified
 
 TYPE_CHECKING = False
@@ -260,14 +260,14 @@ class KernelDB(Storing):
         self._count(attrs.arch, "compile_seconds", seconds)
         return rec
 
-    # -- shared tier (kdb.shared; only when KDB_SHARED_URL is set) ------------------------
+    # -- shared tier (kdb.shared.tier; only when KDB_SHARED_URL is set) ------------------------
 
     def _shared(self):
         """The shared tier, or ``None`` when ``KDB_SHARED_URL`` is unset (read when used)."""
         url = config.shared_url()
         if url is None or self.disabled or not self.use_system:
             return None
-        from . import shared  # SQLAlchemy loads here, never on a local hit
+        from .shared import tier as shared  # SQLAlchemy loads here, never on a local hit
 
         return shared.tier(url)
 

@@ -323,7 +323,7 @@ class HashAttributes:
 
         Stored beside each entry, so that a process that cannot work out its compiler's
         identity (none installed) can still find the entries built for everything else it
-        asked for: :mod:`kdb.fallback`.
+        asked for: :mod:`kdb.backends.fallback`.
         """
         if not self.compiler:
             return self.key

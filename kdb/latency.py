@@ -12,7 +12,7 @@ import threading
 import time
 
 from . import lifecycle, logs
-from .store import CompileRecord
+from .file.kernelfile import CompileRecord
 
 log = logs.get("kdb")
 

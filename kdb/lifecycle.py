@@ -9,7 +9,7 @@ order:
 1. ``BOOKKEEPING``: every KernelDB's batched hit counts, counters and log rows are written
    (or handed to the store worker);
 2. ``STORES``: background stores are finished within ``KDB_STORE_TIMEOUT``, and claims whose
-   stores are still queued are handed over (:mod:`kdb.keeper`);
+   stores are still queued are handed over (:mod:`kdb.shared.keeper`);
 3. ``SUMMARY``: the start-up latency summary is logged (:mod:`kdb.latency`);
 4. ``REPORT``: the rest: this process's run report (``KDB_RUN_REPORT``).
 

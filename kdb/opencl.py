@@ -21,7 +21,7 @@ except ImportError as _err:  # pragma: no cover - exercised in an environment wi
         "kdb.opencl needs pyopencl: pip install 'pyopencl[pocl]' (PoCL gives a CPU device)"
     ) from _err
 
-from .backends.opencl import (  # noqa: E402
+from .backends.opencl import (
     arch_of,
     attributes_for,
     build,

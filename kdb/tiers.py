@@ -4,22 +4,23 @@ A tier answers four questions, whatever it is made of:
 
 - ``name``: ``"system"``, ``"user"`` or ``"shared"`` (what a :class:`kdb.Hit` and the
   counters call it);
-- ``fetch(key)``: the stored row (:class:`kdb.store.Row`'s columns) or ``None``;
+- ``fetch(key)``: the stored row (:class:`kdb.file.kernelfile.Row`'s columns) or ``None``;
 - ``publish(entries, logs)``: store entries and start-up latency rows;
 - ``drop(keys)``: remove entries that proved bad;
 - ``describe()``: where it is, for messages (a path, or a server with its password masked).
 
-:class:`FileTier` adapts a system or user :class:`~kdb.store.KernelFile`;
-:class:`kdb.shared.SharedTier` is the shared one (imported only when ``KDB_SHARED_URL`` is
+:class:`FileTier` adapts a system or user :class:`~kdb.file.kernelfile.KernelFile`;
+:class:`kdb.shared.tier.SharedTier` is the shared one (imported only when ``KDB_SHARED_URL`` is
 set). Every tier's rows pass through :func:`verified`, so a corrupt or colliding entry is
 refused the same way wherever it came from.
 """
 
 from __future__ import annotations
 
-from . import config, discovery, faults, latency
-from .codec import decode
-from .store import KernelFile
+from . import config, faults, latency
+from .file import discovery
+from .file.codec import decode
+from .file.kernelfile import KernelFile
 from .strpaths import join, spelled
 
 TYPE_CHECKING = False
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from .keys import HashAttributes
-    from .store import CompileRecord, Entry, Row
+    from .file.kernelfile import CompileRecord, Entry, Row
 
 #: Why :func:`verified` refused a row.
 CHECKSUM = "checksum mismatch"
@@ -62,7 +63,7 @@ class FileTier:
 def verified(row, attrs: HashAttributes) -> tuple[bytes | None, str | None]:
     """``(binary, None)`` for a sound row, ``(None, reason)`` for a corrupt or colliding one.
 
-    The checksum is the codec's (:func:`kdb.codec.decode`); the collision check compares the
+    The checksum is the codec's (:func:`kdb.file.codec.decode`); the collision check compares the
     stored canonical attributes with the requested ones, so two keys that hash alike never
     serve each other's binary.
     """
@@ -76,7 +77,7 @@ def verified(row, attrs: HashAttributes) -> tuple[bytes | None, str | None]:
 
 def system_files(arch: str, dirs: list[str | Path], memo_dir: str | Path, user_dir: str | Path,
                  use_system: bool = True) -> list[KernelFile]:
-    """The read-only system files for ``arch`` (:mod:`kdb.discovery`); none warns once per
+    """The read-only system files for ``arch`` (:mod:`kdb.file.discovery`); none warns once per
     process and arch, saying what that costs and how to fix it."""
     config.check_arch(arch)
     if not use_system:

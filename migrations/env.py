@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from kdb.schema import metadata
+from kdb.file.schema import metadata
 
 config = context.config
 

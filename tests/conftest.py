@@ -43,7 +43,8 @@ def sql(path, query: str, params=()) -> list[tuple]:
 @pytest.fixture(autouse=True)
 def _fresh_process_state():
     """Forget once-per-process warnings and this process's compile log between tests."""
-    from kdb import background, faults, latency
+    from kdb.storing import background
+    from kdb import faults, latency
 
     faults.reset()
     latency.reset()

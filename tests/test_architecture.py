@@ -1,21 +1,31 @@
-"""The import rules of docs/architecture.md, checked on the source of the whole package: no
-import cycle (imports inside functions count; ``if TYPE_CHECKING:`` imports do not), and only
-the front ends that show or build for a device import a back end."""
+"""The layer order of docs/architecture.md, checked on the source of the whole distribution
+(the ``kdb`` package and the ``_kdb_auto`` start-up hook): every module sits in exactly one
+layer of the map, no module imports from a layer above its own, there is no import cycle
+(imports inside functions count; ``if TYPE_CHECKING:`` imports do not), and only the front
+ends that show or build for a device import a back end.
+
+The layers are read from the map itself, so the map and the code cannot drift apart."""
 
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
 from pathlib import Path
 
+import _kdb_auto
 import kdb
 
 PACKAGE = Path(kdb.__file__).resolve().parent
+REPO_MAP = PACKAGE.parent / "docs" / "architecture.md"
+#: Modules of the distribution outside the package: name -> file.
+TOP_MODULES = {"_kdb_auto": Path(_kdb_auto.__file__).resolve()}
 
 #: Back ends: they import core, never the other way round.
 BACKENDS = ("kdb.backends", "kdb.opencl", "kdb.cuda")
 #: The front ends docs/architecture.md allows to import a back end.
-DEVICE_FRONT_ENDS = {"kdb.explain", "kdb.info", "kdb.auto", "kdb.pack_compile",
-                     "kdb.demo_programs"}
+DEVICE_FRONT_ENDS = {"kdb.admin.explain", "kdb.admin.info", "kdb.adopt.auto",
+                     "kdb.pack.compiling", "kdb.demo.programs", "kdb.storing.worker"}
 
 
 def _name(path: Path, package: Path) -> str:
@@ -31,9 +41,11 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
-def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the kdb modules it imports at run time, anywhere in its text."""
+def import_graph(package: Path = PACKAGE, top: dict[str, Path] | None = None
+                 ) -> dict[str, set[str]]:
+    """Module -> the modules of the distribution it imports at run time, anywhere in its text."""
     files = {_name(p, package): p for p in package.rglob("*.py")}
+    files.update(TOP_MODULES if top is None else top)
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -94,11 +106,50 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def layers(text: str | None = None) -> list[tuple[str, list[str]]]:
+    """The map's layers, lowest first: ``(name, module patterns)`` from the table under
+    "## Layers" in docs/architecture.md (a pattern may end in ``.*``)."""
+    if text is None:
+        text = REPO_MAP.read_text(encoding="utf-8")
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not re.match(r"\*\*\d+\.", cells[0]):
+            continue
+        found.append((cells[0].strip("*"), re.findall(r"`([\w.*]+)`", cells[1])))
+    return found
+
+
+def layer_of(module: str, table: list[tuple[str, list[str]]]) -> list[int]:
+    return [i for i, (_, pats) in enumerate(table)
+            if any(fnmatch.fnmatchcase(module, p) for p in pats)]
+
+
 def _is_backend(name: str) -> bool:
     return any(name == b or name.startswith(b + ".") for b in BACKENDS)
 
 
-def test_the_package_has_no_import_cycle():
+def test_every_module_is_in_exactly_one_layer_of_the_map():
+    table = layers()
+    assert len(table) >= 5, "docs/architecture.md lost its layer table"
+    placed = {m: layer_of(m, table) for m in import_graph()}
+    assert {m: ls for m, ls in placed.items() if len(ls) != 1} == {}
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    table = layers()
+    graph = import_graph()
+    up = {}
+    for m, deps in graph.items():
+        (mine,) = layer_of(m, table)
+        bad = sorted(d for d in deps if layer_of(d, table)[0] > mine)
+        if bad:
+            up[f"{m} ({table[mine][0]})"] = bad
+    assert up == {}
+
+
+def test_the_distribution_has_no_import_cycle():
     assert cycles(import_graph()) == []
 
 
@@ -109,17 +160,31 @@ def test_only_the_device_front_ends_import_a_back_end():
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
-def test_the_checks_see_a_cycle_and_a_lazy_import(tmp_path):
+def test_each_wing_says_what_it_owns_and_may_import():
+    for init in PACKAGE.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and "import" in doc.lower(), f"{init.parent.name}/__init__.py says nothing of its imports"
+
+
+def test_the_checks_see_a_cycle_a_lazy_import_and_an_upward_import(tmp_path):
     pkg = tmp_path / "kdb"
     (pkg / "backends").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "backends" / "__init__.py").write_text("")
-    (pkg / "backends" / "gpu.py").write_text("from .. import store\n")
-    (pkg / "store.py").write_text("def f():\n    from . import db\n")
-    (pkg / "db.py").write_text("from . import store\nfrom .backends import gpu\n")
+    (pkg / "backends" / "gpu.py").write_text("from .. import tier\n")
+    (pkg / "tier.py").write_text("def f():\n    from . import db\n")
+    (pkg / "db.py").write_text("from . import tier\nfrom .backends import gpu\n")
     (pkg / "keys.py").write_text("TYPE_CHECKING = False\nif TYPE_CHECKING:\n"
                                  "    from . import db\n")
-    graph = import_graph(pkg)
+    hook = tmp_path / "_hook.py"
+    hook.write_text("def f():\n    import kdb.keys\n")
+    graph = import_graph(pkg, {"_hook": hook})
     assert graph["kdb.keys"] == set()  # type-only imports are not run-time edges
-    assert graph["kdb.db"] == {"kdb.store", "kdb.backends", "kdb.backends.gpu"}
-    assert cycles(graph) == [["kdb.backends.gpu", "kdb.db", "kdb.store"]]
+    assert graph["kdb.db"] == {"kdb.tier", "kdb.backends", "kdb.backends.gpu"}
+    assert graph["_hook"] == {"kdb.keys"}
+    assert cycles(graph) == [["kdb.backends.gpu", "kdb.db", "kdb.tier"]]
+    table = layers("## Layers\n| **1. low** | `kdb.keys`, `kdb.tier` |\n"
+                   "| **2. high** | `kdb.db`, `kdb.backends.*` |\n")
+    assert [n for n, _ in table] == ["1. low", "2. high"]
+    assert layer_of("kdb.backends.gpu", table) == [1]
+    assert layer_of("kdb.tier", table)[0] < layer_of("kdb.db", table)[0]  # tier -> db is upward

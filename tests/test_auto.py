@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import _kdb_auto
-from kdb import config, tally
+from kdb import config
+from kdb.adopt import tally
 
 BIN = Path(sys.executable).parent
 KDB = str(BIN / "kdb")
@@ -252,7 +253,7 @@ def test_kdb_run_adopts_a_program_that_imports_kdb_first_and_the_worker_adopts_n
     proc = run([KDB, "run", "--json", "--", sys.executable, app], env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "adopted"
-    from kdb import spool
+    from kdb.storing import spool
 
     assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 60) == 0
     assert stats(env)["entries"] == 1
@@ -371,7 +372,7 @@ def test_kdb_run_does_not_send_a_terminals_ctrl_c_twice(env):
 
 def test_the_portable_forwarding_passes_status_and_signals_too(env):
     """The handler-based path (where sigwaitinfo is missing), run here on purpose."""
-    from kdb import run as running
+    from kdb.adopt import run as running
 
     assert running._run_handlers([sys.executable, "-c", "import sys; sys.exit(4)"], env) == 4
     assert running._run_handlers(["sh", "-c", "kill -TERM $$"], env) == 128 + signal.SIGTERM
@@ -403,7 +404,7 @@ def test_pytest_kdb_switches_kdb_on_for_the_session_and_its_subprocesses(app, en
     first = run([*pytest_cmd, "--kdb"], env, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "kdb: 2 programs requested: 1 compiled" in first.stdout  # the second waited or hit
-    second = run([*pytest_cmd, "-p", "kdb.pytest"], env, cwd=tmp_path)
+    second = run([*pytest_cmd, "-p", "kdb.adopt.pytest"], env, cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert ("kdb: 2 programs requested: 0 compiled (0.00 s compiling), 2 served (user 2); the "
             "served programs took") \

@@ -18,8 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kdb
-from kdb import (ConfigError, HashAttributes, InvalidArgumentError, KdbError, KernelDB,
-                 UnsupportedTypeError, config)
+from kdb import (
+    ConfigError,
+    HashAttributes,
+    InvalidArgumentError,
+    KdbError,
+    KernelDB,
+    UnsupportedTypeError,
+    config,
+)
 from kdb.cli import cli
 
 FIELDS = ("backend", "source", "arch", "build_options", "internal_options", "headers",
@@ -69,7 +76,7 @@ def unchanged(cache_dir):
     db.close()
     before = snapshot(cache_dir)
     yield
-    kdb.background.drain()
+    kdb.storing.background.drain()
     assert snapshot(cache_dir) == before
 
 

@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from kdb import ConfigError, HashAttributes, KernelDB, config, maintenance, report
+from kdb import ConfigError, HashAttributes, KernelDB, config
+from kdb.admin import maintenance, report
 from kdb.cli import cli
-from kdb.store import Entry, KernelFile
+from kdb.file.kernelfile import Entry, KernelFile
 from conftest import sql
 
 LONG = os.environ.get("KDB_LONG_TESTS") == "1"

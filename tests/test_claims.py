@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from kdb import HashAttributes, KernelDB, background, claims
+from kdb import HashAttributes, KernelDB, claims
+from kdb.storing import background
 from kdb.claims import Claim
 from kdb.db import Hit
 from conftest import sql
@@ -256,7 +257,7 @@ def test_a_waiter_past_its_bound_compiles_itself(cache_dir, holder, monkeypatch,
 PUBLISHER = """
     import os, sys, time
     import kdb
-    from kdb import HashAttributes, KernelDB, background
+    from kdb import HashAttributes, KernelDB; from kdb.storing import background
     background.QUIET_S = 3600  # without a waiter this process would not store for an hour
     a = HashAttributes(backend="test", source="__kernel void k0() {}", arch="a1", name="k0")
     KernelDB(use_system=False).get_or_compile(a, lambda: b"published" * 20)

@@ -27,7 +27,7 @@ import os, sys, time
 import numpy as np
 import pyopencl as cl
 import kdb, kdb.opencl
-from kdb import background
+from kdb.storing import background
 tag, n, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 kdb.opencl.install()
 plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kdb import HashAttributes, KernelDB, migrate
+from kdb import HashAttributes, KernelDB
+from kdb.file import migrate
 from kdb.cli import cli
 
 SAXPY = """
@@ -69,7 +70,7 @@ def store(tmp_path_factory, cl_ctx):
     PoCL: saxpy built with -DN=8 and -DN=16 (two compiles), then -DN=8 again (a user hit).
     """
     import kdb.opencl
-    from kdb import background
+    from kdb.storing import background
     from kdb.backends.opencl import arch_of
 
     base = tmp_path_factory.mktemp("cli")
@@ -101,7 +102,7 @@ def store(tmp_path_factory, cl_ctx):
     }
 
 
-@pytest.mark.parametrize("name", ["kdb.info", "kdb.explain", "kdb.tierfiles", "kdb.fileformat"])
+@pytest.mark.parametrize("name", ["kdb.admin.info", "kdb.admin.explain", "kdb.admin.tierfiles", "kdb.file.fileformat"])
 def test_report_doctests(name):
     import doctest
     import importlib

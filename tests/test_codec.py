@@ -1,4 +1,4 @@
-"""codec round trips, and kdb.zstd: the C extension loaded without zstandard's package init,
+"""codec round trips, and kdb.file.zstd: the C extension loaded without zstandard's package init,
 or the package itself where that is not possible, the two interchangeable."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from kdb import codec
-from kdb import zstd as kzstd
+from kdb.file import codec
+from kdb.file import zstd as kzstd
 
 RAW = bytes(range(256)) * 300  # compresses well: stored as zstd
 
@@ -32,7 +32,7 @@ def _run(code: str, tmp_path, **env: str) -> dict:
 
 _ROUND_TRIP = """\
 import json, sys
-from kdb import codec
+from kdb.file import codec
 raw = bytes(range(256)) * 300
 kind, blob = codec.encode(raw)
 ok = codec.decode(kind, blob, len(raw), codec.checksum(raw), thorough=True) == raw
@@ -82,7 +82,7 @@ def test_fallback_when_another_backend_is_asked_for(tmp_path):
 
 
 def test_fallback_where_the_package_would_not_pick_the_extension(tmp_path):
-    patch = "import kdb.zstd\nkdb.zstd._package_would_pick_cext = lambda: False\n"
+    patch = "import kdb.file.zstd\nkdb.zstd._package_would_pick_cext = lambda: False\n"
     out = _run(patch + _ROUND_TRIP, tmp_path)
     assert out["module"] == "zstandard" and out["backend"] == "cext"
     assert out["ok"] and out["interop"] and out["back"] and out["same_classes"]
@@ -103,7 +103,7 @@ def test_load_without_the_fast_path_is_the_package():
 @pytest.mark.parametrize("layout", ["no extension", "not loadable", "python module"])
 def test_no_fast_path_for_another_layout(layout, tmp_path, monkeypatch):
     """A package whose ``backend_c`` is missing, broken or pure Python: no module is
-    registered, and :func:`kdb.zstd.load` would import the package instead."""
+    registered, and :func:`kdb.file.zstd.load` would import the package instead."""
     pkg = tmp_path / "fakezstd"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")

@@ -256,7 +256,7 @@ def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
 
 
 def test_machine_memo_keeps_one_value_per_file(tmp_path):
-    from kdb.digests import machine_memo
+    from kdb.backends.digests import machine_memo
 
     target = tmp_path / "tool"
     target.write_text("a")
@@ -472,7 +472,7 @@ def test_compiler_none_uses_nvrtc_where_there_is_no_nvcc(db, monkeypatch, tmp_pa
 
 def _pack(tmp_path: Path, compilers: list[str], arches=("sm_80", "sm_90")) -> Path:
     """`kdb pack` of DOUBLE_SRC and SCALE_SRC for ``arches``, once per compiler, into one dir."""
-    from kdb import pack as packing
+    from kdb.pack import build as packing
 
     out = tmp_path / "sys"
     manifest = tmp_path / "cuda.toml"
@@ -490,7 +490,7 @@ def _pack(tmp_path: Path, compilers: list[str], arches=("sm_80", "sm_90")) -> Pa
 def _system_binary(path: Path, compiler: str, src: str) -> bytes:
     import sqlite3
 
-    from kdb import codec
+    from kdb.file import codec
 
     conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
     try:

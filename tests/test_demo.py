@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kdb import demo
+from kdb.demo import runs as demo
 from kdb.errors import InvalidArgumentError
 
 

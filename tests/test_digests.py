@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from kdb.digests import elf_build_id, library_id
+from kdb.backends.digests import elf_build_id, library_id
 
 
 def test_build_id_matches_what_readelf_reports():

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdb import HashAttributes, KernelDB, discovery, migrate
+from kdb import HashAttributes, KernelDB
+from kdb.file import discovery, migrate
 from conftest import sql
 
 ARCH = "fake-arch"
@@ -277,7 +278,7 @@ def test_corrupt_system_entry_is_skipped_not_repaired(cache_dir, tmp_path, monke
 
 
 def test_system_file_at_an_older_revision_is_read(cache_dir, tmp_path, monkeypatch):
-    from kdb import codec
+    from kdb.file import codec
 
     d = tmp_path / "system"
     d.mkdir()
@@ -510,7 +511,7 @@ def test_an_installed_distribution_is_seen_at_once_and_by_a_new_process(
     code = f"""
         import sys
         sys.path.insert(0, {str(fake_site)!r})
-        from kdb import discovery
+        from kdb.file import discovery
         for ep in discovery.entry_points(memo_dir={str(memo)!r}):
             print(*ep, sep="|")
     """

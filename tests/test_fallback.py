@@ -1,4 +1,4 @@
-"""kdb.fallback: where no compiler is installed, entries that match on all but the compiler
+"""kdb.backends.fallback: where no compiler is installed, entries that match on all but the compiler
 serve, the newest compiler's first; files older than revision 0004 give none."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 from conftest import sql
 from test_migrate import file_at_0001
 
-from kdb import HashAttributes, KernelDB, fallback, keys, migrate
+from kdb import HashAttributes, KernelDB, keys
+from kdb.backends import fallback
+from kdb.file import migrate
 
 SRC = "__global__ void k(float *a) { a[0] = 1.0f; }"
 

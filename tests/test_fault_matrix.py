@@ -35,7 +35,7 @@ from typing import Callable
 
 import pytest
 
-from kdb import migrate
+from kdb.file import migrate
 
 LONG = os.environ.get("KDB_LONG_TESTS") == "1"
 TESTS_DIR = Path(__file__).resolve().parent
@@ -64,7 +64,7 @@ logging.getLogger("kdb").propagate = False
 import numpy as np
 import pyopencl as cl
 import kdb, kdb.opencl
-from kdb import latency, maintenance
+from kdb import latency; from kdb.admin import maintenance
 kdb.opencl.install()
 plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
 ctx = cl.Context(plat.get_devices()[:1])
@@ -548,7 +548,7 @@ def _refusal_named(case: Case, warnings: list[str]) -> None:
 
 def _spool_of(case: Case, good: Path) -> Path:
     """The spool directory the workload's first process writes its jobs to."""
-    code = "import sys; from kdb import spool; print(spool.spool_dir(sys.argv[1]))"
+    code = "import sys; from kdb.storing import spool; print(spool.spool_dir(sys.argv[1]))"
     proc = subprocess.run([sys.executable, "-c", code, str(case.cache / "v1")],
                           env=_child_env(case, good), capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT, cwd=case.root, check=True)
@@ -582,8 +582,8 @@ def _malformed_set_aside(case: Case, warnings: list[str]) -> None:
 
 
 _NO_WORKER = """
-import kdb.spool
-kdb.spool.ensure_worker = lambda *args: None  # the worker that took them is gone
+import kdb.storing.spool
+kdb.storing.spool.ensure_worker = lambda *args: None  # the worker that took them is gone
 """
 
 
@@ -613,7 +613,7 @@ def _relative_cache(case, good):
 
 
 def _nothing_piled_up(case: Case, warnings: list[str]) -> None:
-    from kdb import spool
+    from kdb.storing import spool
 
     left = spool.jobs(case.cache / "v1")
     assert not left, f"store jobs never stored: {left}"
@@ -633,7 +633,7 @@ HEADER_NAME, HEADER_TEXT = "mx.h", "#define K 2\n"
 
 def _drain(case: Case, ignore: set[str], timeout: float = 45) -> None:
     """Wait until the store worker stored every job (but ``ignore``), or none runs to."""
-    from kdb import spool
+    from kdb.storing import spool
 
     user_dir = case.cache / "v1"
     deadline, idle = time.monotonic() + timeout, None
@@ -741,7 +741,7 @@ def _forge(good: Path, arch: str, env: dict[str, str]) -> None:
     """A system file of the workload's entries but for one: ``scale0``'s binary is that of
     another source (``* 7``), placed under the workload's key with its checksum, as another
     user who can write the file would. Proved served when nothing refuses the file."""
-    from kdb.systemfile import write_system_db
+    from kdb.pack.systemfile import write_system_db
 
     root = good.parents[2]
     evil = [KERNELS[0].replace("* 2;", "* 7;"), KERNELS[1]]

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from kdb import HashAttributes, KernelDB, codec, config, fs, integrity, maintenance, migrate
+from kdb import HashAttributes, KernelDB, config
+from kdb.file import codec, fs, migrate
+from kdb.admin import integrity, maintenance
 from conftest import sql
 
 LONG = os.environ.get("KDB_LONG_TESTS") == "1"
@@ -52,7 +54,7 @@ def tree(directory: Path) -> dict[str, tuple[int, int]]:
 KILLER = r'''
 import hashlib, json, os, random, signal, sqlite3, sys, time
 import kdb
-from kdb import HashAttributes, KernelDB, migrate
+from kdb import HashAttributes, KernelDB; from kdb.file import migrate
 import alembic.command, sqlalchemy  # noqa: F401 - forked writers create files without importing
 
 work, target, writers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kdb import fileformat, migrate
+from kdb.file import fileformat, migrate
 from conftest import sql
 
 KDB = Path(fileformat.__file__).parent
@@ -123,10 +123,10 @@ def test_a_bad_file_is_moved_aside_with_its_wal(tmp_path):
 
 
 def _private_uses(tree: ast.AST) -> list[str]:
-    """Names starting with ``_`` taken from :mod:`kdb.store` (imported or as attributes)."""
+    """Names starting with ``_`` taken from :mod:`kdb.file.kernelfile` (imported or as attributes)."""
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module in ("store", "kdb.store"):
+        if isinstance(node, ast.ImportFrom) and node.module in ("store", "kdb.file.kernelfile"):
             out += [a.name for a in node.names if a.name.startswith("_")]
         if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
                 and isinstance(node.value, ast.Name) and node.value.id == "store"):

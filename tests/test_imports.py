@@ -39,15 +39,15 @@ def test_a_hit_in_a_fresh_process_imports_only_the_hit_path(cache_dir):
                          capture_output=True, text=True).stdout
     loaded = set(json.loads(out))
     assert "kdb.tiers" in loaded and "kdb.bookkeeping" in loaded
-    for name in ("kdb.tally", "kdb.background", "kdb.claims", "kdb.spool", "kdb.worker",
-                 "kdb.shared", "kdb.jobs", "kdb.keeper"):
+    for name in ("kdb.adopt.tally", "kdb.storing.background", "kdb.claims", "kdb.storing.spool", "kdb.storing.worker",
+                 "kdb.shared.tier", "kdb.storing.jobs", "kdb.shared.keeper"):
         assert name not in loaded, name
 
 
 #: What a hit never loads: pathlib and re (and what they pull in), typing, logging, the
 #: database layers, and the modules of a miss or a store.
 NEVER_ON_A_HIT = ("pathlib", "re", "enum", "fnmatch", "urllib.parse", "ipaddress", "typing",
-                  "logging", "sqlalchemy", "alembic", "kdb.migrate", "kdb.claims", "kdb.spool")
+                  "logging", "sqlalchemy", "alembic", "kdb.file.migrate", "kdb.claims", "kdb.storing.spool")
 
 _REPORT = f"""
 import atexit, sys  # not json: it imports re

@@ -22,7 +22,8 @@ cl = pytest.importorskip("pyopencl")
 
 import kdb  # noqa: E402
 import kdb.opencl  # noqa: E402
-from kdb import latency, spool  # noqa: E402
+from kdb import latency
+from kdb.storing import spool  # noqa: E402
 from kdb.backends import clstore  # noqa: E402
 from kdb.errors import CompileError  # noqa: E402
 
@@ -117,7 +118,7 @@ def test_an_include_inside_a_comment_does_not_count(cache_dir, cl_ctx, tmp_path,
                                   "-iquote", "-include"])
 def test_include_forms_pocl_refuses_fail_as_in_pyopencl(flag, cache_dir, cl_ctx, tmp_path):
     """PoCL accepts only -I among the include options; other drivers' clang takes these
-    (kdb.includes reads them: tests/test_includes.py). Here: the same refusal, no entry."""
+    (kdb.backends.includes reads them: tests/test_includes.py). Here: the same refusal, no entry."""
     d = str(write(tmp_path / "inc" / "h.h", "#define K 2\n").parent)
     value = d + "/h.h" if flag == "-include" else d
     opts = [flag + value] if flag.endswith("=") else [flag, value]
@@ -189,7 +190,7 @@ HELD_OFF = """
     import numpy as np
     import pyopencl as cl
     import kdb.opencl
-    from kdb import config, spool
+    from kdb import config; from kdb.storing import spool
 
     spool_dir = config.private_dir(spool.spool_dir(Path(os.environ["KDB_CACHE_DIR"]) / "v1"))
     lock = os.open(spool_dir / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)

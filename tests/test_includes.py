@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kdb import HashAttributes
-from kdb.digests import file_digest
-from kdb.includes import header_digests, source_dir_of, split_include_options
+from kdb.backends.digests import file_digest
+from kdb.backends.includes import header_digests, source_dir_of, split_include_options
 
 SOURCE = '#include "defs.h"\n__kernel void k(__global float *x) { x[0] = SCALE; }\n'
 
@@ -212,7 +212,7 @@ def test_opencl_attributes_are_portable_across_environments(tmp_path, cl_ctx):
 
 # -- read_headers: what an OpenCL C compiler reads ------------------------------------------
 
-from kdb.includes import (  # noqa: E402
+from kdb.backends.includes import (
     UncertainIncludes,
     compiler_tokens,
     directives,

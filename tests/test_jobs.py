@@ -1,11 +1,11 @@
-"""kdb.jobs: a deferred store is a typed job that survives JSON and names its back end."""
+"""kdb.storing.jobs: a deferred store is a typed job that survives JSON and names its back end."""
 
 from __future__ import annotations
 
 import pytest
 
-from kdb import jobs
-from kdb.jobs import BOOKKEEPING, STORE, StoreJob
+from kdb.storing import jobs
+from kdb.storing.jobs import BOOKKEEPING, STORE, StoreJob
 
 
 def test_a_store_job_round_trips_through_json_with_the_back_ends_own_fields():

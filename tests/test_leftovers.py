@@ -13,7 +13,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from kdb import logs, spool, strpaths
+from kdb import logs, strpaths
+from kdb.storing import spool
 from kdb.cli import cli
 
 BUILD = """

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kdb import HashAttributes, KernelDB, codec, migrate
+from kdb import HashAttributes, KernelDB
+from kdb.file import codec, migrate
 from conftest import sql
 
 BINARY = b"an old kernel binary " * 100
@@ -70,7 +71,7 @@ def test_migrations_are_found_by_absolute_path():
 def test_schema_at_head_equals_the_sqlalchemy_metadata(tmp_path):
     from sqlalchemy import create_engine
 
-    from kdb import schema
+    from kdb.file import schema
 
     migrated = tmp_path / "migrated.kdb"
     migrate.upgrade_sqlite(migrated)
@@ -92,7 +93,7 @@ def test_alembic_sees_no_difference_at_head(tmp_path):
     from alembic.migration import MigrationContext
     from sqlalchemy import create_engine
 
-    from kdb import schema
+    from kdb.file import schema
 
     path = tmp_path / "head.kdb"
     migrate.upgrade_sqlite(path)
@@ -103,7 +104,7 @@ def test_alembic_sees_no_difference_at_head(tmp_path):
 
 
 def test_the_hot_path_reads_columns_the_schema_has():
-    from kdb import schema, store
+    from kdb.file import schema, kernelfile as store
 
     selected = store._FETCH.split("SELECT ", 1)[1].split(" FROM", 1)[0].split(", ")
     assert set(selected) <= {c.name for c in schema.kernels.columns}
@@ -165,7 +166,7 @@ def test_a_hit_from_an_older_file_imports_no_migration_code(cache_dir, run_py):
         hit = db.lookup(kdb.HashAttributes(backend="test", source={a.source!r}, arch="a1",
                                            name="old"))
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("alembic", "sqlalchemy")
-                       or m == "kdb.migrate")
+                       or m == "kdb.file.migrate")
         print(hit is not None and hit.binary == {BINARY!r}, heavy)
         sys.stdout.flush()
         import os

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import kdb
-from kdb import migrate
+from kdb.file import migrate
 
 
 def test_migrations_run_from_a_path_with_a_percent_sign(tmp_path):
@@ -19,7 +19,7 @@ def test_migrations_run_from_a_path_with_a_percent_sign(tmp_path):
     shutil.copytree(migrate.migrations_dir(), root / "kdb" / "migrations",
                     ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
     target = tmp_path / "a1.kdb"
-    code = ("import sys, kdb.migrate as m; assert m.__file__.startswith(sys.argv[2]), m.__file__; "
+    code = ("import sys, kdb.file.migrate as m; assert m.__file__.startswith(sys.argv[2]), m.__file__; "
             "print(m.migrations_dir()); m.upgrade_sqlite(__import__('pathlib').Path(sys.argv[1]))")
     proc = subprocess.run([sys.executable, "-c", code, str(target), str(root)], cwd=root,
                           capture_output=True, text=True, timeout=120)

@@ -27,7 +27,9 @@ cl = pytest.importorskip("pyopencl")
 
 import kdb  # noqa: E402
 import kdb.opencl  # noqa: E402
-from kdb import background, codec, latency  # noqa: E402
+from kdb.storing import background
+from kdb.file import codec
+from kdb import latency  # noqa: E402
 from kdb.backends.opencl import internal_options  # noqa: E402
 
 #: Two kernels, so kernel lookup by name is exercised; N comes from the build options.
@@ -547,7 +549,7 @@ def test_arch_id_and_compiler_identity_come_from_the_device(cl_ctx):
     assert ident["platform"] == dev.platform.name
     assert ident["driver_version"] == dev.driver_version
     from kdb.backends.clbinaries import library_of
-    from kdb.digests import elf_build_id
+    from kdb.backends.digests import elf_build_id
 
     lib = library_of(dev.platform.int_ptr)
     assert lib and "pocl" in os.path.basename(lib)

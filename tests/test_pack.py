@@ -22,8 +22,12 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import REPO, run_checked
-from kdb import HashAttributes, KernelDB, demo, discovery, info, latency, migrate, wheel
-from kdb import pack as packing
+from kdb import HashAttributes, KernelDB, latency
+from kdb.demo import runs as demo
+from kdb.file import discovery, migrate
+from kdb.admin import info
+from kdb.pack import wheel
+from kdb.pack import build as packing
 from kdb.cli import cli
 from kdb.errors import InvalidArgumentError
 
@@ -134,7 +138,7 @@ def test_manifest_defaults_defines_and_relative_paths(tmp_path):
 
 
 def test_pack_and_wheel_doctests():
-    from kdb import manifest, pack_inputs, systemfile
+    from kdb.pack import manifest, inputs as pack_inputs, systemfile
 
     for module in (packing, manifest, pack_inputs, systemfile, wheel):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
@@ -653,7 +657,7 @@ def _demo_worker(venv: Path, work: Path) -> tuple[dict, str]:
     work.mkdir()
     out = work / "figures.json"
     proc = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "kdb.demo", "--worker", str(out)], cwd=work,
+        [str(venv / "bin" / "python"), "-m", "kdb.demo.runs", "--worker", str(out)], cwd=work,
         env={**os.environ, "KDB_CACHE_DIR": str(work / "kdb-cache"),
              "POCL_CACHE_DIR": str(work / "pocl-cache")},
         capture_output=True, text=True, timeout=600)

@@ -389,7 +389,7 @@ def test_a_cache_root_another_user_created_is_refused(open_dir, run_py):
 def test_a_spool_group_or_others_can_write_starts_no_worker(cache_dir, tmp_path, caplog):
     """Our own spool, made writable by others: its environment.json's executable and
     variables are never used, its jobs never read. (Without runuser: only the bits.)"""
-    from kdb import spool
+    from kdb.storing import spool
 
     marker = tmp_path / "ran"
     evil = tmp_path / "evil"
@@ -437,7 +437,7 @@ def test_the_worker_never_applies_a_spool_others_can_write(cache_dir, tmp_path):
     for p in d.iterdir():
         p.chmod(0o600)
     d.chmod(0o770)
-    proc = subprocess.run([sys.executable, "-m", "kdb.worker", str(d)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kdb.storing.worker", str(d)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "refused" in proc.stderr and not marker.exists()
@@ -446,7 +446,7 @@ def test_the_worker_never_applies_a_spool_others_can_write(cache_dir, tmp_path):
 def test_the_store_worker_is_always_this_python(cache_dir, tmp_path):
     """environment.json names the Python its jobs were written with; a worker is started
     with this process's own, and only for this Python's spools, never with a path read."""
-    from kdb import spool
+    from kdb.storing import spool
 
     marker = tmp_path / "ran"
     other = tmp_path / "python"
@@ -494,7 +494,7 @@ def test_can_store_is_false_under_a_cache_root_others_can_write(cache_dir, caplo
 def test_a_spool_of_this_python_under_another_name_is_run(cache_dir, tmp_path, monkeypatch):
     """``python`` and ``python3`` of one environment are one Python (a ``kdb`` command and
     the program it packs for may spell it differently); another directory's is not."""
-    from kdb import spool
+    from kdb.storing import spool
 
     for env in ("one", "two"):
         (tmp_path / env).mkdir()

@@ -168,8 +168,8 @@ def pg():
 @pytest.fixture
 def shared_url(pg, request, monkeypatch) -> str:
     """A fresh database on the session server, set as KDB_SHARED_URL for this test."""
-    import kdb.shared
-    from kdb import background
+    import kdb.shared.tier
+    from kdb.storing import background
 
     import hashlib
 
@@ -180,10 +180,10 @@ def shared_url(pg, request, monkeypatch) -> str:
     pg.sql(f'CREATE DATABASE "{name}"')
     url = pg.url(name)
     monkeypatch.setenv("KDB_SHARED_URL", url)
-    kdb.shared.reset()
+    kdb.shared.tier.reset()
     yield url
     background.drain()  # stores and hit counts queued for this database, before forgetting it
-    kdb.shared.reset()
+    kdb.shared.tier.reset()
 
 
 def attrs(i: int = 0, arch: str = "a1") -> HashAttributes:
@@ -277,7 +277,7 @@ def test_a_node_started_after_another_exited_waits_for_its_queued_stores(shared_
     waits for the entries instead of compiling them again."""
     import fcntl
 
-    from kdb import spool
+    from kdb.storing import spool
     from kdb.config import private_dir
 
     _arch()  # imports pyopencl, which sets PYOPENCL_HOME: a variable the child's spool digest has
@@ -404,7 +404,7 @@ def test_lookup_order_user_then_shared_then_compile(shared_url, cache_dir, tmp_p
 def test_cross_node_lock_and_want(shared_url):
     """Two tiers (two sessions, as two nodes): one holds a key, the other waits and asks."""
     from kdb import claims
-    from kdb.shared import WANT_CHECK_S, SharedTier
+    from kdb.shared.tier import WANT_CHECK_S, SharedTier
 
     a, b = SharedTier(shared_url), SharedTier(shared_url)
     key = attrs(7).key
@@ -433,7 +433,7 @@ def test_cross_node_lock_and_want(shared_url):
 
 
 def test_claim_waits_for_the_other_node_and_takes_its_entry(shared_url, cache_dir, tmp_path):
-    from kdb.shared import SharedTier
+    from kdb.shared.tier import SharedTier
 
     other = SharedTier(shared_url)  # another node, compiling attrs(3)
     assert other.try_lock(attrs(3).key)
@@ -453,12 +453,12 @@ def test_claim_waits_for_the_other_node_and_takes_its_entry(shared_url, cache_di
 
 
 def test_server_refusing_warns_once_and_compiles_locally(cache_dir, monkeypatch, caplog):
-    import kdb.shared
+    import kdb.shared.tier
 
     port = _free_port()  # nothing listens there
     url = f"postgresql+psycopg://kdb:{PASSWORD}@127.0.0.1:{port}/kdb"
     monkeypatch.setenv("KDB_SHARED_URL", url)
-    kdb.shared.reset()
+    kdb.shared.tier.reset()
     db = KernelDB()
     with caplog.at_level(logging.WARNING, logger="kdb"):
         for i in range(3):
@@ -468,14 +468,14 @@ def test_server_refusing_warns_once_and_compiles_locally(cache_dir, monkeypatch,
     assert len(warnings) == 1, warnings
     assert PASSWORD not in caplog.text and "kdb:***@" in warnings[0]
     assert all(db.lookup(attrs(i)).tier == "user" for i in range(3))  # nothing lost locally
-    kdb.shared.reset()
+    kdb.shared.tier.reset()
 
 
 def test_silent_server_is_bounded_and_retried_at_most_every_n_seconds(cache_dir, monkeypatch,
                                                                       caplog):
     """A server that accepts and never answers: the connect times out, once, then the tier
     is skipped until KDB_SHARED_RETRY has passed."""
-    import kdb.shared
+    import kdb.shared.tier
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -494,7 +494,7 @@ def test_silent_server_is_bounded_and_retried_at_most_every_n_seconds(cache_dir,
     monkeypatch.setenv("KDB_SHARED_URL", url)
     monkeypatch.setenv("KDB_SHARED_CONNECT_TIMEOUT", "1")
     monkeypatch.setenv("KDB_SHARED_RETRY", "600")
-    kdb.shared.reset()
+    kdb.shared.tier.reset()
     try:
         db = KernelDB()
         with caplog.at_level(logging.WARNING, logger="kdb"):
@@ -508,7 +508,7 @@ def test_silent_server_is_bounded_and_retried_at_most_every_n_seconds(cache_dir,
         listener.close()
         for s in accepted:
             s.close()
-        kdb.shared.reset()
+        kdb.shared.tier.reset()
 
 
 def test_frozen_server_is_cut_off_by_the_client_bound(pg, shared_url, cache_dir, monkeypatch,
@@ -555,7 +555,7 @@ def test_frozen_server_is_cut_off_by_the_client_bound(pg, shared_url, cache_dir,
 @pytest.mark.parametrize("source", ["PGPASSWORD", "PGPASSFILE"])
 def test_password_from_the_postgresql_environment_or_password_file(source, pg, shared_url,
                                                                    tmp_path, monkeypatch):
-    from kdb.shared import SharedTier
+    from kdb.shared.tier import SharedTier
 
     bare = shared_url.replace(f":{PASSWORD}@", "@")
     assert PASSWORD not in bare
@@ -589,8 +589,8 @@ def test_no_sqlalchemy_on_a_hit_with_the_url_set(shared_url, cache_dir, run_py):
 def test_migrations_from_the_previous_revision_apply(pg, shared_url):
     import sqlalchemy as sa
 
-    from kdb import migrate
-    from kdb.shared import SharedTier, create_engine, upgrade
+    from kdb.file import migrate
+    from kdb.shared.tier import SharedTier, create_engine, upgrade
 
     engine = create_engine(shared_url)
     try:
@@ -613,8 +613,8 @@ def test_migrations_from_the_previous_revision_apply(pg, shared_url):
 
 
 def test_concurrent_upgraders_take_turns(pg, shared_url):
-    from kdb import migrate
-    from kdb.shared import SharedTier
+    from kdb.file import migrate
+    from kdb.shared.tier import SharedTier
 
     errors: list[BaseException] = []
     tiers = [SharedTier(shared_url) for _ in range(4)]
@@ -637,14 +637,14 @@ def test_concurrent_upgraders_take_turns(pg, shared_url):
 
 
 def test_schema_from_the_future_turns_the_tier_off(pg, shared_url, cache_dir, caplog):
-    from kdb.shared import SharedTier
+    from kdb.shared.tier import SharedTier
 
     assert SharedTier(shared_url).engine() is not None
     db = shared_url.rsplit("/", 1)[1]
     pg.sql("UPDATE alembic_version SET version_num = '9999'", db)
-    import kdb.shared
+    import kdb.shared.tier
 
-    kdb.shared.reset()
+    kdb.shared.tier.reset()
     with caplog.at_level(logging.WARNING, logger="kdb"):
         assert KernelDB().get_or_compile(attrs(1), lambda: BINARY) == BINARY
     assert "newer than this kdb" in caplog.text and PASSWORD not in caplog.text
@@ -740,23 +740,23 @@ def test_unusable_url_turns_the_tier_off_without_showing_the_password(url, cache
                                                                       monkeypatch, caplog):
     import importlib.util
 
-    import kdb.shared
+    import kdb.shared.tier
 
     if "psycopg2" in url and importlib.util.find_spec("psycopg2") is not None:
         pytest.skip("psycopg2 is installed here")
 
     monkeypatch.setenv("KDB_SHARED_URL", url)
-    kdb.shared.reset()
+    kdb.shared.tier.reset()
     with caplog.at_level(logging.WARNING, logger="kdb"):
         assert KernelDB().get_or_compile(attrs(1), lambda: BINARY) == BINARY
     assert "shared tier" in caplog.text and PASSWORD not in caplog.text
-    kdb.shared.reset()
+    kdb.shared.tier.reset()
 
 
 def test_doctests_of_the_shared_tier_modules():
     import doctest
 
-    import kdb.pgserver  # mask and lock_id, which kdb.shared re-exports
+    import kdb.shared.server  # mask and lock_id, which kdb.shared.tier re-exports
 
-    result = doctest.testmod(kdb.pgserver)
+    result = doctest.testmod(kdb.shared.server)
     assert result.attempted > 0 and result.failed == 0

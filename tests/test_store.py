@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from kdb import CacheFaultError, codec, migrate
-from kdb.store import CompileRecord, Entry, KernelFile
+from kdb import CacheFaultError
+from kdb.file import codec, migrate
+from kdb.file.kernelfile import CompileRecord, Entry, KernelFile
 from conftest import sql
 
 

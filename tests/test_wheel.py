@@ -35,12 +35,12 @@ def test_installed_kdb_info_runs(installed_venv, tmp_path):
 
 def test_installed_copy_migrates_from_its_own_package(installed_venv, tmp_path):
     code = """
-import json, kdb, kdb.migrate
+import json, kdb, kdb.file.migrate
 db = kdb.KernelDB(cache_dir=%r)
 attrs = kdb.HashAttributes(backend="test", source="k", arch="sm_90")
 assert db.get_or_compile(attrs, lambda: b"cubin") == b"cubin"
 db.flush()
-print(json.dumps({"migrations": str(kdb.migrate.migrations_dir()), "kdb": kdb.__file__,
+print(json.dumps({"migrations": str(kdb.file.migrate.migrations_dir()), "kdb": kdb.__file__,
                   "hit": db.lookup(attrs).tier}))
 """ % str(tmp_path / "c")
     out = _run([str(installed_venv / "bin" / "python"), "-c", code], cwd=tmp_path)

@@ -1,1 +1,7 @@
-"""Back ends: each derives arch ids and compiler identities from a device and compiles."""
+"""Back ends: each turns a device request into hash attributes (arch id, compiler identity,
+the headers a build reads: ``includes``, ``digests``), compiles on a miss and loads a binary.
+OpenCL: ``opencl`` (``clkeys``, ``clstore``, ``clbinaries``); CUDA: ``cuda`` (``nvcc``,
+``nvrtc``, ``cudakeys``, ``cudabuild``, ``cudaload``); ``fallback`` serves the newest stored
+build where no compiler is installed. Imports the core and the wings below the policy, never
+a front end; only the device front ends import a back end.
+"""

@@ -19,9 +19,9 @@ import pyopencl as cl
 
 from .. import config, logs
 from ..db import DEFAULT_DB_VARIABLES
-from ..digests import library_id
+from .digests import library_id
 from ..errors import InvalidArgumentError, UnsupportedTypeError
-from ..includes import IncludeSearch, parse_search, read_headers, split_include_options
+from .includes import IncludeSearch, parse_search, read_headers, split_include_options
 from ..keys import HashAttributes
 from .clbinaries import library_of
 from .common import label
@@ -210,7 +210,7 @@ def attributes_for(device: cl.Device, source: str, user_options: list[str],
                    memo_dir: str | None = None) -> HashAttributes:
     """The hash attributes of building ``source`` for ``device`` with these options.
 
-    Raises :class:`kdb.includes.UncertainIncludes` where kdb cannot be sure which headers
+    Raises :class:`kdb.backends.includes.UncertainIncludes` where kdb cannot be sure which headers
     the build reads (such a build is not cached).
     """
     user_rest, added_rest = _split_options(user_options, added_options)
@@ -232,7 +232,7 @@ def headers_of(source: str, opt_bytes: bytes, cwd: str | None = None,
     """The key's ``headers`` of building ``source`` with ``opt_bytes`` (the options as
     handed to ``clBuildProgram``) in ``cwd``: what the build reads, by content. The store
     worker checks a job's headers with this too. Raises
-    :class:`kdb.includes.UncertainIncludes` where kdb cannot be sure."""
+    :class:`kdb.backends.includes.UncertainIncludes` where kdb cannot be sure."""
     return read_headers(source, search or parse_search(opt_bytes), cwd)
 
 

@@ -2,7 +2,7 @@
 
 A program built from source is returned at once; reading its binaries back
 (``CL_PROGRAM_BINARIES``) is slow on PoCL, so a job describing the build goes to the store
-worker (:mod:`kdb.spool`), which builds it again and stores the binaries (:func:`store_job`).
+worker (:mod:`kdb.storing.spool`), which builds it again and stores the binaries (:func:`store_job`).
 Until then the program itself serves repeats in this process (:data:`compiled`).
 """
 
@@ -15,7 +15,7 @@ import pyopencl as cl
 from .. import config, logs
 from ..claims import Claim
 from ..db import KernelDB
-from ..includes import UncertainIncludes
+from .includes import UncertainIncludes
 from ..keys import HashAttributes
 from .clbinaries import program_binaries
 from .clkeys import BACKEND, device_details, headers_of
@@ -23,7 +23,7 @@ from .clkeys import BACKEND, device_details, headers_of
 log = logs.get("kdb")
 
 def program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
-    """How the store worker can build this program again (:mod:`kdb.spool`): ``devices``
+    """How the store worker can build this program again (:mod:`kdb.storing.spool`): ``devices``
     in the build's order, as ``(name, index among the platform's devices)``; None when it
     cannot (sub-devices, which it could not find again)."""
     try:
@@ -60,7 +60,7 @@ compiled: dict[tuple, object] = _Recent()
 
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
                  held: dict[str, Claim], forget: tuple = (), program: dict | None = None) -> None:
-    """Record the compile now; hand the store to the store worker (:mod:`kdb.spool`), or, with
+    """Record the compile now; hand the store to the store worker (:mod:`kdb.storing.spool`), or, with
     ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread."""
     per_device = seconds / max(len(devs), 1)
     ptrs = program.pop("ptrs") if program is not None else []
@@ -119,7 +119,7 @@ def _detach() -> bool:
 
 
 def store_job(db: KernelDB, job: dict) -> None:
-    """The store worker's half (:mod:`kdb.spool`): build the program again (PoCL's cache
+    """The store worker's half (:mod:`kdb.storing.spool`): build the program again (PoCL's cache
     answers), read its binaries and store each entry with its latency rows.
 
     The rebuild reads the headers as they are now; the key was computed from them as they
@@ -127,7 +127,7 @@ def store_job(db: KernelDB, job: dict) -> None:
     the code the key used (:func:`.clkeys.headers_of`): when they differ from an entry's,
     the job is dropped with an exception that names the header (the worker logs it).
     """
-    from ..store import CompileRecord
+    from ..file.kernelfile import CompileRecord
 
     prog = job["program"]
     plats = [p for p in cl.get_platforms() if p.name == prog["platform"]]

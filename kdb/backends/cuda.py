@@ -12,9 +12,9 @@ compiles and serves, :mod:`.cudaload` loads with pycuda. This module names them 
 
 from __future__ import annotations
 
-# Private names too: kdb.auto and the tests reach them here.
+# Private names too: kdb.adopt.auto and the tests reach them here.
 from .cudabuild import _build, _compile_and_store, _run_nvcc, _stored_builds, compile  # noqa: F401
-from .cudakeys import (  # noqa: F401
+from .cudakeys import (
     BACKEND,
     COMPILERS,
     ENV_VARS,
@@ -35,22 +35,9 @@ from .cudakeys import (  # noqa: F401
     kernel_names,
     split_options,
 )
-from .cudaload import (  # noqa: F401
-    SourceModule,
-    _context_arch,
-    _pycuda_driver,
-    _pycuda_include_dirs,
-)
+from .cudaload import SourceModule, _context_arch, _pycuda_driver, _pycuda_include_dirs
 from . import nvrtc as _nvrtc  # noqa: F401
-from .nvcc import (  # noqa: F401
-    Nvcc,
-    NvccIdentity,
-    _probe,
-    _still_valid,
-    find_nvcc,
-    identity,
-    target_arches,
-)
+from .nvcc import Nvcc, NvccIdentity, _probe, _still_valid, find_nvcc, identity, target_arches
 from .nvrtc import Nvrtc, NvrtcIdentity, find_nvrtc
 
 __all__ = ["BACKEND", "COMPILERS", "ENV_VARS", "OUTPUTS", "RESERVED_OPTIONS", "Nvcc",

@@ -1,5 +1,5 @@
 """CUDA builds: a request compiled by nvcc or NVRTC, served from kdb, or from the stored
-builds of another compiler where none is installed (:mod:`kdb.fallback`).
+builds of another compiler where none is installed (:mod:`kdb.backends.fallback`).
 
 nvcc cross-compiles, so this half needs no GPU and never imports pycuda.
 """
@@ -67,9 +67,9 @@ def _build(req: _Request) -> bytes:
 
 def _stored_builds(db: KernelDB, req: _Request) -> list:
     """With no compiler here: the stored builds that match on all but the compiler, newest
-    compiler first (:mod:`kdb.fallback`); none raises, naming the arch and what to install."""
-    from .. import fallback
-    from ..discovery import dist_name
+    compiler first (:mod:`kdb.backends.fallback`); none raises, naming the arch and what to install."""
+    from . import fallback
+    from ..file.discovery import dist_name
 
     accept = None if req.wanted is None else (lambda c: compiler_kind(c) == req.wanted)
     found = fallback.candidates(db, req.attrs, compiler_rank, accept)
@@ -107,7 +107,7 @@ def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natura
     NVRTC); NVRTC builds no fatbins. ``-I`` directories (in ``include_dirs`` or
     ``options``) are passed to the compiler; the headers they bring in enter the key by
     content. With no compiler installed, the stored build of the newest compiler that
-    matches on everything else answers (:mod:`kdb.fallback`). Raises
+    matches on everything else answers (:mod:`kdb.backends.fallback`). Raises
     :class:`kdb.CompileError` with the compiler's message when it fails,
     :class:`kdb.BackendUnavailableError` when there is no compiler and no stored build.
     """
@@ -115,7 +115,7 @@ def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natura
     req = _request(source, arch, options, include_dirs, output, nvcc, db.cache_root, name,
                    compiler)
     if req.tool is None:
-        from ..fallback import served
+        from .fallback import served
 
         best = _stored_builds(db, req)[0]
         served(db, req.attrs, best)

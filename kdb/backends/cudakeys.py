@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 from .. import config
 from ..errors import BackendUnavailableError, InvalidArgumentError, UnsupportedTypeError
-from ..includes import header_digests, split_include_options
+from .includes import header_digests, split_include_options
 from ..keys import HashAttributes
 from . import nvrtc as _nvrtc
 from .common import label, source_text

@@ -117,7 +117,7 @@ class SourceModule:
     def _load_stored_build(drv: Any, db: KernelDB, req: _Request) -> Any:
         """No compiler here: load the best stored build the driver accepts, dropping those
         it refuses."""
-        from ..fallback import served
+        from .fallback import served
 
         error = getattr(drv, "Error", Exception)
         builds = _stored_builds(db, req)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import config
-from ..digests import machine_digest, machine_memo
+from .digests import machine_digest, machine_memo
 from ..errors import BackendUnavailableError
 
 if TYPE_CHECKING:

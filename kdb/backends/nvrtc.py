@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import config
-from ..digests import library_id, machine_memo
+from .digests import library_id, machine_memo
 from ..errors import BackendUnavailableError, CompileError
 
 #: Where the ``nvidia-cuda-nvrtc`` wheels put the library, under the ``nvidia`` package:

@@ -3,7 +3,7 @@
 ``build(ctx, source, options)`` returns a built :class:`pyopencl.Program`. On a hit in every
 device's tier it is created from the stored binaries (``clCreateProgramWithBinary``);
 otherwise it is built from source and returned at once, and a job describing the build goes
-to the store worker (:mod:`kdb.spool`): :mod:`.clstore`. The keys come from :mod:`.clkeys`.
+to the store worker (:mod:`kdb.storing.spool`): :mod:`.clstore`. The keys come from :mod:`.clkeys`.
 
 ``install()`` routes every ``pyopencl.Program(ctx, source).build()`` through the same path;
 programs from binaries or IL, ``compile()`` and ``link_program()`` pass through untouched.
@@ -21,9 +21,9 @@ from ..bookkeeping import add as _count
 from ..claims import Claim
 from ..db import KernelDB, default_db
 from ..errors import CompileError, InvalidArgumentError
-from ..includes import UncertainIncludes
+from .includes import UncertainIncludes
 from ..keys import HashAttributes
-from .clkeys import (  # noqa: F401 - the back end's public names live here too
+from .clkeys import (
     BACKEND,
     BUILD_VARIABLES,
     ENV_VARS,
@@ -286,6 +286,6 @@ def installed() -> bool:
 
 
 # KDB_AUTO's hook saw pyopencl imported by this very module, before install() existed
-# (kdb.auto.adopt_pyopencl): install now that it does.
+# (kdb.adopt.auto.adopt_pyopencl): install now that it does.
 if globals().pop("_install_when_imported", False):
     install()

@@ -1,0 +1,161 @@
+"""``kdb info``: this kdb's settings, every tier's files, and the devices and toolchains here.
+
+Reads only. The OpenCL devices come from pyopencl and the CUDA toolchain from
+:mod:`kdb.backends.cuda` and :mod:`kdb.backends.nvrtc`, each imported when asked (both are
+optional); the files are described by :func:`kdb.admin.report.describe_file`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..adopt import auto
+from .. import config
+from ..file import discovery
+from ..file.fileformat import HEAD
+from .report import FileReport, describe_file, shared_summary
+from .tierfiles import odd_user_files, provider, user_files
+
+
+def opencl_devices(memo_dir: Path) -> tuple[list[dict[str, Any]], str]:
+    """OpenCL devices with their arch ids and compiler identity, and a note if there are none.
+
+    pyopencl is optional: without it (or without a platform) the list is empty and the note
+    says why.
+    """
+    try:
+        import pyopencl as cl
+
+        from ..backends.opencl import arch_of, compiler_identity
+    except ImportError as err:
+        return [], f"pyopencl is not installed ({err}); pip install 'pyopencl[pocl]'"
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as err:
+        return [], f"no OpenCL platform found ({err})"
+    out: list[dict[str, Any]] = []
+    for plat in platforms:
+        try:
+            devices = plat.get_devices()
+        except cl.Error as err:
+            out.append({"platform": plat.name, "device": "", "arch": None, "compiler": "",
+                        "identity": {}, "problem": f"cannot list devices: {err}"})
+            continue
+        for dev in devices:
+            rec: dict[str, Any] = {"platform": plat.name, "device": dev.name, "arch": None,
+                                   "compiler": "", "identity": {}, "problem": ""}
+            try:
+                rec["arch"] = arch_of(dev)
+                ident = dict(compiler_identity(dev, str(memo_dir)))
+                rec["identity"] = ident
+                rec["compiler"] = compiler_short(ident)
+            except Exception as err:  # noqa: BLE001 - one odd device must not hide the rest
+                rec["problem"] = f"{type(err).__name__}: {err}"
+            out.append(rec)
+    return out, "" if out else "no OpenCL devices found"
+
+
+def compiler_short(identity: dict[str, str]) -> str:
+    """One line naming a compiler: platform, driver version, library digest prefix.
+
+    >>> compiler_short({"platform": "PoCL", "driver_version": "3.0", "library": "sha256:" + "ab" * 32})
+    'PoCL 3.0, library sha256:abababababab'
+    """
+    text = " ".join(v for v in (identity.get("platform", ""),
+                                identity.get("driver_version", "")) if v)
+    lib = identity.get("library")
+    if not lib:
+        return text
+    kind, _, digest = lib.partition(":")
+    return f"{text}, library {kind}:{digest[:12]}"
+
+
+def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
+    """The nvcc and the NVRTC ``kdb.cuda`` would run, their releases, and the arches they
+    build cubins for (``arches``: either's; ``default``: what ``compiler=None`` runs).
+
+    ``problem`` says why there is none (how to point kdb at one). ``pycuda`` tells whether
+    the loading half (``kdb.cuda.SourceModule``) can be imported at all.
+    """
+    import importlib.util
+
+    from ..backends import cuda, nvrtc
+    from ..errors import KdbError
+
+    out: dict[str, Any] = {"nvcc": None, "found_by": None, "release": "", "toolkit": "",
+                           "arches": [], "identity": {}, "problem": "",
+                           "pycuda": importlib.util.find_spec("pycuda") is not None}
+    try:
+        tool = cuda.find_nvcc()
+        out.update(nvcc=tool.path, found_by=tool.found_by)
+        ident = cuda.identity(tool, memo_dir)
+        out.update(release=ident.release, toolkit=ident.toolkit, identity=dict(ident.compiler),
+                   arches=cuda.target_arches(tool))
+    except KdbError as err:
+        out["problem"] = str(err)
+    nv: dict[str, Any] = {"path": None, "found_by": None, "version": "", "identity": {},
+                          "arches": [], "problem": ""}
+    try:
+        lib = nvrtc.find_nvrtc()
+        nv.update(path=lib.path, found_by=lib.found_by)
+        ident = nvrtc.identity(lib, memo_dir)
+        nv.update(version=ident.version, identity=dict(ident.compiler),
+                  arches=nvrtc.supported_arches(lib.path))
+    except KdbError as err:
+        nv["problem"] = str(err)
+    out["nvrtc"] = nv
+    # What compile(..., compiler=None) runs: nvcc where found, else NVRTC, else stored builds.
+    out["default"] = "nvcc" if out["nvcc"] and not out["problem"] else \
+        "nvrtc" if nv["path"] and not nv["problem"] else None
+    out["arches"] = sorted(set(out["arches"]) | set(nv["arches"]),
+                           key=lambda a: int("".join(c for c in a if c.isdigit()) or 0))
+    return out
+
+
+def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
+    """Everything ``kdb info`` shows: settings, user files, system databases, devices."""
+    users = [describe_file(p, "user", p.name[: -len(".kdb")], "user dir")
+             for p in user_files(user_dir)]
+    users += [FileReport(p.name[: -len(".kdb")], str(p), "user", "user dir", 0, 0, None,
+                         f"{kind}, not a kdb file: skipped; remove it")
+              for p, kind in odd_user_files(user_dir)]
+    systems = []
+    for src in discovery.all_sources():
+        if src.problem:
+            systems.append(FileReport(src.arch, str(src.path), "system", src.origin, 0, 0,
+                                      None, src.problem))
+        else:
+            systems.append(describe_file(src.path, "system", src.arch, src.origin))
+    devices, note = opencl_devices(cache_root)
+    usable = {s.arch for s in systems if not s.problem}
+    for d in devices:
+        d["system_db"] = None if d["arch"] is None else d["arch"] in usable
+    missing = sorted({d["arch"] for d in devices if d["arch"] and d["arch"] not in usable})
+    cuda = cuda_toolchain(cache_root)
+    cuda["system_db"] = [a for a in cuda["arches"] if a in usable]
+    return {
+        "version": _version(),
+        "cache_root": str(cache_root),
+        "user_dir": str(user_dir),
+        "disabled": config.flag(config.ENV_DISABLE_CACHE),
+        "schema_head": HEAD,
+        "user_files": [asdict(f) for f in users],
+        "system_path": [str(d) for d in config.system_dirs()],
+        "system_databases": [{**asdict(s), **provider(s.origin),
+                              "refused": s.problem.startswith(discovery.REFUSED)}
+                             for s in systems],
+        "devices": devices,
+        "devices_note": note,
+        "missing_system": missing,
+        "cuda": cuda,
+        "shared": shared_summary(),
+        "auto": auto.status(),
+    }
+
+
+def _version() -> str:
+    from ..version import __version__
+
+    return __version__

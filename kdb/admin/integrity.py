@@ -1,0 +1,223 @@
+"""``kdb verify``'s checks: integrity, schema revision and every entry of every tier's files.
+
+Reads only (:mod:`kdb.admin.tierfiles`); :func:`verify` takes the repair as a function, which
+:mod:`kdb.admin.maintenance` passes for ``kdb verify --repair``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..file import discovery
+from ..file.fileformat import (
+    DAMAGE,
+    HEAD,
+    TOTALS_FROM,
+    at_least,
+    has_no_tables,
+    journal_of,
+    missing_tables,
+    revision_of,
+    status_of,
+)
+from .tierfiles import file_size, odd_user_files, provider, read_rows, reading, user_files
+
+_VERIFY_SQL = ("SELECT key, name, arch, codec, blob, raw_size, stored_size, checksum, attributes "
+               "FROM kernels")
+
+
+def verify(user_dir: Path, arch: str | None = None, fix=None) -> dict[str, Any]:
+    """Check every tier's files: integrity, schema revision, and every entry.
+
+    An entry is sound when its blob decodes to bytes whose sha256 is its checksum, its
+    attributes are JSON, its key is the sha256 of those attributes, and its arch is the
+    file's. A file's running totals in ``meta`` must equal its entries. Nothing is changed
+    here; ``fix(path, result)`` (:func:`kdb.admin.maintenance.repair`, for ``kdb verify
+    --repair``) is called for each user file that is not sound and returns what it did.
+
+    Returns ``{"ok": bool, "files": [...], "entries": n, "bad_entries": n}``; each file has
+    ``problems`` (what is wrong), ``bad_entries`` (key, name, problem), ``notes`` and, after
+    a repair, ``repaired`` (what was done).
+    """
+    if arch is not None:
+        config.check_arch(arch)
+    files: list[dict[str, Any]] = []
+    for src in discovery.all_sources():
+        if arch is not None and src.arch != arch:
+            continue
+        if src.problem:
+            files.append(file_result(src.path, "system", src.arch, [src.problem]))
+            files[-1]["unsafe"] = src.problem.startswith(discovery.REFUSED)
+        else:
+            result = verify_file(Path(src.path), "system", src.arch)
+            _check_installed(result, Path(src.path), src.origin)
+            files.append(result)
+    for path, kind in odd_user_files(user_dir, arch):
+        files.append(file_result(path, "user", path.name[: -len(".kdb")],
+                                  [f"{kind}, not a kdb file: kdb skips it and stores nothing "
+                                   "for this arch; remove it"]))
+    for path in user_files(user_dir, arch):
+        a = path.name[: -len(".kdb")]
+        result = verify_file(path, "user", a)
+        if fix is not None and not result["ok"]:
+            done = fix(path, result)
+            if done:
+                result = verify_file(path, "user", a) if path.exists() else file_result(
+                    path, "user", a, [])
+                result["repaired"] = done
+        files.append(result)
+    return {"ok": all(f["ok"] for f in files), "files": files,
+            "entries": sum(f["entries"] for f in files),
+            "bad_entries": sum(len(f["bad_entries"]) for f in files)}
+
+
+def _check_installed(result: dict[str, Any], path: Path, origin: str) -> None:
+    """An installed system package's file against the sha256 its wheel recorded (RECORD):
+    a packed file is reproducible, so a mismatch means it changed after installation."""
+    from ..pack.wheel import installed_match
+
+    prov = provider(origin)
+    if prov["package"] is None or prov["version"] is None:
+        return
+    same, what = installed_match(path, prov["package"], prov["version"])
+    result["matches_wheel"] = same
+    if same:
+        result["notes"].append(f"matches its wheel: {what}")
+    elif same is None:
+        result["notes"].append(f"not compared with its wheel: {what}")
+    else:
+        result["problems"].append(
+            f"differs from the sha256 its wheel recorded ({what}): the file changed after it "
+            f"was installed; reinstall it (pip install --force-reinstall "
+            f"{prov['package']}=={prov['version']})")
+        result["ok"] = False
+
+
+def file_result(path: Path, tier: str, arch: str, problems: list[str]) -> dict[str, Any]:
+    return {"path": str(path), "tier": tier, "arch": arch, "revision": None, "entries": 0,
+            "problems": problems, "bad_entries": [], "notes": [], "repaired": [],
+            "ok": not problems, "fatal": bool(problems), "unsafe": False}
+
+
+def verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
+    from ..file import fs
+
+    out = file_result(path, tier, arch, [])
+    problems: list[str] = out["problems"]
+    if tier == "user":
+        why = fs.unsafe_reason(path) or fs.unsafe_reason(path.parent)
+        if why:
+            problems.append(f"refused at run time: {why} (chmod 600 the file, 700 its directory)")
+            out["unsafe"] = True
+    else:
+        problems += _wal_problem(path)
+    if file_size(path) == 0:
+        out["notes"].append("empty (created, not yet written)")
+        out["ok"] = not problems
+        return out
+    try:
+        with reading(path, tier) as conn:
+            check = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+            if check != ["ok"]:
+                problems.append("integrity check failed: " + "; ".join(check[:3]))
+                out["fatal"] = out["integrity"] = True
+            rev = revision_of(conn)
+            out["revision"] = rev
+            status = status_of(rev, tier == "user" and rev is None and has_no_tables(conn))
+            if status.kind == "empty":
+                out["notes"].append("created, its tables not yet (a first write is under way, "
+                                    "or was killed: the next write creates them)")
+            elif status.kind == "foreign":
+                problems.append(status.what)
+                out["fatal"] = True
+            elif status.kind == "newer":
+                held = _count_newer(conn)
+                problems.append(f"{status.what}: written by a newer kdb"
+                                + (f", holding {held} entries this kdb cannot check"
+                                   if held is not None else "")
+                                + f"; {status.remedy} (pip install -U kdb) to check it")
+                out["entries"] = held or 0
+                out["future"] = True
+            else:
+                if status.kind != "current":
+                    out["notes"].append(f"at revision {rev} (head {HEAD})")
+                _verify_entries(conn, arch, out)
+    except sqlite3.OperationalError as err:  # I/O, locked, cannot open: not damage
+        problems.append(f"cannot be read now: {err}")
+    except DAMAGE as err:
+        problems.append(f"unreadable: {err}")
+        out["fatal"] = True
+    out["ok"] = not problems and not out["bad_entries"]
+    return out
+
+
+def _count_newer(conn: sqlite3.Connection) -> int | None:
+    """How many entries a file of a newer revision holds, where its ``kernels`` table still
+    answers a count; None where it does not."""
+    try:
+        return int(conn.execute("SELECT count(*) FROM kernels").fetchone()[0])
+    except (sqlite3.Error, TypeError, ValueError):
+        return None
+
+
+def _wal_problem(path: Path) -> list[str]:
+    if journal_of(path) != "wal":
+        return []
+    return ["system file in WAL mode (kdb reads it immutable, ignoring any -wal); rebuild it "
+            "with `kdb pack`, which writes journal_mode=DELETE"]
+
+
+def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) -> None:
+    """Decode every entry and compare the running totals with what the file holds."""
+    import hashlib
+
+    from ..file.codec import decode
+
+    missing = missing_tables(conn, out["revision"])
+    if missing:
+        out["problems"].append("missing table(s): " + ", ".join(missing))
+        out["fatal"] = True
+        return
+    count = raw_total = stored_total = 0
+    for key, name, row_arch, kind, blob, raw_size, stored_size, digest, attributes in \
+            conn.execute(_VERIFY_SQL):
+        count += 1
+        raw_total += raw_size if isinstance(raw_size, int) else 0
+        stored_total += stored_size if isinstance(stored_size, int) else 0
+        why = ""
+        if not all(isinstance(v, t) for v, t in ((key, str), (name, str), (row_arch, str),
+                                                  (attributes, str), (stored_size, int))):
+            why = "damaged row (a column holds a value of the wrong type)"
+        elif decode(kind, blob, raw_size, digest, thorough=True) is None:
+            why = "checksum mismatch (the blob does not decode to its checksum)"
+        elif not _is_json(attributes):
+            why = "attributes are not JSON"
+        elif hashlib.sha256(attributes.encode("utf-8", "surrogateescape")).hexdigest() != key:
+            why = "key is not the sha256 of the stored attributes"
+        elif row_arch != arch:
+            why = f"built for arch {row_arch!r}, found in the file of {arch!r}"
+        elif stored_size != len(blob):
+            why = f"stored_size {stored_size} but the blob has {len(blob)} bytes"
+        if why:
+            out["bad_entries"].append({"key": key, "name": name, "problem": why})
+    out["entries"] = count
+    if at_least(out["revision"], TOTALS_FROM):
+        meta = {k: v for k, v in read_rows(conn, "SELECT name, value FROM meta WHERE name IN "
+                                             "('entries', 'raw_bytes', 'stored_bytes')")}
+        want = {"entries": count, "raw_bytes": raw_total, "stored_bytes": stored_total}
+        wrong = [f"{k} {meta.get(k)} (holds {v})" for k, v in want.items()
+                 if str(meta.get(k)) != str(v)]
+        if wrong:
+            out["problems"].append("running totals in meta are wrong: " + ", ".join(wrong))
+
+
+def _is_json(text: Any) -> bool:
+    try:
+        json.loads(text)
+    except (TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,170 @@
+"""Content digests of files, memoized per (path, size, mtime).
+
+Headers are digested once per process. Compiler libraries (large, slow to hash) are
+digested once per machine: the digest is kept in ``<cache root>/digests.json``
+keyed by path, size and mtime, so a key never depends on an mtime while a warm start never
+re-reads the library.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from ..config import private_dir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is slow to import; annotations are strings here
+    from typing import Any, Callable
+
+# hashlib (OpenSSL), json and tempfile load where a file is digested or a memo read or
+# written: a warm start whose sources include no header needs none of them.
+
+_memo: dict[tuple[str, int, int], str] = {}
+_lock = threading.Lock()
+_SETTLED_S = 2.0
+
+
+def _hash_file(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file's content, computed once per process per (path, size, mtime)."""
+    p = os.fspath(path)
+    st = os.stat(p)
+    memo = (p, st.st_size, st.st_mtime_ns)
+    digest = _memo.get(memo)
+    if digest is None:
+        digest = _hash_file(p)
+        # A file written moments ago may be rewritten with the same size inside the file
+        # system's timestamp granularity (1-2 s on some): memoize only settled files.
+        if time.time() - st.st_mtime > _SETTLED_S:
+            _memo[memo] = digest
+    return digest
+
+
+def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
+    """Like :func:`file_digest`, but remembered across processes in ``memo_dir``."""
+    p = os.path.realpath(os.fspath(path))
+    st = os.stat(p)
+    memo = (p, st.st_size, st.st_mtime_ns)
+    digest = _memo.get(memo)
+    if digest is not None:
+        return digest
+    store = memo_dir / "digests.json"
+    tag = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    import json
+
+    with _lock:
+        try:
+            known = json.loads(store.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        digest = known.get(tag) if isinstance(known, dict) else None
+        if not isinstance(digest, str):
+            digest = _hash_file(p)
+            known = known if isinstance(known, dict) else {}
+            known[tag] = digest
+            _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
+    _memo[memo] = digest
+    return digest
+
+
+def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
+                 compute: Callable[[], Any],
+                 valid: Callable[[Any], bool] = lambda value: True) -> Any:
+    """A JSON value about a file, computed once per machine, kept in ``<memo_dir>/<name>.json``.
+
+    For facts that cost a subprocess (a compiler's ``--version`` output): the value is
+    remembered under the file's path, size and mtime, so a changed file recomputes it;
+    ``valid`` may reject a remembered value whose other inputs changed since.
+    """
+    p = os.path.realpath(os.fspath(path))
+    st = os.stat(p)
+    tag = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    store = memo_dir / f"{name}.json"
+    import json
+
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if tag in known and valid(known[tag]):
+        return known[tag]
+    value = compute()
+    with _lock:
+        # Older values for the same file are stale: keep the memo from growing with them.
+        known = {k: v for k, v in known.items() if k.rsplit("|", 2)[0] != p}
+        known[tag] = value
+        _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
+    return value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    try:
+        private_dir(path.parent)
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(prefix=".digests-", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time
+
+
+def elf_build_id(path: str | os.PathLike[str]) -> str | None:
+    """The GNU build ID of an ELF file (a hash of its content the linker stored), or None.
+
+    Reading it costs a few small reads, where hashing a compiler library reads all of it on
+    a machine's first start; the linker's hash identifies the same build just as well.
+    """
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            ident = f.read(64)
+            if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] != 2:  # ELF64 only
+                return None
+            end = "<" if ident[5] == 1 else ">"
+            phoff, = struct.unpack_from(end + "Q", ident, 0x20)
+            phentsize, phnum = struct.unpack_from(end + "HH", ident, 0x36)
+            f.seek(phoff)
+            headers = f.read(phentsize * phnum)
+            for i in range(phnum):
+                p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(
+                    end + "IIQQQQ", headers, i * phentsize)
+                if p_type != 4 or p_filesz > 1 << 16:  # PT_NOTE, of a sane size
+                    continue
+                f.seek(p_offset)
+                notes = f.read(p_filesz)
+                pos = 0
+                while pos + 12 <= len(notes):
+                    namesz, descsz, n_type = struct.unpack_from(end + "III", notes, pos)
+                    name_at = pos + 12
+                    desc_at = name_at + ((namesz + 3) & ~3)
+                    if n_type == 3 and notes[name_at:name_at + namesz] == b"GNU\x00":
+                        return notes[desc_at:desc_at + descsz].hex() or None
+                    pos = desc_at + ((descsz + 3) & ~3)
+    except (OSError, struct.error):
+        return None
+    return None
+
+
+def library_id(path: str | os.PathLike[str], memo_dir: Path) -> str:
+    """A portable identity of a compiler library: its GNU build ID, else its content sha256."""
+    build_id = elf_build_id(path)
+    if build_id:
+        return f"gnu-build-id:{build_id}"
+    return f"sha256:{machine_digest(path, memo_dir)}"

@@ -1,0 +1,88 @@
+"""The ``kdb`` command line: thin commands over the library (open, call, print).
+
+The commands live by concept in :mod:`kdb.cli.info`, :mod:`kdb.cli.report` (reads),
+:mod:`kdb.cli.maintenance` (changes to the user tier) and :mod:`kdb.cli.build` (demo, pack,
+run); this module is the group they join and the entry point (``kdb.cli:main``). Every
+command reads the user tier from ``--cache-dir``, else ``KDB_CACHE_DIR``, else the platform's
+user cache; system databases from ``KDB_SYSTEM_DB_PATH`` and installed packages. Library
+errors (:class:`kdb.KdbError`) become one clean line and a non-zero exit, mapped in
+:class:`_Group` and nowhere else. The top layer: it may import every other wing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from . import (
+    build as cli_build,
+    info as cli_info,
+    maintenance as cli_maintenance,
+    report as cli_report,
+)
+from .. import config
+from .tools import Settings
+from ..errors import KdbError
+from ..version import __version__
+
+
+class _Group(click.Group):
+    """Maps library errors to clean messages (exit code 1, no traceback), in one place."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KdbError as err:
+            raise click.ClickException(str(err)) from err
+        except BrokenPipeError:
+            raise
+        except (sqlite3.Error, OSError) as err:
+            raise click.ClickException(f"{type(err).__name__}: {err}") from err
+
+
+class _ConfigProblem(click.ClickException):
+    """A ``KDB_*`` variable kdb cannot use: a usage error of the command line (status 2)."""
+
+    exit_code = 2
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="User tier root (overrides KDB_CACHE_DIR).")
+@click.version_option(__version__, prog_name="kdb")
+@click.pass_context
+def cli(ctx: click.Context, cache_dir: Path | None) -> None:
+    """kdb: a database of compiled GPU kernel binaries.
+
+    The user tier lives in <cache dir>/v1/<arch>.kdb (--cache-dir, else KDB_CACHE_DIR);
+    read-only system databases come from KDB_SYSTEM_DB_PATH and installed packages.
+
+    \b
+    Example:
+        kdb info
+    """
+    bad = config.problems()
+    if bad:  # a program warns and goes on; a command says so and does nothing (status 2)
+        raise _ConfigProblem("\n".join(bad) + "\nfix or unset the variable(s) and run the "
+                             "command again")
+    ctx.obj = Settings(config.cache_root(cache_dir), config.user_dir(cache_dir),
+                       cache_dir is not None)
+
+
+for _command in (cli_info.info, cli_report.ls_, cli_report.stats, cli_report.log_,
+                 cli_report.explain, cli_maintenance.clear, cli_maintenance.verify,
+                 cli_maintenance.evict, cli_maintenance.migrate_, cli_build.demo,
+                 cli_build.pack_, cli_build.run_command):
+    cli.add_command(_command)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``kdb`` script."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="kdb")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

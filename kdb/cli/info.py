@@ -1,0 +1,126 @@
+"""``kdb info``: the settings, every tier's files, the shared tier, devices and toolchains."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import config
+from ..file import discovery
+from .tools import Settings, emit_json, human_bytes, json_option
+from ..admin.info import info as info_of
+
+
+
+
+@click.command()
+@json_option
+@click.pass_obj
+def info(obj: Settings, as_json: bool) -> None:
+    """Devices, arch ids, and every tier's files with their size and entry count.
+
+    Lists the OpenCL devices (when pyopencl is installed) with their arch ids and compiler,
+    the user tier's files, the system databases found, and which device has none.
+
+    \b
+    Example:
+        kdb info --json
+    """
+    data = info_of(obj.user_dir, obj.cache_root)
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"kdb {data['version']} (schema {data['schema_head']})")
+    source = "--cache-dir" if obj.explicit else (
+        config.ENV_CACHE_DIR if os.environ.get(config.ENV_CACHE_DIR) else "default")
+    click.echo(f"cache root: {data['cache_root']} ({source})"
+               + ("  [disabled: KDB_DISABLE_CACHE]" if data["disabled"] else ""))
+    click.echo(f"user tier:  {data['user_dir']}")
+    if not data["user_files"]:
+        click.echo("  (no files yet)")
+    for f in data["user_files"]:
+        click.echo(f"  {Path(f['path']).name}  rev {f['revision'] or '-'}  "
+                   f"{f['entries']} entries  {human_bytes(f['size'])}"
+                   + (f"  [{f['problem']}]" if f["problem"] else ""))
+    _echo_shared(data["shared"])
+    _echo_auto(data["auto"])
+    click.echo(f"system path ({config.ENV_SYSTEM_DB_PATH}): "
+               + (os.pathsep.join(data["system_path"]) or "not set"))
+    click.echo("system databases:")
+    if not data["system_databases"]:
+        click.echo("  (none found)")
+    for s in data["system_databases"]:
+        size = f"{s['entries']} entries  {human_bytes(s['size'])}  " if not s["problem"] else ""
+        click.echo(f"  {s['arch']}  {s['path']}  {size}({s['origin']})"
+                   + (f"  [{_problem(s)}]" if s["problem"] else ""))
+    click.echo("OpenCL devices:")
+    if data["devices_note"]:
+        click.echo(f"  ({data['devices_note']})")
+    for d in data["devices"]:
+        click.echo(f"  {d['platform']} / {d['device']}")
+        if d["problem"]:
+            click.echo(f"    problem:   {d['problem']}")
+            continue
+        click.echo(f"    arch:      {d['arch']}")
+        click.echo(f"    compiler:  {d['compiler']}")
+        click.echo("    system db: " + ("found" if d["system_db"] else
+                                         f"MISSING ({d['arch']}.kdb): kernels compile at "
+                                         "first use"))
+    _echo_cuda(data["cuda"])
+
+
+def _echo_shared(shared: dict[str, Any] | None) -> None:
+    """The shared tier's lines of ``kdb info`` (its URL comes masked from the library)."""
+    if shared is None:
+        click.echo(f"shared tier: off ({config.ENV_SHARED_URL} not set)")
+        return
+    click.echo(f"shared tier: {shared['url']} ({config.ENV_SHARED_URL})")
+    if shared["problem"]:
+        click.echo(f"  [{shared['problem']}]")
+        return
+    click.echo(f"  rev {shared['revision'] or '-'}  {shared['entries']} entries  "
+               f"{human_bytes(shared['stored_bytes'])}  "
+               + (", ".join(f"{a}: {v['entries']}" for a, v in shared["arches"].items())
+                  or "no arches yet"))
+
+
+def _echo_auto(auto: dict[str, Any]) -> None:
+    raw = auto["variable"]
+    meaning = {True: "on", False: "off", None: "not understood: off"}[auto["on"]]
+    click.echo(f"{config.ENV_AUTO}: " + ("unset (off)" if raw is None else f"{raw!r} ({meaning})")
+               + "; start-up hook: " + (auto["hook"] or "MISSING (reinstall kdb: "
+                                        "KDB_AUTO=1 does nothing without it)"))
+
+
+def _echo_cuda(cuda: dict[str, Any]) -> None:
+    click.echo("CUDA toolchain (kdb.cuda):")
+    if cuda["nvcc"] is None or cuda["problem"]:
+        click.echo(f"  nvcc:      ({cuda['problem']})")
+    else:
+        click.echo(f"  nvcc:      {cuda['nvcc']} (from {cuda['found_by']})")
+        click.echo(f"             {cuda['release']}, toolkit {cuda['toolkit']}")
+    nv = cuda.get("nvrtc") or {}
+    if nv.get("path") and not nv.get("problem"):
+        click.echo(f"  nvrtc:     {nv['path']} (from {nv['found_by']})")
+        click.echo(f"             NVRTC {nv['version']}")
+    else:
+        click.echo(f"  nvrtc:     ({nv.get('problem', 'not checked')})")
+    default = cuda.get("default")
+    click.echo("  compiles:  " + (f"with {default} (compiler=None)" if default else
+                                  "nothing: no compiler; stored builds are served (newest "
+                                  "compiler first)"))
+    click.echo(f"  arches:    {' '.join(cuda['arches']) or '(none listed)'}")
+    click.echo(f"  system db: {' '.join(cuda['system_db']) or 'none for these arches'}")
+    click.echo("  pycuda:    " + ("installed" if cuda["pycuda"] else
+                                  "not installed (loading needs pip install 'kdb[pycuda]')"))
+
+
+def _problem(system: dict) -> str:
+    """A system database's problem as ``kdb info`` shows it: refused (not loaded: others
+    could change it) or broken."""
+    if system.get("refused"):
+        return "REFUSED: " + system["problem"][len(discovery.REFUSED):]
+    return "BROKEN: " + system["problem"]

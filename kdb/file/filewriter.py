@@ -1,0 +1,297 @@
+"""The writer of a user file: create it, upgrade it, and store a batch in one transaction.
+
+Runs off the hit path (the background writer, the store worker, ``put``, ``kdb evict``):
+:class:`kdb.file.kernelfile.KernelFile` imports this module only when it writes. It is the one place
+a user file is created or upgraded (alembic, under the file's upgrade lock); readers take
+every revision whose columns they need as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+from . import codec, fs
+from .. import faults
+from ..config import max_size, private_dir
+from .eviction import evict
+from .fileformat import (
+    DAMAGE,
+    HEAD,
+    REVISIONS,
+    bump_meta,
+    file_facts,
+    has_no_tables,
+    identity,
+    meta_int,
+    revision_of,
+    set_meta,
+    transaction,
+)
+from ..keys import compiler_free_key
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .kernelfile import CompileRecord, Entry, KernelFile
+
+
+class _Gone(Exception):
+    """The file was removed or replaced while this writer made it ready (``kdb clear``)."""
+
+
+#: Times a write starts again on a file removed or replaced under it, before it gives up
+#: (quietly, for this write only: the next write tries again).
+_ATTEMPTS = 3
+
+
+def ensure(f: KernelFile) -> sqlite3.Connection | None:
+    """A writable connection to a file at the head revision, creating it if needed.
+
+    The one place a user file is upgraded: under its upgrade lock, by the writer. A file
+    removed or replaced meanwhile (``kdb clear`` beside a running program) is no fault: the
+    writer makes the new one ready instead, and never gives the user tier up for it."""
+    if f.readonly:
+        return None
+    for _ in range(_ATTEMPTS):
+        try:
+            return _ensure(f)
+        except _Gone:
+            f.close()
+            f._checked = False
+    return None
+
+
+def _ensure(f: KernelFile) -> sqlite3.Connection | None:
+    conn = f._conn()
+    if conn is not None and f._replaced():
+        f.close()  # reopen, or create, the file now at ``path``
+        f._checked = False
+        conn = None
+    if conn is not None and f._checked and revision_of(conn) == HEAD:
+        return conn
+    if not f.usable:
+        return None
+    # A connection held open while the file is made ready keeps its inode from being reused,
+    # so a new file at the path always has another identity. (Not a plain fd: closing one
+    # would drop this process's SQLite locks on the file, sqlite.org/howtocorrupt.html.)
+    keeper = None
+    ident = began = None
+    try:
+        private_dir(f.path.parent)
+        if not f.trusted():  # never create a file where others could change it
+            return None
+        if not f.path.exists():
+            os.close(os.open(f.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        ident, began = identity(f.filename), True
+        keeper = f._open()
+        _check_there(f, ident)
+        from .migrate import file_lock
+
+        with file_lock(f.path):
+            _check_there(f, ident)
+            probe = f._open()
+            try:
+                rev = revision_of(probe)
+                if rev is None and not has_no_tables(probe):
+                    probe.close()
+                    _check_there(f, ident)
+                    f._damaged(sqlite3.DatabaseError("not a kdb database"))
+                    return None
+                if rev is None:
+                    probe.execute(f"PRAGMA journal_mode={_journal_mode(f)}")
+            finally:
+                probe.close()
+            if rev != HEAD:
+                if rev is not None and rev not in REVISIONS:
+                    f._checked = False
+                    f._conn()  # reports the future revision once
+                    return None
+                if not _migrate(f, lambda: _check_there(f, ident)):
+                    return None
+                if rev is None:
+                    _describe(f)
+                _check_there(f, ident)
+    except DAMAGE as err:
+        if began:
+            _check_there(f, ident, err)
+        f._damaged(err)
+        return None
+    except OSError as err:
+        if began:
+            _check_there(f, ident, err)
+        f.usable = False
+        faults.fault(f"cannot write {f.path} ({err}); kernels will not be stored",
+                     once=str(f.path.parent))
+        return None
+    finally:
+        if keeper is not None:
+            keeper.close()
+    f.close()
+    f._checked = True
+    return f._conn()
+
+def _check_there(f: KernelFile, ident: tuple[int, int] | None,
+                 err: Exception | None = None) -> None:
+    """Raise :class:`_Gone` where the file that had ``ident`` when this writer began is no
+    longer at ``f``'s path: removed, or replaced by another process's (``kdb clear``)."""
+    if ident is None or identity(f.filename) != ident:
+        raise _Gone from err
+
+
+def _describe(f: KernelFile) -> None:
+    """Facts about a new file in ``meta``: its arch, format and the kdb that made it."""
+    conn = f._open()  # mode=rw: a file removed meanwhile is not made again here
+    try:
+        set_meta(conn, [("arch", f.path.stem), *file_facts()])
+    finally:
+        conn.close()
+
+def _journal_mode(f: KernelFile) -> str:
+    """WAL on local disks; a rollback journal where WAL does not work (network FS)."""
+    kind = fs.network_fs(f.path.parent)
+    if kind is None:
+        return "WAL"
+    faults.warn_once(
+        "netfs:" + str(f.path.parent),
+        "kdb: the kernel cache %s is on a network file system (%s), where SQLite's WAL "
+        "does not work: kdb uses a rollback journal there, and concurrent jobs may wait "
+        "on each other. Use a node-local KDB_CACHE_DIR (e.g. /tmp or $TMPDIR) instead.",
+        f.path.parent, kind)
+    return "DELETE"
+
+def write(f: KernelFile, entries: list[Entry], logs: list[CompileRecord],
+          hits: dict[str, tuple[int, float]], counters: dict[str, float],
+          cap: int | None = None) -> bool:
+    """Store entries, log rows, hit counts and counters in one short transaction.
+
+    With a ``cap`` (bytes, default ``KDB_CACHE_MAX_SIZE``; 0 = none), an insert that
+    would pass it evicts the least recently used entries until a third of it is free;
+    a binary larger than the cap is not stored. True when everything given was written.
+    """
+    cap = max_size() if cap is None else cap  # a bad KDB_CACHE_MAX_SIZE: before any write
+    for attempt in range(_ATTEMPTS):
+        conn = ensure(f)
+        if conn is None:
+            return False
+        try:
+            with transaction(conn):
+                skipped = _store(f, conn, entries, logs, hits, counters, cap, time.time())
+            return not skipped
+        except (sqlite3.Error, UnicodeDecodeError) as err:
+            if attempt + 1 < _ATTEMPTS and isinstance(err, sqlite3.Error) and f._replaced():
+                f.close()  # removed or replaced since ensure() (kdb clear): write the new one
+                f._checked = False
+                continue
+            _write_failed(f, err)
+            return False
+    return False
+
+
+def _write_failed(f: KernelFile, err: Exception) -> None:
+    """A write that failed on the file itself: damage moves it aside, the rest is a fault."""
+    if isinstance(err, UnicodeDecodeError) or (
+            isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err)):
+        f.close()
+        f._damaged(err)
+    else:
+        faults.fault(f"could not write to {f.path} ({err}); entries not stored",
+                     once="write:" + str(f.path))
+
+
+def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
+           logs: list[CompileRecord], hits: dict[str, tuple[int, float]],
+           counters: dict[str, float], cap: int, now: float) -> int:
+    """The body of :meth:`write`, inside its transaction; returns how many entries were
+    too large to store."""
+    added = added_raw = added_entries = skipped = 0
+    for e in entries:
+        kind, blob = codec.encode(e.raw)
+        if cap and len(blob) > cap:
+            faults.warn_once(f"toobig:{f.path}",
+                             "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
+                             "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
+                             len(blob), e.name or e.key[:16], cap)
+            skipped += 1
+            continue
+        old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
+                           (e.key,)).fetchone()
+        added += len(blob) - (old[0] if old else 0)
+        added_raw += len(e.raw) - (old[1] if old else 0)
+        added_entries += 0 if old else 1
+        conn.execute(
+            "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
+            "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
+            "compile_seconds, created, last_access, hits, compiler_free_key) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
+            (e.key, e.arch, e.backend, e.name, e.attributes,
+             _json_text(e.details), kind, blob, len(e.raw),
+             len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
+             compiler_free_key(e.attributes)),
+        )
+    # Running totals, kept in the same transaction, so size checks never scan.
+    for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),
+                        ("entries", added_entries)):
+        if delta:
+            bump_meta(conn, name, delta)
+    # Any insert over the cap evicts, not only one that grows the file: the cap may
+    # have been lowered since the file was filled.
+    if cap and len(entries) > skipped and meta_int(conn, "stored_bytes") > cap:
+        evict(conn, cap - cap // 3, keep={e.key for e in entries})
+    for r in logs:
+        conn.execute(
+            "INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
+            "reason, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed, r.reason,
+             r.pid),
+        )
+    for key, (n, last) in hits.items():
+        conn.execute(
+            "UPDATE kernels SET hits = hits + ?, last_access = MAX(last_access, ?) "
+            "WHERE key = ?", (n, last, key))
+    for name, delta in counters.items():
+        conn.execute(
+            "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
+            "DO UPDATE SET value = value + excluded.value", (name, delta))
+    return skipped
+
+def change(f: KernelFile, what: str, change, default):
+    """Run ``change(conn)`` in one immediate transaction; a failure is a fault, not fatal."""
+    conn = ensure(f) if f.path.exists() else None
+    if conn is None:
+        return default
+    try:
+        with transaction(conn):
+            return change(conn)
+    except (sqlite3.Error, UnicodeDecodeError) as err:
+        faults.fault(f"could not {what} {f.path} ({err})", once=f"{what}:{f.path}")
+        return default
+
+
+
+
+def _migrate(f: KernelFile, check_there) -> bool:
+    """Bring the file to the head revision with alembic; a failure is a fault, not fatal.
+    ``check_there()`` raises :class:`_Gone` where the file was removed or replaced meanwhile:
+    not the file's fault, and no reason to give the user tier up."""
+    from . import migrate  # alembic and SQLAlchemy: only here, on a write
+
+    try:
+        migrate.upgrade_sqlite(f.path, create=False)
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy/alembic errors must not propagate
+        check_there()
+        f.usable = False
+        faults.fault(
+            f"{f.path} could not be upgraded to schema revision {HEAD} ({err}); "
+            "it is left as is and kernels are compiled instead. Delete it to start afresh.",
+            once="upgrade:" + str(f.path),
+        )
+        return False
+    return True
+
+
+def _json_text(details: dict | None) -> str:
+    """Entry details as stored (JSON); :mod:`json` loads here, on a store, not on a hit."""
+    import json
+
+    return json.dumps(details or {}, sort_keys=True)

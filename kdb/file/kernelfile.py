@@ -1,0 +1,391 @@
+"""One SQLite kernel file: the reads on the hot path and the writes off it.
+
+Reads use plain :mod:`sqlite3` (no SQLAlchemy on a hit) and accept every schema revision
+whose columns they need, as it is: a lookup never migrates. A system file is opened
+``mode=ro&immutable=1`` and never written. A user file is created and upgraded by the writer
+(:meth:`KernelFile.ensure`, called by every write, off the critical path), so a process whose
+lookups all miss a file that does not exist yet pays nothing for creating it. What a revision
+means, WAL detection and the ``meta`` rows live in :mod:`kdb.file.fileformat`.
+
+Faults of the file itself (corrupt, foreign, from a newer kdb, locked, read-only, disk full)
+are reported through :func:`kdb.faults.fault` and cost at most a recompile.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import threading
+from collections import namedtuple
+
+from .. import faults
+from . import fs
+from ..config import BUSY_TIMEOUT_S
+from .fileformat import (
+    DAMAGE,
+    HEAD,
+    classify,
+    identity,
+    journal_of,
+    move_aside,
+    sqlite_uri,
+    status_of,
+    wal_size,
+)
+from ..strpaths import exists, parent, spelled
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations are strings here; typing and pathlib stay off the hit path
+    from pathlib import Path
+    from typing import Iterable
+
+__all__ = ["CompileRecord", "Entry", "KernelFile", "Row", "sqlite_uri"]
+
+_FETCH = (
+    "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
+    "FROM kernels WHERE key = ?"
+)
+
+_FETCH_ANY = (
+    "SELECT key, codec, blob, raw_size, checksum, attributes, compile_seconds "
+    "FROM kernels WHERE compiler_free_key = ?"
+)
+
+
+class Row(namedtuple("Row", "codec blob raw_size checksum attributes compile_seconds")):
+    """What a hit needs from a stored entry (the columns of ``_FETCH``)."""
+
+    __slots__ = ()
+
+
+class Entry(namedtuple("Entry", "key arch backend name attributes raw compile_seconds details",
+                       defaults=(0.0, None))):
+    """A binary ready to be written, with its bookkeeping (``details``: a dict or None)."""
+
+    __slots__ = ()
+
+
+class CompileRecord(namedtuple("CompileRecord",
+                               "key name arch backend seconds missed reason at pid")):
+    """One row of the start-up latency log."""
+
+    __slots__ = ()
+
+
+class KernelFile:
+    """A tier's file for one arch. Thread-safe: one connection per thread.
+
+    ``filename`` is its path as a str (what the hit path uses); ``path``, the same as a Path.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, tier: str, readonly: bool) -> None:
+        self.filename = spelled(path)
+        self.tier = tier
+        self.readonly = readonly
+        self.usable = True  # False once the file proved unusable in this process
+        self._checked = False
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        from pathlib import Path
+
+        return Path(self.filename)
+
+    @property
+    def directory(self) -> str:
+        """The directory the file is in, as a str (``path.parent``)."""
+        return parent(self.filename)
+
+    def __repr__(self) -> str:
+        return f"KernelFile({self.filename!r}, tier={self.tier!r})"
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        if self.readonly:
+            uri = sqlite_uri(self.filename, "mode=ro&immutable=1")
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        else:
+            uri = sqlite_uri(self.filename, "mode=rw")
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def _conn(self) -> sqlite3.Connection | None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            return conn
+        if not self.usable:
+            return None
+        try:
+            mode = os.stat(self.filename).st_mode
+        except OSError:
+            return None  # not there (yet), or not reachable: a miss
+        if not stat.S_ISREG(mode):
+            self._not_a_file(mode)
+            return None
+        if not self.readonly and not self._checked:
+            if not self.trusted():
+                return None
+            if not _writable(self.filename):
+                self._read_only_cache()
+        conn = None
+        try:
+            conn = self._open()
+            if not self._checked and not self._check(conn):
+                conn.close()
+                return None
+        except DAMAGE as err:
+            if conn is not None:
+                conn.close()
+            self._damaged(err)
+            return None
+        self._local.conn, self._local.pid = conn, os.getpid()
+        self._local.ident = identity(self.filename)
+        return conn
+
+    def _replaced(self) -> bool:
+        """Whether the file this thread's connection writes to is no longer at ``path``
+        (``kdb clear``, a repair, or a user deleted it): writes would go to an unlinked file."""
+        return getattr(self._local, "ident", None) != identity(self.filename)
+
+    def trusted(self) -> bool:
+        """A user file is code this process will run: refuse one others can change (a
+        fault, once); True when this file and its directory are private to this user."""
+        why = fs.unsafe_reason(self.filename) or fs.unsafe_reason(self.directory)
+        if why is None:
+            return True
+        self.usable = False
+        faults.fault(f"{self.filename} is refused: {why}, and loading a binary from it would run "
+                     "code someone else can change. Make it yours and private (chmod 700 on "
+                     "the directory, 600 on the file) or set KDB_CACHE_DIR to a private "
+                     "directory; kernels are compiled meanwhile.", once="unsafe:" + self.filename)
+        return False
+
+
+    def _not_a_file(self, mode: int) -> None:
+        """A directory, FIFO or device where the file should be: opening a FIFO would block
+        forever, and nothing can be stored there. Skipped, never moved or written."""
+        self.usable = False
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "not a regular file")
+        faults.fault(f"{self.filename} is {kind}, not a kdb file; it is skipped and kernels are "
+                     "compiled" + ("" if self.readonly else " but not stored there: remove it")
+                     + ".", once=self.filename)
+
+    def _read_only_cache(self) -> None:
+        """The user file exists but cannot be written (a read-only cache directory): use its
+        entries, store nothing. Opened immutable: a WAL file needs a writable ``-shm`` beside
+        it, and nobody can commit to a file in a directory no one may write."""
+        self.readonly = True
+        faults.fault(f"the kernel cache {self.directory} is read-only: kernels stored there "
+                     "are used, new ones are compiled but not stored. Make it writable or set "
+                     "KDB_CACHE_DIR to a writable directory.", once=self.directory)
+
+    def _check(self, conn: sqlite3.Connection) -> bool:
+        """Once per process: may lookups read this file as it is? Never upgrades it: every
+        revision whose columns a hit needs is read as it is, and the writer upgrades.
+
+        False (a miss) for a file skipped with a fault, and for one too old to read, which
+        stays usable: :meth:`ensure` upgrades it on the next write.
+        """
+        with self._lock:
+            if self._checked:
+                return True
+            if self.tier == "system" and not self._wal_ok():
+                return False
+            status = classify(conn)  # raises DAMAGE for a file missing its tables
+            if status.readable or (status.kind == "empty" and self.tier == "user"):
+                self._checked = True  # empty: reads miss until the writer creates its tables
+                return True
+            if status.kind == "stale":
+                if self.readonly:
+                    self.usable = False
+                    faults.fault(f"{self.filename} is {status.what}, older than this kdb reads; "
+                                 "it is skipped and kernels are compiled instead",
+                                 once=self.filename)
+                return False
+            self.usable = False
+            if status.kind in ("foreign", "empty"):  # no revision: not a kdb file
+                faults.fault(
+                    f"{self.filename} is {status_of(None).what}; "
+                    + ("it is skipped" if self.readonly else "it is moved aside"),
+                    once=self.filename,
+                )
+                if not self.readonly:
+                    self._quarantine()
+            else:
+                faults.fault(
+                    f"{self.filename} has schema revision {status.revision!r}, newer than this kdb "
+                    f"knows ({HEAD}); it is left untouched and kernels are compiled instead. "
+                    "Upgrade kdb (pip install -U kdb) or point KDB_CACHE_DIR elsewhere.",
+                    once=self.filename,
+                )
+            return False
+
+    def _wal_ok(self) -> bool:
+        """A system file should be in rollback-journal mode (``kdb pack`` writes it so).
+
+        One left in WAL mode is read as its main file (``immutable=1`` ignores the WAL) with
+        a warning; if a non-empty ``-wal`` lies beside it, commits the main file lacks (or a
+        half-done checkpoint) may sit there, so the file is skipped instead.
+        """
+        if journal_of(self.filename) != "wal":
+            return True  # rollback journal, or unreadable (opening reports it)
+        wal = wal_size(self.filename)
+        if wal:
+            self.usable = False
+        faults.fault(
+            f"system database {self.filename} is in WAL mode"
+            + (f" with a {wal}-byte -wal file beside it that a read-only reader cannot use; "
+               "it is skipped" if wal else "; it is read, but should be rebuilt")
+            + ". Rebuild it with `kdb pack` (which writes journal_mode=DELETE) or run "
+            "`sqlite3 FILE 'PRAGMA journal_mode=DELETE'` on a writable copy.",
+            once="walsys:" + self.filename)
+        return not wal
+
+    def _damaged(self, err: Exception) -> None:
+        self.usable = False
+        if isinstance(err, sqlite3.OperationalError) and not exists(self.filename):
+            self.usable = True  # removed meanwhile (kdb clear): the next use makes a new one
+            self.close()
+            self._checked = False
+            return
+        if isinstance(err, sqlite3.OperationalError):
+            # I/O error, full disk, cannot open, read-only, locked: the file may be sound,
+            # and moving it aside would lose every entry. Not used by this process.
+            faults.fault(f"cannot use {self.filename} now ({err}); kernels are compiled instead "
+                         "and may not be stored", once=self.directory)
+            return
+        what = "skipped" if self.readonly else "moved aside and recreated"
+        faults.fault(f"{self.filename} is damaged ({err}); it is {what}", once=self.filename)
+        if not self.readonly:
+            self._quarantine()
+
+    def _quarantine(self) -> bool:
+        """Move the file aside (:func:`kdb.file.fileformat.move_aside`); False if it could not be
+        moved (a read-only cache): it is then left in place and not used."""
+        moved = move_aside(self.filename)
+        self._local = threading.local()
+        self.usable = moved  # the next write creates a fresh file
+        self._checked = False
+        return moved
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._local = threading.local()
+
+    # -- reads (hot path) -------------------------------------------------------------------
+
+    def fetch(self, key: str) -> Row | None:
+        conn = self._conn()
+        if conn is None:
+            return None
+        try:
+            row = conn.execute(_FETCH, (key,)).fetchone()
+        except DAMAGE as err:
+            if "no such table" in str(err):
+                return None  # a file the writer has created but not migrated yet
+            if "locked" in str(err) or "busy" in str(err):
+                faults.fault(f"{self.filename} is locked ({err}); treating as a miss",
+                             once="locked")
+                return None
+            self.close()
+            self._damaged(err)
+            return None
+        if row is None:
+            return None
+        if row[5].__class__ is not float:  # a damaged row's column may hold any type
+            row = (*row[:5], float(row[5]) if isinstance(row[5], int) else 0.0)
+        return Row(*row)
+
+    def fetch_any_compiler(self, free_key: str) -> list[tuple[str, Row]]:
+        """``(key, row)`` of every entry whose compiler-free key is ``free_key``: the
+        candidates :mod:`kdb.backends.fallback` ranks when no compiler is installed. A file written
+        before revision 0004 has no such column and yields none."""
+        conn = self._conn()
+        if conn is None:
+            return []
+        try:
+            rows = conn.execute(_FETCH_ANY, (free_key,)).fetchall()
+        except DAMAGE as err:
+            if "no such" in str(err):  # an older revision, or a file not migrated yet
+                return []
+            if "locked" in str(err) or "busy" in str(err):
+                faults.fault(f"{self.filename} is locked ({err}); treating as a miss",
+                             once="locked")
+                return []
+            self.close()
+            self._damaged(err)
+            return []
+        return [(r[0], Row(*r[1:6], float(r[6]) if isinstance(r[6], (int, float)) else 0.0))
+                for r in rows]
+
+    def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
+        """Read-only query for the CLI and ``explain``; an unusable file yields no rows."""
+        conn = self._conn()
+        if conn is None:
+            return []
+        try:
+            return conn.execute(sql, tuple(params)).fetchall()
+        except DAMAGE as err:
+            if "no such table" in str(err):
+                return []
+            raise
+
+    # -- writes (background, kdb.file.filewriter) ------------------------------------------------
+
+    def ensure(self) -> sqlite3.Connection | None:
+        """A writable connection to a file at the head revision, creating or upgrading it
+        (the one place a user file is upgraded); None where nothing can be written."""
+        from .filewriter import ensure
+
+        return ensure(self)
+
+    def write(self, entries: list[Entry], logs: list[CompileRecord],
+              hits: dict[str, tuple[int, float]], counters: dict[str, float],
+              cap: int | None = None) -> bool:
+        """Store entries, log rows, hit counts and counters in one short transaction
+        (:func:`kdb.file.filewriter.write`); True when everything given was written."""
+        from .filewriter import write
+
+        return write(self, entries, logs, hits, counters, cap)
+
+    def evict_to(self, target: int) -> tuple[int, int] | None:
+        """Remove least recently used entries until at most ``target`` bytes are stored;
+        returns (entries removed, bytes freed), or None when the file could not be changed."""
+        from .eviction import evict
+        from .filewriter import change
+
+        if not exists(self.filename):
+            return 0, 0  # nothing stored, nothing to evict
+        return change(self, "evict from", lambda conn: evict(conn, target), None)
+
+    def delete(self, keys: Iterable[str]) -> int:
+        """Drop entries (corrupt, refused by the driver, or cleared); returns how many."""
+        from .eviction import remove
+        from .filewriter import change
+
+        keys = list(keys)
+
+        def drop(conn: sqlite3.Connection) -> int:
+            rows = [(key, *row) for key in keys for row in conn.execute(
+                "SELECT stored_size, raw_size FROM kernels WHERE key = ?", (key,))]
+            return remove(conn, rows)[0]
+
+        return change(self, "delete from", drop, 0)
+
+
+def _writable(path: str) -> bool:
+    """Whether this process can write ``path`` and create its journal beside it."""
+    if not exists(path):
+        return True  # created by the writer, which reports what fails
+    return os.access(path, os.W_OK) and os.access(parent(path), os.W_OK | os.X_OK)

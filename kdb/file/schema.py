@@ -1,0 +1,74 @@
+"""The schema's one definition (SQLAlchemy Core), used by alembic and by ``kdb pack``.
+
+The hot path reads these tables with plain :mod:`sqlite3` (importing SQLAlchemy costs
+0.2-0.3 s); the column names below are the contract between the two, pinned by a test.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, Index, Integer, LargeBinary, MetaData, Table, Text
+
+metadata = MetaData()
+
+#: One row per compiled binary. ``attributes`` is the canonical JSON of the hash attributes,
+#: checked on every hit; ``details`` holds machine-local facts (device name, driver, paths)
+#: that must never enter the key.
+kernels = Table(
+    "kernels",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("arch", Text, nullable=False),
+    Column("backend", Text, nullable=False),
+    Column("name", Text, nullable=False, server_default=""),
+    Column("attributes", Text, nullable=False),
+    Column("details", Text, nullable=False, server_default="{}"),
+    Column("codec", Text, nullable=False),
+    Column("dict_id", Integer, nullable=True),
+    Column("blob", LargeBinary, nullable=False),
+    Column("raw_size", Integer, nullable=False),
+    Column("stored_size", Integer, nullable=False),
+    Column("checksum", Text, nullable=False),
+    Column("compile_seconds", Float, nullable=False, server_default="0"),
+    Column("created", Float, nullable=False),
+    Column("last_access", Float, nullable=False),
+    Column("hits", Integer, nullable=False, server_default="0"),
+    # The key with the compiler identity left out (revision 0004): where no compiler is
+    # installed, kdb.backends.fallback finds the entries built for everything else a lookup asked.
+    Column("compiler_free_key", Text, nullable=True),
+    Index("ix_kernels_last_access", "last_access"),
+    Index("ix_kernels_name", "name"),
+    Index("ix_kernels_compiler_free_key", "compiler_free_key"),
+)
+
+#: Facts about the file: format version, arch, kdb version, running total of stored bytes.
+meta = Table(
+    "meta",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+#: One row per compile kdb performed: the start-up latency log (revision 0002).
+compile_log = Table(
+    "compile_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("name", Text, nullable=False, server_default=""),
+    Column("arch", Text, nullable=False),
+    Column("backend", Text, nullable=False, server_default=""),
+    Column("seconds", Float, nullable=False),
+    Column("missed", Text, nullable=False, server_default=""),
+    Column("reason", Text, nullable=False, server_default=""),
+    Column("pid", Integer, nullable=False, server_default="0"),
+    Index("ix_compile_log_at", "at"),
+)
+
+#: Counters kept across processes: hits per tier, misses, compiles, seconds (revision 0002).
+counters = Table(
+    "counters",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Float, nullable=False, server_default="0"),
+)

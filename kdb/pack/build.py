@@ -1,0 +1,127 @@
+"""``kdb pack``: build read-only system databases (``<arch>.kdb``) and wrap each in a wheel.
+
+Kernels come from a TOML manifest (:mod:`kdb.pack.manifest`, compiled here by
+:mod:`kdb.pack.compiling` through the same back end a framework uses at run time, so the keys
+match), from a user database, or from the start-up latency log (:mod:`kdb.pack.inputs`:
+exactly the kernels that were compiled at start-up). :mod:`kdb.pack.systemfile` writes each
+arch's file reproducibly and proves it reads back; :mod:`kdb.pack.wheel` wraps it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from .. import config
+from ..errors import InvalidArgumentError, PackError
+from .manifest import KernelSpec, applicable, load_manifest
+from .compiling import Progress, compile_manifest, opencl_arches
+from .inputs import (
+    PENDING_WAIT_S,
+    Step,
+    check_source,
+    log_keys,
+    shown_source,
+    user_db_file,
+    wait_for_stores,
+)
+from .systemfile import PackResult, write_system_db
+
+__all__ = ["PENDING_WAIT_S", "KernelSpec", "PackError", "PackResult", "Progress", "Step",
+           "applicable", "compile_manifest", "load_manifest", "log_keys", "opencl_arches",
+           "pack", "resolve_arches", "user_db_file", "write_system_db"]
+
+
+def resolve_arches(arches: Iterable[str]) -> list[str]:
+    """Arch ids to pack, each once; ``native`` stands for the arches of the OpenCL devices
+    present.
+
+    >>> resolve_arches(["sm_90", "sm_80", "sm_90"])
+    ['sm_90', 'sm_80']
+    """
+    out: list[str] = []
+    for a in arches:
+        if a == "native":
+            present = sorted(opencl_arches())
+            if not present:
+                raise PackError("--arch native: no OpenCL device is present here")
+            out += present
+        else:
+            out.append(config.check_arch(a))
+    if not out:
+        raise InvalidArgumentError("give at least one --arch (or --arch native)")
+    return list(dict.fromkeys(out))
+
+
+def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str | None = None,
+         manifest: str | os.PathLike[str] | None = None,
+         from_db: str | os.PathLike[str] | None = None, from_log: bool = False,
+         keep_going: bool = False, dist_prefix: str = "kdb-system",
+         progress: Progress | None = None, on_step: Step | None = None) -> list[PackResult]:
+    """Build ``<arch>.kdb`` for every arch from one input, and a wheel each if ``version``.
+
+    Exactly one input: ``manifest`` (compiled here), ``from_db`` (copy a user database) or
+    ``from_log`` (copy the kernels of the start-up latency log of ``from_db``'s database, by
+    default the user tier's). A kernel that fails to compile raises :class:`PackError` with
+    its build log, unless ``keep_going``: then the others are packed and the failures are in
+    each result's ``failures``. Wheels are named ``<dist_prefix>-<arch>``.
+    """
+    if sum(x for x in (manifest is not None, from_log, from_db is not None and not from_log)) != 1:
+        raise InvalidArgumentError("give exactly one input: --manifest FILE, --from-db [PATH] "
+                                   "or --from-log")
+    from .wheel import build_wheel, check_version, dist_name
+
+    out = Path(out_dir)
+    specs = load_manifest(manifest) if manifest is not None else None
+    arch_list = resolve_arches(arches)
+    if version is not None:  # a bad version or name fails before any compile
+        check_version(version)
+        for arch in arch_list:
+            dist_name(arch, dist_prefix)
+
+    def step(arch: str, what: str) -> None:
+        if on_step:
+            on_step(arch, what)
+
+    if specs is None:
+        wait_for_stores(from_db, on_step)
+    results = []
+    for arch in arch_list:
+        start = time.perf_counter()
+        failures: list[tuple[str, str]] = []
+        with tempfile.TemporaryDirectory(prefix="kdb-pack-") as work:
+            if specs is not None:
+                step(arch, "compiling the manifest's kernels")
+                src, failures = compile_manifest(specs, arch, Path(work), keep_going=keep_going,
+                                                 progress=progress)
+                if failures and not keep_going:
+                    name, why = failures[0]
+                    raise PackError(f"kernel {name!r} could not be packed for {arch} (fix it, "
+                                    f"or pass --keep-going to pack the others): {why}")
+                if failures and len(failures) == len(applicable(specs, arch)):
+                    raise PackError(f"no kernel could be packed for {arch} ("
+                                    + ", ".join(n for n, _ in failures) + "); the first, "
+                                    f"{failures[0][0]!r}: {failures[0][1]}")
+                keys = None
+            else:
+                src = user_db_file(from_db, arch, work_dir=Path(work))
+                shown = shown_source(from_db) or src  # the shared tier: its URL, password masked
+                check_source(src, shown)
+                keys = log_keys(src) if from_log else None
+                if from_log and not keys:
+                    raise PackError(f"the start-up latency log of {shown} is empty for {arch}")
+                step(arch, f"copying {'the logged kernels' if from_log else 'the entries'} "
+                           f"of {shown}")
+            step(arch, f"writing {out / f'{arch}.kdb'}")
+            result = write_system_db(out / f"{arch}.kdb", arch, [src], keys,
+                                     keep_compile_seconds=specs is None)
+        result.failures = failures
+        if version is not None:
+            step(arch, f"building the wheel {dist_name(arch, dist_prefix)} {version}")
+            result.wheel = build_wheel(result.path, arch, version, out, dist_prefix=dist_prefix)
+        result.seconds = time.perf_counter() - start
+        results.append(result)
+    return results

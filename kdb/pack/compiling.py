@@ -1,0 +1,127 @@
+"""Compiling a manifest's kernels for one arch into a scratch user file.
+
+The kernels go through the very functions a framework calls at run time (the OpenCL and
+CUDA back ends, a :class:`~kdb.db.KernelDB` storing into the user tier), so the keys of what
+``kdb pack`` ships are the keys a framework will look up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .. import latency
+from ..errors import CompileError, PackError
+from .manifest import KernelSpec, applicable
+from ..file.kernelfile import KernelFile
+
+Progress = Callable[[int, int, str], None]  # (done, total, current kernel)
+
+
+def opencl_arches() -> dict[str, object]:
+    """``{arch id: device}`` of the OpenCL devices present (first device per arch)."""
+    try:
+        import pyopencl as cl
+    except ImportError:
+        return {}
+    from ..backends.opencl import arch_of
+
+    found: dict[str, object] = {}
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        return {}
+    for plat in platforms:
+        for dev in plat.get_devices():
+            found.setdefault(arch_of(dev), dev)
+    return found
+
+
+def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
+                     keep_going: bool = False, progress: Progress | None = None
+                     ) -> tuple[Path, list[tuple[str, str]]]:
+    """Compile the specs for ``arch`` into a user file under ``work_dir``; returns its path
+    and the failures ``(kernel name, why, with the build log)``.
+
+    OpenCL kernels are built on a device of that arch, which must be present; CUDA kernels
+    are cross-compiled by nvcc, no GPU needed. Both go through the same functions a framework
+    calls at run time (:func:`kdb.opencl.build`, :func:`kdb.backends.cuda.compile`), so the
+    keys are those it will look up.
+    """
+    from ..db import KernelDB
+
+    todo = applicable(specs, arch)
+    if not todo:
+        raise PackError(f"the manifest lists no kernel for arch {arch!r} (each names other "
+                        "'arches', or is a CUDA kernel and this is not a CUDA arch)")
+    backends = {s.backend for s in todo}
+    if backends - {"opencl", "cuda"}:
+        raise PackError(f"unknown back end(s) {sorted(backends - {'opencl', 'cuda'})} in the "
+                        "manifest; kdb packs 'opencl' and 'cuda' kernels")
+    ctx = None
+    if "opencl" in backends:
+        devices = opencl_arches()
+        if arch not in devices:
+            present = ", ".join(sorted(devices)) or "none"
+            raise PackError(f"no OpenCL device of arch {arch!r} is present, and OpenCL kernels "
+                            f"compile on the device; OpenCL arches present here: {present}")
+        import pyopencl as cl
+
+        ctx = cl.Context([devices[arch]])
+
+    db = KernelDB(cache_dir=work_dir, system_path=[], use_system=False, disabled=False)
+    failures: list[tuple[str, str]] = []
+    compiled: dict[str, list[str]] = {}  # kernel name -> keys its build compiled
+    try:
+        for i, spec in enumerate(todo):
+            if progress:
+                progress(i, len(todo), spec.name)
+            seen = len(latency.records())
+            try:
+                _compile_one(spec, arch, ctx, db)
+            except CompileError as err:
+                failures.append((spec.name, "the build failed; build log:\n"
+                                 + (err.log or str(err)).rstrip()))
+                if not keep_going:
+                    break
+            compiled[spec.name] = [r.key for r in latency.records()[seen:]]
+        if progress:
+            progress(len(todo), len(todo), "storing the binaries")
+    finally:
+        db.close()
+        # These compiles are the product, not a slow start-up: no exit summary for them.
+        latency.reset()
+    path = db.user_file(arch).path
+    # The binaries are read back from the driver and stored in the background, where a
+    # failure is only logged: a kernel that compiled but was not stored is a failure here.
+    stored = _stored_keys(path)
+    for name, keys in compiled.items():
+        if any(k not in stored for k in keys):
+            failures.append((name, "compiled, but its binary could not be read back and "
+                                   "stored (see the kdb warnings above)"))
+    if progress:
+        progress(len(todo), len(todo), "")
+    return path, failures
+
+
+def _compile_one(spec: KernelSpec, arch: str, ctx: object, db: object) -> None:
+    if spec.backend == "opencl":
+        from ..backends.opencl import build
+
+        build(ctx, spec.source, spec.build_options(), db=db, name=spec.name)
+    else:
+        from ..backends import cuda
+
+        cuda.compile(spec.source, arch=arch, options=list(spec.options),
+                     include_dirs=list(spec.include_dirs), db=db, name=spec.name,
+                     compiler=spec.compiler)
+
+
+def _stored_keys(path: Path) -> set[str]:
+    if not path.is_file():
+        return set()
+    f = KernelFile(path, tier="user", readonly=False)
+    try:
+        return {r[0] for r in f.query("SELECT key FROM kernels")}
+    finally:
+        f.close()

@@ -1,0 +1,160 @@
+"""The TOML manifest ``kdb pack`` compiles: which kernels, with which options, for which arches.
+
+Each kernel's option list is the one a framework passes at run time, so that the keys
+``kdb pack`` stores are the keys the framework will look up.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import config
+from ..errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel of a manifest: what to compile, with which options, for which arches."""
+
+    name: str
+    source: str
+    options: tuple[str, ...] = ()
+    include_dirs: tuple[str, ...] = ()
+    backend: str = "opencl"
+    arches: tuple[str, ...] = ()  # empty: every arch being packed
+    compiler: str | None = None  # CUDA: "nvcc", "nvrtc", or None (nvcc where found, else NVRTC)
+
+    def build_options(self) -> list[str]:
+        """Options as passed to the back end: the manifest's options, then ``-I`` dirs."""
+        opts = list(self.options)
+        for d in self.include_dirs:
+            opts += ["-I", d]
+        return opts
+
+
+def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
+    """Read a manifest. Relative ``file`` and ``include_dirs`` are relative to the manifest.
+
+    Format::
+
+        [defaults]                     # optional, applies to every kernel
+        options = ["-cl-mad-enable"]   # put before each kernel's own options
+        include_dirs = ["include"]     # passed as -I <dir> after the options
+        backend = "opencl"             # or "cuda" (cross-compiled with nvcc or NVRTC)
+        compiler = "nvrtc"             # CUDA only: "nvcc" or "nvrtc" (default: nvcc where
+                                       # one is found, else NVRTC)
+
+        [[kernel]]
+        name = "axpy"
+        file = "kernels/axpy.cl"       # or: source = "..."
+        options = ["-DT=float"]
+        defines = { N = 64 }           # appended as -DN=64
+        arches = ["pocl-x86_64-znver3"]  # optional subset
+
+    A kernel is built with exactly the option list a framework passes at run time
+    (``options``, then ``defines``, then ``-I`` dirs), so that the keys match its lookups.
+    """
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidArgumentError(f"manifest {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InvalidArgumentError(f"manifest {path} is not valid TOML: {err}") from err
+    base = path.resolve().parent
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict) or set(defaults) - {"options", "include_dirs", "backend",
+                                                          "compiler"}:
+        raise InvalidArgumentError(f"manifest {path}: [defaults] may hold only 'options', "
+                                   "'include_dirs', 'backend' and 'compiler'")
+    kernels = data.get("kernel", [])
+    if not isinstance(kernels, list) or not kernels:
+        raise InvalidArgumentError(f"manifest {path} lists no [[kernel]] tables")
+    specs, names = [], set()
+    for i, k in enumerate(kernels):
+        where = f"manifest {path}, kernel #{i + 1}"
+        if not isinstance(k, dict):
+            raise InvalidArgumentError(f"{where}: expected a table")
+        unknown = set(k) - {"name", "file", "source", "options", "defines", "include_dirs",
+                            "backend", "arches", "compiler"}
+        if unknown:
+            raise InvalidArgumentError(f"{where}: unknown keys {sorted(unknown)}")
+        name = k.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"{where}: 'name' (a string) is required")
+        if name in names:
+            raise InvalidArgumentError(f"{where}: duplicate kernel name {name!r}")
+        names.add(name)
+        if ("file" in k) == ("source" in k):
+            raise InvalidArgumentError(f"{where} ({name}): give exactly one of 'file' or 'source'")
+        if "file" in k:
+            src_path = base / k["file"]
+            try:
+                source = src_path.read_text(encoding="utf-8")
+            except OSError as err:
+                raise InvalidArgumentError(
+                    f"{where} ({name}): cannot read {src_path}: {err}") from err
+        else:
+            source = k["source"]
+        options = [*_strings(defaults.get("options", []), where, "defaults.options"),
+                   *_strings(k.get("options", []), where, "options")]
+        defines = k.get("defines", {})
+        if not isinstance(defines, dict):
+            raise InvalidArgumentError(f"{where} ({name}): 'defines' must be a table")
+        options += [f"-D{key}={_define(v)}" for key, v in defines.items()]
+        dirs = [str((base / d).resolve()) for d in
+                (*_strings(defaults.get("include_dirs", []), where, "defaults.include_dirs"),
+                 *_strings(k.get("include_dirs", []), where, "include_dirs"))]
+        try:
+            arches = tuple(config.check_arch(a)
+                           for a in _strings(k.get("arches", []), where, "arches"))
+        except InvalidArgumentError as err:
+            raise InvalidArgumentError(f"{where} ({name}): {err}") from err
+        backend = k.get("backend", defaults.get("backend", "opencl"))
+        if backend not in ("opencl", "cuda"):
+            raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
+                                       "packs; use 'opencl' or 'cuda'")
+        compiler = k.get("compiler", defaults.get("compiler") if backend == "cuda" else None)
+        if compiler is not None and (backend != "cuda" or compiler not in ("nvcc", "nvrtc")):
+            raise InvalidArgumentError(f"{where} ({name}): compiler {compiler!r}: CUDA kernels "
+                                       "take 'nvcc' or 'nvrtc'; other back ends none")
+        specs.append(KernelSpec(name, source, tuple(options), tuple(dirs), backend, arches,
+                                compiler))
+    return specs
+
+
+def _strings(value: object, where: str, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidArgumentError(f"{where}: '{what}' must be a list of strings")
+    return value
+
+
+def _define(value: object) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def applicable(specs: list[KernelSpec], arch: str) -> list[KernelSpec]:
+    """The specs to build for ``arch``: those naming it, else every spec of a back end that
+    can target it (CUDA kernels go to CUDA arches only, OpenCL kernels to every arch)."""
+    return [s for s in specs
+            if (arch in s.arches if s.arches else s.backend != "cuda" or _is_cuda_arch(arch))]
+
+
+def _is_cuda_arch(arch: str) -> bool:
+    """``sm_90``, ``sm_90a``, ``compute_80``: what nvcc targets.
+
+    >>> _is_cuda_arch("sm_90a"), _is_cuda_arch("pocl-x86_64-znver3")
+    (True, False)
+    """
+    import re
+
+    return re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", arch) is not None

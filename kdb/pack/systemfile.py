@@ -1,0 +1,160 @@
+"""Writing a system file: a read-only ``<arch>.kdb`` that is the same bytes for the same entries.
+
+The file is written at the head schema revision with ``journal_mode=DELETE`` (a WAL file
+cannot be opened read-only), vacuumed, renamed into place, and then opened read-only, as kdb
+will at run time, to prove every entry decodes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..file import codec, fileformat, migrate
+from .. import config
+from ..errors import PackError
+from ..file.fileformat import sqlite_uri
+from ..file.kernelfile import KernelFile
+
+
+#: Columns copied from a user file into a system file (every column of ``kernels``).
+_COLUMNS = ("key, arch, backend, name, attributes, details, codec, dict_id, blob, raw_size, "
+            "stored_size, checksum, compile_seconds, created, last_access, hits")
+
+
+@dataclass
+class PackResult:
+    """What one arch's pack produced."""
+
+    arch: str
+    path: Path
+    entries: int = 0
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+    seconds: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (kernel, why + build log)
+    missing: list[str] = field(default_factory=list)  # keys asked for but not in the input
+    wheel: Path | None = None
+
+    @property
+    def file_size(self) -> int:
+        """Bytes of the ``.kdb`` file on disk."""
+        return self.path.stat().st_size
+
+
+def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
+                    keys: set[str] | None = None, *,
+                    keep_compile_seconds: bool = True) -> PackResult:
+    """Copy the ``arch`` entries of ``sources`` (only ``keys`` if given) into ``dest``.
+
+    Reproducible: the same entries give the same bytes. Rows go in sorted by key (the first
+    source that holds a key gives it); times are ``SOURCE_DATE_EPOCH`` (0 when unset), hits
+    0; the packing host's name is dropped from each entry's details; with
+    ``keep_compile_seconds=False`` (entries compiled for this pack, whose timings vary
+    from run to run) compile seconds are 0.
+    """
+    from ..keys import compiler_free_key
+    from .wheel import source_date_epoch
+
+    config.check_arch(arch)
+    stamp = float(source_date_epoch() or 0)
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{arch}-", suffix=".kdb", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        migrate.upgrade_sqlite(tmp)
+        # URIs on (not every SQLite build enables them by default), for ATTACH's mode=ro.
+        conn = sqlite3.connect(sqlite_uri(tmp), uri=True, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.execute(f"CREATE TEMP TABLE incoming AS SELECT {_COLUMNS} FROM main.kernels "
+                         "WHERE 0")
+            conn.execute("CREATE INDEX temp.ix_incoming_key ON incoming (key)")
+            with fileformat.transaction(conn):
+                for n, src in enumerate(sources):
+                    if not Path(src).is_file():
+                        raise PackError(f"source database {src} does not exist")
+                    conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
+                    new = (f"INSERT INTO incoming SELECT {_COLUMNS} FROM src{n}.kernels AS s "
+                           "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
+                           "WHERE i.key = s.key)")
+                    if keys is None:
+                        conn.execute(new, (arch,))
+                    else:
+                        for key in sorted(keys):
+                            conn.execute(new + " AND key = ?", (arch, key))
+                rows = conn.execute(f"SELECT {_COLUMNS} FROM incoming ORDER BY key").fetchall()
+                at = _COLUMNS.replace(" ", "").split(",")
+                for row in rows:
+                    entry = dict(zip(at, row))
+                    entry.update(created=stamp, last_access=stamp, hits=0,
+                                 details=_portable_details(entry["details"]),
+                                 compiler_free_key=compiler_free_key(entry["attributes"]))
+                    if not keep_compile_seconds:
+                        entry["compile_seconds"] = 0.0
+                    conn.execute(f"INSERT INTO kernels ({', '.join(entry)}) VALUES "
+                                 f"({', '.join('?' * len(entry))})", tuple(entry.values()))
+                missing = [] if keys is None else sorted(
+                    set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
+                count, raw, stored = conn.execute(
+                    "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
+                    "FROM kernels").fetchone()
+                # Sorted: a reproducible pack depends on the rows' insertion order.
+                fileformat.set_meta(conn, sorted([
+                    ("arch", arch), ("stored_bytes", str(stored)), ("raw_bytes", str(raw)),
+                    ("entries", str(count)), *fileformat.file_facts(created=int(stamp))]))
+            conn.execute("DROP TABLE temp.incoming")
+            for n, _ in enumerate(sources):
+                conn.execute(f"DETACH DATABASE src{n}")
+            conn.execute("VACUUM")
+        finally:
+            conn.close()
+        if count == 0:
+            raise PackError(f"no kernels for arch {arch!r} in the given input; nothing to pack")
+        tmp.chmod(0o644)  # mkstemp made it private; an installed system file is for everyone
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _verify(dest, count)
+    return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored,
+                      missing=missing)
+
+
+def _portable_details(text: object) -> str:
+    """An entry's details without the packing host's name (a pack must not depend on it).
+
+    >>> _portable_details('{"host": "build7", "nvcc": "/usr/bin/nvcc"}')
+    '{"nvcc": "/usr/bin/nvcc"}'
+    """
+    import json
+
+    try:
+        details = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return "{}"
+    if not isinstance(details, dict):
+        return "{}"
+    details.pop("host", None)
+    return json.dumps(details, sort_keys=True)
+
+
+def _verify(path: Path, expected: int) -> None:
+    """Open the file read-only, as kdb will at run time, and decode every entry."""
+    if fileformat.journal_of(path) != "rollback":
+        raise PackError(f"{path} is not in rollback-journal mode; a system file must not be WAL")
+    f = KernelFile(path, tier="system", readonly=True)
+    try:
+        rows = f.query("SELECT key, codec, blob, raw_size, checksum FROM kernels")
+        if len(rows) != expected:
+            raise PackError(f"{path}: wrote {expected} entries but read back {len(rows)}")
+        for key, kind, blob, raw_size, digest in rows:
+            if codec.decode(kind, blob, raw_size, digest, thorough=True) is None:
+                raise PackError(f"{path}: entry {key[:16]} does not decode; the file is bad")
+    finally:
+        f.close()

@@ -1,0 +1,124 @@
+"""Single flight across nodes: the shared tier's advisory locks.
+
+The process that holds a key's local claim (:mod:`kdb.claims`) also takes
+``pg_try_advisory_lock`` on a 64-bit hash of the key, on one connection per process that
+lives while it compiles and publishes (a crashed holder's session ends and the server drops
+its locks). A process of another node that finds the lock taken holds a shared lock on the
+key's "want" id while it polls, and the holder, seeing that id taken, publishes at once
+instead of waiting for its process to go quiet. :class:`CrossNodeLocks` is the part of
+:class:`kdb.shared.tier.SharedTier` that does this (it uses the tier's engine and fault handling).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from sqlalchemy import text
+
+from .. import claims
+from . import server as pgserver
+from .server import lock_id
+
+#: Seconds between two checks of whether another node waits for a key this process holds.
+WANT_CHECK_S = 0.2
+
+
+def _want_id(key: str) -> int:
+    return lock_id("want:" + key)
+
+
+class CrossNodeLocks:
+    """Advisory locks on a connection of their own; mixed into :class:`kdb.shared.tier.SharedTier`,
+    whose ``engine()``, ``failed()`` and lock state (``_locker``, ``_held``, ``_wants``,
+    ``_checked``) it uses."""
+
+    def _on_locker(self, doing: str, sql: str, params: dict[str, Any]) -> Any:
+        """One statement on this process's lock connection; ``None`` when unavailable."""
+        with self._locker_lock, pgserver.watchdog.guard(pgserver.bound_s()):
+            if self._locker is not None and (self._locker_dead or self._pid != os.getpid()):
+                old, self._locker = self._locker, None
+                if self._pid == os.getpid():
+                    try:
+                        old.invalidate()  # closed as is: no reset round trip to a dead server
+                    except Exception:  # noqa: BLE001 - a dead connection
+                        pass
+            engine = self.engine()
+            if engine is None:
+                return None
+            try:
+                if self._locker is None:
+                    self._locker = engine.connect().execution_options(
+                        isolation_level="AUTOCOMMIT")
+                    self._locker_dead = False
+                with pgserver.watchdog.guard(pgserver.bound_s(), fds=[self._locker_fd()]):
+                    return self._locker.execute(text(sql), params).scalar()
+            except Exception as err:  # noqa: BLE001 - warn, go local
+                self.failed(err, doing)
+                return None
+
+    def _locker_fd(self) -> int:
+        try:
+            return self._locker.connection.dbapi_connection.pgconn.socket
+        except Exception:  # noqa: BLE001 - closed: nothing to cut
+            return -1
+
+    def try_lock(self, key: str) -> bool | None:
+        """Take the cross-node compile lock of ``key``: True (ours), False (another
+        process holds it), None (the tier is unavailable: compile without it)."""
+        if key in self._held and self._pid == os.getpid():
+            return True
+        got = self._on_locker("taking a compile lock", "SELECT pg_try_advisory_lock(:k)",
+                              {"k": lock_id(key)})
+        if got:
+            self._held.add(key)
+        return got
+
+    def unlock(self, key: str) -> None:
+        """Give the compile lock of ``key`` up (after publishing, or when compiling failed)."""
+        if key not in self._held:
+            return
+        self._held.discard(key)
+        self._checked.pop(key, None)
+        self._on_locker("releasing a compile lock", "SELECT pg_advisory_unlock(:k)",
+                        {"k": lock_id(key)})
+
+    def want(self, key: str) -> None:
+        """Tell the node that compiles ``key`` that this process waits for it."""
+        if key in self._wants:
+            return
+        if self._on_locker("waiting for a kernel", "SELECT pg_try_advisory_lock_shared(:k)",
+                           {"k": _want_id(key)}):
+            self._wants.add(key)
+
+    def unwant(self, key: str) -> None:
+        """Stop waiting for ``key``."""
+        if key not in self._wants:
+            return
+        self._wants.discard(key)
+        self._on_locker("waiting for a kernel", "SELECT pg_advisory_unlock_shared(:k)",
+                        {"k": _want_id(key)})
+
+    def wanted(self, key: str) -> bool:
+        """Whether a process of another node waits for ``key`` (checked at most every
+        :data:`WANT_CHECK_S`): its shared lock on the want id keeps ours from being taken."""
+        if key not in self._held:
+            return False
+        now = time.monotonic()
+        last, answer = self._checked.get(key, (-1e9, False))
+        if now - last < WANT_CHECK_S:
+            return answer
+        # In autocommit, the transaction-level lock is released as soon as it is taken.
+        free = self._on_locker("checking for waiters", "SELECT pg_try_advisory_xact_lock(:k)",
+                               {"k": _want_id(key)})
+        answer = free is False
+        self._checked[key] = (now, answer)
+        return answer
+
+    def adopt(self, claim: claims.Claim) -> claims.Claim:
+        """Make a local claim also hold (and, on release, give up) the cross-node lock."""
+        claim.cross_node = self
+        return claim
+
+

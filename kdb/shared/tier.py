@@ -1,0 +1,383 @@
+"""The shared tier: one PostgreSQL database that the nodes of a cluster read and publish to.
+
+SQLite on a network file system corrupts or crawls, so a cluster keeps node-local user files
+and puts one database server behind them: ``KDB_SHARED_URL`` (a SQLAlchemy URL, e.g.
+``postgresql+psycopg://kdb@db.example/kdb``; the driver comes with ``kdb[postgres]``).
+Lookups go system -> user -> shared -> compile; a shared hit is copied into the user tier,
+and a compile is published to both (:mod:`kdb.db` holds the hooks).
+
+The server, its bounds and its schema are :mod:`kdb.shared.server`'s; reading the whole tier
+for reports and packs is :mod:`kdb.shared.report`'s.
+Single flight across nodes is :mod:`kdb.shared.locks`' (advisory locks on the server).
+
+The server down, slow or refusing costs no correctness: connects and statements are
+bounded (``KDB_SHARED_CONNECT_TIMEOUT``, ``KDB_SHARED_STATEMENT_TIMEOUT``), a failure logs
+one warning, and the tier is skipped for ``KDB_SHARED_RETRY`` seconds while the local tiers
+go on. Credentials come only from the URL or libpq's environment and password file
+(``PGPASSWORD``, ``~/.pgpass``); a URL is shown only through :func:`mask`.
+
+This module is imported only when ``KDB_SHARED_URL`` is set, and only after a lookup missed
+the local tiers; the driver loads on the first connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, NamedTuple, TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection, Engine
+
+from ..file import codec, migrate
+from .. import config, faults, lifecycle
+from . import server as pgserver
+from .server import (
+    MIGRATE_LOCK,
+    MIGRATE_WAIT_S,
+    create_engine,
+    lock_id,
+    mask,
+    schema_revision,
+    upgrade,
+)
+from ..file.schema import compile_log, counters, kernels, meta
+from ..keys import compiler_free_key
+from .locks import WANT_CHECK_S, CrossNodeLocks
+from ..file.kernelfile import CompileRecord, Entry
+
+__all__ = ["SharedTier", "SharedRow", "tier", "reset", "mask", "lock_id",
+           "create_engine", "upgrade", "MIGRATE_LOCK", "WANT_CHECK_S"]
+
+log = logging.getLogger("kdb")
+T = TypeVar("T")
+
+_FETCH_COLUMNS = (kernels.c.codec, kernels.c.blob, kernels.c.raw_size, kernels.c.checksum,
+                  kernels.c.attributes, kernels.c.compile_seconds, kernels.c.details)
+
+
+class SharedRow(NamedTuple):
+    """What a hit needs from a shared entry (as :class:`kdb.file.kernelfile.Row`, plus ``details``)."""
+
+    codec: str
+    blob: bytes
+    raw_size: int
+    checksum: str
+    attributes: str
+    compile_seconds: float
+    details: str
+
+
+
+class SharedTier(CrossNodeLocks):
+    """One shared database as this process sees it: engine, locks, and whether it is up.
+
+    Thread-safe and fork-safe (a child forgets the parent's connections). Every method
+    answers ``None``/``False``/``0`` while the tier is off or down, at once.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.shown = mask(url)
+        self._lock = threading.RLock()
+        self._engine: Engine | None = None
+        self._pid = 0
+        self._ready = False
+        self._off: str | None = None  # why the tier is off for good in this process
+        self._last_error = ""
+        self._down_until = 0.0
+        self._locker_lock = threading.Lock()
+        self._locker: Connection | None = None  # holds this process's advisory locks
+        self._locker_dead = False
+        self._held: set[str] = set()  # keys whose compile lock this process holds
+        self._wants: set[str] = set()  # keys this process waits for (want id held shared)
+        self._checked: dict[str, tuple[float, bool]] = {}
+
+    #: The tier's name (:mod:`kdb.tiers`).
+    name = "shared"
+
+    def __repr__(self) -> str:
+        return f"SharedTier({self.shown!r})"
+
+    def describe(self) -> str:
+        """The server, its password masked."""
+        return self.shown
+
+    # -- connection state -------------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        """Whether the tier may be tried now (not off, not waiting out a failure)."""
+        return self._off is None and time.monotonic() >= self._down_until
+
+    @property
+    def problem(self) -> str | None:
+        """Why the tier is off for good in this process, if it is."""
+        return self._off
+
+    def engine(self) -> Engine | None:
+        """The engine, the schema checked (and upgraded) once; ``None`` when unavailable."""
+        if not self.available:
+            return None
+        if self._engine is not None and self._ready and self._pid == os.getpid():
+            return self._engine
+        with self._lock:
+            if not self.available:  # another thread failed meanwhile
+                return None
+            if self._pid != os.getpid():
+                self._forget_after_fork()
+            try:
+                if self._engine is None:
+                    self._engine = create_engine(self.url)
+                if not self._ready:
+                    self._check_schema(self._engine)
+            except Exception as err:  # noqa: BLE001 - any fault: warn, go local
+                from ..errors import ConfigError
+
+                if isinstance(err, (ConfigError, ImportError)):
+                    self._turn_off(str(err) if isinstance(err, ConfigError) else
+                                   f"its driver is not installed ({err}); install it with "
+                                   "pip install 'kdb[postgres]'")
+                else:
+                    self.failed(err, "connecting")
+                return None
+            if self._off is not None:
+                return None
+            return self._engine
+
+    def _forget_after_fork(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose(close=False)  # the parent's connections stay the parent's
+        self._engine = None
+        self._locker = None
+        self._locker_dead = False
+        self._held.clear()
+        self._wants.clear()
+        self._checked.clear()
+        self._ready = False
+        self._pid = os.getpid()
+
+    def _turn_off(self, why: str) -> None:
+        self._off = why
+        faults.fault(f"the shared tier {self.shown} is off: {why}; kdb uses its local tiers",
+                     once="shared-off:" + self.shown)
+
+    def failed(self, err: BaseException, doing: str) -> None:
+        """A fault talking to the server: warn once, skip the tier for a while, go local."""
+        retry = config.seconds(config.ENV_SHARED_RETRY, config.SHARED_RETRY_S)
+        with self._lock:
+            self._down_until = time.monotonic() + retry
+            self._last_error = self.reason(err)
+            engine, self._engine = self._engine, None
+            self._ready = False
+            self._locker_dead = True  # closed by its next user; the server dropped its locks
+            self._held.clear()
+            self._wants.clear()
+            self._checked.clear()
+        if engine is not None:
+            try:
+                engine.dispose()
+            except Exception:  # noqa: BLE001 - closing dead connections may fail too
+                pass
+        log.debug("kdb: shared tier %s failed while %s: %s", self.shown, doing,
+                  self._last_error)
+        faults.fault(f"the shared tier {self.shown} is unavailable ({self._last_error}) while "
+                     f"{doing}; kdb goes on with its local tiers and tries the server again "
+                     f"at most every {retry:g} s ({config.ENV_SHARED_RETRY})",
+                     once="shared-down:" + self.shown)
+
+    def reason(self, err: BaseException) -> str:
+        """Why ``err`` happened, in one line, with no SQL, parameters, URL or password."""
+        from sqlalchemy.engine import make_url
+
+        message = pgserver.reason(err).replace(self.url, self.shown)
+        try:
+            password = make_url(self.url).password
+        except Exception:  # noqa: BLE001 - unparsable: the URL itself was replaced above
+            password = None
+        return message.replace(str(password), "***") if password else message
+
+    def _run(self, doing: str, fn: Callable[[Engine], T], default: T) -> T:
+        with pgserver.watchdog.guard(pgserver.bound_s()):
+            engine = self.engine()
+            if engine is None:
+                return default
+            try:
+                return fn(engine)
+            except Exception as err:  # noqa: BLE001 - the cache never breaks the program
+                self.failed(err, doing)
+                return default
+
+    # -- schema -----------------------------------------------------------------------------
+
+    def _check_schema(self, engine: Engine) -> None:
+        """As for a user file: head is used, older is upgraded, newer turns the tier off."""
+        with engine.connect() as conn:
+            rev = schema_revision(conn)
+            conn.commit()
+            if rev is not None and rev not in migrate.REVISIONS:
+                self._turn_off(f"its schema revision {rev!r} is newer than this kdb knows "
+                               f"({migrate.HEAD}); upgrade kdb (pip install -U kdb) on this "
+                               "node, or point KDB_SHARED_URL at another database")
+                return
+            if rev != migrate.HEAD:
+                with pgserver.watchdog.guard(MIGRATE_WAIT_S + pgserver.bound_s()):
+                    upgrade(conn)
+        self._ready = True
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def fetch(self, key: str) -> SharedRow | None:
+        """The entry for ``key``, or ``None`` (a miss, or the tier is unavailable)."""
+        def q(engine: Engine) -> SharedRow | None:
+            with engine.connect() as conn:
+                row = conn.execute(select(*_FETCH_COLUMNS).where(kernels.c.key == key)).first()
+            return SharedRow(*row) if row else None
+
+        return self._run("looking up a kernel", q, None)
+
+    def touch(self, key: str) -> None:
+        """Count a hit served from the shared tier (runs on the background thread)."""
+        now = time.time()
+
+        def w(engine: Engine) -> None:
+            with engine.begin() as conn:
+                conn.execute(kernels.update().where(kernels.c.key == key).values(
+                    hits=kernels.c.hits + 1, last_access=func.greatest(kernels.c.last_access,
+                                                                       now)))
+                _bump_counters(conn, {"hits": 1})
+
+        self._run("counting a hit", w, None)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def publish(self, entries: list[Entry], logs: list[CompileRecord] = ()) -> int:
+        """Insert entries (an existing key is kept) and log rows; returns entries added."""
+        from sqlalchemy.dialects.postgresql import insert
+
+        now = time.time()
+        rows = []
+        for e in entries:
+            kind, blob = codec.encode(e.raw)
+            rows.append(dict(key=e.key, arch=e.arch, backend=e.backend, name=e.name,
+                             attributes=e.attributes,
+                             details=json.dumps(e.details or {}, sort_keys=True), codec=kind,
+                             dict_id=None, blob=blob, raw_size=len(e.raw),
+                             stored_size=len(blob), checksum=codec.checksum(e.raw),
+                             compile_seconds=e.compile_seconds, created=now, last_access=now,
+                             hits=0, compiler_free_key=compiler_free_key(e.attributes)))
+
+        def w(engine: Engine) -> int:
+            added = added_raw = added_stored = 0
+            with engine.begin() as conn:
+                for row in rows:
+                    res = conn.execute(insert(kernels).values(**row)
+                                       .on_conflict_do_nothing(index_elements=["key"]))
+                    if res.rowcount:
+                        added += 1
+                        added_raw += row["raw_size"]
+                        added_stored += row["stored_size"]
+                if added:
+                    _bump_meta(conn, {"entries": added, "raw_bytes": added_raw,
+                                      "stored_bytes": added_stored})
+                if logs:
+                    conn.execute(compile_log.insert(), [dict(
+                        at=r.at, key=r.key, name=r.name, arch=r.arch, backend=r.backend,
+                        seconds=r.seconds, missed=r.missed + ",shared", reason=r.reason,
+                        pid=r.pid) for r in logs])
+                    _bump_counters(conn, {"compiles": len(logs),
+                                          "compile_seconds": sum(r.seconds for r in logs)})
+            return added
+
+        return self._run("publishing a kernel", w, 0)
+
+    def drop(self, keys: Iterable[str]) -> None:
+        """Delete bad entries (checksum mismatch or key collision), so they are published
+        anew."""
+        keys = list(keys)
+
+        def w(engine: Engine) -> None:
+            with engine.begin() as conn:
+                rows = conn.execute(kernels.delete().where(kernels.c.key.in_(keys)).returning(
+                    kernels.c.raw_size, kernels.c.stored_size)).all()
+                if rows:
+                    _bump_meta(conn, {"entries": -len(rows),
+                                      "raw_bytes": -sum(r[0] for r in rows),
+                                      "stored_bytes": -sum(r[1] for r in rows)})
+
+        self._run("dropping a bad entry", w, None)
+
+    # -- reports (kdb.shared.report) ----------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """What ``kdb info`` and ``kdb stats`` show (:func:`kdb.shared.report.summary`)."""
+        from . import report as sharedreport
+
+        return sharedreport.summary(self)
+
+    def export(self, arch: str, dest: Path) -> int:
+        """Copy the ``arch`` entries into a new SQLite file (:func:`kdb.shared.report.export`)."""
+        from . import report as sharedreport
+
+        return sharedreport.export(self, arch, dest)
+
+
+def _bump_meta(conn: Connection, deltas: dict[str, int]) -> None:
+    from sqlalchemy import BigInteger, Text, cast
+    from sqlalchemy.dialects.postgresql import insert
+
+    for name, delta in deltas.items():
+        stmt = insert(meta).values(name=name, value=str(delta))
+        conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={
+            "value": cast(cast(meta.c.value, BigInteger) + delta, Text)}))
+
+
+def _bump_counters(conn: Connection, deltas: dict[str, float]) -> None:
+    from sqlalchemy.dialects.postgresql import insert
+
+    for name, delta in deltas.items():
+        stmt = insert(counters).values(name=name, value=delta)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={
+            "value": counters.c.value + stmt.excluded.value}))
+
+
+_tiers: dict[str, SharedTier] = {}
+_tiers_lock = threading.Lock()
+
+
+def tier(url: str) -> SharedTier:
+    """This process's :class:`SharedTier` for ``url`` (one per URL)."""
+    with _tiers_lock:
+        t = _tiers.get(url)
+        if t is None:
+            t = _tiers[url] = SharedTier(url)
+    return t
+
+
+def reset() -> None:
+    """Forget every tier and its state (tests; a process that wants a fresh start)."""
+    with _tiers_lock:
+        old = list(_tiers.values())
+        _tiers.clear()
+    for t in old:
+        with t._lock:
+            engine, t._engine = t._engine, None
+        if engine is not None and t._pid == os.getpid():
+            engine.dispose()
+
+
+def _after_fork() -> None:
+    """A child starts with fresh locks (one held by a parent's thread would never be freed);
+    each tier drops the parent's connections on its next use."""
+    global _tiers_lock
+    _tiers_lock = threading.Lock()
+    for t in _tiers.values():
+        t._lock = threading.RLock()
+        t._locker_lock = threading.Lock()
+
+
+lifecycle.on_fork(_after_fork)

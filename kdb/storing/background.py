@@ -1,0 +1,155 @@
+"""One background thread per process that stores binaries off the caller's critical path.
+
+Stores a back end can hand to the store worker (:mod:`kdb.storing.spool`) go there; this thread
+writes the rest: binaries a caller passed as bytes, shared-tier copies, drops, and, with
+``KDB_STORE_AT_EXIT=wait`` (or where no worker can be started), the OpenCL stores too.
+Reading a PoCL program's binaries competes with the caller's builds for PoCL's compiler
+lock, so stores wait until the process has gone ``QUIET_S`` seconds without submitting one
+(its start-up burst is over) or another process waits for one of them (:mod:`kdb.claims`),
+and run at the lowest CPU priority. At exit they are finished within
+``KDB_STORE_TIMEOUT``; what is left then is abandoned (it compiles again next run; SQLite's
+journal leaves nothing half-written). After ``fork`` the child starts with no jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import deque
+
+from .. import claims, config, lifecycle, logs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
+log = logs.get("kdb")
+
+#: Seconds without a new submission before stores start (the start-up burst is over).
+QUIET_S = 5.0
+
+_jobs: "deque[Callable[[], None]]" = deque()
+_cond = threading.Condition()
+_unfinished = 0  # submitted and not done (queued, running, or handed over)
+_thread: threading.Thread | None = None
+_pid = 0
+_errors: list[BaseException] = []
+_last_submit = 0.0
+_hurry = False  # set while someone waits in drain(): no more quiet period
+
+
+def _lower_priority() -> None:
+    # On Linux a thread is a task: PRIO_PROCESS with its native id renices this thread only.
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):
+            pass
+
+
+def _next_job() -> Callable[[], None]:
+    """The next job once it may run: the process is quiet, in a hurry, or someone waits."""
+    with _cond:
+        while True:
+            if _jobs:
+                quiet = QUIET_S - (time.monotonic() - _last_submit)
+                if _hurry or quiet <= 0:
+                    return _jobs.popleft()
+            _cond.wait(0.05 if _jobs else None)
+            if _jobs and not _hurry and claims.any_wanted():  # another process waits for us
+                return _jobs.popleft()
+
+
+def _run() -> None:
+    global _unfinished
+    _lower_priority()
+    while True:
+        job = _next_job()
+        try:
+            job()
+        except BaseException as err:  # noqa: BLE001 - a store failure must not kill the thread
+            _errors.append(err)
+            log.warning("kdb: background store failed: %s", err, exc_info=log.isEnabledFor(10))
+        finally:
+            with _cond:
+                _unfinished -= 1
+                _cond.notify_all()
+
+
+def submit(job: Callable[[], None]) -> None:
+    """Run ``job`` on the background thread once the process is quiet (or at drain)."""
+    global _thread, _pid, _last_submit, _unfinished
+    with _cond:
+        _last_submit = time.monotonic()
+        if _thread is None or _pid != os.getpid() or not _thread.is_alive():
+            _thread = threading.Thread(target=_run, name="kdb-store", daemon=True)
+            _pid = os.getpid()
+            _thread.start()
+        _jobs.append(job)
+        _unfinished += 1
+        _cond.notify_all()
+
+
+def pending() -> int:
+    """Jobs submitted and not finished yet."""
+    return _unfinished
+
+
+def drain(timeout: float | None = None) -> list[BaseException]:
+    """Run every submitted job now and wait for them (at most ``timeout`` seconds).
+
+    Returns (and forgets) the jobs' errors. Jobs left when the timeout expires stay queued.
+    """
+    global _hurry
+    if (_thread is not None and _pid == os.getpid() and _thread.is_alive()
+            and threading.current_thread() is not _thread):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with _cond:
+            _hurry = True
+            _cond.notify_all()
+            try:
+                while _unfinished:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    _cond.wait(left)
+            finally:
+                _hurry = False
+    errs = list(_errors)
+    _errors.clear()
+    return errs
+
+
+_finished = False
+
+
+def finish() -> None:
+    """At exit, once: finish the stores within ``KDB_STORE_TIMEOUT`` and report what is left."""
+    global _finished
+    if _finished:
+        return
+    _finished = True
+    budget = config.store_timeout()
+    for err in drain(budget):
+        log.debug("kdb: background store error: %s", err)
+    left = pending()
+    if left:
+        log.warning("kdb: %d kernel(s) not stored: storing them took longer than "
+                    "KDB_STORE_TIMEOUT=%gs at exit; they compile again next run", left, budget)
+
+
+def _after_fork() -> None:
+    global _cond, _thread, _finished, _unfinished, _hurry
+    _finished = False
+    _cond = threading.Condition()
+    _jobs.clear()
+    _unfinished = 0
+    _thread = None
+    _hurry = False
+    _errors.clear()
+
+
+lifecycle.on_fork(_after_fork)
+lifecycle.on_exit(lifecycle.STORES, finish)

@@ -1,0 +1,104 @@
+"""A deferred store as a typed, serialisable job, and the registry that names back ends.
+
+A process that compiled hands the store to the store worker (:mod:`kdb.storing.spool`) as a job
+file: what to build again (back-end data such as OpenCL's ``program``), the entries'
+attributes and its start-up latency rows. The job names its back end by a short name; the
+worker asks :func:`backend_module` for that back end and calls its ``store_job(db, data)``
+with the job's JSON data. Core modules never import a back end: this table is the one
+place that knows where they live. A second kind of job carries the bookkeeping an exiting
+process left for a user file that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import json
+
+#: Back end name -> the module whose ``store_job(db, job_data)`` redoes a deferred store.
+BACKENDS = {"opencl": "kdb.backends.opencl"}
+
+STORE = "store"
+BOOKKEEPING = "bookkeeping"
+
+_FIELDS = ("kind", "backend", "seconds", "entries", "logs", "cache_dir", "claims_dir", "archs")
+#: What each field must be: a job that says otherwise is malformed (the worker sets it aside).
+_TYPES = {"kind": (str,), "backend": (str,), "seconds": (int, float, type(None)),
+          "entries": (list,), "logs": (list,), "cache_dir": (str,), "claims_dir": (str,),
+          "archs": (dict,)}
+
+
+class StoreJob:
+    """One job: ``kind`` (:data:`STORE` or :data:`BOOKKEEPING`), the ``backend`` that redoes
+    it, its compile ``seconds``, ``entries`` (key, name, attributes, seconds, details and the
+    back end's own fields), latency ``logs`` rows, the ``cache_dir`` and ``claims_dir`` it
+    belongs to, ``archs`` (bookkeeping: arch -> rows) and ``extra``: the back end's data
+    (e.g. ``program``), carried as it is."""
+
+    __slots__ = _FIELDS + ("extra",)
+
+    def __init__(self, kind: str = STORE, backend: str = "", seconds: float = 0.0,
+                 entries: list | None = None, logs: list | None = None, cache_dir: str = "",
+                 claims_dir: str = "", archs: dict | None = None,
+                 extra: dict | None = None) -> None:
+        self.kind = kind
+        self.backend = backend
+        self.seconds = float(seconds or 0.0)
+        self.entries = list(entries or [])
+        self.logs = list(logs or [])
+        self.cache_dir = cache_dir
+        self.claims_dir = claims_dir
+        self.archs = dict(archs or {})
+        self.extra = dict(extra or {})
+
+    def __repr__(self) -> str:
+        return f"StoreJob({self.kind!r}, backend={self.backend!r}, {len(self.entries)} entries)"
+
+    @classmethod
+    def bookkeeping(cls, cache_dir: str, archs: dict[str, dict]) -> StoreJob:
+        """Bookkeeping (:meth:`kdb.bookkeeping.Book.take_json`) for the worker to write."""
+        return cls(kind=BOOKKEEPING, cache_dir=cache_dir, archs=archs)
+
+    @property
+    def keys(self) -> list[str]:
+        return [e.get("key", "") for e in self.entries]
+
+    def to_dict(self) -> dict:
+        """The job's JSON data (what a back end's ``store_job`` receives)."""
+        if self.kind == BOOKKEEPING:
+            return {"kind": self.kind, "cache_dir": self.cache_dir, "archs": self.archs}
+        return {**self.extra, "kind": self.kind, "backend": self.backend,
+                "seconds": self.seconds, "entries": self.entries, "logs": self.logs,
+                "cache_dir": self.cache_dir, "claims_dir": self.claims_dir}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StoreJob:
+        """A job from its JSON data; fields kdb does not know are the back end's."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a store job is a JSON object, not {type(data).__name__}")
+        known = {k: data[k] for k in _FIELDS if k in data}
+        for name, types in _TYPES.items():
+            if name in known and not isinstance(known[name], types) or (
+                    name == "seconds" and isinstance(known.get(name), bool)):
+                raise ValueError(f"a store job's {name!r} cannot be a "
+                                 f"{type(known[name]).__name__}: {known[name]!r:.60}")
+        for e in known.get("entries", ()):
+            if not isinstance(e, dict) or not isinstance(e.get("key", ""), str):
+                raise ValueError(f"a store job's entry is not an object with a str key: {e!r:.60}")
+        extra = {k: v for k, v in data.items() if k not in _FIELDS}
+        return cls(**known, extra=extra)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> StoreJob:
+        return cls.from_dict(json.loads(text))
+
+
+def backend_module(name: str):
+    """The module of back end ``name`` (:data:`BACKENDS`); ``LookupError`` if unknown."""
+    import importlib
+
+    path = BACKENDS.get(name)
+    if path is None:
+        raise LookupError(f"a store job names an unknown back end {name!r}")
+    return importlib.import_module(path)

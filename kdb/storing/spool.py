@@ -1,0 +1,424 @@
+"""Stores handed to a store worker: job files beside the user files, written and read.
+
+Reading a PoCL program's binaries makes PoCL generate code for every kernel of it, which
+can cost far more than the build (DESIGN section 11). Done inside the process that built
+the program it competes for PoCL's compiler lock; done after its exit it made the next run
+wait. So a process that compiled a program writes down how to build it again (a
+:class:`~kdb.storing.jobs.StoreJob`: back end, source, options, devices, the entries' attributes
+and its start-up latency rows) and goes on at once. One store worker per spool
+(:mod:`kdb.storing.worker`, at low CPU priority) builds each program again (PoCL's own cache
+answers), reads its binaries and stores them, taking first the entries another process
+waits for, then the oldest.
+
+Nobody waits for a store. A job holds no claim once its process has exited; a process that
+misses an entry whose job is still queued builds the program itself, which costs no more
+than no cache would. Jobs are files, so they survive the process that wrote them, a killed
+worker (the next process starts another) and ``kdb log`` can show their compiles before
+their binaries are stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .. import lifecycle, logs
+from .trust import ENVIRONMENT, UntrustedSpool, accepted, runnable, trusted
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from .jobs import StoreJob
+
+log = logs.get("kdb")
+
+#: Spool directories live in ``<user dir>/spool/<environment digest>/``.
+SPOOL = "spool"
+JOB = ".job"
+SLOW = ".slow"
+TAKEN = ".taken"  # a job a store worker's child (or its own process) is storing now
+BAD = ".bad"  # a job the worker could not read: set aside, never stored (kdb log ignores it)
+LOCK = "worker.lock"
+#: The worker's log, beside the user files (what it could not store, and why).
+LOG_NAME = "store-worker.log"
+
+#: Environment variables that change what a store worker's rebuild produces or where its
+#: OpenCL runtime looks: a worker only stores jobs written under the same values.
+_ENV_PREFIXES = ("POCL_", "OCL_", "OPENCL_", "PYOPENCL_", "CUDA_", "LD_", "KDB_")
+_ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
+
+
+#: Variables of the kinds above that change nothing a rebuild makes and differ from run to
+#: run, or between a ``kdb run`` and a plain program: one spool per environment, not per run.
+_ENV_PER_RUN = frozenset({"KDB_RUN_REPORT", "KDB_AUTO", "KDB_TRACE", "KDB_WAIT_TIMEOUT"})
+
+
+def _environment() -> dict:
+    """What a worker must run with to rebuild this process's programs the same way.
+
+    The settings the worker will read are checked here, in the program that set them: a bad
+    one warns once now, not only in the worker's log."""
+    from .. import config
+
+    config.check_settings()
+    return {"executable": sys.executable,
+            "variables": sorted([k, v] for k, v in os.environ.items()
+                                if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+                                and k not in _ENV_PER_RUN)}
+
+
+def environment_digest(env: dict | None = None) -> str:
+    """A digest of what a worker inherits that could change its rebuilds: the Python it runs
+    and the variables above. Jobs written under different values go to different spools,
+    each with its ``environment.json``, so any process can start the worker of any spool."""
+    import hashlib
+
+    text = json.dumps(env or _environment(), separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+# -- writing jobs (the process that compiled) -----------------------------------------------
+
+_counter = 0
+_worker_checked: dict[Path, float] = {}
+#: Claims kept until their job is stored (another process may still wait for the entry).
+_claims: list[tuple[Path, object]] = []
+_last_sweep = 0.0
+
+
+def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
+           store_now: Callable[[], None] | None = None) -> Path:
+    """Write ``job`` to the spool and make sure a worker runs; returns the job's path.
+
+    ``claims`` (:class:`kdb.claims.Claim`) are marked pending and released once the job is
+    stored, or when this process exits. ``store_now`` stores the job in this process; it is
+    called (on a watcher thread) when another process waits for one of the claimed keys.
+    Raises ``OSError`` when the spool cannot be written, :class:`UntrustedSpool` (after its
+    warning) when a directory on its way is not this user's alone.
+    """
+    global _counter
+    from ..config import private_dir
+
+    env = _environment()
+    spool = spool_dir(user_dir)
+    if not trusted(spool):  # checked before anything is created in it, and after
+        raise UntrustedSpool(spool)
+    private_dir(spool)
+    if not trusted(spool, ENVIRONMENT):
+        raise UntrustedSpool(spool)
+    if not (spool / ENVIRONMENT).exists():
+        _write_file(spool / ENVIRONMENT, env)
+    _counter += 1
+    name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
+    path = spool / (name + JOB)
+    _write_file(path, job.to_dict())
+    with _claims_lock:
+        for claim in claims or ():
+            claim.mark_pending(job.seconds)
+            _claims.append((path, claim))
+        if claims and store_now is not None:
+            _store_now[path] = store_now
+    if claims:
+        _watch()
+    ensure_worker(spool)
+    if Path(user_dir) not in _orphans_checked:
+        _orphans_checked.add(Path(user_dir))
+        for other in {p.parent for p in jobs(user_dir)} - {spool}:
+            ensure_worker(other)  # left by processes of another environment, or a dead worker
+    return path
+
+
+_orphans_checked: set[Path] = set()
+
+
+def _at_exit() -> None:
+    """Claims whose jobs are still queued end with this process; with the shared tier their
+    cross-node locks go to a keeper (:mod:`kdb.shared.keeper`) so other nodes still wait for them."""
+    pending = [(p, c) for p, c in _claims if _exists(p)]
+    tiers: dict[int, tuple[object, list]] = {}
+    for path, claim in pending:
+        tier = claim.cross_node  # the shared tier whose lock this claim also holds
+        if tier is not None:
+            tiers.setdefault(id(tier), (tier, []))[1].append((claim.key, str(path)))
+    if tiers:
+        from ..shared import keeper
+
+        for tier, items in tiers.values():
+            keeper.hand_over(tier, items)
+
+
+_exit_registered = False
+
+
+def _register_exit() -> None:
+    global _exit_registered
+    _exit_registered = True
+    lifecycle.on_exit(lifecycle.STORES, _at_exit)
+
+
+def _write_file(path: Path, data: dict) -> None:
+    """Write JSON to ``path`` atomically (0600): a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+_claims_lock = threading.Lock()
+_store_now: dict[Path, Callable[[], None]] = {}
+_watcher: threading.Thread | None = None
+
+
+def _watch() -> None:
+    """Start the thread that releases the claims of stored jobs and stores wanted ones."""
+    global _watcher
+    if not _exit_registered:
+        _register_exit()
+    if _watcher is None or not _watcher.is_alive():
+        _watcher = threading.Thread(target=_watch_claims, name="kdb-claims", daemon=True)
+        _watcher.start()
+
+
+def _watch_claims() -> None:
+    while True:
+        time.sleep(0.05)
+        with _claims_lock:
+            held = list(_claims)
+        if not held:
+            return
+        for path, claim in held:
+            if not _exists(path):
+                _drop_claim(path, claim)
+            elif claim.wanted:
+                with _claims_lock:
+                    store = _store_now.pop(path, None)
+                fd = take(path) if store is not None else None
+                if fd is None:
+                    continue  # the worker has it (it takes wanted jobs first)
+                try:
+                    store()
+                    _unlink(path)
+                except Exception as err:  # noqa: BLE001 - the worker will store it instead
+                    log.debug("kdb: storing a wanted entry in this process failed: %s", err)
+                    _rename(_taken(path), path)
+                finally:
+                    os.close(fd)
+                for other_path, other in [h for h in held if h[0] == path]:
+                    _drop_claim(other_path, other)
+
+
+def _drop_claim(path: Path, claim) -> None:
+    with _claims_lock:
+        try:
+            _claims.remove((path, claim))
+        except ValueError:
+            return
+        if not any(p == path for p, _ in _claims):
+            _store_now.pop(path, None)
+    claim.release()
+
+
+def _slow(path: Path) -> Path:
+    return path.with_suffix(SLOW)
+
+
+def _taken(path: Path) -> Path:
+    return path.with_suffix(TAKEN)
+
+
+def take(path: Path) -> int | None:
+    """Take the job ``path`` names (queued or set aside) to store it: its ``.taken`` file,
+    ``flock``-ed through the returned fd until the caller closes it, so that a taker's death
+    is seen (the store worker queues it again). None when another process took it first."""
+    import fcntl
+
+    for src in (path.with_suffix(JOB), _slow(path)):
+        try:
+            fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:  # lock, then rename: a .taken file is never unlocked while its taker lives
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(src, _taken(path))
+            return fd
+        except OSError:
+            os.close(fd)
+    return None
+
+
+def _exists(path: Path) -> bool:
+    """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored)."""
+    return any(os.path.exists(path.with_suffix(s)) for s in (JOB, SLOW, TAKEN))
+
+
+def worker_running(spool: Path) -> bool:
+    """Whether a worker holds ``spool``'s lock."""
+    import fcntl
+
+    try:
+        fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return False
+
+
+def ensure_worker(spool: Path) -> None:
+    """Start a worker for ``spool`` unless one runs (checked at most every 0.25 s).
+
+    Only in a spool this user alone can write (:func:`trusted`), and always this process's
+    own Python: never an executable named by a file, which whoever wrote it chose."""
+    now = time.monotonic()
+    if now - _worker_checked.get(spool, -1e9) < 0.25:
+        return
+    _worker_checked[spool] = now
+    if not runnable(spool) or worker_running(spool):
+        return
+    import subprocess
+
+    exe = sys.executable
+    out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o600)
+    with os.fdopen(out_fd, "ab") as out:
+        subprocess.Popen([exe, "-m", "kdb.storing.worker", str(spool)],
+                         stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                         start_new_session=True, close_fds=True, cwd="/")
+
+
+def spool_dir(user_dir: Path, environ=None) -> Path:
+    """The spool a process with ``environ`` (default: this one's) writes its jobs to."""
+    env = _environment()
+    if environ is not None:
+        env["variables"] = sorted([k, v] for k, v in environ.items()
+                                  if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+                                  and k not in _ENV_PER_RUN)
+    return Path(user_dir) / SPOOL / environment_digest(env)
+
+
+def _after_fork() -> None:
+    global _watcher, _claims_lock
+    _claims.clear()  # the parent's: it releases them
+    _store_now.clear()
+    _watcher = None
+    _claims_lock = threading.Lock()
+    _worker_checked.clear()
+    _orphans_checked.clear()
+
+
+lifecycle.on_fork(_after_fork)
+
+
+def can_spool() -> bool:
+    """Whether ``sys.executable -m kdb.storing.worker`` would start Python: not in an application that
+    embeds Python or is frozen (its executable is the application itself), and POSIX."""
+    exe = sys.executable
+    if os.name != "posix" or not exe or getattr(sys, "frozen", False):
+        return False
+    return os.path.basename(exe).lower().startswith(("python", "pypy"))
+
+
+# -- reading the spool (kdb log, kdb pack, tests) ---------------------------------------------
+
+def jobs(user_dir: Path) -> list[Path]:
+    """Every job not stored yet under ``user_dir``, oldest first, slow ones included."""
+    root = Path(user_dir) / SPOOL
+    try:
+        dirs = [d for d in root.iterdir() if d.is_dir()]
+    except OSError:
+        return []
+    found = []
+    for d in dirs:
+        try:
+            found += [p for p in d.iterdir() if p.suffix in (JOB, SLOW, TAKEN)]
+        except OSError:
+            pass
+    return sorted(found, key=lambda p: p.name)
+
+
+def read_job(path: Path) -> dict | None:
+    """A job's (or ``environment.json``'s) data; ``None`` when it is gone, not JSON, or not
+    this user's alone (refused with a warning: its contents are run as this user)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if not accepted(path, f.fileno()):
+                return None
+            return json.load(f)
+    except (OSError, ValueError):
+        return None  # stored (and removed) meanwhile, or not a job
+
+
+def pending_log_rows(user_dir: Path) -> list[list]:
+    """The start-up latency rows of jobs not stored yet (``kdb log`` shows them at once)."""
+    from .jobs import StoreJob
+
+    rows = []
+    for path in jobs(user_dir):
+        data = read_job(path)
+        if data is None:
+            continue
+        try:
+            rows += [r for r in StoreJob.from_dict(data).logs if isinstance(r, list)]
+        except ValueError:
+            continue  # a malformed job: the store worker sets it aside and says so
+    return rows
+
+
+def wait(user_dir: Path, timeout: float, progress=None) -> int:
+    """Wait until the spools under ``user_dir`` this process can store (:func:`runnable`)
+    are empty or ``timeout`` passed (starting a worker where none runs); returns how many
+    of their jobs are left. ``progress(left)`` is called when the count changes."""
+    deadline = time.monotonic() + timeout
+    last = None
+    ours: dict[Path, bool] = {}  # spools this process can store (not refused, its Python)
+    while True:
+        left = [p for p in jobs(user_dir) if _memo(ours, p.parent)]
+        if len(left) != last and progress is not None:
+            progress(len(left))
+        last = len(left)
+        if not left or time.monotonic() >= deadline:
+            return len(left)
+        for spool in {p.parent for p in left}:
+            _worker_checked.pop(spool, None)
+            ensure_worker(spool)
+        time.sleep(0.1)
+
+
+def _memo(ours: dict[Path, bool], spool: Path) -> bool:
+    if spool not in ours:
+        ours[spool] = runnable(spool)
+    return ours[spool]
+
+
+def _rename(src: Path, dst: Path) -> bool:
+    try:
+        os.rename(src, dst)
+        return True
+    except OSError:
+        return False
+
+
+def _unlink(path: Path) -> None:
+    """Remove the job ``path`` names, whichever state it is in."""
+    for p in (path.with_suffix(JOB), _slow(path), _taken(path)):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass

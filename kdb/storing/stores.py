@@ -1,0 +1,210 @@
+"""How an entry reaches the writable tiers: the store side of :class:`kdb.db.KernelDB`.
+
+A lookup never writes; what a miss compiled is stored by one of these, off the caller's
+critical path where it can be: now (:meth:`Storing.put`), on the background thread
+(:meth:`Storing.put_later`), by the store worker (:meth:`Storing.spool`, :mod:`kdb.storing.spool`),
+as the worker's batch (:meth:`Storing.store`), and a bad entry dropped
+(:meth:`Storing.discard`). With the shared tier, each is also published there before the
+claim it holds is released. ``KernelDB`` inherits these; they use its tiers, its batched
+bookkeeping (``_book``) and its in-memory copies (``_inflight``).
+"""
+
+from __future__ import annotations
+
+from .. import arguments, config, faults
+from ..bookkeeping import Pending
+from ..file.kernelfile import CompileRecord, Entry
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations are strings here: the hit path does not import typing
+    from typing import Any, Callable
+
+    from .. import claims
+    from ..keys import HashAttributes
+
+
+class Storing:
+    """The store side of a kernel database (mixed into :class:`kdb.db.KernelDB`)."""
+
+    def put(self, attrs: HashAttributes, binary: bytes, *, compile_seconds: float = 0.0,
+            details: dict[str, Any] | None = None) -> bool:
+        """Store ``binary`` for ``attrs`` in the user tier now; True if it was written."""
+        arguments.check_binary(binary)
+        arguments.check_attrs(attrs)
+        arguments.check_details(details)
+        arguments.check_seconds(compile_seconds)
+        if self.disabled or not self._user_trusted(self.user_file(attrs.arch)):
+            return False
+        self.flush()
+        entry = self._entry(attrs, bytes(binary), compile_seconds, details)
+        pending = self._book.take(attrs.arch) or Pending()  # written in the same transaction
+        pending.entries.append(entry)
+        written = self._book.write_pending(attrs.arch, pending)
+        shared = self._shared()  # shared tier: a compile is published to both
+        if shared is not None:
+            shared.publish([entry])
+        return written
+
+    def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
+                  compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
+                  log: CompileRecord | None = None, claim: claims.Claim | None = None,
+                  publish: bool = True) -> None:
+        """Store what ``produce()`` returns, on the background thread (None: store nothing).
+
+        ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
+        user tier, and published to the shared tier unless ``publish`` is false).
+        """
+        arguments.check_details(details)
+        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
+        if log is not None:
+            self._book.add_log(attrs.arch, log)
+        if self.disabled or not self._user_trusted(self.user_file(attrs.arch)):
+            if claim is not None:
+                claim.release()
+            return
+
+        def job() -> None:
+            entry = None
+            try:
+                raw = produce()
+                if raw is not None:
+                    entry = self._entry(attrs, bytes(raw), compile_seconds, details)
+                    self._inflight[entry.key] = entry.raw
+                    self._book.add_entry(attrs.arch, entry)
+                self._book.write(attrs.arch)
+                shared = self._shared() if publish and entry is not None else None
+                if shared is not None:  # shared tier: published before the claim is released
+                    shared.publish([entry], [log] if log is not None else [])
+            finally:
+                if claim is not None:
+                    claim.release()
+
+        _background().submit(job)
+
+    def spool(self, job: dict, claims: list | None = None, store_now=None) -> bool:
+        """Hand a back end's store job (its JSON data, naming the back end) to the store
+        worker (:mod:`kdb.storing.spool`); False when it cannot be written (the caller stores in the
+        background instead)."""
+        from . import spool
+        from .jobs import StoreJob
+
+        if self.disabled or not spool.can_spool():
+            return False
+        typed = StoreJob.from_dict({**job, "cache_dir": str(self.cache_root),
+                                    "claims_dir": str(self.user_dir / "claims")})
+        try:
+            spool.submit(self.user_dir, typed, claims, store_now)
+        except spool.UntrustedSpool:
+            return False  # warned: stored in this process, in the user file if it is trusted
+        except OSError as err:
+            faults.fault(f"cannot hand stores to the store worker under {self.user_dir} ({err});"
+                         " storing them in this process", once=str(self.user_dir))
+            return False
+        if self._book.hand_over is None:  # at exit, bookkeeping without a user file goes too
+            user_dir, cache_root = self.user_dir, str(self.cache_root)
+            self._book.hand_over = lambda archs: spool.submit(
+                user_dir, StoreJob.bookkeeping(cache_root, archs))
+        return True
+
+    def can_store(self, arch: str) -> bool:
+        """Whether a store for ``arch`` could land anywhere, so a back end need not read
+        binaries, nor start a store worker, for nothing. False when the user file, its
+        directory or the cache root is not this user's alone, shared tier or not (stores,
+        claims and spools live there); else False when the user file was refused (newer
+        than kdb, not a file) and no shared tier is set."""
+        f = self.user_file(arch)
+        if not self._user_trusted(f):
+            return False
+        return self._shared() is not None or f.usable
+
+    def _user_trusted(self, f) -> bool:
+        """The user file ``f``, its directory and the cache root are this user's alone (a
+        warning, once, names the first that is not)."""
+        from ..file import fs
+
+        if fs.refused([self._cache_root], _USER_TIER):
+            f.usable = False
+            return False
+        return f.trusted()
+
+    def store(self, items: list, logs: list[CompileRecord] = ()) -> bool:
+        """Store ``(attrs, binary, compile_seconds, details)`` items and latency rows now, in
+        one transaction per arch (the store worker's write); True if written."""
+        by_arch: dict[str, list[Entry]] = {}
+        for attrs, binary, seconds, details in items:
+            by_arch.setdefault(attrs.arch, []).append(
+                self._entry(attrs, bytes(binary), seconds, details))
+        rows: dict[str, list[CompileRecord]] = {}
+        for rec in logs:
+            rows.setdefault(rec.arch, []).append(rec)
+        ok = True
+        for arch in sorted(set(by_arch) | set(rows)):
+            entries = by_arch.get(arch, [])
+            ok = self.user_file(arch).write(entries, rows.get(arch, []), {}, {}) and ok
+            shared = self._shared() if entries else None
+            if shared is not None:
+                shared.publish(entries, rows.get(arch, []))
+        return ok
+
+    def write_bookkeeping(self, archs: dict[str, dict]) -> None:
+        """Write bookkeeping taken from another process (:meth:`take_bookkeeping`)."""
+        self._book.write_json(archs)
+
+    def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:
+        """Drop an entry that proved bad (e.g. the driver refused the binary) from the user
+        tier, and from the shared tier too when it came from there."""
+        faults.fault(f"entry {attrs.key[:16]} ({attrs.name or 'unnamed'}) dropped: {reason}",
+                     once=f"discard:{self.user_dir}")
+        self._inflight.pop(attrs.key, None)
+        f = self.user_file(attrs.arch)
+        _background().submit(lambda: f.delete([attrs.key]))
+        shared = self._shared() if tier == "shared" else None
+        if shared is not None:
+            _background().submit(lambda: shared.drop([attrs.key]))
+
+    def _bad_entry(self, tier, attrs: HashAttributes, reason: str) -> None:
+        """A row that failed :func:`~kdb.tiers.verified`: the user's is dropped, the shared
+        tier's dropped and published anew, a system file's (immutable) skipped."""
+        if tier.name == "user":
+            self.discard(attrs, reason)
+        elif tier.name == "shared":
+            faults.fault(f"entry {attrs.key[:16]} in the shared tier {tier.describe()} is "
+                         f"unusable: {reason}; it is dropped and compiled again",
+                         once="bad:shared:" + attrs.key)
+            _background().submit(lambda: tier.drop([attrs.key]))
+        else:
+            faults.fault(f"entry {attrs.key[:16]} in {tier.describe()} is unusable: {reason}; "
+                         "skipped", once=f"bad:{tier.describe()}")
+
+    @staticmethod
+    def _entry(attrs: HashAttributes, raw: bytes, seconds: float,
+               details: dict[str, Any] | None) -> Entry:
+        return Entry(key=attrs.key, arch=attrs.arch, backend=attrs.backend, name=attrs.name,
+                     attributes=attrs.encoded().decode("utf-8"), raw=raw,
+                     compile_seconds=seconds, details=details)
+
+    def _copy_to_user(self, shared, attrs: HashAttributes, raw: bytes, row) -> None:
+        """A shared hit: served from memory until copied into the user tier; counted there."""
+        self._inflight[attrs.key] = raw
+        try:
+            import json
+
+            details = json.loads(row.details)
+        except ValueError:
+            details = None
+        self.put_later(attrs, lambda: raw, compile_seconds=row.compile_seconds,
+                       details=details, publish=False)
+        _background().submit(lambda: shared.touch(attrs.key))
+
+
+_USER_TIER = ("loading a binary from it would run code someone else can change",
+              "kernels are compiled meanwhile and not stored")
+
+_BACKGROUND = __name__.rpartition(".")[0] + ".background"
+
+
+def _background():
+    """:mod:`kdb.storing.background`, imported by the first store (a hit never needs its thread)."""
+    from . import background
+
+    return background

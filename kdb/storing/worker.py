@@ -1,0 +1,422 @@
+"""The store worker: a supervisor and two lanes that store the jobs of one spool.
+
+Jobs are written by :mod:`kdb.storing.spool`. The supervisor (no OpenCL) runs two child processes
+(lanes) that store them. A job whose store takes far longer than its compile did (pyopencl's
+scans) is set aside as *slow*; the second lane stores slow jobs one by one while the first
+goes on, so one costly program never holds up what the next run asks for. Each job's back
+end redoes the build (:func:`kdb.storing.jobs.backend_module`). A lane answers each job with one
+line on a pipe of its own (its fd 1 is the log, with the compiler's output); every failure
+reaches ``store-worker.log`` with the job and why. A job that cannot be read is set aside
+(``.bad``); a ``.taken`` job whose taker died (no ``flock`` on it) is queued again.
+
+    python -m kdb.storing.worker DIR           # the supervisor for one spool directory
+    python -m kdb.storing.worker --child       # a lane: stores the jobs named on stdin (--slow-child)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..db import KernelDB
+from .jobs import BOOKKEEPING, StoreJob, backend_module
+from ..keys import HashAttributes
+from .spool import (
+    _ENV_NAMES,
+    _ENV_PREFIXES,
+    BAD,
+    ENVIRONMENT,
+    JOB,
+    LOCK,
+    SLOW,
+    TAKEN,
+    _rename,
+    _slow,
+    _taken,
+    _unlink,
+    read_job,
+    take,
+    worker_running,
+)
+from ..file.kernelfile import CompileRecord
+
+#: A job waits this long before it is stored (unless another process waits for it), so the
+#: program's first launches have put their work-group code in PoCL's cache: the stored
+#: binary then carries it and the next start's first launches skip PoCL's JIT.
+MIN_AGE_S = 1.0
+#: Seconds without a job after which the worker exits.
+IDLE_EXIT_S = 3.0
+#: A store may take ``SLOW_FACTOR`` times its compile, and at least ``SLOW_MIN_S`` seconds
+#: (of the lane's CPU time), before it is set aside as slow.
+SLOW_FACTOR = 10.0
+SLOW_MIN_S = 5.0
+#: The spool and claims directories are listed when their mtime changed, at most every
+#: ``SCAN_S`` (else every ``RESCAN_S``): a long queue costs the supervisor little per job.
+SCAN_S = 0.25
+RESCAN_S = 2.0
+
+
+def _lowest_priority(idle: bool) -> None:
+    """nice 19 (yields to any normal process); with ``idle`` (the slow lane), also
+    ``SCHED_IDLE``: run only on a CPU nothing else wants."""
+    if idle:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass
+    try:
+        os.nice(19 - os.nice(0))
+    except OSError:
+        pass
+
+
+def _background_group() -> None:
+    """The lowest weight for the autogroup of the worker's own session (autogroup scheduling
+    shares the CPU between sessions whatever their nice); never for a session it joined."""
+    if os.getsid(0) != os.getpid():
+        return
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write("19")
+    except FileNotFoundError:
+        pass  # a kernel without autogroup scheduling
+    except OSError as err:
+        _say(f"could not give the worker's session the lowest autogroup weight: {err}")
+
+
+def _say(text: str) -> None:
+    """One line for ``store-worker.log`` (on stderr: a lane's stdout is its protocol)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kdb store worker {os.getpid()}: {text}",
+          file=sys.stderr, flush=True)
+
+
+def _about(path: Path) -> str:
+    """``job (name key, ...)``: what a log line about the job ``path`` is about."""
+    try:
+        got = [f"{e.get('name') or 'kernel'} {str(e.get('key', ''))[:16]}" for e in
+               (read_job(path.with_suffix(TAKEN)) or read_job(path) or {})["entries"]]
+    except (TypeError, KeyError, AttributeError):
+        got = []
+    return f"{path.stem} ({', '.join(got)})" if got else path.stem
+
+
+class _Queue:
+    """The spool as the supervisor knows it: stems of queued (``normal``), set-aside (``slow``)
+    and foreign ``.taken`` jobs; ``jobs``, each read once: stem -> (keys, compile seconds,
+    claims dir), None when gone or malformed; ``wanted``: keys other processes wait for."""
+
+    def __init__(self, spool: Path) -> None:
+        self.spool = spool
+        self.normal: dict[str, None] = {}  # oldest first
+        self.slow: list[str] = []
+        self.foreign: list[str] = []
+        self.jobs: dict[str, tuple | None] = {}
+        self.wanted: set[str] = set()
+        self._wants: dict[str, set[str]] = {}
+        self._seen: dict[str, tuple[int, float]] = {}  # directory -> (mtime, listed at)
+        self.listings = 0
+
+    def _changed(self, directory: str, force: bool) -> bool:
+        try:
+            mtime = os.stat(directory).st_mtime_ns
+        except OSError:
+            return False
+        old, when = self._seen.get(directory, (None, -1e9))
+        now = time.monotonic()
+        if not force and (now - when < SCAN_S or (old == mtime and now - when < RESCAN_S)):
+            return False
+        self._seen[directory] = (mtime, now)
+        self.listings += 1
+        return True
+
+    def scan(self, busy: set[str], force: bool = False) -> None:
+        """Look again at the spool and its claims where they changed (``busy``: the stems
+        our lanes are storing)."""
+        if self._changed(str(self.spool), force):
+            try:
+                names = os.listdir(self.spool)
+            except OSError:
+                names = []
+            stem = {n: n.rsplit(".", 1)[0] for n in names}
+            taken = [n for n in names if n.endswith(TAKEN) and stem[n] not in busy]
+            back = {stem[n] for n in taken if self._orphan(n)}
+            normal = {stem[n] for n in names if n.endswith(JOB)} - busy | back
+            self.normal = dict.fromkeys(sorted(normal))
+            self.slow = sorted({stem[n] for n in names if n.endswith(SLOW)} - busy)
+            self.foreign = [stem[n] for n in taken if stem[n] not in back]
+            self.jobs = {s: j for s, j in self.jobs.items() if s in normal or s in busy
+                         or s in self.slow}
+        for cdir in self._wants:  # the claims directories of the jobs read so far
+            if self._changed(cdir, False):
+                try:
+                    self._wants[cdir] = {n[:-5] for n in os.listdir(cdir) if n.endswith(".want")}
+                except OSError:
+                    self._wants[cdir] = set()
+        self.wanted = set().union(*self._wants.values())
+
+    def job(self, stem: str, suffix: str) -> tuple | None:
+        """The job ``stem`` names, read once; a malformed one is set aside (None)."""
+        if stem not in self.jobs:
+            path, got = self.spool / (stem + suffix), None
+            try:
+                with open(path, "rb") as f:
+                    job = StoreJob.from_json(f.read().decode("utf-8"))
+                got = ([k for k in job.keys if k], job.seconds, job.claims_dir)
+                if job.claims_dir:
+                    self._wants.setdefault(job.claims_dir, set())
+            except FileNotFoundError:
+                pass  # stored by its own process meanwhile
+            except (OSError, ValueError, TypeError) as err:
+                _say(f"{path.name} is not a store job ({err}); set aside as {stem + BAD}")
+                _rename(path, path.with_suffix(BAD))
+            self.jobs[stem] = got
+        return self.jobs[stem]
+
+    def _orphan(self, name: str) -> bool:
+        """Queue again the ``.taken`` job ``name`` if its taker died mid-store (no ``flock``
+        on it: :func:`kdb.storing.spool.take`)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.spool / name, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(self.spool / name, (self.spool / name).with_suffix(JOB))
+        except OSError:
+            return False  # its taker is storing it
+        finally:
+            os.close(fd)
+        _say(f"{name}: the process storing it stopped; queued again")
+        return True
+
+    def keys(self, stem: str, suffix: str = JOB) -> list[str]:
+        return (self.job(stem, suffix) or ((),))[0]
+
+    def pick(self, slow: bool, busy: set[str]) -> Path | None:
+        """The next job for a lane. Normal lane: one another process waits for, else the
+        oldest that is old enough; a job whose keys a slow job already holds joins the slow
+        ones. Slow lane: the oldest slow job."""
+        while slow and self.slow:
+            stem = self.slow.pop(0)
+            if self.job(stem, SLOW) is not None:
+                return self.spool / (stem + SLOW)
+        if slow:
+            return None
+        waited = []
+        if self.wanted:  # a waited-for key may be in any job: read those not read yet
+            waited = [s for s in self.normal if not self.wanted.isdisjoint(self.keys(s))]
+        slow_keys = {k for s in self.slow + list(busy) for k in self.keys(s, SLOW)}
+        while self.normal:
+            stem = waited.pop(0) if waited else next(iter(self.normal))
+            job = self.job(stem, JOB)
+            if job is not None and job[0] and set(job[0]) <= slow_keys:
+                _rename(self.spool / (stem + JOB), self.spool / (stem + SLOW))
+                self.slow.append(stem)  # the same program again: it would be slow again
+                job = None
+            if job is None:
+                self.normal.pop(stem, None)
+                continue
+            try:
+                born = int(stem.split("-", 1)[0])
+            except ValueError:
+                born = 0
+            if self.wanted.isdisjoint(job[0]) and (time.time_ns() - born) / 1e9 < MIN_AGE_S:
+                return None  # the oldest is too young, and so are the others
+            self.normal.pop(stem, None)
+            return self.spool / (stem + JOB)
+        return None
+
+    def has_jobs(self) -> bool:  # a foreign .taken too: its taker may die before storing it
+        return bool(self.normal or self.slow or self.foreign)
+
+
+def _clock(pid: int) -> float:
+    """The CPU seconds process ``pid`` used (a lane starved by busier processes is not a slow
+    store), or without ``/proc`` the wall clock."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = f.read().rsplit(b")", 1)[1].split()[11:13]
+        return sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
+
+
+class _Lane:
+    """A child storing the jobs named on its stdin one by one, and its job now: the normal
+    lane bounds each store's CPU time, the slow lane stores the jobs set aside."""
+
+    def __init__(self, slow: bool) -> None:
+        self.slow, self.proc, self.job = slow, None, None  # job: the Path it is storing
+        self.started, self.limit = 0.0, None  # its lane's CPU clock then, and the bound
+
+    def start(self, path: Path, seconds: float) -> None:
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", "--slow-child"
+                                          if self.slow else "--child"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, close_fds=True)
+        self.job, self.started = path, _clock(self.proc.pid)
+        self.limit = None if self.slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
+        self.proc.stdin.write(os.fsencode(path) + b"\n")
+        self.proc.stdin.flush()
+
+    def poll(self) -> bool:
+        """Finish, or set aside, the current job if its time has come; True if it ended."""
+        import select
+
+        if self.job is None or self.proc is None:
+            return False
+        path, done = self.job, None
+        if select.select([self.proc.stdout], [], [], 0)[0]:  # b"": the child died
+            done = self.proc.stdout.readline() == b"done\n"
+        if done is None and (self.limit is None
+                             or _clock(self.proc.pid) - self.started <= self.limit):
+            return False
+        if done is False:  # the child died (killed, or crashed inside the driver)
+            _say(f"the store of {_about(path)} ended its process; the job is dropped")
+            _unlink(path)
+            self.proc = None
+        elif done is None:
+            _say(f"{_about(path)}: storing took over {self.limit:.0f} s of CPU time; set "
+                 "aside, to be stored beside the other jobs")
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            _rename(_taken(path), _slow(path))
+        self.job = None
+        return True
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - it is stopping anyway
+                self.proc.kill()
+
+
+def supervise(spool: Path) -> int:
+    """Store every job of ``spool`` until it has been empty ``IDLE_EXIT_S``; one worker at
+    a time (an ``flock`` on ``worker.lock``)."""
+    import fcntl
+    import select
+
+    _lowest_priority(idle=False)
+    from .trust import trusted
+
+    if not trusted(spool, ENVIRONMENT):  # its variables (LD_*...) would be applied, its jobs run
+        _say(f"{spool} is not this user's alone; nothing stored (see the warning above)")
+        return 1
+    env = read_job(spool / ENVIRONMENT)
+    if env is not None:  # the environment the jobs were written in, for the lanes' rebuilds
+        try:
+            variables = {str(k): str(v) for k, v in env.get("variables", [])}
+        except (AttributeError, TypeError, ValueError):
+            _say(f"{spool / ENVIRONMENT} is malformed; remove {spool} to start afresh")
+            return 1
+        for k in [k for k in os.environ if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES]:
+            del os.environ[k]
+        os.environ.update(variables)
+    fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return 0  # another worker has it
+    _background_group()
+    lanes = [_Lane(slow=False), _Lane(slow=True)]
+    queue = _Queue(spool)
+    idle_since = time.monotonic()
+    try:
+        while True:
+            ended = [lane.poll() for lane in lanes]
+            busy = {lane.job.stem for lane in lanes if lane.job is not None}
+            queue.scan(busy)
+            for lane in lanes:
+                path = queue.pick(lane.slow, busy) if lane.job is None else None
+                if path is not None:
+                    lane.start(path, queue.jobs[path.stem][1])
+                    busy.add(path.stem)
+            if busy or any(ended) or queue.has_jobs():
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= IDLE_EXIT_S:
+                queue.scan(busy, force=True)
+                if not queue.has_jobs():
+                    break
+            select.select([lane.proc.stdout for lane in lanes  # until a lane is done
+                           if lane.job is not None and lane.proc is not None], [], [], 0.1)
+    finally:
+        for lane in lanes:
+            lane.close()
+        os.close(fd)
+    queue.scan(set(), force=True)  # a job written after our last look, by one who saw our lock
+    return supervise(spool) if queue.has_jobs() and not worker_running(spool) else 0
+
+
+# -- the worker: child ------------------------------------------------------------------------
+
+def child_main(slow: bool = False) -> int:
+    """Store each job named on stdin; answer one line per job on the pipe that was fd 1 (fd 1
+    is now the log: what a compiler prints never reaches the supervisor)."""
+    protocol = os.dup(1)
+    os.dup2(2, 1)
+    _lowest_priority(idle=slow)
+    dbs: dict = {}
+    for line in sys.stdin.buffer:
+        path = Path(os.fsdecode(line.rstrip(b"\n")))
+        fd = take(path)  # None: its own process, or another worker, stores it
+        if fd is not None:
+            try:
+                store_job(_taken(path), dbs)
+            except Exception as err:  # noqa: BLE001 - report, drop the job, go on
+                _say(f"could not store {_about(path)}: {type(err).__name__}: {err}")
+            _unlink(path)
+            os.close(fd)
+        sys.stdout.flush()
+        os.write(protocol, b"done\n")
+    for db in dbs.values():
+        db.close()
+    return 0
+
+
+def store_job(path: Path, dbs: dict | None = None) -> None:
+    """Store one job: its back end builds the program again and reads the binaries."""
+    data = read_job(path)
+    if data is None:
+        return
+    job = StoreJob.from_dict(data)
+    dbs = {} if dbs is None else dbs
+    if job.cache_dir not in dbs:
+        dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
+    db = dbs[job.cache_dir]
+    if job.kind == BOOKKEEPING:
+        db.write_bookkeeping(job.archs)
+        return
+    if _stored_already(db, job):  # the same program compiled again before it was stored
+        db.store([], [CompileRecord(*row) for row in job.logs])
+        return
+    backend_module(job.backend).store_job(db, job.to_dict())
+
+
+def _stored_already(db: KernelDB, job: StoreJob) -> bool:
+    attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
+             for e in job.entries]
+    return bool(attrs) and all(db.user_file(a.arch).fetch(a.key) is not None for a in attrs)
+
+
+def main(argv: list[str]) -> int:
+    auto_hook = sys.modules.get("_kdb_auto")  # KDB_AUTO=1 inherited: never adopt in here
+    if auto_hook is not None:
+        auto_hook.disable()
+    if argv in (["--child"], ["--slow-child"]):
+        return child_main(slow=argv[0] == "--slow-child")
+    return supervise(Path(argv[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
