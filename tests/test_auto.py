@@ -404,7 +404,7 @@ def test_pytest_kdb_switches_kdb_on_for_the_session_and_its_subprocesses(app, en
     first = run([*pytest_cmd, "--kdb"], env, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "kdb: 2 programs requested: 1 compiled" in first.stdout  # the second waited or hit
-    second = run([*pytest_cmd, "-p", "kdb.adopt.pytest"], env, cwd=tmp_path)
+    second = run([*pytest_cmd, "-p", "kdb.pytest"], env, cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert ("kdb: 2 programs requested: 0 compiled (0.00 s compiling), 2 served (user 2); the "
             "served programs took") \

@@ -1,4 +1,4 @@
-"""A pytest plugin, off unless asked: ``pytest --kdb`` (or ``-p kdb.adopt.pytest``).
+"""A pytest plugin, off unless asked: ``pytest --kdb`` (or ``-p kdb.pytest``).
 
 Switches kdb on for the test session and every process it starts (``KDB_AUTO=1``, see
 :mod:`kdb.adopt.auto`) and adds one line to pytest's terminal summary: kernels compiled, served,
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-PLUGIN_NAME = "kdb.adopt.pytest"
+PLUGIN_NAME = "kdb.pytest"  # the documented name: -p kdb.pytest, and the pytest11 entry point
 _state: dict[str, Any] = {}
 
 
@@ -34,7 +34,7 @@ def pytest_addoption(parser: Any) -> None:
 def _asked(config: Any) -> bool:
     if config.getoption("kdb", False):
         return True
-    return PLUGIN_NAME in (config.getoption("plugins", None) or [])  # -p kdb.adopt.pytest
+    return PLUGIN_NAME in (config.getoption("plugins", None) or [])  # -p kdb.pytest
 
 
 def pytest_configure(config: Any) -> None:

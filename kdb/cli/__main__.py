@@ -1,0 +1,5 @@
+"""``python -m kdb.cli``: the command line, as the ``kdb`` script runs it."""
+
+from kdb.cli import main
+
+main()
