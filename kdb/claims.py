@@ -80,11 +80,7 @@ class Claim:
             fd, self._fd = self._fd, None
         if fd is None:
             return
-        for name in (f"{self.key}.want", f"{self.key}.lock"):
-            try:
-                os.unlink(self.directory / name)
-            except OSError:
-                pass
+        _remove_files(self.directory, self.key)
         os.close(fd)  # after the unlink: a waiter that opened the old file re-checks the inode
 
 
@@ -281,12 +277,18 @@ def _at_exit() -> None:
     for claim, fd in held:
         if fd is None:
             continue
-        for name in (f"{claim.key}.want", f"{claim.key}.lock"):
-            try:
-                os.unlink(claim.directory / name)
-            except OSError:
-                pass
+        _remove_files(claim.directory, claim.key)
         os.close(fd)
+
+
+def _remove_files(directory: Path, key: str) -> None:
+    """A claim's files, removed while its lock is still held (so no waiter takes a new one
+    that is then unlinked under it)."""
+    for name in (f"{key}.want", f"{key}.lock"):
+        try:
+            os.unlink(directory / name)
+        except OSError:
+            pass
 
 
 def remove_if_stale(path: Path) -> bool:
