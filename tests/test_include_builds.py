@@ -24,6 +24,7 @@ import kdb  # noqa: E402
 import kdb.opencl  # noqa: E402
 from kdb import latency
 from kdb.storing import spool  # noqa: E402
+from kdb.storing.jobs import StoreJob  # noqa: E402
 from kdb.backends import clstore  # noqa: E402
 from kdb.errors import CompileError  # noqa: E402
 
@@ -225,9 +226,9 @@ RUN = """
 """
 
 
-def store_jobs(user_dir: Path) -> list[dict]:
-    jobs = [spool.read_job(p) for p in spool.jobs(user_dir)]
-    return [j for j in jobs if j and j.get("kind") == "store"]
+def store_jobs(user_dir: Path) -> list[StoreJob]:
+    jobs = [StoreJob.from_dict(spool.read_job(p)) for p in spool.jobs(user_dir)]
+    return [j for j in jobs if j.kind == "store"]
 
 
 def _hold_off_the_worker(cache_dir: Path) -> int:

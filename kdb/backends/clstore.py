@@ -17,6 +17,7 @@ from ..claims import Claim
 from ..db import KernelDB
 from .includes import UncertainIncludes
 from ..keys import HashAttributes
+from ..storing.jobs import StoreJob
 from .clbinaries import program_binaries
 from .clkeys import BACKEND, device_details, headers_of
 
@@ -70,11 +71,12 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
             claim.release()
         return
     if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
-        job = {"kind": "store", "backend": BACKEND, "seconds": seconds, "program": program,
-               "entries": [{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
-                            "attributes": a.encoded().decode("utf-8"), "seconds": per_device,
-                            "details": device_details(d)} for d, a in zip(devs, attrs)],
-               "logs": [list(rec) for rec in recs]}
+        job = StoreJob(backend=BACKEND, seconds=seconds, extra={"program": program},
+                       entries=[{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
+                                 "attributes": a.encoded().decode("utf-8"),
+                                 "seconds": per_device, "details": device_details(d)}
+                                for d, a in zip(devs, attrs)],
+                       logs=[list(rec) for rec in recs])
         claims = [held.pop(a.key) for a in attrs if a.key in held]
 
         def store_now() -> None:
@@ -118,7 +120,7 @@ def _detach() -> bool:
     return config.store_at_exit() == "detach"
 
 
-def store_job(db: KernelDB, job: dict) -> None:
+def store_job(db: KernelDB, job: StoreJob) -> None:
     """The store worker's half (:mod:`kdb.storing.spool`): build the program again (PoCL's cache
     answers), read its binaries and store each entry with its latency rows.
 
@@ -129,7 +131,7 @@ def store_job(db: KernelDB, job: dict) -> None:
     """
     from ..file.kernelfile import CompileRecord
 
-    prog = job["program"]
+    prog = job.extra["program"]
     plats = [p for p in cl.get_platforms() if p.name == prog["platform"]]
     if not plats:
         raise LookupError(f"no OpenCL platform named {prog['platform']!r}")
@@ -143,7 +145,7 @@ def store_job(db: KernelDB, job: dict) -> None:
         os.chdir(prog["cwd"])  # relative -I paths
     opt_bytes = prog["options"].encode("latin-1")
     keyed = [HashAttributes.from_canonical(e["attributes"], name=e["name"])
-             for e in job["entries"]]
+             for e in job.entries]
     _check_headers(prog, opt_bytes, keyed)
     ctx = cl.Context(devs)
     raw = cl._Program(ctx, prog["source"].encode("utf-8", "surrogateescape"))
@@ -151,13 +153,13 @@ def store_job(db: KernelDB, job: dict) -> None:
     binaries = program_binaries(raw)
     _check_headers(prog, opt_bytes, keyed)  # not edited while it built, either
     items = []
-    for e, attrs in zip(job["entries"], keyed):
+    for e, attrs in zip(job.entries, keyed):
         binary = binaries.get(devs[e["device"]].int_ptr)
         if binary:
             items.append((attrs, binary, e["seconds"], e["details"]))
-    db.store(items, [CompileRecord(*row) for row in job.get("logs", [])])
-    if len(items) < len(job["entries"]):
-        raise LookupError(f"the driver returned no binary for {len(job['entries']) - len(items)}"
+    db.store(items, [CompileRecord(*row) for row in job.logs])
+    if len(items) < len(job.entries):
+        raise LookupError(f"the driver returned no binary for {len(job.entries) - len(items)}"
                           " device(s)")
 
 

@@ -27,6 +27,19 @@ import time
 from pathlib import Path
 
 from .. import lifecycle, logs
+from .jobfiles import (  # noqa: F401 - the job states, named here too
+    BAD,
+    JOB,
+    PENDING,
+    SLOW,
+    TAKEN,
+    exists,
+    remove,
+    rename,
+    slow_path,
+    take,
+    taken_path,
+)
 from .trust import ENVIRONMENT, UntrustedSpool, accepted, runnable, trusted
 
 TYPE_CHECKING = False
@@ -39,10 +52,6 @@ log = logs.get("kdb")
 
 #: Spool directories live in ``<user dir>/spool/<environment digest>/``.
 SPOOL = "spool"
-JOB = ".job"
-SLOW = ".slow"
-TAKEN = ".taken"  # a job a store worker's child (or its own process) is storing now
-BAD = ".bad"  # a job the worker could not read: set aside, never stored (kdb log ignores it)
 LOCK = "worker.lock"
 #: The worker's log, beside the user files (what it could not store, and why).
 LOG_NAME = "store-worker.log"
@@ -58,6 +67,12 @@ _ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
 _ENV_PER_RUN = frozenset({"KDB_RUN_REPORT", "KDB_AUTO", "KDB_TRACE", "KDB_WAIT_TIMEOUT"})
 
 
+def inherited(name: str) -> bool:
+    """Whether the variable ``name`` is one a store worker takes from its spool's
+    ``environment.json`` (and so one that tells spools apart)."""
+    return name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES
+
+
 def _environment() -> dict:
     """What a worker must run with to rebuild this process's programs the same way.
 
@@ -68,7 +83,7 @@ def _environment() -> dict:
     config.check_settings()
     return {"executable": sys.executable,
             "variables": sorted([k, v] for k, v in os.environ.items()
-                                if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+                                if inherited(k)
                                 and k not in _ENV_PER_RUN)}
 
 
@@ -139,7 +154,7 @@ _orphans_checked: set[Path] = set()
 def _at_exit() -> None:
     """Claims whose jobs are still queued end with this process; with the shared tier their
     cross-node locks go to a keeper (:mod:`kdb.shared.keeper`) so other nodes still wait for them."""
-    pending = [(p, c) for p, c in _claims if _exists(p)]
+    pending = [(p, c) for p, c in _claims if exists(p)]
     tiers: dict[int, tuple[object, list]] = {}
     for path, claim in pending:
         tier = claim.cross_node  # the shared tier whose lock this claim also holds
@@ -200,7 +215,7 @@ def _watch_claims() -> None:
         if not held:
             return
         for path, claim in held:
-            if not _exists(path):
+            if not exists(path):
                 _drop_claim(path, claim)
             elif claim.wanted:
                 with _claims_lock:
@@ -210,10 +225,10 @@ def _watch_claims() -> None:
                     continue  # the worker has it (it takes wanted jobs first)
                 try:
                     store()
-                    _unlink(path)
+                    remove(path)
                 except Exception as err:  # noqa: BLE001 - the worker will store it instead
                     log.debug("kdb: storing a wanted entry in this process failed: %s", err)
-                    _rename(_taken(path), path)
+                    rename(taken_path(path), path)
                 finally:
                     os.close(fd)
                 for other_path, other in [h for h in held if h[0] == path]:
@@ -229,39 +244,6 @@ def _drop_claim(path: Path, claim) -> None:
         if not any(p == path for p, _ in _claims):
             _store_now.pop(path, None)
     claim.release()
-
-
-def _slow(path: Path) -> Path:
-    return path.with_suffix(SLOW)
-
-
-def _taken(path: Path) -> Path:
-    return path.with_suffix(TAKEN)
-
-
-def take(path: Path) -> int | None:
-    """Take the job ``path`` names (queued or set aside) to store it: its ``.taken`` file,
-    ``flock``-ed through the returned fd until the caller closes it, so that a taker's death
-    is seen (the store worker queues it again). None when another process took it first."""
-    import fcntl
-
-    for src in (path.with_suffix(JOB), _slow(path)):
-        try:
-            fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:  # lock, then rename: a .taken file is never unlocked while its taker lives
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.rename(src, _taken(path))
-            return fd
-        except OSError:
-            os.close(fd)
-    return None
-
-
-def _exists(path: Path) -> bool:
-    """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored)."""
-    return any(os.path.exists(path.with_suffix(s)) for s in (JOB, SLOW, TAKEN))
 
 
 def worker_running(spool: Path) -> bool:
@@ -308,7 +290,7 @@ def spool_dir(user_dir: Path, environ=None) -> Path:
     env = _environment()
     if environ is not None:
         env["variables"] = sorted([k, v] for k, v in environ.items()
-                                  if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
+                                  if inherited(k)
                                   and k not in _ENV_PER_RUN)
     return Path(user_dir) / SPOOL / environment_digest(env)
 
@@ -347,7 +329,7 @@ def jobs(user_dir: Path) -> list[Path]:
     found = []
     for d in dirs:
         try:
-            found += [p for p in d.iterdir() if p.suffix in (JOB, SLOW, TAKEN)]
+            found += [p for p in d.iterdir() if p.suffix in PENDING]
         except OSError:
             pass
     return sorted(found, key=lambda p: p.name)
@@ -405,20 +387,3 @@ def _memo(ours: dict[Path, bool], spool: Path) -> bool:
     if spool not in ours:
         ours[spool] = runnable(spool)
     return ours[spool]
-
-
-def _rename(src: Path, dst: Path) -> bool:
-    try:
-        os.rename(src, dst)
-        return True
-    except OSError:
-        return False
-
-
-def _unlink(path: Path) -> None:
-    """Remove the job ``path`` names, whichever state it is in."""
-    for p in (path.with_suffix(JOB), _slow(path), _taken(path)):
-        try:
-            os.unlink(p)
-        except OSError:
-            pass

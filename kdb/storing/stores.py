@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations are strings here: the hit path does not import 
 
     from .. import claims
     from ..keys import HashAttributes
+    from .jobs import StoreJob
 
 
 class Storing:
@@ -81,19 +82,17 @@ class Storing:
 
         _background().submit(job)
 
-    def spool(self, job: dict, claims: list | None = None, store_now=None) -> bool:
-        """Hand a back end's store job (its JSON data, naming the back end) to the store
-        worker (:mod:`kdb.storing.spool`); False when it cannot be written (the caller stores in the
-        background instead)."""
+    def spool(self, job: StoreJob, claims: list | None = None, store_now=None) -> bool:
+        """Hand a back end's store job to the store worker (:mod:`kdb.storing.spool`); False
+        when it cannot be written (the caller stores in the background instead)."""
         from . import spool
         from .jobs import StoreJob
 
         if self.disabled or not spool.can_spool():
             return False
-        typed = StoreJob.from_dict({**job, "cache_dir": str(self.cache_root),
-                                    "claims_dir": str(self.user_dir / "claims")})
+        job.cache_dir, job.claims_dir = str(self.cache_root), str(self.user_dir / "claims")
         try:
-            spool.submit(self.user_dir, typed, claims, store_now)
+            spool.submit(self.user_dir, job, claims, store_now)
         except spool.UntrustedSpool:
             return False  # warned: stored in this process, in the user file if it is trusted
         except OSError as err:

@@ -20,27 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..db import KernelDB
-from .jobs import BOOKKEEPING, StoreJob, backend_module
-from ..keys import HashAttributes
-from .spool import (
-    _ENV_NAMES,
-    _ENV_PREFIXES,
-    BAD,
-    ENVIRONMENT,
-    JOB,
-    LOCK,
-    SLOW,
-    TAKEN,
-    _rename,
-    _slow,
-    _taken,
-    _unlink,
-    read_job,
-    take,
-    worker_running,
-)
-from ..file.kernelfile import CompileRecord
+from .jobfiles import BAD, JOB, SLOW, TAKEN, remove, rename, slow_path, taken_path
+from .jobs import StoreJob
+from .lane import about as _about
+from .lane import lowest_priority as _lowest_priority
+from .lane import say as _say
+from .spool import ENVIRONMENT, LOCK, inherited, read_job, worker_running
 
 #: A job waits this long before it is stored (unless another process waits for it), so the
 #: program's first launches have put their work-group code in PoCL's cache: the stored
@@ -58,20 +43,6 @@ SCAN_S = 0.25
 RESCAN_S = 2.0
 
 
-def _lowest_priority(idle: bool) -> None:
-    """nice 19 (yields to any normal process); with ``idle`` (the slow lane), also
-    ``SCHED_IDLE``: run only on a CPU nothing else wants."""
-    if idle:
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (AttributeError, OSError):
-            pass
-    try:
-        os.nice(19 - os.nice(0))
-    except OSError:
-        pass
-
-
 def _background_group() -> None:
     """The lowest weight for the autogroup of the worker's own session (autogroup scheduling
     shares the CPU between sessions whatever their nice); never for a session it joined."""
@@ -84,22 +55,6 @@ def _background_group() -> None:
         pass  # a kernel without autogroup scheduling
     except OSError as err:
         _say(f"could not give the worker's session the lowest autogroup weight: {err}")
-
-
-def _say(text: str) -> None:
-    """One line for ``store-worker.log`` (on stderr: a lane's stdout is its protocol)."""
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kdb store worker {os.getpid()}: {text}",
-          file=sys.stderr, flush=True)
-
-
-def _about(path: Path) -> str:
-    """``job (name key, ...)``: what a log line about the job ``path`` is about."""
-    try:
-        got = [f"{e.get('name') or 'kernel'} {str(e.get('key', ''))[:16]}" for e in
-               (read_job(path.with_suffix(TAKEN)) or read_job(path) or {})["entries"]]
-    except (TypeError, KeyError, AttributeError):
-        got = []
-    return f"{path.stem} ({', '.join(got)})" if got else path.stem
 
 
 class _Queue:
@@ -170,7 +125,7 @@ class _Queue:
                 pass  # stored by its own process meanwhile
             except (OSError, ValueError, TypeError) as err:
                 _say(f"{path.name} is not a store job ({err}); set aside as {stem + BAD}")
-                _rename(path, path.with_suffix(BAD))
+                rename(path, path.with_suffix(BAD))
             self.jobs[stem] = got
         return self.jobs[stem]
 
@@ -214,7 +169,7 @@ class _Queue:
             stem = waited.pop(0) if waited else next(iter(self.normal))
             job = self.job(stem, JOB)
             if job is not None and job[0] and set(job[0]) <= slow_keys:
-                _rename(self.spool / (stem + JOB), self.spool / (stem + SLOW))
+                rename(self.spool / (stem + JOB), self.spool / (stem + SLOW))
                 self.slow.append(stem)  # the same program again: it would be slow again
                 job = None
             if job is None:
@@ -279,7 +234,7 @@ class _Lane:
             return False
         if done is False:  # the child died (killed, or crashed inside the driver)
             _say(f"the store of {_about(path)} ended its process; the job is dropped")
-            _unlink(path)
+            remove(path)
             self.proc = None
         elif done is None:
             _say(f"{_about(path)}: storing took over {self.limit:.0f} s of CPU time; set "
@@ -287,7 +242,7 @@ class _Lane:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
-            _rename(_taken(path), _slow(path))
+            rename(taken_path(path), slow_path(path))
         self.job = None
         return True
 
@@ -319,7 +274,7 @@ def supervise(spool: Path) -> int:
         except (AttributeError, TypeError, ValueError):
             _say(f"{spool / ENVIRONMENT} is malformed; remove {spool} to start afresh")
             return 1
-        for k in [k for k in os.environ if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES]:
+        for k in [k for k in os.environ if inherited(k)]:
             del os.environ[k]
         os.environ.update(variables)
     fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
@@ -358,63 +313,14 @@ def supervise(spool: Path) -> int:
     return supervise(spool) if queue.has_jobs() and not worker_running(spool) else 0
 
 
-# -- the worker: child ------------------------------------------------------------------------
-
-def child_main(slow: bool = False) -> int:
-    """Store each job named on stdin; answer one line per job on the pipe that was fd 1 (fd 1
-    is now the log: what a compiler prints never reaches the supervisor)."""
-    protocol = os.dup(1)
-    os.dup2(2, 1)
-    _lowest_priority(idle=slow)
-    dbs: dict = {}
-    for line in sys.stdin.buffer:
-        path = Path(os.fsdecode(line.rstrip(b"\n")))
-        fd = take(path)  # None: its own process, or another worker, stores it
-        if fd is not None:
-            try:
-                store_job(_taken(path), dbs)
-            except Exception as err:  # noqa: BLE001 - report, drop the job, go on
-                _say(f"could not store {_about(path)}: {type(err).__name__}: {err}")
-            _unlink(path)
-            os.close(fd)
-        sys.stdout.flush()
-        os.write(protocol, b"done\n")
-    for db in dbs.values():
-        db.close()
-    return 0
-
-
-def store_job(path: Path, dbs: dict | None = None) -> None:
-    """Store one job: its back end builds the program again and reads the binaries."""
-    data = read_job(path)
-    if data is None:
-        return
-    job = StoreJob.from_dict(data)
-    dbs = {} if dbs is None else dbs
-    if job.cache_dir not in dbs:
-        dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
-    db = dbs[job.cache_dir]
-    if job.kind == BOOKKEEPING:
-        db.write_bookkeeping(job.archs)
-        return
-    if _stored_already(db, job):  # the same program compiled again before it was stored
-        db.store([], [CompileRecord(*row) for row in job.logs])
-        return
-    backend_module(job.backend).store_job(db, job.to_dict())
-
-
-def _stored_already(db: KernelDB, job: StoreJob) -> bool:
-    attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
-             for e in job.entries]
-    return bool(attrs) and all(db.user_file(a.arch).fetch(a.key) is not None for a in attrs)
-
-
 def main(argv: list[str]) -> int:
     auto_hook = sys.modules.get("_kdb_auto")  # KDB_AUTO=1 inherited: never adopt in here
     if auto_hook is not None:
         auto_hook.disable()
     if argv in (["--child"], ["--slow-child"]):
-        return child_main(slow=argv[0] == "--slow-child")
+        from .lane import serve
+
+        return serve(slow=argv[0] == "--slow-child")
     return supervise(Path(argv[0]))
 
 

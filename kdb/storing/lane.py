@@ -1,0 +1,100 @@
+"""A lane of the store worker: a child process that stores the jobs its supervisor names on
+stdin, one at a time, and answers one line per job on a private pipe.
+
+The lane is where a job meets ``KernelDB`` and its back end (found by the name the job
+carries, :func:`kdb.storing.jobs.backend_module`); the supervisor (:mod:`kdb.storing.worker`)
+only schedules. Everything a lane says goes to ``store-worker.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..db import KernelDB
+from ..file.kernelfile import CompileRecord
+from ..keys import HashAttributes
+from .jobfiles import TAKEN, remove, take, taken_path
+from .jobs import BOOKKEEPING, StoreJob, backend_module
+from .spool import read_job
+
+
+def lowest_priority(idle: bool) -> None:
+    """nice 19 (yields to any normal process); with ``idle`` (the slow lane), also
+    ``SCHED_IDLE``: run only on a CPU nothing else wants."""
+    if idle:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
+            pass
+    try:
+        os.nice(19 - os.nice(0))
+    except OSError:
+        pass
+
+
+def say(text: str) -> None:
+    """One line for ``store-worker.log`` (on stderr: a lane's stdout is its protocol)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kdb store worker {os.getpid()}: {text}",
+          file=sys.stderr, flush=True)
+
+
+def about(path: Path) -> str:
+    """``job (name key, ...)``: what a log line about the job ``path`` is about."""
+    try:
+        got = [f"{e.get('name') or 'kernel'} {str(e.get('key', ''))[:16]}" for e in
+               (read_job(path.with_suffix(TAKEN)) or read_job(path) or {})["entries"]]
+    except (TypeError, KeyError, AttributeError):
+        got = []
+    return f"{path.stem} ({', '.join(got)})" if got else path.stem
+
+
+def serve(slow: bool = False) -> int:
+    """Store each job named on stdin; answer one line per job on the pipe that was fd 1 (fd 1
+    is now the log: what a compiler prints never reaches the supervisor)."""
+    protocol = os.dup(1)
+    os.dup2(2, 1)
+    lowest_priority(idle=slow)
+    dbs: dict = {}
+    for line in sys.stdin.buffer:
+        path = Path(os.fsdecode(line.rstrip(b"\n")))
+        fd = take(path)  # None: its own process, or another worker, stores it
+        if fd is not None:
+            try:
+                store_job(taken_path(path), dbs)
+            except Exception as err:  # noqa: BLE001 - report, drop the job, go on
+                say(f"could not store {about(path)}: {type(err).__name__}: {err}")
+            remove(path)
+            os.close(fd)
+        sys.stdout.flush()
+        os.write(protocol, b"done\n")
+    for db in dbs.values():
+        db.close()
+    return 0
+
+
+def store_job(path: Path, dbs: dict | None = None) -> None:
+    """Store one job: its back end builds the program again and reads the binaries."""
+    data = read_job(path)
+    if data is None:
+        return
+    job = StoreJob.from_dict(data)
+    dbs = {} if dbs is None else dbs
+    if job.cache_dir not in dbs:
+        dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
+    db = dbs[job.cache_dir]
+    if job.kind == BOOKKEEPING:
+        db.write_bookkeeping(job.archs)
+        return
+    if _stored_already(db, job):  # the same program compiled again before it was stored
+        db.store([], [CompileRecord(*row) for row in job.logs])
+        return
+    backend_module(job.backend).store_job(db, job)
+
+
+def _stored_already(db: KernelDB, job: StoreJob) -> bool:
+    attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
+             for e in job.entries]
+    return bool(attrs) and all(db.user_file(a.arch).fetch(a.key) is not None for a in attrs)
