@@ -12,12 +12,12 @@ adds the reports up).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 import time
 
 from . import config, lifecycle, logs
 from .file.kernelfile import CompileRecord, KernelFile
-from .strpaths import exists, join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class Book:
         f = self.files.get(arch)
         if f is None:
             config.check_arch(arch)
-            f = self.files[arch] = KernelFile(join(self.user_dir, f"{arch}.kdb"),
+            f = self.files[arch] = KernelFile(os.path.join(self.user_dir, f"{arch}.kdb"),
                                               tier="user", readonly=False)
         return f
 
@@ -135,7 +135,7 @@ class Book:
         if p is None or p.empty() or self.disabled:
             return False
         f = self.user_file(arch)
-        if not p.worth_creating_a_file() and not exists(f.filename):
+        if not p.worth_creating_a_file() and not Path(f.filename).exists():
             return False
         written = f.write(p.entries, p.logs, p.hits, p.counters)
         for e in p.entries:
@@ -179,7 +179,7 @@ class Book:
         if self.hand_over is not None and not self.disabled:
             try:
                 archs = [a for a in list(self.pending)
-                         if not exists(join(self.user_dir, f"{a}.kdb"))]
+                         if not Path(os.path.join(self.user_dir, f"{a}.kdb")).exists()]
                 book = self.take_json(archs)
                 if book:
                     self.hand_over(book)

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from .errors import ConfigError, UnsafeArchError
-from .strpaths import expanded, home, join, make_private_dir, spelled
-
-# re and pathlib load where used, not at import: every hit imports this module.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from pathlib import Path
+from .dirs import home, make_private_dir
 
 #: Major version of the on-disk format: user files live in ``<cache dir>/v<major>/``, so an
 #: incompatible release never opens a file written by another.
@@ -68,31 +64,14 @@ _ARCH_CHARS = _ARCH_FIRST | frozenset("_.+-")
 def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
     """``{name: value}`` for ``names`` (``None`` where unset), read in one go.
 
-    On POSIX CPython the values come from ``os.environ``'s own dict of bytes, the names
-    encoded once per tuple: ``os.environ.get`` encodes and decodes on every call.
-
     >>> import os; os.environ["KDB_DOCTEST_VAR"] = "1"
     >>> read_variables(("KDB_DOCTEST_VAR", "KDB_DOCTEST_UNSET"))
     {'KDB_DOCTEST_VAR': '1', 'KDB_DOCTEST_UNSET': None}
     >>> del os.environ["KDB_DOCTEST_VAR"]
     """
-    environ = os.environ
-    data = getattr(environ, "_data", None)
-    if os.name != "posix" or type(data) is not dict:  # the plain path, same answer
-        return {n: environ.get(n) for n in names}
-    encoded = _ENCODED_NAMES.get(names)
-    if encoded is None:
-        encoded = _ENCODED_NAMES[names] = tuple(os.fsencode(n) for n in names)
-    get = data.get
-    decode = os.fsdecode
-    out = {}
-    for name, key in zip(names, encoded):
-        value = get(key)
-        out[name] = value if value is None else decode(value)
-    return out
+    get = os.environ.get
+    return {n: get(n) for n in names}
 
-
-_ENCODED_NAMES: dict[tuple[str, ...], tuple[bytes, ...]] = {}
 
 #: Longest duration any ``*_TIMEOUT`` / ``*_RETRY`` setting may ask for: a day.
 MAX_SECONDS = 86400.0
@@ -323,24 +302,24 @@ def cache_root_str(explicit: str | os.PathLike[str] | None = None) -> str:
     """:func:`cache_root` as a str (the hit path's), absolute: the store worker runs in ``/``."""
     env = os.environ.get(ENV_CACHE_DIR)
     if explicit is not None or env:
-        root = expanded(env if explicit is None else explicit)
+        root = str(Path(env if explicit is None else explicit).expanduser())
     elif sys.platform == "darwin":
-        root = join(spelled(os.path.join(home(), "Library", "Caches")), "kdb")
+        root = os.path.join(home(), "Library", "Caches", "kdb")
     elif sys.platform == "win32":
         fallback = os.path.join(home(), "AppData", "Local")
-        root = join(spelled(os.environ.get("LOCALAPPDATA", fallback)), "kdb")
+        root = str(Path(os.environ.get("LOCALAPPDATA", fallback), "kdb"))
     else:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache")
-        root = join(spelled(base), "kdb")
+        root = str(Path(base, "kdb"))
     try:  # a deleted working directory leaves a relative root as it is
-        return root if os.path.isabs(root) else spelled(os.path.join(os.getcwd(), root))
+        return root if os.path.isabs(root) else str(Path(os.getcwd(), root))
     except OSError:
         return root
 
 
 def user_dir_str(explicit: str | os.PathLike[str] | None = None) -> str:
     """:func:`user_dir` as a str (what the hit path uses)."""
-    return join(cache_root_str(explicit), f"v{FORMAT_MAJOR}")
+    return os.path.join(cache_root_str(explicit), f"v{FORMAT_MAJOR}")
 
 
 def system_dirs_str(explicit: str | os.PathLike[str] | list | tuple | None = None) -> list[str]:
@@ -351,36 +330,27 @@ def system_dirs_str(explicit: str | os.PathLike[str] | list | tuple | None = Non
         parts = [p for p in str(explicit).split(os.pathsep) if p]
     else:
         parts = [str(p) for p in explicit]
-    return [expanded(p) for p in parts]
+    return [str(Path(p).expanduser()) for p in parts]
 
 
 def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The user tier's root directory (``KDB_CACHE_DIR``, else the platform's user cache)."""
-    from pathlib import Path
-
     return Path(cache_root_str(explicit))
 
 
 def user_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     """Directory of the user tier's files, versioned by the on-disk format's major version."""
-    from pathlib import Path
-
     return Path(user_dir_str(explicit))
 
 
 def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -> list[Path]:
     """Extra directories searched for ``<arch>.kdb`` (``KDB_SYSTEM_DB_PATH``, os.pathsep list)."""
-    from pathlib import Path
-
     return [Path(p) for p in system_dirs_str(explicit)]
 
 
 def private_dir(path: Path) -> Path:
     """Create ``path`` and any missing parents with mode 0700; returns it as a Path."""
-    from pathlib import Path
-
-    make_private_dir(path)
-    return Path(path)
+    return make_private_dir(path)
 
 
 def check_arch(arch: object) -> str:

@@ -12,6 +12,7 @@ shared tier) is the store side, :mod:`kdb.storing.stores`, which ``KernelDB`` in
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import sys
 import time
 from collections import namedtuple
@@ -20,13 +21,11 @@ from . import arguments, config, latency, logs
 from .bookkeeping import Book, add
 from .keys import HashAttributes
 from .file.kernelfile import CompileRecord, KernelFile
-from .strpaths import join
 from .storing.stores import _BACKGROUND, Storing, _background
 from .tiers import FileTier, system_files, verified
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations are strings here: the hit path imports neither
-    from pathlib import Path
+if TYPE_CHECKING:  # annotations are strings here
     from typing import Any, Callable, Iterator
 
     from . import claims
@@ -61,7 +60,7 @@ class KernelDB(Storing):
                                      use_system=use_system)
         # Kept as str: a hit needs no pathlib (the properties below give Paths to callers).
         self._cache_root = config.cache_root_str(cache_dir)
-        self._user_dir = join(self._cache_root, f"v{config.FORMAT_MAJOR}")
+        self._user_dir = os.path.join(self._cache_root, f"v{config.FORMAT_MAJOR}")
         self._system_dirs = config.system_dirs_str(system_path)
         self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled)
         self.trace = config.flag(config.ENV_TRACE, trace)

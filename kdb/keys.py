@@ -10,30 +10,13 @@ from __future__ import annotations
 
 import sys
 
-# The ABC itself, from where os already loaded it: collections.abc imports collections,
-# which a process that only looks up keys never needs.
-try:
-    from _collections_abc import Mapping
-except ImportError:  # pragma: no cover - Pythons without CPython's module
-    from collections.abc import Mapping
+from collections.abc import Mapping
+from hashlib import sha256
+from json.encoder import encode_basestring as _quote  # json's C encoder where it has one
 
 from .config import check_arch
 from .errors import InvalidArgumentError, UnsupportedTypeError
 
-# A key is hashed and encoded on every request, in processes that should start fast:
-# hashlib loads OpenSSL and json its decoder and scanner; the builtin sha256 and json's own
-# C string encoder give the same bytes, for less import time.
-try:
-    from _sha256 import sha256  # CPython <= 3.11
-except ImportError:  # pragma: no cover - depends on the Python version
-    try:
-        from _sha2 import sha256  # CPython >= 3.12
-    except ImportError:
-        from hashlib import sha256
-try:
-    from _json import encode_basestring as _quote
-except ImportError:  # pragma: no cover - Pythons without json's C accelerator
-    from json.encoder import py_encode_basestring as _quote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is slow to import; annotations are strings here
@@ -195,42 +178,6 @@ class HashAttributes:
         set_(self, "name", name)
         set_(self, "_encoded", None)
         set_(self, "_key", None)
-
-    @classmethod
-    def _unchecked(cls, backend: str, source: str, arch: str,
-                   build_options: tuple[str, ...] = (), internal_options: tuple[str, ...] = (),
-                   headers: tuple[tuple[str, str], ...] = (),
-                   compiler: tuple[tuple[str, str], ...] = (),
-                   environment: tuple[tuple[str, str], ...] = (),
-                   name: str = "") -> "HashAttributes":
-        """Private fast constructor: attributes from values already in the form ``__init__``
-        gives them (tuples of ``str``; tuples of ``(str, str)`` pairs sorted by name; no
-        specialization constants), without checking each item.
-
-        Only for a back end that builds such values itself on every request, where the
-        per-item checks and sorting of ``__init__`` would be paid on every hit. Values in
-        another form give a key no other caller computes: ``tests/test_keys.py`` holds this
-        to the public constructor, ``tests/test_opencl.py`` the OpenCL back end's values.
-        The arch, the source and the name are still checked (cheaply).
-        """
-        if not isinstance(source, str) or not source.strip() or not isinstance(name, str):
-            return cls(backend, source, arch, build_options, internal_options, headers, (),
-                       compiler, environment, name)  # __init__ says what is wrong
-        self = object.__new__(cls)
-        set_ = object.__setattr__
-        set_(self, "backend", backend)
-        set_(self, "source", source)
-        set_(self, "arch", check_arch(arch))
-        set_(self, "build_options", build_options)
-        set_(self, "internal_options", internal_options)
-        set_(self, "headers", headers)
-        set_(self, "spec_constants", ())
-        set_(self, "compiler", compiler)
-        set_(self, "environment", environment)
-        set_(self, "name", name)
-        set_(self, "_encoded", None)
-        set_(self, "_key", None)
-        return self
 
     def __setattr__(self, attr: str, value: Any) -> None:
         raise AttributeError(f"HashAttributes is immutable; use .with_({attr}=...) for a copy")

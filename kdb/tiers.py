@@ -17,16 +17,16 @@ refused the same way wherever it came from.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from . import config, faults, latency
 from .file import discovery
 from .file.codec import decode
 from .file.kernelfile import KernelFile
-from .strpaths import join, spelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from .keys import HashAttributes
     from .file.kernelfile import CompileRecord, Entry, Row
 
@@ -95,7 +95,7 @@ def system_files(arch: str, dirs: list[str | Path], memo_dir: str | Path, user_d
             "(pip install %s, if your framework publishes one), or build one with "
             "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
             arch, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
-            discovery.GROUP, join(spelled(user_dir), f"{arch}.kdb"), discovery.dist_name(arch),
+            discovery.GROUP, os.path.join(str(Path(user_dir)), f"{arch}.kdb"), discovery.dist_name(arch),
             arch,
         )
     return files

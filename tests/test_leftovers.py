@@ -13,7 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from kdb import logs, strpaths
+from kdb import dirs, logs
 from kdb.storing import spool
 from kdb.cli import cli
 
@@ -147,17 +147,17 @@ def test_a_planted_stand_in_home_is_not_used(tmp_path, monkeypatch, caplog):
     planted.chmod(0o777)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("HOME", "")
-    monkeypatch.setattr(strpaths, "_stand_ins", {})
+    monkeypatch.setattr(dirs, "_stand_ins", {})
     logs.forget_once()
-    got = strpaths.home()
+    got = dirs.home()
     assert got != str(planted) and got.startswith(str(tmp_path))
     st = os.stat(got)
     assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
-    assert strpaths.home() == got  # once per process
+    assert dirs.home() == got  # once per process
 
 
 def test_a_home_is_used_as_it_is(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert strpaths.home() == str(tmp_path)
+    assert dirs.home() == str(tmp_path)
     monkeypatch.delenv("HOME")
-    assert strpaths.home() == os.path.expanduser("~")
+    assert dirs.home() == os.path.expanduser("~")

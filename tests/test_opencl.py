@@ -295,9 +295,8 @@ def test_key_is_equal_across_virtual_environments(cache_dir, cl_ctx, tmp_path):
 
 
 def test_back_end_attributes_are_what_the_constructor_makes_of_them(cl_ctx, tmp_path, monkeypatch):
-    """The back end builds its attributes with HashAttributes._unchecked (no per-item checks):
-    its values must already be in the constructor's form, or its keys would differ from
-    those of the same attributes built any other way (explain, pack, a framework)."""
+    """The back end's attributes are what the constructor makes of the same fields: its keys
+    are those of the same attributes built any other way (explain, pack, a framework)."""
     monkeypatch.setenv("POCL_WORK_GROUP_METHOD", "cbs")
     monkeypatch.setenv("AMD_OCL_BUILD_OPTIONS", "-O3")
     (tmp_path / "b.h").write_text("#define B 2\n")

@@ -95,7 +95,7 @@ def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
             ident.append(("library", library_id(lib, Path(memo_dir))))
         except OSError as err:
             log.debug("kdb: cannot digest %s: %s", lib, err)
-    return tuple(sorted(ident))  # the key's order: HashAttributes._unchecked takes it as is
+    return tuple(sorted(ident))  # sorted, as the key wants its pairs
 
 
 def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
@@ -214,7 +214,7 @@ def attributes_for(device: cl.Device, source: str, user_options: list[str],
     the build reads (such a build is not cached).
     """
     user_rest, added_rest = _split_options(user_options, added_options)
-    return HashAttributes._unchecked(
+    return HashAttributes(
         backend=BACKEND,
         source=source,
         arch=arch or arch_of(device),

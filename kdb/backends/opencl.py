@@ -144,9 +144,9 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
         return _uncached(ctx, source, text, opt_bytes, devs, err, db, pyopencl_errors, wrapper)
     # Unlabelled until a miss: a hit never shows the label, and finding it scans the source.
     key_text, extra = _keyed(source, text)
-    attrs = [HashAttributes._unchecked(BACKEND, key_text, a, plan.user_rest,
-                                       plan.added_rest + extra if extra else plan.added_rest,
-                                       headers, c, plan.environment, name or "")
+    attrs = [HashAttributes(BACKEND, key_text, a, plan.user_rest,
+                            plan.added_rest + extra if extra else plan.added_rest,
+                            headers, (), c, plan.environment, name or "")
              for a, c in zip(plan.archs, plan.compilers)]
     memory_key = (ctx.int_ptr, plan.dev_ptrs, tuple(a.key for a in attrs))
     built = _compiled.get(memory_key)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from .zstd import load as _load_zstd
+import zstandard as _zstd
 
 ZSTD = "zstd"
 RAW = "raw"
@@ -28,7 +28,6 @@ FAST_SLACK = 1.05
 _FRAME_CHECKSUM_FLAG = 0x04  # bit 2 of a zstd frame's header descriptor (byte 4)
 
 _local = threading.local()
-_zstd = _load_zstd()  # zstandard's C extension, or the package where that is not possible
 
 
 def checksum(raw: bytes) -> str:

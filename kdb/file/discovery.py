@@ -19,16 +19,12 @@ by distribution name. Every file found serves; the first that holds a key answer
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections import namedtuple
 
 from .. import config, errors, logs
 from . import entrypoints
 from .entrypoints import _EntryPoint, _load, _memo, _parse_group, _read, flush  # noqa: F401
-from ..strpaths import is_file, join, spelled
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # a hit keeps its paths as str: pathlib loads where a caller asks for one
-    from pathlib import Path
 
 log = logs.get("kdb")
 GROUP = "kdb.system"
@@ -107,8 +103,8 @@ def _resolve(ep: _EntryPoint) -> SystemSource:
     locations = list(spec.submodule_search_locations or []) if spec else []
     if not locations:
         return SystemSource(arch, ".", origin, f"package {module!r} not found")
-    path = join(spelled(locations[0]), f"{arch}.kdb")
-    if not is_file(path):
+    path = os.path.join(str(Path(locations[0])), f"{arch}.kdb")
+    if not Path(path).is_file():
         return SystemSource(arch, path, origin, "file missing")
     return SystemSource(arch, path, origin)
 
@@ -130,9 +126,9 @@ def all_sources(extra_dirs: list[str | os.PathLike[str]] | None = None, *,
                     config.check_arch(arch)
                 except Exception:  # noqa: BLE001 - not ours to judge; skip
                     continue
-                path = join(spelled(d), n)
+                path = os.path.join(str(Path(d)), n)
                 # Never open what is not a regular file: a FIFO blocks open() for good.
-                problem = "" if is_file(path) else "not a regular file (skipped)"
+                problem = "" if Path(path).is_file() else "not a regular file (skipped)"
                 out.append(_checked(SystemSource(arch, path, config.ENV_SYSTEM_DB_PATH,
                                                  problem)))
     out.extend(_checked(_resolve(ep)) for ep in entry_points(memo_dir=memo_dir))
@@ -165,10 +161,10 @@ def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = Non
                 memo_dir: str | os.PathLike[str] | None = None) -> list[SystemSource]:
     """Usable system databases for one arch, in search order; broken entries are logged."""
     dirs = config.system_dirs_str() if extra_dirs is None else extra_dirs
-    files = (join(spelled(d), f"{arch}.kdb") for d in dirs)
+    files = (os.path.join(str(Path(d)), f"{arch}.kdb") for d in dirs)
     out = []
     for f in files:
-        if is_file(f):
+        if Path(f).is_file():
             why = unsafe(f)
             if why is None:
                 out.append(SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH))

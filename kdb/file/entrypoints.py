@@ -17,7 +17,7 @@ import time
 from collections import namedtuple
 
 from .. import config, logs
-from ..strpaths import make_private_dir
+from ..dirs import make_private_dir
 
 log = logs.get("kdb")
 

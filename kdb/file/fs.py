@@ -10,9 +10,9 @@ database), or that group or others can write, is refused.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import stat
 
-from ..strpaths import exists, parent, spelled
 
 #: File system types (as /proc/mounts names them) on which SQLite's WAL cannot be trusted.
 NETWORK_FS = frozenset({
@@ -42,9 +42,9 @@ def fs_type(path: str | os.PathLike[str], mounts: str = "/proc/mounts") -> str |
 
 def network_fs(path: str | os.PathLike[str]) -> str | None:
     """The network file system type under ``path``, or ``None`` if it is local."""
-    p = spelled(path)
-    while not exists(p) and parent(p) != p:
-        p = parent(p)
+    p = str(Path(path))
+    while not Path(p).exists() and str(Path(p).parent) != p:
+        p = str(Path(p).parent)
     kind = fs_type(p)
     return kind if kind in NETWORK_FS else None
 
@@ -84,7 +84,7 @@ def unsafe_chain(paths, system: bool = False) -> tuple[str, str] | None:
     for p in paths:
         why = _owner_problem(p, system)
         if why is not None:
-            return spelled(p), why
+            return str(Path(p)), why
     return None
 
 

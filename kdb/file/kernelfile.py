@@ -14,6 +14,7 @@ are reported through :func:`kdb.faults.fault` and cost at most a recompile.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import sqlite3
 import stat
 import threading
@@ -33,11 +34,9 @@ from .fileformat import (
     status_of,
     wal_size,
 )
-from ..strpaths import exists, parent, spelled
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations are strings here; typing and pathlib stay off the hit path
-    from pathlib import Path
+if TYPE_CHECKING:  # annotations are strings here
     from typing import Iterable
 
 __all__ = ["CompileRecord", "Entry", "KernelFile", "Row", "sqlite_uri"]
@@ -80,7 +79,7 @@ class KernelFile:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, tier: str, readonly: bool) -> None:
-        self.filename = spelled(path)
+        self.filename = str(Path(path))
         self.tier = tier
         self.readonly = readonly
         self.usable = True  # False once the file proved unusable in this process
@@ -97,7 +96,7 @@ class KernelFile:
     @property
     def directory(self) -> str:
         """The directory the file is in, as a str (``path.parent``)."""
-        return parent(self.filename)
+        return str(Path(self.filename).parent)
 
     def __repr__(self) -> str:
         return f"KernelFile({self.filename!r}, tier={self.tier!r})"
@@ -252,7 +251,7 @@ class KernelFile:
 
     def _damaged(self, err: Exception) -> None:
         self.usable = False
-        if isinstance(err, sqlite3.OperationalError) and not exists(self.filename):
+        if isinstance(err, sqlite3.OperationalError) and not Path(self.filename).exists():
             self.usable = True  # removed meanwhile (kdb clear): the next use makes a new one
             self.close()
             self._checked = False
@@ -365,7 +364,7 @@ class KernelFile:
         from .eviction import evict
         from .filewriter import change
 
-        if not exists(self.filename):
+        if not Path(self.filename).exists():
             return 0, 0  # nothing stored, nothing to evict
         return change(self, "evict from", lambda conn: evict(conn, target), None)
 
@@ -386,6 +385,6 @@ class KernelFile:
 
 def _writable(path: str) -> bool:
     """Whether this process can write ``path`` and create its journal beside it."""
-    if not exists(path):
+    if not Path(path).exists():
         return True  # created by the writer, which reports what fails
-    return os.access(path, os.W_OK) and os.access(parent(path), os.W_OK | os.X_OK)
+    return os.access(path, os.W_OK) and os.access(str(Path(path).parent), os.W_OK | os.X_OK)

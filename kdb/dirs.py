@@ -1,0 +1,77 @@
+"""The directories kdb makes for itself: the home its default cache lives under (or a private
+stand-in when there is none) and private directories (a cache holds code the user will run).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+def home() -> str:
+    """The home directory the default cache lives under: ``HOME`` (else the password entry's).
+
+    ``HOME`` empty, relative or ``/`` (a service account, a scrubbed environment) would put
+    the cache at ``.cache/kdb`` in whatever directory a process runs in, or at
+    ``/.cache/kdb``: a private directory under the temporary directory stands in, with one
+    warning (:func:`stand_in_home`)."""
+    found = os.environ.get("HOME")
+    if found is None:
+        found = os.path.expanduser("~")  # the password entry (``~`` where there is none)
+    if found[:1] == os.sep and str(Path(found)) != os.sep:
+        return found
+    return stand_in_home(found)
+
+
+def stand_in_home(found: str | None) -> str:
+    """``<tmp>/kdb-<uid>``, created 0700 and checked to be this user's own directory (else a
+    new private one, ``mkdtemp``); warns once, naming ``HOME`` and the fix."""
+    got = _stand_ins.get(found)
+    if got is not None:
+        return got
+    import tempfile
+
+    from . import logs
+
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    path = os.path.join(tempfile.gettempdir(), f"kdb-{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except OSError:
+        pass
+    try:
+        st = os.lstat(path)
+        ours = stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
+    except OSError:
+        ours = False
+    if not ours:  # planted by someone else, or not a directory: never use it
+        path = tempfile.mkdtemp(prefix=f"kdb-{uid}-")
+    logs.warn_once("home", "kdb: HOME is %s, so there is no home directory for the kernel "
+                   "cache; using the private directory %s instead. Set HOME to your home "
+                   "directory, or KDB_CACHE_DIR to a directory of your own.",
+                   "unset" if found in (None, "~") else repr(found), path)
+    _stand_ins[found] = path
+    return path
+
+
+_stand_ins: dict[str | None, str] = {}
+
+
+def make_private_dir(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` and any missing parents with mode 0700; returns it as a Path. (Not
+    ``Path.mkdir(parents=True)``: that gives the parents the umask's mode.)"""
+    target = Path(path)
+    missing = []
+    p = target
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+    return target

@@ -1,0 +1,28 @@
+"""kdb.dirs: private directories, and the cache's paths as str and as Path naming the same."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kdb import config, dirs
+
+
+def test_make_private_dir_creates_the_missing_parents_private(tmp_path):
+    target = tmp_path / "a" / "b" / "c"
+    assert dirs.make_private_dir(str(target) + "/") == target
+    for d in (tmp_path / "a", tmp_path / "a" / "b", target):
+        assert d.is_dir() and d.stat().st_mode & 0o777 == 0o700, d
+    assert config.private_dir(target) == target  # there already: nothing to do
+
+
+def test_the_str_settings_are_the_path_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path) + "//./cache/")
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", os.pathsep.join(["~/a/", "", str(tmp_path)]))
+    assert config.cache_root() == Path(config.cache_root_str()) == tmp_path / "cache"
+    assert str(config.user_dir()) == config.user_dir_str() == str(tmp_path / "cache" / "v1")
+    assert [str(d) for d in config.system_dirs()] == config.system_dirs_str() == [
+        str(Path("~/a").expanduser()), str(tmp_path)]
+    monkeypatch.delenv("KDB_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", ".")
+    assert config.cache_root_str() == os.path.join(os.getcwd(), "kdb") == str(config.cache_root())
