@@ -58,17 +58,17 @@ def ensure(f: KernelFile) -> sqlite3.Connection | None:
             return _ensure(f)
         except _Gone:
             f.close()
-            f._checked = False
+            f.checked = False
     return None
 
 
 def _ensure(f: KernelFile) -> sqlite3.Connection | None:
-    conn = f._conn()
-    if conn is not None and f._replaced():
+    conn = f.connection()
+    if conn is not None and f.replaced():
         f.close()  # reopen, or create, the file now at ``path``
-        f._checked = False
+        f.checked = False
         conn = None
-    if conn is not None and f._checked and revision_of(conn) == HEAD:
+    if conn is not None and f.checked and revision_of(conn) == HEAD:
         return conn
     if not f.usable:
         return None
@@ -84,19 +84,19 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
         if not f.path.exists():
             os.close(os.open(f.path, os.O_WRONLY | os.O_CREAT, 0o600))
         ident, began = identity(f.filename), True
-        keeper = f._open()
+        keeper = f.open_connection()
         _check_there(f, ident)
         from .migrate import file_lock
 
         with file_lock(f.path):
             _check_there(f, ident)
-            probe = f._open()
+            probe = f.open_connection()
             try:
                 rev = revision_of(probe)
                 if rev is None and not has_no_tables(probe):
                     probe.close()
                     _check_there(f, ident)
-                    f._damaged(sqlite3.DatabaseError("not a kdb database"))
+                    f.damaged(sqlite3.DatabaseError("not a kdb database"))
                     return None
                 if rev is None:
                     probe.execute(f"PRAGMA journal_mode={_journal_mode(f)}")
@@ -104,8 +104,8 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
                 probe.close()
             if rev != HEAD:
                 if rev is not None and rev not in REVISIONS:
-                    f._checked = False
-                    f._conn()  # reports the future revision once
+                    f.checked = False
+                    f.connection()  # reports the future revision once
                     return None
                 if not _migrate(f, lambda: _check_there(f, ident)):
                     return None
@@ -115,7 +115,7 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
     except DAMAGE as err:
         if began:
             _check_there(f, ident, err)
-        f._damaged(err)
+        f.damaged(err)
         return None
     except OSError as err:
         if began:
@@ -128,8 +128,8 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
         if keeper is not None:
             keeper.close()
     f.close()
-    f._checked = True
-    return f._conn()
+    f.checked = True
+    return f.connection()
 
 def _check_there(f: KernelFile, ident: tuple[int, int] | None,
                  err: Exception | None = None) -> None:
@@ -141,7 +141,7 @@ def _check_there(f: KernelFile, ident: tuple[int, int] | None,
 
 def _describe(f: KernelFile) -> None:
     """Facts about a new file in ``meta``: its arch, format and the kdb that made it."""
-    conn = f._open()  # mode=rw: a file removed meanwhile is not made again here
+    conn = f.open_connection()  # mode=rw: a file removed meanwhile is not made again here
     try:
         set_meta(conn, [("arch", f.path.stem), *file_facts()])
     finally:
@@ -179,9 +179,9 @@ def write(f: KernelFile, entries: list[Entry], logs: list[CompileRecord],
                 skipped = _store(f, conn, entries, logs, hits, counters, cap, time.time())
             return not skipped
         except (sqlite3.Error, UnicodeDecodeError) as err:
-            if attempt + 1 < _ATTEMPTS and isinstance(err, sqlite3.Error) and f._replaced():
+            if attempt + 1 < _ATTEMPTS and isinstance(err, sqlite3.Error) and f.replaced():
                 f.close()  # removed or replaced since ensure() (kdb clear): write the new one
-                f._checked = False
+                f.checked = False
                 continue
             _write_failed(f, err)
             return False
@@ -193,7 +193,7 @@ def _write_failed(f: KernelFile, err: Exception) -> None:
     if isinstance(err, UnicodeDecodeError) or (
             isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err)):
         f.close()
-        f._damaged(err)
+        f.damaged(err)
     else:
         faults.fault(f"could not write to {f.path} ({err}); entries not stored",
                      once="write:" + str(f.path))

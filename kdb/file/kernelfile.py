@@ -83,7 +83,7 @@ class KernelFile:
         self.tier = tier
         self.readonly = readonly
         self.usable = True  # False once the file proved unusable in this process
-        self._checked = False
+        self.checked = False  # its revision was checked in this process (the writer resets it)
         self._local = threading.local()
         self._lock = threading.Lock()
 
@@ -103,7 +103,9 @@ class KernelFile:
 
     # -- connections ------------------------------------------------------------------------
 
-    def _open(self) -> sqlite3.Connection:
+    def open_connection(self) -> sqlite3.Connection:
+        """A new connection to the file (read-only and immutable for a system file); the
+        writer (:mod:`kdb.file.filewriter`) opens its own with it."""
         if self.readonly:
             uri = sqlite_uri(self.filename, "mode=ro&immutable=1")
             conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
@@ -116,7 +118,9 @@ class KernelFile:
             conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
-    def _conn(self) -> sqlite3.Connection | None:
+    def connection(self) -> sqlite3.Connection | None:
+        """This thread's connection for reads, opened and checked once; None where the file
+        is not there or not usable (a miss)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
             return conn
@@ -129,27 +133,27 @@ class KernelFile:
         if not stat.S_ISREG(mode):
             self._not_a_file(mode)
             return None
-        if not self.readonly and not self._checked:
+        if not self.readonly and not self.checked:
             if not self.trusted():
                 return None
             if not _writable(self.filename):
                 self._read_only_cache()
         conn = None
         try:
-            conn = self._open()
-            if not self._checked and not self._check(conn):
+            conn = self.open_connection()
+            if not self.checked and not self._check(conn):
                 conn.close()
                 return None
         except DAMAGE as err:
             if conn is not None:
                 conn.close()
-            self._damaged(err)
+            self.damaged(err)
             return None
         self._local.conn, self._local.pid = conn, os.getpid()
         self._local.ident = identity(self.filename)
         return conn
 
-    def _replaced(self) -> bool:
+    def replaced(self) -> bool:
         """Whether the file this thread's connection writes to is no longer at ``path``
         (``kdb clear``, a repair, or a user deleted it): writes would go to an unlinked file."""
         return getattr(self._local, "ident", None) != identity(self.filename)
@@ -195,13 +199,13 @@ class KernelFile:
         stays usable: :meth:`ensure` upgrades it on the next write.
         """
         with self._lock:
-            if self._checked:
+            if self.checked:
                 return True
             if self.tier == "system" and not self._wal_ok():
                 return False
             status = classify(conn)  # raises DAMAGE for a file missing its tables
             if status.readable or (status.kind == "empty" and self.tier == "user"):
-                self._checked = True  # empty: reads miss until the writer creates its tables
+                self.checked = True  # empty: reads miss until the writer creates its tables
                 return True
             if status.kind == "stale":
                 if self.readonly:
@@ -249,12 +253,14 @@ class KernelFile:
             once="walsys:" + self.filename)
         return not wal
 
-    def _damaged(self, err: Exception) -> None:
+    def damaged(self, err: Exception) -> None:
+        """The file failed with ``err``: not used again in this process (a corrupt one is
+        moved aside), unless it was only removed meanwhile."""
         self.usable = False
         if isinstance(err, sqlite3.OperationalError) and not Path(self.filename).exists():
             self.usable = True  # removed meanwhile (kdb clear): the next use makes a new one
             self.close()
-            self._checked = False
+            self.checked = False
             return
         if isinstance(err, sqlite3.OperationalError):
             # I/O error, full disk, cannot open, read-only, locked: the file may be sound,
@@ -273,7 +279,7 @@ class KernelFile:
         moved = move_aside(self.filename)
         self._local = threading.local()
         self.usable = moved  # the next write creates a fresh file
-        self._checked = False
+        self.checked = False
         return moved
 
     def close(self) -> None:
@@ -285,7 +291,7 @@ class KernelFile:
     # -- reads (hot path) -------------------------------------------------------------------
 
     def fetch(self, key: str) -> Row | None:
-        conn = self._conn()
+        conn = self.connection()
         if conn is None:
             return None
         try:
@@ -298,7 +304,7 @@ class KernelFile:
                              once="locked")
                 return None
             self.close()
-            self._damaged(err)
+            self.damaged(err)
             return None
         if row is None:
             return None
@@ -310,7 +316,7 @@ class KernelFile:
         """``(key, row)`` of every entry whose compiler-free key is ``free_key``: the
         candidates :mod:`kdb.backends.fallback` ranks when no compiler is installed. A file written
         before revision 0004 has no such column and yields none."""
-        conn = self._conn()
+        conn = self.connection()
         if conn is None:
             return []
         try:
@@ -323,14 +329,14 @@ class KernelFile:
                              once="locked")
                 return []
             self.close()
-            self._damaged(err)
+            self.damaged(err)
             return []
         return [(r[0], Row(*r[1:6], float(r[6]) if isinstance(r[6], (int, float)) else 0.0))
                 for r in rows]
 
     def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
         """Read-only query for the CLI and ``explain``; an unusable file yields no rows."""
-        conn = self._conn()
+        conn = self.connection()
         if conn is None:
             return []
         try:
