@@ -269,7 +269,7 @@ class Table:
 
 @dataclass
 class Check:
-    """One figure of DESIGN section 10 against what this run measured."""
+    """One of the figures docs/design.md holds kdb to, against what this run measured."""
 
     figure: str
     target: str

@@ -1,7 +1,7 @@
 """The scenarios of issue 6, each measured against what a user would otherwise have.
 
-Every scenario takes the :class:`Workspace` and returns an :class:`Outcome` (tables, DESIGN
-section 10 checks, notes). Arms run interleaved, run by run, in fresh processes where the
+Every scenario takes the :class:`Workspace` and returns an :class:`Outcome` (tables, the
+figures' checks, notes). Arms run interleaved, run by run, in fresh processes where the
 start-up is what is measured.
 """
 
@@ -37,6 +37,7 @@ from _harness import (
     spawn,
     wait_for_worker,
 )
+from _adopt import adopt
 from _script import autogroup, script
 
 KB = 1024
@@ -127,7 +128,7 @@ def warm(ws: Workspace, o: Outcome) -> None:
     for arm, n in compiled.items():
         o.notes.append(f"arm {arm} compiled {n} kernel(s) over {runs} runs: it was not served "
                        "from the cache as intended")
-    o.notes.append("Seen here before kdb existed (DESIGN section 10): floor 17 ms, PoCL cache "
+    o.notes.append("Seen here before kdb existed: floor 17 ms, PoCL cache "
                    "500 ms, no cache 2,700 ms for 20 kernels.")
     o.notes.append("'exit' is the process's last statement to its end (atexit handlers: kdb "
                    "writes its batched hit counters there).")
@@ -323,20 +324,15 @@ def hit(ws: Workspace, o: Outcome) -> None:
                 for v in s[arm]:
                     warm_t.add(arm, size, v)
     k70 = str(70 * KB)
-    if regular_t is not None:
-        o.checks.append(at_most("hit overhead: fresh process, kdb installed from its wheel, "
-                                "import kdb + one 70 KB hit vs python -c pass",
-                                regular_t.ratio("kdb", k70), 2.0))
+    # The fresh-process tables compare with `python -c pass`, a program nobody runs: they are
+    # reported, not held to a figure; what adopting kdb costs a real program is `adopt`'s.
     for t in (fresh_t, regular_t):
         sketch = t.ratio("sketch", k70) if t is not None else None
         if sketch is not None:
             o.notes.append(f"{t.name}: the sqlite3 + zstd sketch alone takes {sketch:.2f}x a "
-                           "bare start (DESIGN section 10 saw 1.7x): importing sqlite3 and "
+                           "bare start: importing sqlite3 and "
                            "zstandard is most of it.")
     o.checks += [
-        at_most("hit overhead: fresh process, import kdb + one 70 KB hit vs python -c pass",
-                fresh_t.ratio("kdb", k70), 2.0),
-
         at_most("hit overhead: warm process, one 70 KB hit vs file read + decompress",
                 warm_t.ratio("kdb", k70), 2.0),
     ]
@@ -908,5 +904,5 @@ def auto(ws: Workspace, o: Outcome) -> None:
 
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
-    "suite": suite, "auto": auto, "script": script,
+    "suite": suite, "auto": auto, "script": script, "adopt": adopt,
 }

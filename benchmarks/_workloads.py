@@ -55,7 +55,7 @@ def kernels(n: int) -> list[dict[str, str]]:
 
 def compressible(size: int, seed: int) -> bytes:
     """``size`` random-looking bytes that zstd shrinks about 2x (4 bits of entropy a byte),
-    close to what it does to PoCL program binaries (DESIGN section 4)."""
+    close to what it does to PoCL program binaries (docs/design.md section 5)."""
     rnd = random.Random(seed)
     return bytes(b & 0x0F | 0x40 for b in rnd.randbytes(size))
 

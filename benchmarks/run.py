@@ -5,10 +5,10 @@
     python benchmarks/run.py --quick          # smoke run: 1 run each, 4 kernels (< 1 minute)
     python benchmarks/run.py --only hit,scale --runs 7
 
-Scenarios (issue 6, DESIGN section 10): warm, cold, hit, many, scale, cuda, suite, auto;
+Scenarios (the figures of docs/design.md): warm, cold, hit, many, scale, cuda, suite, auto;
 script (issue 19: a new user's first run, kdb against no kdb). Each prints a
 table per measurement, every arm's median and its ratio to the reference arm, then the
-DESIGN section 10 figures it bears on; everything (samples included) goes to a JSON file.
+figures of docs/design.md it bears on; everything (samples included) goes to a JSON file.
 Whatever kdb is installed in this interpreter is what gets measured.
 """
 
@@ -121,7 +121,7 @@ def _print(name: str, out: Outcome, seconds: float) -> None:
     for note in out.notes:
         print(f"note: {note}")
     if out.checks:
-        print("DESIGN section 10:")
+        print("kdb's figures (docs/design.md):")
         for c in out.checks:
             print(c.render())
     sys.stdout.flush()
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     result["meta"]["seconds"] = time.perf_counter() - t_all
     checks = [c for s in result["scenarios"].values() for c in s["checks"]]
     if checks:
-        print("\n=== DESIGN section 10 figures, this run")
+        print("\n=== kdb's figures (docs/design.md), this run")
         for c in checks:
             mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[c["met"]]
             val = "-" if c["value"] is None else f"{c['value']:.3g}"

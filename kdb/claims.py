@@ -1,7 +1,7 @@
 """Single-flight compiles across processes: one process compiles a key, the others wait.
 
 MPI ranks start together and miss the same kernels at once; without coordination every rank
-compiles every kernel (and PoCL fails builds under that load, DESIGN section 11). A claim is
+compiles every kernel (and PoCL fails builds under that load, docs/figures.md). A claim is
 an exclusive ``flock`` on ``<user dir>/claims/<key>.lock``, taken without blocking. The
 kernel releases it when the holder exits or dies, so a crashed compiler's claim never
 outlives it, and taking one costs no database write (no schema needed on a cold machine).

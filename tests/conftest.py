@@ -77,7 +77,7 @@ def run_py(tmp_path):
     """Run Python code in a fresh interpreter; returns the CompletedProcess (text mode).
 
     Each call gets its own POCL_CACHE_DIR unless ``env`` sets one, so concurrent children
-    never share PoCL's cache (see DESIGN section 11).
+    never share PoCL's cache (see docs/figures.md).
     """
     counter = iter(range(10**6))
 

@@ -75,7 +75,7 @@ def _arch_of_ptr(ptr: int, device: cl.Device) -> str:
 
 
 def arch_of(device: cl.Device) -> str:
-    """The arch id of a device: its binary-compatibility class (DESIGN section 2)."""
+    """The arch id of a device: its binary-compatibility class (docs/design.md section 1)."""
     return _arch_of_ptr(device.int_ptr, device)
 
 

@@ -1,7 +1,7 @@
 """Stores handed to a store worker: job files beside the user files, written and read.
 
 Reading a PoCL program's binaries makes PoCL generate code for every kernel of it, which
-can cost far more than the build (DESIGN section 11). Done inside the process that built
+can cost far more than the build (docs/figures.md). Done inside the process that built
 the program it competes for PoCL's compiler lock; done after its exit it made the next run
 wait. So a process that compiled a program writes down how to build it again (a
 :class:`~kdb.storing.jobs.StoreJob`: back end, source, options, devices, the entries' attributes
