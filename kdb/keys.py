@@ -11,8 +11,21 @@ from __future__ import annotations
 import sys
 
 from collections.abc import Mapping
-from hashlib import sha256
-from json.encoder import encode_basestring as _quote  # json's C encoder where it has one
+
+# hashlib loads OpenSSL (3-4 ms) and json its decoder and scanner (1.5 ms), in every process
+# that asks for a key: the builtin sha256 and json's C string encoder give the same bytes,
+# and keep `import kdb.opencl` after pyopencl within its figure (docs/figures.md).
+try:
+    from _sha256 import sha256  # CPython <= 3.11
+except ImportError:  # pragma: no cover - depends on the Python version
+    try:
+        from _sha2 import sha256  # CPython >= 3.12
+    except ImportError:
+        from hashlib import sha256
+try:
+    from _json import encode_basestring as _quote
+except ImportError:  # pragma: no cover - Pythons without json's C accelerator
+    from json.encoder import py_encode_basestring as _quote
 
 from .config import check_arch
 from .errors import InvalidArgumentError, UnsupportedTypeError

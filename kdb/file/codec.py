@@ -5,7 +5,7 @@ miss), never returned. zstd frames are written with their own content checksum (
 which zstd verifies while decompressing: on the hit path that check replaces the sha256,
 which costs more than the decompression itself. The sha256 stays in every row, and
 ``thorough=True`` (``kdb verify``, ``kdb pack``) checks it. Compressor objects are not
-thread-safe, so each thread gets its own. zstd itself comes from :mod:`kdb.file.zstd`.
+thread-safe, so each thread gets its own.
 """
 
 from __future__ import annotations
