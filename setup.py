@@ -8,6 +8,7 @@ import that fails costs one line on stderr, never the program.
 """
 
 import os
+import shutil
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -31,6 +32,10 @@ PTH_LINE = "import os; os.environ.get('KDB_AUTO') and exec(%r)\n" % _START
 
 class build_py_with_pth(build_py):  # noqa: N801 - setuptools' command naming
     def run(self):
+        if not getattr(self, "editable_mode", False):
+            # build/lib outlives a checkout's changes: a module moved or deleted since the
+            # last build would ship in the wheel beside its new self.
+            shutil.rmtree(os.path.join(self.build_lib, "kdb"), ignore_errors=True)
         super().run()
         targets = [self.build_lib]
         if getattr(self, "editable_mode", False):

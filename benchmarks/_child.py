@@ -29,7 +29,7 @@ def _pocl_device(cl: Any) -> Any:
 
 
 def _compiles() -> int | None:
-    mod = sys.modules.get("kdb.latency")
+    mod = sys.modules.get("kdb.bookkeeping")
     return None if mod is None else len(mod.records())
 
 

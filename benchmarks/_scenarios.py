@@ -353,7 +353,7 @@ def many(ws: Workspace, o: Outcome) -> None:
                Metric("failed", "failed procs", unit="n", ratio=False)]
     t = o.table(f"{n_p} concurrent processes, each its own fresh POCL_CACHE_DIR", "nocache",
                 metrics, note="kdb: one shared, empty KDB_CACHE_DIR; source builds = compiles "
-                              "kdb recorded (kdb.latency) summed over the processes")
+                              "kdb recorded (kdb.bookkeeping) summed over the processes")
     t.arm("nocache", "no kdb (plain pyopencl)")
     t.arm("kdb", "kdb, shared empty cache")
     errors: list[str] = []
@@ -590,7 +590,7 @@ def cuda(ws: Workspace, o: Outcome) -> None:
     if nvcc is None:
         o.status, o.reason = "skipped", "nvcc is not on PATH"
         return
-    from kdb.backends import nvrtc as _nvrtc
+    from kdb.backends.cuda import nvrtc as _nvrtc
 
     try:
         _nvrtc.find_nvrtc()

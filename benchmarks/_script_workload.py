@@ -77,7 +77,7 @@ def main() -> None:
     _close(out.get(), np.maximum.accumulate(x_h), "generic scan")
     q.finish()
     seconds = time.perf_counter() - start
-    lat = sys.modules.get("kdb.latency")
+    lat = sys.modules.get("kdb.bookkeeping")
     print("BENCH-JSON:" + json.dumps({
         "programs": _builds[0], "compiles": len(lat.records()) if lat else _builds[0],
         "seconds": seconds, "t_begin": T_BEGIN, "t_end": time.perf_counter()}), flush=True)

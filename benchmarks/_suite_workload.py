@@ -167,7 +167,7 @@ def main() -> None:
     {"array": part_array, "kernels": part_kernels}[part](q, scale)
     q.finish()
     seconds = time.perf_counter() - start
-    lat = sys.modules.get("kdb.latency")
+    lat = sys.modules.get("kdb.bookkeeping")
     print("BENCH-JSON:" + json.dumps({
         "programs": _builds[0], "compiles": len(lat.records()) if lat else _builds[0],
         "seconds": seconds, "t_begin": T_BEGIN, "t_end": time.perf_counter()}), flush=True)

@@ -15,6 +15,10 @@ Submodules load on first use (``import kdb`` stays cheap): ``kdb.opencl`` for py
 
 from __future__ import annotations
 
+#: kdb's version, written once: pyproject.toml reads it from here, and every file kdb writes
+#: records it (set before any import below: a submodule may ask for it while this runs).
+__version__ = "0.1.0"
+
 TYPE_CHECKING = False  # typing is slow to import: annotations only
 from .errors import (
     BackendUnavailableError,
@@ -28,7 +32,6 @@ from .errors import (
 )
 from .keys import HashAttributes
 
-from .version import __version__
 
 __all__ = [
     "BackendUnavailableError",

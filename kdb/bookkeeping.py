@@ -1,4 +1,5 @@
-"""Batched bookkeeping: what a KernelDB counted and still has to write, and its one writer.
+"""Bookkeeping: what a KernelDB counted and still has to write, its one writer, and the
+start-up latency log.
 
 A hit never writes: it bumps a counter (and a per-key hit count for the user tier) in
 memory here. The rows are written later in one short transaction, together with entries
@@ -7,6 +8,11 @@ collected KernelDB, the exit, and the store worker writing what a process handed
 through it). This process's own totals (:func:`process_counts`) feed ``kdb run`` and
 ``pytest --kdb``: at exit a process leaves them in ``KDB_RUN_REPORT`` (:mod:`kdb.adopt.tally`
 adds the reports up).
+
+The start-up latency log keeps every compile of this process in memory (:func:`record`; the
+rows reach the user file's ``compile_log`` with the rest). At exit, a process that compiled
+logs one summary warning: how many kernels, how many seconds, and the missing system
+databases if that is why.
 """
 
 from __future__ import annotations
@@ -203,6 +209,64 @@ def _write_every_book() -> None:
         book.at_exit()
 
 
+# -- the start-up latency log -----------------------------------------------------------
+
+_records: list[CompileRecord] = []
+_missing_system: dict[str, str] = {}  # arch -> file name looked for
+_records_lock = threading.Lock()
+
+
+def record(key: str, name: str, arch: str, backend: str, seconds: float, missed: str,
+           reason: str) -> CompileRecord:
+    """Remember one compile of this process and return its log row."""
+    rec = CompileRecord(key=key, name=name, arch=arch, backend=backend, seconds=seconds,
+                        missed=missed, reason=reason, at=time.time(), pid=os.getpid())
+    with _records_lock:
+        _records.append(rec)
+    return rec
+
+
+def note_missing_system(arch: str) -> None:
+    with _records_lock:
+        _missing_system[arch] = f"{arch}.kdb"
+
+
+def records() -> list[CompileRecord]:
+    """This process's compiles so far."""
+    with _records_lock:
+        return list(_records)
+
+
+def summary() -> str | None:
+    """The one-line summary of this start-up's compiles, or ``None`` if it compiled nothing."""
+    recs = records()
+    if not recs:
+        return None
+    total = sum(r.seconds for r in recs)
+    arches = sorted({r.arch for r in recs})
+    text = (f"kdb: this start-up compiled {len(recs)} kernel(s) in {total:.2f} s "
+            f"(arch {', '.join(arches)})")
+    missing = sorted(a for a in arches if a in _missing_system)
+    if missing:
+        text += ("; no system kernel database for " + ", ".join(missing)
+                 + ": install its package or build one with `kdb pack`")
+    text += ". Later starts load them from the cache; `kdb log` shows the details."
+    return text
+
+
+def _summary_at_exit() -> None:
+    text = summary()
+    if text:
+        log.warning("%s", text)
+
+
+def forget_compiles() -> None:
+    """Forget this process's compiles (tests, ``kdb pack`` between manifests)."""
+    with _records_lock:
+        _records.clear()
+        _missing_system.clear()
+
+
 # -- this process's totals (``kdb run``, ``pytest --kdb``) ----------------------------------
 
 _counts: dict[str, float] = {}
@@ -250,13 +314,16 @@ def _report_at_exit() -> None:
 
 
 def _after_fork() -> None:
-    global _counts_lock
-    _counts_lock = threading.Lock()  # another thread of the parent may have held it
+    global _counts_lock, _records_lock
+    _counts_lock = threading.Lock()  # another thread of the parent may have held them
+    _records_lock = threading.Lock()
     _counts.clear()
+    forget_compiles()
     for book in list(_books):
         book.forget()
 
 
 lifecycle.on_exit(lifecycle.BOOKKEEPING, _write_every_book)
+lifecycle.on_exit(lifecycle.SUMMARY, _summary_at_exit)
 lifecycle.on_exit(lifecycle.REPORT, _report_at_exit)
 lifecycle.on_fork(_after_fork)

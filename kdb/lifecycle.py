@@ -10,7 +10,7 @@ order:
    (or handed to the store worker);
 2. ``STORES``: background stores are finished within ``KDB_STORE_TIMEOUT``, and claims whose
    stores are still queued are handed over (:mod:`kdb.shared.keeper`);
-3. ``SUMMARY``: the start-up latency summary is logged (:mod:`kdb.latency`);
+3. ``SUMMARY``: the start-up latency summary is logged (:mod:`kdb.bookkeeping`);
 4. ``REPORT``: the rest: this process's run report (``KDB_RUN_REPORT``).
 
 Within a phase, hooks run in the order they registered. After ``fork`` every ``on_fork``

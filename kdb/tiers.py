@@ -1,4 +1,4 @@
-"""Tiers: the places a binary may be found, behind one protocol, and the one check of a hit.
+"""Tiers: the places a binary may be found, the one check of a hit, and the policy over them.
 
 A tier answers four questions, whatever it is made of:
 
@@ -13,22 +13,42 @@ A tier answers four questions, whatever it is made of:
 :class:`kdb.shared.tier.SharedTier` is the shared one (imported only when ``KDB_SHARED_URL`` is
 set). Every tier's rows pass through :func:`verified`, so a corrupt or colliding entry is
 refused the same way wherever it came from.
+
+:class:`Tiers` is the policy over one database's tiers: a hit is :meth:`Tiers.lookup` read top
+to bottom (key, one loop over the tiers, each row verified, a counter bumped in memory by
+:mod:`kdb.bookkeeping`; no lock, no write, no SQLAlchemy). A miss claims the key or waits for
+the process that compiles it (:mod:`kdb.claims`) and compiles outside any transaction; how the
+result reaches the writable tiers is the store side, :mod:`kdb.storing.stores`, which ``Tiers``
+inherits. Back ends and the store worker reach it as ``KernelDB.tiers``; a program calls
+:class:`kdb.KernelDB`, the public surface.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+from collections import namedtuple
 from pathlib import Path
 
-from . import config, faults, latency
+from . import bookkeeping, config, faults, logs
+from .bookkeeping import Book, add
+from .errors import InvalidArgumentError
 from .file import discovery
 from .file.codec import decode
-from .file.kernelfile import KernelFile
+from .file.kernelfile import CompileRecord, KernelFile
+from .storing.stores import _BACKGROUND, Storing, _background
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations are strings here
+    from typing import Any, Callable, Iterator
+
+    from . import claims
     from .keys import HashAttributes
-    from .file.kernelfile import CompileRecord, Entry, Row
+    from .file.kernelfile import Entry, Row
+
+log = logs.get("kdb")
+trace_log = logs.get("kdb.trace")
 
 #: Why :func:`verified` refused a row.
 CHECKSUM = "checksum mismatch"
@@ -85,7 +105,7 @@ def system_files(arch: str, dirs: list[str | Path], memo_dir: str | Path, user_d
     files = [KernelFile(s.filename, tier="system", readonly=True)
              for s in discovery.sources_for(arch, dirs, memo_dir=memo_dir)]
     if not files:
-        latency.note_missing_system(arch)
+        bookkeeping.note_missing_system(arch)
         faults.warn_once(
             f"nosys:{arch}",
             "kdb: no system kernel database for arch %r: looked for %s in KDB_SYSTEM_DB_PATH "
@@ -99,3 +119,258 @@ def system_files(arch: str, dirs: list[str | Path], memo_dir: str | Path, user_d
             arch,
         )
     return files
+
+
+class Hit(namedtuple("Hit", "binary tier path compile_seconds")):
+    """A binary found in a tier: ``binary`` (bytes), ``tier`` ("memory", "system", "user" or
+    "shared"), ``path`` (the file or server it came from) and ``compile_seconds`` (what
+    compiling it cost when it was stored)."""
+
+    __slots__ = ()
+
+
+class Tiers(Storing):
+    """The tiers behind one :class:`kdb.KernelDB` and the policy over them: lookup, claims,
+    compile records and (inherited from :class:`~kdb.storing.stores.Storing`) stores.
+
+    This is the named interface back ends and the store worker use (``db.tiers``); a
+    program uses :class:`kdb.KernelDB`, which checks its caller's arguments and calls this.
+
+    ``cache_dir`` is the user tier's root (default ``KDB_CACHE_DIR`` or the platform's user
+    cache; files live in ``<cache_dir>/v<format major>/<arch>.kdb``). ``system_path`` adds
+    directories searched for ``<arch>.kdb`` before installed packages (default
+    ``KDB_SYSTEM_DB_PATH``). ``disabled`` turns every tier off (default ``KDB_DISABLE_CACHE``);
+    ``use_system=False`` consults the user tier only.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None = None,
+                 system_path: str | os.PathLike[str] | list | None = None, *,
+                 disabled: bool | None = None, trace: bool | None = None,
+                 use_system: bool = True) -> None:
+        # Kept as str: a hit needs no pathlib (the properties below give Paths to callers).
+        self._cache_root = config.cache_root_str(cache_dir)
+        self._user_dir = os.path.join(self._cache_root, f"v{config.FORMAT_MAJOR}")
+        self._system_dirs = config.system_dirs_str(system_path)
+        self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled)
+        self.trace = config.flag(config.ENV_TRACE, trace)
+        self.use_system = use_system  # False: user tier only (``kdb pack`` builds this way)
+        if self.trace:
+            logs.enable_output(trace_log, "kdb.trace")
+        self._system: dict[str, list[KernelFile]] = {}
+        self._user: dict[str, KernelFile] = {}
+        self._local: dict[str, tuple[FileTier, ...]] = {}
+        self._inflight: dict[str, bytes] = {}
+        # Batched hit counts, counters and log rows (kdb.bookkeeping): written by the
+        # background store, a flush, the exit, or when this instance is collected.
+        self._book = Book(self._user_dir, self._user, self._inflight, self.disabled)
+
+    def __del__(self) -> None:
+        # Collected without a flush: its batched bookkeeping is not lost.
+        book = self.__dict__.get("_book")
+        if book is not None:
+            try:
+                book.release()
+            except Exception:  # noqa: BLE001, S110 - at collection or interpreter shutdown
+                pass
+
+    def __repr__(self) -> str:
+        return f"Tiers(cache_dir={self._cache_root!r})"
+
+    @property
+    def cache_root(self) -> Path:
+        """The user tier's root directory."""
+        from pathlib import Path
+
+        return Path(self._cache_root)
+
+    @property
+    def user_dir(self) -> Path:
+        """The directory of the user tier's files (``<cache_root>/v<format major>``)."""
+        from pathlib import Path
+
+        return Path(self._user_dir)
+
+    @property
+    def system_dirs(self) -> list[Path]:
+        """The directories searched for ``<arch>.kdb`` before installed packages."""
+        from pathlib import Path
+
+        return [Path(d) for d in self._system_dirs]
+
+    # -- tiers ----------------------------------------------------------------------------
+
+    def user_file(self, arch: str) -> KernelFile:
+        """The user tier's file for ``arch`` (it may not exist yet)."""
+        f = self._user.get(arch)
+        return f if f is not None else self._book.user_file(arch)
+
+    def system_files(self, arch: str) -> list[KernelFile]:
+        """The system files for ``arch``; the first call per arch warns if there are none."""
+        files = self._system.get(arch)
+        if files is None:
+            files = self._system[arch] = system_files(
+                arch, self._system_dirs, self._cache_root, self._user_dir, self.use_system)
+        return files
+
+    def _tiers(self, arch: str) -> Iterator:
+        """The tiers in lookup order: system files, the user file, then the shared tier
+        (only when ``KDB_SHARED_URL`` is set, and only once the local tiers missed)."""
+        local = self._local.get(arch)
+        if local is None:
+            local = self._local[arch] = tuple(
+                FileTier(f) for f in (*self.system_files(arch), self.user_file(arch)))
+        yield from local
+        if os.environ.get(config.ENV_SHARED_URL):
+            shared = self._shared()
+            if shared is not None:
+                yield shared
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def lookup(self, attrs: HashAttributes) -> Hit | None:
+        """The binary for ``attrs`` from the first tier that holds a sound copy, else None."""
+        if self.disabled:
+            return None
+        if self.trace:
+            trace_log.debug("lookup %s %s", attrs.key, attrs.encoded().decode("utf-8"))
+        raw = self._inflight.get(attrs.key)
+        if raw is not None:
+            add("hits.memory", 1)  # this process's own counts only: not a file's statistics
+            return Hit(raw, "memory", "", 0.0)
+        hit = self._first_hit(attrs, self._tiers(attrs.arch))
+        if hit is None:
+            self.count(attrs.arch, "misses", 1)
+            log.debug("kdb: miss %s %s", attrs.key[:16], attrs.name)
+        return hit
+
+    def _first_hit(self, attrs: HashAttributes, tiers) -> Hit | None:
+        """The one loop over tiers: fetch, verify, count, answer (a bad row is dropped)."""
+        key = attrs.key
+        for tier in tiers:
+            row = tier.fetch(key)
+            if row is None:
+                continue
+            raw, problem = verified(row, attrs)
+            if raw is None:
+                self._bad_entry(tier, attrs, problem)
+                continue
+            name = tier.name
+            self.count(attrs.arch, f"hits.{name}", 1, key=key if name == "user" else None,
+                        saved=row.compile_seconds)
+            where = tier.describe()
+            log.debug("kdb: hit %s %s in %s", key[:16], attrs.name, where)
+            if name == "shared":
+                self._copy_to_user(tier, attrs, raw, row)
+            return Hit(raw, name, where, row.compile_seconds)
+        return None
+
+    def claim_or_wait(self, attrs: HashAttributes) -> Hit | claims.Claim | None:
+        """After a miss: claim the key for compiling, or wait while another process does.
+
+        Returns the :class:`Hit` another process published meanwhile, a
+        :class:`~kdb.claims.Claim` (this process compiles; pass it to :meth:`put_later`,
+        which releases it once stored), or ``None`` when coordination is unavailable or the
+        wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway). The waiting policy is
+        :func:`kdb.claims.claim_or_wait`'s.
+        """
+        from . import claims  # a miss: the hit path never needs it
+
+        if self.disabled or claims.held_here(attrs.key):
+            return None  # this process compiled it and is storing it: never wait on oneself
+        user = self.user_file(attrs.arch)
+        if not self._user_trusted(user):
+            return None  # claims live beside the user file: none in a directory others own
+        shared = self._shared()  # shared tier: the cross-node lock and its hits (None: off)
+        if shared is None and not user.usable:
+            return None  # a refused user file: nothing to wait for, and no claims written there
+        published = (FileTier(user),) if shared is None else (FileTier(user), shared)
+        return claims.claim_or_wait(self.user_dir / "claims", attrs.key,
+                                    attrs.name or attrs.key[:16],
+                                    lambda: self._first_hit(attrs, published),
+                                    config.wait_timeout(), shared)
+
+    # -- misses ---------------------------------------------------------------------------
+
+    def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
+                       details: dict[str, Any] | None = None) -> bytes:
+        """The stored binary, or ``compile_fn()``'s result, stored in the background."""
+        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
+        hit = self.lookup(attrs)
+        if hit is not None:
+            return hit.binary
+        got = self.claim_or_wait(attrs)
+        if isinstance(got, Hit):
+            return got.binary
+        try:
+            start = time.perf_counter()
+            binary = compile_fn()
+            seconds = time.perf_counter() - start
+            if not isinstance(binary, (bytes, bytearray, memoryview)):
+                raise InvalidArgumentError(
+                    f"compile_fn must return bytes, returned {type(binary).__name__}")
+        except BaseException:
+            if got is not None:
+                got.release()
+            raise
+        binary = bytes(binary)
+        rec = self.record_compile(attrs, seconds)
+        if not self.disabled:
+            # The store waits for a quiet moment; until then this process answers a repeated
+            # request from memory instead of waiting on its own claim.
+            self._inflight[attrs.key] = binary
+        self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec,
+                       claim=got)
+        return binary
+
+    def record_compile(self, attrs: HashAttributes, seconds: float,
+                       reason: str | None = None) -> CompileRecord:
+        """Log a compile in the start-up latency log (memory now, user file soon)."""
+        missed = []
+        if not self.disabled:
+            missed.append("system" if self._system.get(attrs.arch) else "system(none)")
+            missed.append("user")
+            if self._shared() is not None:
+                missed.append("shared")
+        if reason is None:
+            reason = ("cache disabled (KDB_DISABLE_CACHE)" if self.disabled
+                      else f"no system database for {attrs.arch}"
+                      if not self._system.get(attrs.arch) else "not in any tier")
+        rec = bookkeeping.record(attrs.key, attrs.name, attrs.arch, attrs.backend, seconds,
+                             ",".join(missed), reason)
+        self.count(attrs.arch, "compiles", 1)
+        self.count(attrs.arch, "compile_seconds", seconds)
+        return rec
+
+    # -- shared tier (kdb.shared.tier; only when KDB_SHARED_URL is set) ------------------------
+
+    def _shared(self):
+        """The shared tier, or ``None`` when ``KDB_SHARED_URL`` is unset (read when used)."""
+        url = config.shared_url()
+        if url is None or self.disabled or not self.use_system:
+            return None
+        from .shared import tier as shared  # SQLAlchemy loads here, never on a local hit
+
+        return shared.tier(url)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def count(self, arch: str, counter: str, n: float, key: str | None = None,
+              saved: float = 0.0) -> None:
+        """Count ``n`` of ``counter`` for ``arch`` in memory (a hit on ``key``, the seconds it
+        ``saved``); written with the rest of the bookkeeping."""
+        self._book.count(arch, counter, n, key, saved)
+
+    def flush(self) -> None:
+        """Finish background stores and write batched bookkeeping; strict mode re-raises."""
+        # Never imported: nothing was submitted. (Imported, not taken from sys.modules: the
+        # import waits for a thread that is halfway through it.)
+        errors = _background().drain() if _BACKGROUND in sys.modules else []
+        self._book.write_all()
+        if errors and config.flag(config.ENV_STRICT):
+            raise errors[0]
+
+    def close(self) -> None:
+        """Flush, then close every open file."""
+        self.flush()
+        for f in (*self._user.values(), *(f for fs in self._system.values() for f in fs)):
+            f.close()

@@ -44,14 +44,14 @@ def sql(path, query: str, params=()) -> list[tuple]:
 def _fresh_process_state():
     """Forget once-per-process warnings and this process's compile log between tests."""
     from kdb.storing import background
-    from kdb import faults, latency
+    from kdb import bookkeeping, faults
 
     faults.reset()
-    latency.reset()
+    bookkeeping.forget_compiles()
     yield
     background.drain()
     faults.reset()
-    latency.reset()
+    bookkeeping.forget_compiles()
 
 
 @pytest.fixture

@@ -62,7 +62,11 @@ def import_graph(package: Path = PACKAGE, top: dict[str, Path] | None = None
                 if node.level:
                     up = here.split(".")[: len(here.split(".")) - node.level + 1]
                     base = ".".join(up + ([base] if base else []))
-                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+                subs = [f"{base}.{a.name}" for a in node.names]
+                # ``from . import sibling`` needs the sibling only: its package is the one
+                # being imported already (Python imports a package before its modules).
+                bare = node.level and not node.module and all(t in files for t in subs)
+                targets = subs if bare else [base] + subs
             else:
                 continue
             for t in targets:
@@ -165,6 +169,40 @@ def test_each_wing_says_what_it_owns_and_may_import():
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
         assert doc and "import" in doc.lower(), f"{init.parent.name}/__init__.py says nothing of its imports"
 
+
+
+#: The house's size: the top of ``kdb/`` holds the core and the documented module paths, every
+#: other module a wing (a folder) small enough to read as one room, and no module is a hall.
+TOP_MODULES_MAX, WING_MODULES_MAX, MODULE_LINES_MAX = 15, 12, 400
+
+
+def _modules_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.py") if p.name != "__init__.py")
+
+
+def test_the_house_keeps_its_size():
+    top = _modules_in(PACKAGE)
+    assert len(top) <= TOP_MODULES_MAX, top
+    for init in PACKAGE.rglob("__init__.py"):
+        if init.parent != PACKAGE and init.parent.name != "versions":
+            rooms = _modules_in(init.parent) + [
+                d.name for d in init.parent.iterdir() if (d / "__init__.py").is_file()]
+            assert len(rooms) <= WING_MODULES_MAX, (init.parent.relative_to(PACKAGE), rooms)
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if "migrations" not in p.parts
+            and (n := len(p.read_text(encoding="utf-8").splitlines())) > MODULE_LINES_MAX}
+    assert long == {}
+
+
+def test_every_package_of_the_tree_ships_in_the_wheel():
+    """pyproject.toml lists the packages by name: a new wing left out would be missing from
+    the wheel while every test of the checkout passes."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+                 ["tool"]["setuptools"]["packages"])
+    found = {_name(init, PACKAGE) for init in PACKAGE.rglob("__init__.py")}
+    assert found - listed == set()
 
 def test_the_checks_see_a_cycle_a_lazy_import_and_an_upward_import(tmp_path):
     pkg = tmp_path / "kdb"

@@ -164,7 +164,7 @@ BAD_CALLS = {
     "get_or_compile(returns None)": lambda db, a: db.get_or_compile(a, lambda: None),
     "get_or_compile(details=set)": lambda db, a: db.get_or_compile(a, lambda: b"x",
                                                                    details={"s": {1}}),
-    "user_file(None)": lambda db, a: db.user_file(None),
+    "user_file(None)": lambda db, a: db.tiers.user_file(None),
 }
 
 

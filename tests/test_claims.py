@@ -86,7 +86,7 @@ BARRIER = """
 GENERIC_CHILD = BARRIER + """
     import json, random
     import kdb
-    from kdb import HashAttributes, KernelDB, latency
+    from kdb import HashAttributes, KernelDB, bookkeeping
     keys = int(os.environ["TEST_KEYS"])
     db = KernelDB(use_system=False)
     barrier()
@@ -105,7 +105,7 @@ GENERIC_CHILD = BARRIER + """
     for i in order:
         a = HashAttributes(backend="test", source=f"kernel {i}", arch="a1", name=f"k{i}")
         ok &= db.get_or_compile(a, compile_fn(i)) == b"binary of kernel %d;" % i * 100
-    print(json.dumps({"ok": ok, "compiles": len(latency.records())}))
+    print(json.dumps({"ok": ok, "compiles": len(bookkeeping.records())}))
 """
 
 
@@ -138,7 +138,7 @@ OPENCL_CHILD = BARRIER + """
     import numpy as np
     import pyopencl as cl
     import kdb, kdb.opencl
-    from kdb import latency
+    from kdb import bookkeeping
     plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
     ctx = cl.Context(plat.get_devices())
     queue = cl.CommandQueue(ctx)
@@ -158,7 +158,7 @@ OPENCL_CHILD = BARRIER + """
         cl.enqueue_copy(queue, out, buf)
         correct += bool(np.array_equal(out, host * (i + 2) + i))
     kdb.default_db().flush()
-    print(json.dumps({"correct": correct, "compiles": len(latency.records())}))
+    print(json.dumps({"correct": correct, "compiles": len(bookkeeping.records())}))
 """
 
 
@@ -193,7 +193,7 @@ HOLDER = """
     from kdb import HashAttributes, KernelDB
     from kdb.claims import Claim
     a = HashAttributes(backend="test", source="__kernel void k0() {}", arch="a1", name="k0")
-    got = KernelDB(use_system=False).claim_or_wait(a)
+    got = KernelDB(use_system=False).tiers.claim_or_wait(a)
     assert isinstance(got, Claim), got
     open(sys.argv[1], "w").close()
     time.sleep(120)
@@ -223,7 +223,7 @@ def test_a_claim_of_a_killed_process_is_taken_over(cache_dir, holder, monkeypatc
     a = attrs(0)
     db = KernelDB(use_system=False)
     got: list = []
-    waiter = threading.Thread(target=lambda: got.append(db.claim_or_wait(a)), daemon=True)
+    waiter = threading.Thread(target=lambda: got.append(db.tiers.claim_or_wait(a)), daemon=True)
     waiter.start()
     want = cache_dir / "v1" / "claims" / f"{a.key}.want"
     deadline = time.monotonic() + 60
@@ -276,7 +276,7 @@ def test_a_holder_publishes_at_once_when_another_process_waits(cache_dir, tmp_pa
         while not ready.exists():
             assert proc.poll() is None, proc.communicate()[1]
             time.sleep(0.01)
-        got = KernelDB(use_system=False).claim_or_wait(attrs(0))
+        got = KernelDB(use_system=False).tiers.claim_or_wait(attrs(0))
         assert isinstance(got, Hit) and got.binary == b"published" * 20
         assert proc.poll() is None  # published by a live process, not at its exit
     finally:
@@ -323,7 +323,7 @@ def test_a_failed_compile_releases_its_claim(cache_dir, monkeypatch):
 
     with pytest.raises(RuntimeError):
         db.get_or_compile(attrs(0), fail)
-    got = db.claim_or_wait(attrs(0))  # would wait for itself if the claim were kept
+    got = db.tiers.claim_or_wait(attrs(0))  # would wait for itself if the claim were kept
     assert isinstance(got, Claim)
     got.release()
     background.drain()

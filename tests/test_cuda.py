@@ -409,9 +409,9 @@ def test_nvrtc_cubin_is_built_for_the_requested_arch_and_served_again(db, arch):
     db.flush()
     hit = db.lookup(attrs)
     assert hit is not None and hit.binary == cubin
-    assert len(kdb.latency.records()) == 1
+    assert len(kdb.bookkeeping.records()) == 1
     assert kdb.cuda.compile(SCALE_SRC, arch, ["-DSCALE=3.0f"], db=db, compiler="nvrtc") == cubin
-    assert len(kdb.latency.records()) == 1, "a second request compiled again"
+    assert len(kdb.bookkeeping.records()) == 1, "a second request compiled again"
 
 
 @needs_nvrtc
@@ -589,7 +589,7 @@ def test_without_a_compiler_a_user_tier_build_is_served_and_compiler_nvcc_is_kep
     with pytest.raises(BackendUnavailableError, match="no nvrtc compiler"):
         kdb.cuda.compile(DOUBLE_SRC, "sm_90", db=d, compiler="nvrtc")
     d.flush()
-    assert d.user_file("sm_90").query("SELECT value FROM counters WHERE name = 'hits.user'") \
+    assert d.tiers.user_file("sm_90").query("SELECT value FROM counters WHERE name = 'hits.user'") \
         == [(2.0,)]
     d.close()
 
@@ -665,7 +665,7 @@ def test_kdb_info_without_nvcc_says_how_to_get_one(cache_dir, no_compiler):
 
 
 def test_doctests():
-    from kdb.backends import cudakeys  # the argument helpers and their examples live there
+    from kdb.backends.cuda import keys as cudakeys  # the argument helpers and their examples live there
 
     result = doctest.testmod(cudakeys, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -33,7 +33,7 @@ MODULES = _modules()
 def test_the_walk_finds_the_modules_that_used_to_be_missed():
     """The hand-written list this replaced left out store, discovery and demo."""
     assert {"kdb.file.kernelfile", "kdb.file.discovery", "kdb.demo.runs", "kdb.backends.opencl",
-            "kdb.backends.cudakeys", "_kdb_auto"} <= set(MODULES)
+            "kdb.backends.cuda.keys", "_kdb_auto"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -64,7 +64,7 @@ logging.getLogger("kdb").propagate = False
 import numpy as np
 import pyopencl as cl
 import kdb, kdb.opencl
-from kdb import latency; from kdb.admin import maintenance
+from kdb import bookkeeping; from kdb.admin import maintenance
 kdb.opencl.install()
 plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
 ctx = cl.Context(plat.get_devices()[:1])
@@ -95,7 +95,7 @@ if HEADER:  # a kernel that includes a header: its result is the header's K
     if EDIT:  # edited after the build, before the store worker stores it
         with open(HEADER, "w") as f:
             f.write("#define K %d\n" % (want + 1))
-print(json.dumps({"ok": ok, "compiles": len(latency.records())}))
+print(json.dumps({"ok": ok, "compiles": len(bookkeeping.records())}))
 """
 
 #: Every command, and the args of each; ``{arch}`` is the workload's arch.

@@ -74,7 +74,7 @@ def writer(seed):
             arch, src = mine.pop(rnd.randrange(len(mine)))
             key = HashAttributes(backend="test", source=src, arch=arch).key
             os.write(log, f"d {arch} {src}\n".encode())  # intent: present or gone
-            if db.user_file(arch).delete([key]) == 1:
+            if db.tiers.user_file(arch).delete([key]) == 1:
                 os.write(log, f"D {arch} {src}\n".encode())
             continue
         arch, src, n = rnd.choice(ARCHES), f"w{seed}-{n}", n + 1
@@ -966,7 +966,7 @@ def test_a_bad_setting_never_ends_or_soils_a_program(name, value, cache_dir, run
         db = KernelDB(use_system=False)
         a = HashAttributes(backend="test", source="x", arch="a1")
         assert db.get_or_compile(a, lambda: b"compiled") == b"compiled"
-        db.put_later(a, lambda: b"compiled")
+        db.tiers.put_later(a, lambda: b"compiled")
         print("done")
     """, env={name: value})
     assert proc.stdout.strip() == "done"

@@ -22,10 +22,10 @@ cl = pytest.importorskip("pyopencl")
 
 import kdb  # noqa: E402
 import kdb.opencl  # noqa: E402
-from kdb import latency
+from kdb import bookkeeping
 from kdb.storing import spool  # noqa: E402
 from kdb.storing.jobs import StoreJob  # noqa: E402
-from kdb.backends import clstore  # noqa: E402
+from kdb.backends.opencl import stores as clstore  # noqa: E402
 from kdb.errors import CompileError  # noqa: E402
 
 KERNEL = "__kernel void k(__global int *o) { o[0] = K; }\n"
@@ -93,13 +93,13 @@ def test_editing_the_header_changes_the_result(case, cache_dir, cl_ctx, tmp_path
     write(header, "#define K 2\n")
     assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 2
     kdb.default_db().flush()
-    compiles = len(latency.records())
+    compiles = len(bookkeeping.records())
     assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 2
-    assert len(latency.records()) == compiles  # unchanged header: a hit
+    assert len(bookkeeping.records()) == compiles  # unchanged header: a hit
 
     write(header, "#define K 3\n")
     assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 3  # want 3 got 3
-    assert len(latency.records()) == compiles + 1
+    assert len(bookkeeping.records()) == compiles + 1
 
 
 def test_an_include_inside_a_comment_does_not_count(cache_dir, cl_ctx, tmp_path, monkeypatch):
@@ -112,7 +112,7 @@ def test_an_include_inside_a_comment_does_not_count(cache_dir, cl_ctx, tmp_path,
     kdb.default_db().flush()
     other.write_text("#define K 7\n")
     assert result(cl_ctx, kdb.opencl.build(cl_ctx, src)) == 5
-    assert len(latency.records()) == 1  # the commented-out header's edit is no miss
+    assert len(bookkeeping.records()) == 1  # the commented-out header's edit is no miss
 
 
 @pytest.mark.parametrize("flag", ["--include-directory", "--include-directory=", "-isystem",
@@ -213,7 +213,7 @@ RUN = """
     import numpy as np
     import pyopencl as cl
     import kdb.opencl
-    from kdb import latency
+    from kdb import bookkeeping
     plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
     ctx = cl.Context(plat.get_devices()[:1])
     prg = kdb.opencl.build(ctx, SRC, ["-I", INC])
@@ -222,7 +222,7 @@ RUN = """
     prg.k(q, (1,), None, buf)
     out = np.zeros(1, np.int32)
     cl.enqueue_copy(q, out, buf)
-    print(json.dumps({"result": int(out[0]), "compiles": len(latency.records())}))
+    print(json.dumps({"result": int(out[0]), "compiles": len(bookkeeping.records())}))
 """
 
 
@@ -313,7 +313,7 @@ LATIN1 = """
     import numpy as np
     import pyopencl as cl
     import kdb.opencl
-    from kdb import latency
+    from kdb import bookkeeping
     kdb.opencl.install()
     plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
     ctx = cl.Context(plat.get_devices()[:1])
@@ -323,7 +323,7 @@ LATIN1 = """
     prg.k(q, (1,), None, buf)
     out = np.zeros(1, np.int32)
     cl.enqueue_copy(q, out, buf)
-    print(json.dumps({"result": int(out[0]), "compiles": len(latency.records())}))
+    print(json.dumps({"result": int(out[0]), "compiles": len(bookkeeping.records())}))
 """
 
 
@@ -341,7 +341,7 @@ def test_sources_differing_in_undecodable_bytes_get_two_keys(cache_dir, cl_ctx):
     a = kdb.opencl.build(cl_ctx, b"/* \xe9 */ " + KERNEL.replace("K", "1").encode())
     b = kdb.opencl.build(cl_ctx, b"/* \xe8 */ " + KERNEL.replace("K", "1").encode())
     assert result(cl_ctx, a) == result(cl_ctx, b) == 1
-    keys = {r.key for r in latency.records()}
+    keys = {r.key for r in bookkeeping.records()}
     assert len(keys) == 2
     kdb.default_db().flush()
     assert stored(cache_dir) == 2

@@ -29,7 +29,7 @@ import kdb  # noqa: E402
 import kdb.opencl  # noqa: E402
 from kdb.storing import background
 from kdb.file import codec
-from kdb import latency  # noqa: E402
+from kdb import bookkeeping  # noqa: E402
 from kdb.backends.opencl import internal_options  # noqa: E402
 
 #: Two kernels, so kernel lookup by name is exercised; N comes from the build options.
@@ -149,7 +149,7 @@ CHILD_PRELUDE = """
     import numpy as np
     import pyopencl as cl
     import kdb.opencl
-    from kdb import latency
+    from kdb import bookkeeping
 
     plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
 
@@ -167,7 +167,7 @@ CHILD_PRELUDE = """
 CHILD_BUILD = CHILD_PRELUDE + """
     ctx = cl.Context(plat.get_devices())
     prg = kdb.opencl.build(ctx, SRC, ["-DN=7"])
-    print(json.dumps({"compiles": len(latency.records()),
+    print(json.dumps({"compiles": len(bookkeeping.records()),
                       "correct": axpb_ok(ctx, cl.CommandQueue(ctx), prg, 3, 7, 256),
                       "arch": kdb.opencl.arch_of(ctx.devices[0])}))
 """
@@ -210,16 +210,16 @@ def test_header_edit_misses(cache_dir, cl_ctx, tmp_path):
     x, y = run_axpb(cl_ctx, prg, a=1.0)
     np.testing.assert_allclose(y, x + 2)
     flush()
-    assert len(latency.records()) == 1
+    assert len(bookkeeping.records()) == 1
 
     kdb.opencl.build(cl_ctx, HDR_SRC, opts)  # unchanged header: a hit
-    assert len(latency.records()) == 1
+    assert len(bookkeeping.records()) == 1
 
     hdr.write_text("#define SCALE 30\n")  # the edit a user makes; the source is unchanged
     prg = kdb.opencl.build(cl_ctx, HDR_SRC, opts)
     x, y = run_axpb(cl_ctx, prg, a=1.0)
     np.testing.assert_allclose(y, x + 30)
-    recs = latency.records()
+    recs = bookkeeping.records()
     assert len(recs) == 2 and recs[0].key != recs[1].key
     flush()
     assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 2
@@ -228,7 +228,7 @@ def test_header_edit_misses(cache_dir, cl_ctx, tmp_path):
 def test_option_change_misses_and_same_options_hit(cache_dir, cl_ctx):
     prg1 = kdb.opencl.build(cl_ctx, SRC, ["-DN=1"])
     prg2 = kdb.opencl.build(cl_ctx, SRC, ["-DN=2"])
-    assert len(latency.records()) == 2
+    assert len(bookkeeping.records()) == 2
     x, y1 = run_axpb(cl_ctx, prg1)
     _, y2 = run_axpb(cl_ctx, prg2)
     np.testing.assert_allclose(y1, 2 * x + 1)
@@ -236,7 +236,7 @@ def test_option_change_misses_and_same_options_hit(cache_dir, cl_ctx):
     flush()
 
     again = kdb.opencl.build(cl_ctx, SRC, "-DN=1")  # a string splits to the same options
-    assert len(latency.records()) == 2
+    assert len(bookkeeping.records()) == 2
     _, y = run_axpb(cl_ctx, again)
     np.testing.assert_allclose(y, 2 * x + 1)
 
@@ -333,7 +333,7 @@ def test_stored_key_holds_no_path_and_hits_from_another_include_dir(cache_dir, c
 
     # The same header content behind another path: a hit, and the right results.
     again = kdb.opencl.build(cl_ctx, HDR_SRC, ["-I", str(dirs[1])])
-    assert len(latency.records()) == 1
+    assert len(bookkeeping.records()) == 1
     x, y = run_axpb(cl_ctx, again, a=1.0)
     np.testing.assert_allclose(y, x + 5)
 
@@ -356,7 +356,7 @@ def test_corrupt_blob_is_recompiled_and_replaced(cache_dir, cl_ctx, caplog):
 
     caplog.set_level("WARNING", logger="kdb")
     prg = kdb.opencl.build(cl_ctx, SRC, ["-DN=5"])
-    assert len(latency.records()) == 2  # compiled again
+    assert len(bookkeeping.records()) == 2  # compiled again
     x, y = run_axpb(cl_ctx, prg)
     np.testing.assert_allclose(y, 2 * x + 5)
     assert "checksum mismatch" in caplog.text
@@ -366,7 +366,7 @@ def test_corrupt_blob_is_recompiled_and_replaced(cache_dir, cl_ctx, caplog):
     assert fixed["key"] == row["key"]
     assert stored_raw(fixed) is not None  # a sound entry replaced the corrupt one
     hit = kdb.opencl.build(cl_ctx, SRC, ["-DN=5"])
-    assert len(latency.records()) == 2
+    assert len(bookkeeping.records()) == 2
     _, y = run_axpb(cl_ctx, hit)
     np.testing.assert_allclose(y, 2 * x + 5)
 
@@ -382,7 +382,7 @@ def test_binary_the_driver_refuses_is_a_miss_and_replaced(cache_dir, cl_ctx, cap
 
     caplog.set_level("WARNING", logger="kdb")
     prg = kdb.opencl.build(cl_ctx, SRC, ["-DN=6"])
-    recs = latency.records()
+    recs = bookkeeping.records()
     assert len(recs) == 1 and recs[0].key == attrs.key  # built from source
     x, y = run_axpb(cl_ctx, prg)
     np.testing.assert_allclose(y, 2 * x + 6)
@@ -394,7 +394,7 @@ def test_binary_the_driver_refuses_is_a_miss_and_replaced(cache_dir, cl_ctx, cap
     raw = stored_raw(fixed)
     assert raw is not None and raw != garbage
     hit = kdb.opencl.build(cl_ctx, SRC, ["-DN=6"])
-    assert len(latency.records()) == 1
+    assert len(bookkeeping.records()) == 1
     _, y = run_axpb(cl_ctx, hit)
     np.testing.assert_allclose(y, 2 * x + 6)
 
@@ -445,7 +445,7 @@ def test_program_behaves_like_pyopencl(mode, state, cache_dir, cl_ctx, request):
         flush()
         assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 1
     prg = _build(mode, cl_ctx, SRC, ["-DN=3"])
-    assert len(latency.records()) == 1  # the hit compiled nothing
+    assert len(bookkeeping.records()) == 1  # the hit compiled nothing
     _check_like_pyopencl(cl_ctx, prg)
 
 
@@ -454,12 +454,12 @@ def test_hit_keeps_program_source(cache_dir, cl_ctx, kdb_installed):
     cl.Program(cl_ctx, SRC).build(["-DN=3"])
     flush()
     prg = cl.Program(cl_ctx, SRC).build(["-DN=3"])
-    assert len(latency.records()) == 1  # the second build was a hit
+    assert len(bookkeeping.records()) == 1  # the second build was a hit
     assert prg.get_info(cl.program_info.SOURCE) == SRC
     assert prg.source == SRC
     assert isinstance(prg, cl.Program)
     direct = kdb.opencl.build(cl_ctx, SRC, ["-DN=3"])
-    assert direct.source == SRC and len(latency.records()) == 1
+    assert direct.source == SRC and len(bookkeeping.records()) == 1
 
 
 def test_install_build_returns_the_same_program_object(cache_dir, cl_ctx, kdb_installed):
@@ -467,7 +467,7 @@ def test_install_build_returns_the_same_program_object(cache_dir, cl_ctx, kdb_in
         p = cl.Program(cl_ctx, SRC)
         assert p.build(["-DN=3"]) is p
         flush()
-    assert len(latency.records()) == 1
+    assert len(bookkeeping.records()) == 1
 
 
 def test_failed_build_after_install_raises_pyopencls_error(cache_dir, cl_ctx, kdb_installed,
@@ -478,7 +478,7 @@ def test_failed_build_after_install_raises_pyopencls_error(cache_dir, cl_ctx, kd
         assert "undefined_thing_kdb" in str(info.value)  # the build log
         assert "-DN=1" in str(info.value)  # pyopencl appends the options
     flush()
-    assert latency.records() == []
+    assert bookkeeping.records() == []
     assert kernel_rows(cache_dir, arch(cl_ctx)) == []
     assert table_rows(cache_dir, arch(cl_ctx), "compile_log") == []
 
@@ -492,7 +492,7 @@ def test_failed_build_raises_compile_error_with_log(cache_dir, cl_ctx):
     assert "undefined_thing_kdb" in str(err)
     assert isinstance(err.__cause__, cl.RuntimeError)
     flush()
-    assert latency.records() == []
+    assert bookkeeping.records() == []
     assert kernel_rows(cache_dir, arch(cl_ctx)) == []
     assert table_rows(cache_dir, arch(cl_ctx), "compile_log") == []
 
@@ -519,7 +519,7 @@ def test_binary_and_linked_programs_pass_through_install(cache_dir, cl_ctx):
         kdb.opencl.uninstall()
     assert cl.Program.build is original and not kdb.opencl.installed()
     flush()
-    assert latency.records() == []
+    assert bookkeeping.records() == []
     assert kernel_rows(cache_dir, arch(cl_ctx)) == []
 
 
@@ -533,7 +533,7 @@ def test_il_programs_pass_through_install(cache_dir, cl_ctx, kdb_installed):
     x, y = run_axpb(cl_ctx, prg)
     np.testing.assert_allclose(y, 2 * x + 3)
     flush()
-    assert latency.records() == []
+    assert bookkeeping.records() == []
     assert kernel_rows(cache_dir, arch(cl_ctx)) == []
 
 
@@ -547,7 +547,7 @@ def test_arch_id_and_compiler_identity_come_from_the_device(cl_ctx):
     ident = dict(kdb.opencl.compiler_identity(dev))
     assert ident["platform"] == dev.platform.name
     assert ident["driver_version"] == dev.driver_version
-    from kdb.backends.clbinaries import library_of
+    from kdb.backends.opencl.binaries import library_of
     from kdb.backends.digests import elf_build_id
 
     lib = library_of(dev.platform.int_ptr)
@@ -572,7 +572,7 @@ def test_disable_cache_builds_and_stores_nothing(cache_dir, cl_ctx, monkeypatch)
         x, y = run_axpb(cl_ctx, prg)
         np.testing.assert_allclose(y, 2 * x + 8)
     flush()
-    assert len(latency.records()) == 2  # every build compiles
+    assert len(bookkeeping.records()) == 2  # every build compiles
     assert not user_path(cache_dir, arch(cl_ctx)).exists()
 
 
@@ -616,7 +616,7 @@ CHILD_ELWISE = """
     import pyopencl as cl
     import pyopencl.array as cla
     import kdb.opencl
-    from kdb import latency
+    from kdb import bookkeeping
 
     kdb.opencl.install()
     from pyopencl.elementwise import ElementwiseKernel
@@ -629,7 +629,7 @@ CHILD_ELWISE = """
     x = cla.to_device(q, np.arange(1000, dtype=np.float32))
     y = cla.empty_like(x)
     k(x, y, np.float32(3))
-    print(json.dumps({"compiles": len(latency.records()),
+    print(json.dumps({"compiles": len(bookkeeping.records()),
                       "correct": bool(np.allclose(y.get(), 3 * x.get() + 1))}))
 """
 
@@ -646,7 +646,7 @@ def test_a_repeated_build_in_one_process_is_served_from_memory(cache_dir, cl_ctx
     """Built, its binaries not yet stored: building it again neither compiles nor waits."""
     first = kdb.opencl.build(cl_ctx, SRC, ["-DN=11"])
     again = kdb.opencl.build(cl_ctx, SRC, ["-DN=11"])
-    assert len(latency.records()) == 1
+    assert len(bookkeeping.records()) == 1
     assert again == first  # the same cl_program, as pyopencl compares programs
     flush()
     assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 1
@@ -658,7 +658,7 @@ MULTI_DEVICE_CHILD = CHILD_PRELUDE + """
     prg = kdb.opencl.build(ctx, SRC, ["-DN=5"])
     sizes = [len(b) for b in prg.binaries]
     results = [axpb_ok(ctx, cl.CommandQueue(ctx, dev), prg, 2, 5, 64) for dev in devs]
-    print(json.dumps({"devices": len(devs), "compiles": len(latency.records()),
+    print(json.dumps({"devices": len(devs), "compiles": len(bookkeeping.records()),
                       "binaries": sizes, "correct": results}))
 """
 
@@ -688,7 +688,7 @@ import pyopencl.array as cla
 import pyopencl.clmath
 from pyopencl.scan import InclusiveScanKernel
 import kdb.opencl
-from kdb import latency
+from kdb import bookkeeping
 kdb.opencl.install()
 plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
 ctx = cl.Context(plat.get_devices()[:1])
@@ -700,7 +700,7 @@ ok = (np.allclose((z * z).get(), (np.arange(8) * (1 + 1j)) ** 2)
       and float(cla.sum(x).get()) == 28.0
       and np.allclose(scan(x.copy()).get(), np.cumsum(np.arange(8)))
       and np.allclose(pyopencl.clmath.exp(z).get(), np.exp(np.arange(8) * (1 + 1j)), rtol=1e-4))
-print(json.dumps({"compiles": len(latency.records()), "correct": bool(ok)}))
+print(json.dumps({"compiles": len(bookkeeping.records()), "correct": bool(ok)}))
 """
 
 

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import REPO, run_checked
-from kdb import HashAttributes, KernelDB, latency
+from kdb import HashAttributes, KernelDB, bookkeeping
 from kdb.demo import runs as demo
 from kdb.file import discovery, migrate
 from kdb.admin import info
@@ -199,7 +199,7 @@ def test_packed_file_is_a_read_only_system_database(small, arch, tmp_path, monke
             assert (hit.tier, hit.path) == ("system", str(path)), name
         prg = kdb.opencl.build(cl_ctx, SCALE, [], db=db, name="scale")
         assert prg.get_info(cl.program_info.KERNEL_NAMES) == "scale"
-        assert latency.records() == []  # served, not compiled
+        assert bookkeeping.records() == []  # served, not compiled
         db.close()
     finally:
         d.chmod(0o755)
@@ -325,7 +325,7 @@ arches = ["pocl-x86_64-znver3", "pocl-x86_64-skylake"]
     for arch in ("sm_80", "sm_90"):
         cubin = cuda.compile(CUDA_SRC, arch=arch, options=["-DA=2"], name="saxpy")
         assert cuda.cubin_arch(cubin) == arch
-    assert latency.records() == []  # both served by the packed files
+    assert bookkeeping.records() == []  # both served by the packed files
 
 
 def _cuda_compilers() -> list[str]:
@@ -469,11 +469,11 @@ def test_from_log_packs_exactly_the_logged_kernels_and_from_db_all(cache_dir, cl
     for i, src in enumerate(sources):
         kdb.opencl.build(cl_ctx, src, ["-DN=1"], db=db, name=f"k{i}")
     db.flush()
-    logged = {r.key for r in latency.records()}
+    logged = {r.key for r in bookkeeping.records()}
     assert len(logged) == 3
-    latency.reset()
+    bookkeeping.forget_compiles()
     kdb.opencl.build(cl_ctx, SCALE, ["-DN=1"], db=db, name="k0")  # a hit: not logged
-    assert latency.records() == []
+    assert bookkeeping.records() == []
     extra = HashAttributes(backend="test", source="stored, never compiled", arch=arch)
     assert db.put(extra, b"\x01" * 256)
     db.close()
@@ -558,7 +558,7 @@ def test_two_system_directories_for_one_arch_both_serve(small, arch, tmp_path, m
     with caplog.at_level(logging.WARNING, logger="kdb"):
         kdb.opencl.build(cl_ctx, SCALE, [], db=db, name="scale")
         kdb.opencl.build(cl_ctx, ADD, ["-DN=3"], db=db, name="add_n")
-    assert latency.records() == []
+    assert bookkeeping.records() == []
     assert NOSYS not in caplog.text
     served = {name: db.lookup(HashAttributes.from_canonical(attrs, name)).path
               for _, name, attrs in rows_of(small["file"])}

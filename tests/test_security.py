@@ -61,7 +61,7 @@ def test_every_directory_kdb_creates_is_0700_and_every_file_0600(tmp_path, monke
     root = tmp_path / "deep" / "er" / "cache"  # three parents kdb has to create
     monkeypatch.setenv("KDB_CACHE_DIR", str(root))
     db = KernelDB(use_system=False)
-    got = db.claim_or_wait(attrs("held"))  # a claim, so its lock file exists now
+    got = db.tiers.claim_or_wait(attrs("held"))  # a claim, so its lock file exists now
     claims.want(db.user_dir / "claims", attrs("held").key)
     db.get_or_compile(attrs("k"), lambda: BINARY)
     db.flush()
@@ -160,9 +160,9 @@ def test_unsafe_arch_ids_are_rejected_everywhere(arch, cache_dir, tmp_path):
     before = snapshot(tmp_path)
     db = KernelDB(use_system=False)
     with pytest.raises(UnsafeArchError, match="arch id"):
-        db.user_file(arch)
+        db.tiers.user_file(arch)
     with pytest.raises(UnsafeArchError):
-        db.system_files(arch)
+        db.tiers.system_files(arch)
     with pytest.raises(UnsafeArchError):
         HashAttributes(backend="test", source="kernel", arch=arch)
     with pytest.raises(UnsafeArchError):
@@ -471,9 +471,9 @@ def test_can_store_is_false_where_the_user_dir_is_refused_even_with_a_shared_tie
     monkeypatch.setenv("KDB_SHARED_URL", "postgresql+psycopg://kdb@127.0.0.1:9/kdb")
     with caplog.at_level(logging.WARNING, logger="kdb"):
         db = KernelDB()  # the shared tier is consulted with the system tier
-        assert db._shared() is not None
-        assert db.can_store("a1") is False
-        assert db.claim_or_wait(attrs("new")) is None  # no claim file in their directory
+        assert db.tiers._shared() is not None
+        assert db.tiers.can_store("a1") is False
+        assert db.tiers.claim_or_wait(attrs("new")) is None  # no claim file in their directory
     assert "owned by another user" in caplog.text
     assert not (cache_dir / "v1" / "claims").exists()
 
@@ -485,7 +485,7 @@ def test_can_store_is_false_under_a_cache_root_others_can_write(cache_dir, caplo
     cache_dir.chmod(0o777)  # others could rename v1 away and put their own in its place
     db = KernelDB(use_system=False)
     with caplog.at_level(logging.WARNING, logger="kdb"):
-        assert db.can_store("a1") is False
+        assert db.tiers.can_store("a1") is False
         assert db.put(attrs("put"), BINARY) is False
     notes = warnings_of(caplog)
     assert len(notes) == 1 and f"{cache_dir} is refused" in notes[0], notes

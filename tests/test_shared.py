@@ -210,7 +210,7 @@ CHILD = textwrap.dedent('''
     import json, os, sys, time
     import pyopencl as cl
     import kdb, kdb.opencl
-    from kdb import latency
+    from kdb import bookkeeping
 
     plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
     ctx = cl.Context(plat.get_devices())
@@ -230,7 +230,7 @@ CHILD = textwrap.dedent('''
         for i in map(int, phase.split(",")):
             kdb.opencl.build(ctx, %r %% (i, i), name=f"k{i}")
     kdb.default_db().flush()
-    print(json.dumps([r.name for r in latency.records()]), flush=True)
+    print(json.dumps([r.name for r in bookkeeping.records()]), flush=True)
 ''' % KERNEL)
 
 
@@ -442,12 +442,12 @@ def test_claim_waits_for_the_other_node_and_takes_its_entry(shared_url, cache_di
     def publish_later():
         time.sleep(0.5)
         node = KernelDB(cache_dir=tmp_path / "node-x")
-        other.publish([node._entry(attrs(3), BINARY, 0.1, None)])
+        other.publish([node.tiers._entry(attrs(3), BINARY, 0.1, None)])
         other.unlock(attrs(3).key)
 
     t = threading.Thread(target=publish_later)
     t.start()
-    got = db.claim_or_wait(attrs(3))
+    got = db.tiers.claim_or_wait(attrs(3))
     t.join()
     assert got.tier == "shared" and got.binary == BINARY
 

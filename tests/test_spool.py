@@ -42,13 +42,13 @@ DETACH = {"KDB_STORE_AT_EXIT": "detach"}
 BUILD = """
     import json, sys, time
     import pyopencl as cl
-    import kdb.opencl, kdb.latency
+    import kdb.opencl, kdb.bookkeeping
     plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
     ctx = cl.Context(plat.get_devices()[:1])
     start = time.perf_counter()
     for i in range({n}):
         kdb.opencl.build(ctx, f"__kernel void h{{i}}(__global float *a) {{{{ a[0] = {{i}}; }}}}")
-    print(json.dumps({{"compiles": len(kdb.latency.records()),
+    print(json.dumps({{"compiles": len(kdb.bookkeeping.records()),
                        "build_s": time.perf_counter() - start}}))
 """
 
@@ -170,7 +170,7 @@ def test_a_pending_claim_is_waited_for_at_most_its_compile_time(cache_dir, run_p
         assert holder.stdout.readline().strip() == "held"
         assert claims.holder(directory, attrs.key).state == claims.PENDING
         start = time.monotonic()
-        assert db.claim_or_wait(attrs) is None
+        assert db.tiers.claim_or_wait(attrs) is None
         assert 0.25 <= time.monotonic() - start < 5
     finally:
         holder.kill()
@@ -198,7 +198,7 @@ def test_a_stuck_holder_is_given_up_on_once_per_process(cache_dir, monkeypatch, 
     try:
         assert holder.stdout.readline().strip() == "held"
         start = time.monotonic()
-        got = [db.claim_or_wait(a) for a in keys]
+        got = [db.tiers.claim_or_wait(a) for a in keys]
         took = time.monotonic() - start
         assert got == [None, None, None]
         assert 1 <= took < 3

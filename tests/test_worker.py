@@ -204,12 +204,12 @@ def test_the_compiled_programs_held_in_memory_are_bounded(cache_dir, run_py):
     """Programs whose stores went to the worker are not held for the process's life; the
     newest are, so a repeated build is still served at once."""
     code = JOBS.format(n=40) + """
-    import json, kdb.latency
-    from kdb.backends import clstore
-    before = len(kdb.latency.records())
+    import json, kdb.bookkeeping
+    from kdb.backends.opencl import stores as clstore
+    before = len(kdb.bookkeeping.records())
     kdb.opencl.build(ctx, "__kernel void h39(__global float *a) { a[0] = 39; }")
     print(json.dumps([len(clstore.compiled), clstore._Recent.LIMIT,
-                      len(kdb.latency.records()) - before]))
+                      len(kdb.bookkeeping.records()) - before]))
     """
     held, limit, compiles = json.loads(run_py(code, env={"KDB_STORE_AT_EXIT": "detach"})
                                        .stdout.splitlines()[-1])

@@ -1,7 +1,7 @@
 """``kdb info``: this kdb's settings, every tier's files, and the devices and toolchains here.
 
 Reads only. The OpenCL devices come from pyopencl and the CUDA toolchain from
-:mod:`kdb.backends.cuda` and :mod:`kdb.backends.nvrtc`, each imported when asked (both are
+:mod:`kdb.backends.cuda` and :mod:`kdb.backends.cuda.nvrtc`, each imported when asked (both are
 optional); the files are described by :func:`kdb.admin.report.describe_file`.
 """
 
@@ -81,7 +81,8 @@ def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
     """
     import importlib.util
 
-    from ..backends import cuda, nvrtc
+    from ..backends import cuda
+    from ..backends.cuda import nvrtc
     from ..errors import KdbError
 
     out: dict[str, Any] = {"nvcc": None, "found_by": None, "release": "", "toolkit": "",
@@ -156,6 +157,6 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from ..version import __version__
+    from .. import __version__
 
     return __version__

@@ -41,8 +41,8 @@ _TIER_ORDER = {"system": 0, "user": 1}
 
 class Candidate(namedtuple("Candidate", "binary attrs tier path compile_seconds")):
     """A stored binary built by some compiler for everything else the lookup asked:
-    ``attrs`` are the stored attributes (with that compiler), as :meth:`KernelDB.discard`
-    takes them."""
+    ``attrs`` are the stored attributes (with that compiler), as
+    :meth:`kdb.tiers.Tiers.discard` takes them."""
 
     __slots__ = ()
 
@@ -60,12 +60,12 @@ def candidates(db: KernelDB, attrs: HashAttributes,
     ``rank(compiler pairs)`` gives a sortable value, larger for a newer compiler;
     ``accept(compiler pairs)`` may restrict the compilers (e.g. only nvcc's builds).
     """
-    if db.disabled:
+    if db.tiers.disabled:
         return []
     free_key = attrs.compiler_free_key
     want = _without_compiler(attrs.encoded())
     found: dict[str, tuple[Any, Candidate]] = {}
-    files = (*db.system_files(attrs.arch), db.user_file(attrs.arch))
+    files = (*db.tiers.system_files(attrs.arch), db.tiers.user_file(attrs.arch))
     for f in files:
         for key, row in f.fetch_any_compiler(free_key):
             if key in found:
@@ -89,7 +89,7 @@ def candidates(db: KernelDB, attrs: HashAttributes,
             found[key] = ((rank(stored.compiler), -_TIER_ORDER.get(f.tier, 2), key),
                           Candidate(raw, stored, f.tier, str(f.path), row.compile_seconds))
     ranked = [c for _, c in sorted(found.values(), key=lambda rc: rc[0], reverse=True)]
-    if db.trace:
+    if db.tiers.trace:
         trace_log.debug("no compiler here: lookup %s by compiler-free key, %d candidate(s)%s",
                         attrs.name or free_key[:16], len(ranked), "".join(
                             f"\n  {c.attrs.key[:16]} {c.tier} built by {describe(c.compiler)}"
@@ -104,10 +104,10 @@ def served(db: KernelDB, attrs: HashAttributes, cand: Candidate) -> None:
     args = (attrs.name or attrs.key[:16], cand.tier, cand.path, cand.attrs.key[:16],
             describe(cand.compiler))
     log.debug("kdb: " + msg, *args)
-    if db.trace:
+    if db.tiers.trace:
         trace_log.debug(msg, *args)
-    db._count(attrs.arch, f"hits.{cand.tier}", 1,  # noqa: SLF001 - the hit counters
-              key=cand.attrs.key if cand.tier == "user" else None, saved=cand.compile_seconds)
+    db.tiers.count(attrs.arch, f"hits.{cand.tier}", 1,  # the hit counters
+                   key=cand.attrs.key if cand.tier == "user" else None, saved=cand.compile_seconds)
 
 
 def describe(compiler: Iterable[Iterable[str]]) -> str:

@@ -26,7 +26,7 @@ from . import (
 from .. import config
 from .tools import Settings
 from ..errors import KdbError
-from ..version import __version__
+from .. import __version__
 
 
 class _Group(click.Group):

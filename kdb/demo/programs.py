@@ -247,7 +247,7 @@ def worker(out_path: str, kernels: Sequence[str] | str | None = None) -> int:
     import numpy as np
     import pyopencl as cl
 
-    from .. import latency
+    from .. import bookkeeping
     from .. import opencl as kdb_opencl
     from ..db import default_db
 
@@ -266,7 +266,7 @@ def worker(out_path: str, kernels: Sequence[str] | str | None = None) -> int:
         built.append(kdb_opencl.build(ctx, sources[p.file], [*p.options, *include], name=p.name))
         per_build.append(time.perf_counter() - t)
     build_s = time.perf_counter() - start
-    compiles = len(latency.records())
+    compiles = len(bookkeeping.records())
 
     results = []
     start = time.perf_counter()
@@ -288,7 +288,7 @@ def worker(out_path: str, kernels: Sequence[str] | str | None = None) -> int:
     figures = {
         "pid": os.getpid(), "device": device.name, "platform": device.platform.name,
         "arch": kdb_opencl.arch_of(device), "kernels": len(programs), "compiles": compiles,
-        "compiled": [r.name for r in latency.records()], "build_s": build_s,
+        "compiled": [r.name for r in bookkeeping.records()], "build_s": build_s,
         "launch_check_s": launch_s, "store_wait_s": store_s,
         "ok": all(r["ok"] for r in results), "results": results,
         "user_file": str(db.user_dir / f"{kdb_opencl.arch_of(device)}.kdb"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import latency
+from .. import bookkeeping
 from ..errors import CompileError, PackError
 from .manifest import KernelSpec, applicable
 from ..file.kernelfile import KernelFile
@@ -76,7 +76,7 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
         for i, spec in enumerate(todo):
             if progress:
                 progress(i, len(todo), spec.name)
-            seen = len(latency.records())
+            seen = len(bookkeeping.records())
             try:
                 _compile_one(spec, arch, ctx, db)
             except CompileError as err:
@@ -84,14 +84,14 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
                                  + (err.log or str(err)).rstrip()))
                 if not keep_going:
                     break
-            compiled[spec.name] = [r.key for r in latency.records()[seen:]]
+            compiled[spec.name] = [r.key for r in bookkeeping.records()[seen:]]
         if progress:
             progress(len(todo), len(todo), "storing the binaries")
     finally:
         db.close()
         # These compiles are the product, not a slow start-up: no exit summary for them.
-        latency.reset()
-    path = db.user_file(arch).path
+        bookkeeping.forget_compiles()
+    path = db.tiers.user_file(arch).path
     # The binaries are read back from the driver and stored in the background, where a
     # failure is only logged: a kernel that compiled but was not stored is a failure here.
     stored = _stored_keys(path)

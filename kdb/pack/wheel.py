@@ -190,7 +190,7 @@ def _b64_sha256(data: bytes) -> str:
 
 
 def _generator() -> str:
-    from ..version import __version__
+    from .. import __version__
 
     return f"kdb ({__version__})"
 

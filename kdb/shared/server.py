@@ -247,7 +247,7 @@ def upgrade(conn: Connection, revision: str = "head") -> None:
 def _describe(conn: Connection) -> None:
     from sqlalchemy.dialects.postgresql import insert
 
-    from ..version import __version__
+    from .. import __version__
 
     with conn.begin():
         for name, value in (("tier", "shared"), ("format", str(config.FORMAT_MAJOR)),

@@ -86,10 +86,10 @@ def store_job(path: Path, dbs: dict | None = None) -> None:
         dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
     db = dbs[job.cache_dir]
     if job.kind == BOOKKEEPING:
-        db.write_bookkeeping(job.archs)
+        db.tiers.write_bookkeeping(job.archs)
         return
     if _stored_already(db, job):  # the same program compiled again before it was stored
-        db.store([], [CompileRecord(*row) for row in job.logs])
+        db.tiers.store([], [CompileRecord(*row) for row in job.logs])
         return
     backend_module(job.backend).store_job(db, job)
 
@@ -97,4 +97,4 @@ def store_job(path: Path, dbs: dict | None = None) -> None:
 def _stored_already(db: KernelDB, job: StoreJob) -> bool:
     attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
              for e in job.entries]
-    return bool(attrs) and all(db.user_file(a.arch).fetch(a.key) is not None for a in attrs)
+    return bool(attrs) and all(db.tiers.user_file(a.arch).fetch(a.key) is not None for a in attrs)

@@ -1,17 +1,17 @@
-"""How an entry reaches the writable tiers: the store side of :class:`kdb.db.KernelDB`.
+"""How an entry reaches the writable tiers: the store side of :class:`kdb.tiers.Tiers`.
 
 A lookup never writes; what a miss compiled is stored by one of these, off the caller's
 critical path where it can be: now (:meth:`Storing.put`), on the background thread
 (:meth:`Storing.put_later`), by the store worker (:meth:`Storing.spool`, :mod:`kdb.storing.spool`),
 as the worker's batch (:meth:`Storing.store`), and a bad entry dropped
 (:meth:`Storing.discard`). With the shared tier, each is also published there before the
-claim it holds is released. ``KernelDB`` inherits these; they use its tiers, its batched
+claim it holds is released. ``Tiers`` inherits these; they use its tiers, its batched
 bookkeeping (``_book``) and its in-memory copies (``_inflight``).
 """
 
 from __future__ import annotations
 
-from .. import arguments, config, faults
+from .. import config, faults
 from ..bookkeeping import Pending
 from ..file.kernelfile import CompileRecord, Entry
 
@@ -25,15 +25,12 @@ if TYPE_CHECKING:  # annotations are strings here: the hit path does not import 
 
 
 class Storing:
-    """The store side of a kernel database (mixed into :class:`kdb.db.KernelDB`)."""
+    """The store side of a kernel database (mixed into :class:`kdb.tiers.Tiers`); the caller's
+    arguments were checked by :class:`kdb.KernelDB` or come from a back end."""
 
     def put(self, attrs: HashAttributes, binary: bytes, *, compile_seconds: float = 0.0,
             details: dict[str, Any] | None = None) -> bool:
         """Store ``binary`` for ``attrs`` in the user tier now; True if it was written."""
-        arguments.check_binary(binary)
-        arguments.check_attrs(attrs)
-        arguments.check_details(details)
-        arguments.check_seconds(compile_seconds)
         if self.disabled or not self._user_trusted(self.user_file(attrs.arch)):
             return False
         self.flush()
@@ -55,7 +52,6 @@ class Storing:
         ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
         user tier, and published to the shared tier unless ``publish`` is false).
         """
-        arguments.check_details(details)
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         if log is not None:
             self._book.add_log(attrs.arch, log)
@@ -146,7 +142,7 @@ class Storing:
         return ok
 
     def write_bookkeeping(self, archs: dict[str, dict]) -> None:
-        """Write bookkeeping taken from another process (:meth:`take_bookkeeping`)."""
+        """Write bookkeeping taken from another process (a store job's ``archs``)."""
         self._book.write_json(archs)
 
     def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:

@@ -12,14 +12,14 @@ import os
 
 import pyopencl as cl
 
-from .. import config, logs
-from ..claims import Claim
-from ..db import KernelDB
-from .includes import UncertainIncludes
-from ..keys import HashAttributes
-from ..storing.jobs import StoreJob
-from .clbinaries import program_binaries
-from .clkeys import BACKEND, device_details, headers_of
+from ... import config, logs
+from ...claims import Claim
+from ...db import KernelDB
+from ..includes import UncertainIncludes
+from ...keys import HashAttributes
+from ...storing.jobs import StoreJob
+from .binaries import program_binaries
+from .keys import BACKEND, device_details, headers_of
 
 log = logs.get("kdb")
 
@@ -65,8 +65,8 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
     ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread."""
     per_device = seconds / max(len(devs), 1)
     ptrs = program.pop("ptrs") if program is not None else []
-    recs = [db.record_compile(a, per_device) for a in attrs]
-    if not attrs or db.disabled or not db.can_store(attrs[0].arch):
+    recs = [db.tiers.record_compile(a, per_device) for a in attrs]
+    if not attrs or db.tiers.disabled or not db.tiers.can_store(attrs[0].arch):
         for claim in held.values():
             claim.release()
         return
@@ -87,10 +87,10 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
             if held_raw is None:
                 raise LookupError("the program is no longer held; the store worker stores it")
             binaries = program_binaries(held_raw)
-            db.store([(a, binaries[d.int_ptr], per_device, device_details(d))
+            db.tiers.store([(a, binaries[d.int_ptr], per_device, device_details(d))
                       for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs)
 
-        if db.spool(job, claims, store_now):
+        if db.tiers.spool(job, claims, store_now):
             return
         held.update((c.key, c) for c in claims)
     binaries: dict[int, bytes] | None = None
@@ -111,7 +111,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
         return produce
 
     for d, a, rec in zip(devs, attrs, recs):
-        db.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
+        db.tiers.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
                      details=device_details(d), log=rec, claim=held.pop(a.key, None))
 
 
@@ -126,10 +126,10 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
 
     The rebuild reads the headers as they are now; the key was computed from them as they
     were at the build. Their digests are taken again, before and after the rebuild, with
-    the code the key used (:func:`.clkeys.headers_of`): when they differ from an entry's,
+    the code the key used (:func:`.keys.headers_of`): when they differ from an entry's,
     the job is dropped with an exception that names the header (the worker logs it).
     """
-    from ..file.kernelfile import CompileRecord
+    from ...file.kernelfile import CompileRecord
 
     prog = job.extra["program"]
     plats = [p for p in cl.get_platforms() if p.name == prog["platform"]]
@@ -157,7 +157,7 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
         binary = binaries.get(devs[e["device"]].int_ptr)
         if binary:
             items.append((attrs, binary, e["seconds"], e["details"]))
-    db.store(items, [CompileRecord(*row) for row in job.logs])
+    db.tiers.store(items, [CompileRecord(*row) for row in job.logs])
     if len(items) < len(job.entries):
         raise LookupError(f"the driver returned no binary for {len(job.entries) - len(items)}"
                           " device(s)")

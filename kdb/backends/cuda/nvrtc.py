@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import config
-from .digests import library_id, machine_memo
-from ..errors import BackendUnavailableError, CompileError
+from ... import config
+from ..digests import library_id, machine_memo
+from ...errors import BackendUnavailableError, CompileError
 
 #: Where the ``nvidia-cuda-nvrtc`` wheels put the library, under the ``nvidia`` package:
 #: 13.x in ``cu13/lib``, 12.x in ``cuda_nvrtc/lib``.

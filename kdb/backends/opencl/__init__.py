@@ -3,7 +3,7 @@
 ``build(ctx, source, options)`` returns a built :class:`pyopencl.Program`. On a hit in every
 device's tier it is created from the stored binaries (``clCreateProgramWithBinary``);
 otherwise it is built from source and returned at once, and a job describing the build goes
-to the store worker (:mod:`kdb.storing.spool`): :mod:`.clstore`. The keys come from :mod:`.clkeys`.
+to the store worker (:mod:`kdb.storing.spool`): :mod:`.stores`. The keys come from :mod:`.keys`.
 
 ``install()`` routes every ``pyopencl.Program(ctx, source).build()`` through the same path;
 programs from binaries or IL, ``compile()`` and ``link_program()`` pass through untouched.
@@ -16,14 +16,14 @@ from typing import Sequence
 
 import pyopencl as cl
 
-from .. import config, logs
-from ..bookkeeping import add as _count
-from ..claims import Claim
-from ..db import KernelDB, default_db
-from ..errors import CompileError, InvalidArgumentError
-from .includes import UncertainIncludes
-from ..keys import HashAttributes
-from .clkeys import (
+from ... import config, logs
+from ...bookkeeping import add as _count
+from ...claims import Claim
+from ...db import KernelDB, default_db
+from ...errors import CompileError, InvalidArgumentError
+from ..includes import UncertainIncludes
+from ...keys import HashAttributes
+from .keys import (
     BACKEND,
     BUILD_VARIABLES,
     ENV_VARS,
@@ -39,9 +39,9 @@ from .clkeys import (
     plan_for,
     split_options,
 )
-from .clstore import compiled as _compiled
-from .clstore import program_spec, store_job, store_later  # noqa: F401 - spool finds store_job here
-from .common import source_text
+from .stores import compiled as _compiled
+from .stores import program_spec, store_job, store_later  # noqa: F401 - spool finds store_job here
+from ..common import source_text
 
 trace_log = logs.get("kdb.trace")
 
@@ -110,10 +110,10 @@ def _program_source(source: str | bytes, text: str) -> str | bytes:
 def _uncached(ctx, source, text: str, opt_bytes: bytes, devs, err: UncertainIncludes,
               db: KernelDB, pyopencl_errors: bool, wrapper) -> cl.Program:
     """A plain build, neither looked up nor stored: kdb cannot be sure what it reads."""
-    if not db.disabled:
+    if not db.tiers.disabled:
         logs.warn_once(f"includes:{err.kind}", "kdb: %s; such programs are built without "
                        "the cache (KDB_TRACE=1 names each one)", err)
-    if db.trace:
+    if db.tiers.trace:
         trace_log.debug("%s not cached: %s", _label(text), err)
     raw = _compile(ctx, _program_source(source, text), opt_bytes, devs, pyopencl_errors,
                    wrapper)
@@ -156,8 +156,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
 
     hits: list = [None] * len(attrs)
     held: dict[str, Claim] = {}
-    if not db.disabled:
-        hits = [db.lookup(a) for a in attrs]
+    if not db.tiers.disabled:
+        hits = [db.tiers.lookup(a) for a in attrs]
         if not all(hits):  # single flight: claim what missed, or wait for its compiler
             hits, held = _claim_or_wait(db, attrs, hits)
         if all(hits):
@@ -167,7 +167,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
             except (cl.RuntimeError, cl.LogicError) as err:
                 for a, h in zip(attrs, hits):
                     if h.tier in ("user", "shared", "memory"):
-                        db.discard(a.with_(name=name or _label(text)),
+                        db.tiers.discard(a.with_(name=name or _label(text)),
                                    f"the driver refused the stored binary ({err})", h.tier)
                 hits = [None] * len(attrs)  # rebuilt from source and stored again
 
@@ -190,7 +190,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
             missed.setdefault(a.key, (d, a))
     for key in set(held) - set(missed):  # claimed, then served another way: let go
         held.pop(key).release()
-    if missed and not db.disabled:
+    if missed and not db.tiers.disabled:
         _compiled[memory_key] = raw
     store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
                  seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs))
@@ -205,7 +205,7 @@ def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
     for i, (a, h) in enumerate(zip(attrs, hits)):
         if h is not None or a.key in held:
             continue
-        got = db.claim_or_wait(a)
+        got = db.tiers.claim_or_wait(a)
         if isinstance(got, Claim):
             held[a.key] = got
         elif got is not None:

@@ -11,11 +11,11 @@ import shlex
 import time
 from typing import Iterable, Sequence
 
-from .. import config, logs
-from ..db import KernelDB, default_db
-from ..errors import BackendUnavailableError, CompileError
+from ... import config, logs
+from ...db import KernelDB, default_db
+from ...errors import BackendUnavailableError, CompileError
 from . import nvrtc as _nvrtc
-from .cudakeys import _Request, _request, compiler_kind, compiler_rank
+from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
 
 log = logs.get("kdb")
@@ -68,8 +68,8 @@ def _build(req: _Request) -> bytes:
 def _stored_builds(db: KernelDB, req: _Request) -> list:
     """With no compiler here: the stored builds that match on all but the compiler, newest
     compiler first (:mod:`kdb.backends.fallback`); none raises, naming the arch and what to install."""
-    from . import fallback
-    from ..file.discovery import dist_name
+    from .. import fallback
+    from ...file.discovery import dist_name
 
     accept = None if req.wanted is None else (lambda c: compiler_kind(c) == req.wanted)
     found = fallback.candidates(db, req.attrs, compiler_rank, accept)
@@ -90,8 +90,8 @@ def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
     start = time.perf_counter()
     binary = _build(req)
     seconds = time.perf_counter() - start
-    rec = db.record_compile(req.attrs, seconds)
-    db.put_later(req.attrs, lambda: binary, compile_seconds=seconds, details=req.details(),
+    rec = db.tiers.record_compile(req.attrs, seconds)
+    db.tiers.put_later(req.attrs, lambda: binary, compile_seconds=seconds, details=req.details(),
                  log=rec)
     return binary
 
@@ -115,10 +115,10 @@ def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natura
     req = _request(source, arch, options, include_dirs, output, nvcc, db.cache_root, name,
                    compiler)
     if req.tool is None:
-        from .fallback import served
+        from ..fallback import served
 
         best = _stored_builds(db, req)[0]
         served(db, req.attrs, best)
         return best.binary
-    return db.get_or_compile(req.attrs, lambda: _build(req), details=req.details())
+    return db.tiers.get_or_compile(req.attrs, lambda: _build(req), details=req.details())
 

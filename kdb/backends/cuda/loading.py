@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .. import config, logs
-from ..db import KernelDB, default_db
-from ..errors import BackendUnavailableError, InvalidArgumentError
-from .common import source_text
-from .cudabuild import _build, _compile_and_store, _stored_builds
-from .cudakeys import _Request, _request
+from ... import config, logs
+from ...db import KernelDB, default_db
+from ...errors import BackendUnavailableError, InvalidArgumentError
+from ..common import source_text
+from .builds import _build, _compile_and_store, _stored_builds
+from .keys import _Request, _request
 
 log = logs.get("kdb")
 
@@ -103,13 +103,13 @@ class SourceModule:
             compiled.append(True)
             return _build(req)
 
-        binary = db.get_or_compile(req.attrs, build, details=req.details())
+        binary = db.tiers.get_or_compile(req.attrs, build, details=req.details())
         try:
             self.module = drv.module_from_buffer(binary)
         except getattr(drv, "Error", Exception) as err:
             if compiled:
                 raise  # nvcc's own fresh output: not a cache fault
-            db.discard(req.attrs, f"the driver refused the stored cubin ({err})")
+            db.tiers.discard(req.attrs, f"the driver refused the stored cubin ({err})")
             self.module = drv.module_from_buffer(_compile_and_store(db, req))
         self._bind_module()
 
@@ -117,7 +117,7 @@ class SourceModule:
     def _load_stored_build(drv: Any, db: KernelDB, req: _Request) -> Any:
         """No compiler here: load the best stored build the driver accepts, dropping those
         it refuses."""
-        from .fallback import served
+        from ..fallback import served
 
         error = getattr(drv, "Error", Exception)
         builds = _stored_builds(db, req)
@@ -125,7 +125,7 @@ class SourceModule:
             try:
                 module = drv.module_from_buffer(cand.binary)
             except error as err:
-                db.discard(cand.attrs, f"the driver refused the stored cubin ({err})")
+                db.tiers.discard(cand.attrs, f"the driver refused the stored cubin ({err})")
                 if i == len(builds) - 1:
                     raise
                 continue

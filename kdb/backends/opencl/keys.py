@@ -2,7 +2,7 @@
 that holds them for the builds on one context.
 
 Everything here is what a lookup needs before it touches a database; :mod:`.opencl` builds,
-:mod:`.clstore` stores.
+:mod:`.stores` stores.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any, Mapping, Sequence
 
 import pyopencl as cl
 
-from .. import config, logs
-from ..db import DEFAULT_DB_VARIABLES
-from .digests import library_id
-from ..errors import InvalidArgumentError, UnsupportedTypeError
-from .includes import IncludeSearch, parse_search, read_headers, split_include_options
-from ..keys import HashAttributes
-from .clbinaries import library_of
-from .common import label
+from ... import config, logs
+from ...db import DEFAULT_DB_VARIABLES
+from ..digests import library_id
+from ...errors import InvalidArgumentError, UnsupportedTypeError
+from ..includes import IncludeSearch, parse_search, read_headers, split_include_options
+from ...keys import HashAttributes
+from .binaries import library_of
+from ..common import label
 
 log = logs.get("kdb")
 BACKEND = "opencl"

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import config
-from .digests import machine_digest, machine_memo
-from ..errors import BackendUnavailableError
+from ... import config
+from ..digests import machine_digest, machine_memo
+from ...errors import BackendUnavailableError
 
 if TYPE_CHECKING:
     import subprocess

@@ -6,15 +6,15 @@ NVRTC), stored in the background. :class:`SourceModule` is the loading half: the
 the current context's device, loaded with ``pycuda.driver.module_from_buffer``.
 
 The rooms: :mod:`.nvcc` finds nvcc and works out its identity (:mod:`.nvrtc` the same for
-NVRTC), :mod:`.cudakeys` checks a request's arguments and makes its key, :mod:`.cudabuild`
-compiles and serves, :mod:`.cudaload` loads with pycuda. This module names them all.
+NVRTC), :mod:`.keys` checks a request's arguments and makes its key, :mod:`.builds`
+compiles and serves, :mod:`.loading` loads with pycuda. This module names them all.
 """
 
 from __future__ import annotations
 
 # Private names too: kdb.adopt.auto and the tests reach them here.
-from .cudabuild import _build, _compile_and_store, _run_nvcc, _stored_builds, compile  # noqa: F401
-from .cudakeys import (
+from .builds import _build, _compile_and_store, _run_nvcc, _stored_builds, compile  # noqa: F401
+from .keys import (
     BACKEND,
     COMPILERS,
     ENV_VARS,
@@ -35,7 +35,7 @@ from .cudakeys import (
     kernel_names,
     split_options,
 )
-from .cudaload import SourceModule, _context_arch, _pycuda_driver, _pycuda_include_dirs
+from .loading import SourceModule, _context_arch, _pycuda_driver, _pycuda_include_dirs
 from . import nvrtc as _nvrtc  # noqa: F401
 from .nvcc import Nvcc, NvccIdentity, _probe, _still_valid, find_nvcc, identity, target_arches
 from .nvrtc import Nvrtc, NvrtcIdentity, find_nvrtc

@@ -14,12 +14,12 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from .. import config
-from ..errors import BackendUnavailableError, InvalidArgumentError, UnsupportedTypeError
-from .includes import header_digests, split_include_options
-from ..keys import HashAttributes
+from ... import config
+from ...errors import BackendUnavailableError, InvalidArgumentError, UnsupportedTypeError
+from ..includes import header_digests, split_include_options
+from ...keys import HashAttributes
 from . import nvrtc as _nvrtc
-from .common import label, source_text
+from ..common import label, source_text
 from .nvcc import ARCH_RE as _ARCH_RE
 from .nvcc import NvccIdentity, find_nvcc, identity
 from .nvrtc import NvrtcIdentity

@@ -1,0 +1,55 @@
+"""The public surface is what docs/api.md documents: KernelDB offers exactly the members its
+table lists, and the interface back ends use (``KernelDB.tiers``) has every member the page
+names. A member added or removed without the page fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import kdb
+from kdb.tiers import Tiers
+
+API_PAGE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+
+
+def documented_members() -> set[str]:
+    section = API_PAGE.read_text(encoding="utf-8").split("## `kdb.KernelDB`", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `KernelDB\.(\w+)", section, flags=re.M))
+
+
+def test_kernel_db_offers_exactly_what_the_api_page_documents(cache_dir):
+    db = kdb.KernelDB()
+    public = {n for n in dir(db) if not n.startswith("_")}
+    assert public == documented_members()
+
+
+def test_every_public_member_says_what_it_does():
+    for name in documented_members() - {"tiers"}:
+        assert getattr(kdb.KernelDB, name).__doc__, name
+
+
+def test_the_back_end_interface_has_every_member_the_page_names():
+    section = API_PAGE.read_text(encoding="utf-8").split("## For back ends", 1)[1]
+    named = set(re.findall(r"`(\w+)(?:\(\w*\))?`", section)) - {"HashAttributes", "db"}
+    assert named and all(callable(getattr(Tiers, n, None)) for n in named), \
+        sorted(n for n in named if not callable(getattr(Tiers, n, None)))
+
+
+def test_internals_are_not_reachable_through_kernel_db(cache_dir):
+    db = kdb.KernelDB()
+    for name in ("claim_or_wait", "spool", "store", "can_store", "record_compile",
+                 "write_bookkeeping", "put_later", "discard", "user_file", "system_files"):
+        assert not hasattr(db, name), name
+        assert callable(getattr(db.tiers, name)), name
+    with pytest.raises(AttributeError):
+        db.anything_else = 1  # a fixed surface: no attribute added by accident
+
+
+def test_the_errors_the_page_lists_are_kdbs():
+    text = API_PAGE.read_text(encoding="utf-8").split("## Errors", 1)[1].split("\n## ", 1)[0]
+    names = set(re.findall(r"`(?:kdb\.)?(\w+Error)`", text))
+    assert names == {n for n in kdb.__all__ if n.endswith("Error")}
+    assert all(issubclass(getattr(kdb, n), kdb.KdbError) for n in names)
