@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Triton (about 1 GB installed) is for the tests and benchmarks of kdb.triton, not the demo.
+TRITON := $(VENV)/.triton
 
 .PHONY: setup demo test bench clean
 
@@ -12,16 +14,20 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install --quiet -e '.[opencl,pack,postgres,test]'
 	touch $(STAMP)
 
+$(TRITON): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[triton]'
+	touch $(TRITON)
+
 setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/kdb demo
 
-test: $(STAMP)
+test: $(STAMP) $(TRITON)
 	bash tools/ensure_postgres.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) $(TRITON)
 	$(BIN)/python benchmarks/run.py
 
 clean:

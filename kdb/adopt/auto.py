@@ -1,7 +1,8 @@
 """Zero-code adoption: what ``KDB_AUTO=1``, ``kdb run`` and ``pytest --kdb`` do to a process.
 
 The start-up hook (``_kdb_auto``, run by ``kdb-auto.pth``) calls :func:`adopt_pyopencl` right
-after the program has imported pyopencl, and :func:`adopt_pycuda` after ``pycuda.compiler``.
+after the program has imported pyopencl, :func:`adopt_pycuda` after ``pycuda.compiler`` and
+:func:`adopt_triton` after ``triton``.
 Each first checks that kdb can work here (its settings parse, its cache directory can be
 created): a process whose cache is unusable gets one warning and plain pyopencl or pycuda,
 never a cache fault per build. :func:`switch_on` does the same for the current process and,
@@ -107,6 +108,15 @@ def _pycuda_compile(module: Any, original: Any) -> Any:
     compile.__doc__ = original.__doc__
     compile.__wrapped__ = original  # type: ignore[attr-defined]
     return compile
+
+
+def adopt_triton(module: Any = None) -> None:
+    """Make kdb Triton's cache manager (a program that names its own keeps it, with one
+    warning)."""
+    check_usable()
+    from ..backends.triton import install  # not kdb.triton: it may be half-imported
+
+    install()
 
 
 PTH_NAME = "kdb-auto.pth"

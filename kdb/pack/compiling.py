@@ -44,7 +44,7 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
     and the failures ``(kernel name, why, with the build log)``.
 
     OpenCL kernels are built on a device of that arch, which must be present; CUDA kernels
-    are cross-compiled by nvcc, no GPU needed. Both go through the same functions a framework
+    are cross-compiled by nvcc or NVRTC and Triton kernels by Triton, no GPU needed. Both go through the same functions a framework
     calls at run time (:func:`kdb.opencl.build`, :func:`kdb.backends.cuda.compile`), so the
     keys are those it will look up.
     """
@@ -55,9 +55,10 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
         raise PackError(f"the manifest lists no kernel for arch {arch!r} (each names other "
                         "'arches', or is a CUDA kernel and this is not a CUDA arch)")
     backends = {s.backend for s in todo}
-    if backends - {"opencl", "cuda"}:
-        raise PackError(f"unknown back end(s) {sorted(backends - {'opencl', 'cuda'})} in the "
-                        "manifest; kdb packs 'opencl' and 'cuda' kernels")
+    known = {"opencl", "cuda", "triton"}
+    if backends - known:
+        raise PackError(f"unknown back end(s) {sorted(backends - known)} in the manifest; kdb "
+                        "packs 'opencl', 'cuda' and 'triton' kernels")
     ctx = None
     if "opencl" in backends:
         devices = opencl_arches()
@@ -109,6 +110,10 @@ def _compile_one(spec: KernelSpec, arch: str, ctx: object, db: object) -> None:
         from ..backends.opencl import build
 
         build(ctx, spec.source, spec.build_options(), db=db, name=spec.name)
+    elif spec.backend == "triton":
+        from ..backends.triton import packing
+
+        packing.compile_spec(spec, arch, db)
     else:
         from ..backends import cuda
 

@@ -25,6 +25,12 @@ class KernelSpec:
     backend: str = "opencl"
     arches: tuple[str, ...] = ()  # empty: every arch being packed
     compiler: str | None = None  # CUDA: "nvcc", "nvrtc", or None (nvcc where found, else NVRTC)
+    # Triton: the module file holding the @triton.jit function, its name, the argument types
+    # and the constexpr values, as Triton's ASTSource takes them.
+    module: str = ""
+    function: str = ""
+    signature: tuple[tuple[str, str], ...] = ()
+    constexprs: tuple[tuple[str, object], ...] = ()
 
     def build_options(self) -> list[str]:
         """Options as passed to the back end: the manifest's options, then ``-I`` dirs."""
@@ -52,6 +58,15 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         options = ["-DT=float"]
         defines = { N = 64 }           # appended as -DN=64
         arches = ["pocl-x86_64-znver3"]  # optional subset
+
+        [[kernel]]                     # a Triton kernel, compiled for each arch listed
+        name = "add_64"
+        backend = "triton"
+        file = "kernels.py"            # the module that defines the @triton.jit function
+        function = "add"
+        signature = { x_ptr = "*fp32", y_ptr = "*fp32", out_ptr = "*fp32", n = "i32", BLOCK = "constexpr" }
+        constexprs = { BLOCK = 64 }
+        arches = ["sm_90", "gfx942"]   # sm_XX: NVIDIA; gfxNNN: AMD (no GPU needed)
 
     A kernel is built with exactly the option list a framework passes at run time
     (``options``, then ``defines``, then ``-I`` dirs), so that the keys match its lookups.
@@ -83,7 +98,8 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         if not isinstance(k, dict):
             raise InvalidArgumentError(f"{where}: expected a table")
         unknown = set(k) - {"name", "file", "source", "options", "defines", "include_dirs",
-                            "backend", "arches", "compiler"}
+                            "backend", "arches", "compiler", "function", "signature",
+                            "constexprs"}
         if unknown:
             raise InvalidArgumentError(f"{where}: unknown keys {sorted(unknown)}")
         name = k.get("name")
@@ -118,9 +134,15 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         except InvalidArgumentError as err:
             raise InvalidArgumentError(f"{where} ({name}): {err}") from err
         backend = k.get("backend", defaults.get("backend", "opencl"))
-        if backend not in ("opencl", "cuda"):
+        if backend not in ("opencl", "cuda", "triton"):
             raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
-                                       "packs; use 'opencl' or 'cuda'")
+                                       "packs; use 'opencl', 'cuda' or 'triton'")
+        if backend == "triton":
+            specs.append(_triton_spec(k, name, source, base, arches, where))
+            continue
+        if set(k) & {"function", "signature", "constexprs"}:
+            raise InvalidArgumentError(f"{where} ({name}): 'function', 'signature' and "
+                                       "'constexprs' are for Triton kernels only")
         compiler = k.get("compiler", defaults.get("compiler") if backend == "cuda" else None)
         if compiler is not None and (backend != "cuda" or compiler not in ("nvcc", "nvrtc")):
             raise InvalidArgumentError(f"{where} ({name}): compiler {compiler!r}: CUDA kernels "
@@ -128,6 +150,34 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         specs.append(KernelSpec(name, source, tuple(options), tuple(dirs), backend, arches,
                                 compiler))
     return specs
+
+
+def _triton_spec(k: dict, name: str, source: str, base: Path, arches: tuple[str, ...],
+                 where: str) -> KernelSpec:
+    """A Triton kernel: its module file, function, signature and constexprs."""
+    if "file" not in k:
+        raise InvalidArgumentError(f"{where} ({name}): a Triton kernel needs 'file', the module "
+                                   "that defines its @triton.jit function")
+    function, signature = k.get("function"), k.get("signature")
+    if not isinstance(function, str) or not function.isidentifier():
+        raise InvalidArgumentError(f"{where} ({name}): 'function' (the kernel's name in its "
+                                   "module) is required")
+    if not isinstance(signature, dict) or not signature or not all(
+            isinstance(v, str) for v in signature.values()):
+        raise InvalidArgumentError(f"{where} ({name}): 'signature' must be a table of argument "
+                                   'types, e.g. { x_ptr = "*fp32", n = "i32", BLOCK = "constexpr" }')
+    constexprs = k.get("constexprs", {})
+    if not isinstance(constexprs, dict):
+        raise InvalidArgumentError(f"{where} ({name}): 'constexprs' must be a table")
+    if set(k) & {"options", "defines", "include_dirs", "compiler"}:
+        raise InvalidArgumentError(f"{where} ({name}): a Triton kernel takes 'function', "
+                                   "'signature' and 'constexprs', not compiler options")
+    if not arches:
+        raise InvalidArgumentError(f"{where} ({name}): a Triton kernel needs 'arches' (e.g. "
+                                   '["sm_90", "gfx942"])')
+    return KernelSpec(name, source, backend="triton", arches=arches,
+                      module=str((base / k["file"]).resolve()), function=function,
+                      signature=tuple(signature.items()), constexprs=tuple(constexprs.items()))
 
 
 def _strings(value: object, where: str, what: str) -> list[str]:
@@ -144,7 +194,8 @@ def _define(value: object) -> str:
 
 def applicable(specs: list[KernelSpec], arch: str) -> list[KernelSpec]:
     """The specs to build for ``arch``: those naming it, else every spec of a back end that
-    can target it (CUDA kernels go to CUDA arches only, OpenCL kernels to every arch)."""
+    can target it (CUDA kernels go to CUDA arches only, OpenCL kernels to every arch; Triton
+    kernels always name theirs)."""
     return [s for s in specs
             if (arch in s.arches if s.arches else s.backend != "cuda" or _is_cuda_arch(arch))]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .. import config
 from ..file.discovery import DEFAULT_PREFIX, GROUP, dist_name
 from ..errors import InvalidArgumentError, WheelBuildError
 

@@ -1,0 +1,179 @@
+"""Triton's compiled-kernel cache, backed by kdb: ``TRITON_CACHE_MANAGER=kdb.triton:CacheManager``.
+
+Triton makes one manager per compile, keyed by its own cache key (a digest of the kernel's
+source, its specialization, the options, the target, Triton's own code and the environment
+variables that change the output), and asks it for the kernel's group of files
+(:meth:`CacheManager.get_group`). Here that is one kdb lookup: the system tiers of the
+target's arch, the user tier, the shared tier when set. A miss claims the key (so that of many
+processes compiling the same kernel one compiles and the others wait for its entry), Triton
+compiles and writes its files through :meth:`~CacheManager.put`, and
+:meth:`~CacheManager.put_group` stores the group as one zstd-compressed entry, off the
+critical path.
+
+Files Triton caches outside a kernel's group (the launcher it builds with the host's C
+compiler, autotuning results) are host-specific: a manager whose first call is not
+``get_group`` hands everything to Triton's own file cache, as Triton would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import time
+
+from triton.runtime.cache import CacheManager as _TritonCacheManager
+from triton.runtime.cache import FileCacheManager
+
+from ... import logs
+from ...db import default_db
+from ...keys import HashAttributes
+from ...tiers import Hit
+from . import groups
+from .targets import BACKEND, arch_of, compiler_identity, current_arch, known_archs
+
+log = logs.get("kdb")
+
+#: Claims this process holds for kernels it is compiling: key -> (claim, start time).
+_compiling: dict[str, tuple] = {}
+
+_db: contextvars.ContextVar = contextvars.ContextVar("kdb_triton_db", default=None)
+
+
+@contextlib.contextmanager
+def storing_into(db):
+    """Within this block Triton's kernels are looked up in and stored into ``db`` (a
+    :class:`kdb.KernelDB`; ``kdb pack``'s scratch database) instead of the default one."""
+    token = _db.set(db)
+    try:
+        yield
+    finally:
+        _db.reset(token)
+
+
+def _tiers():
+    db = _db.get()
+    return (db if db is not None else default_db()).tiers
+
+
+class CacheManager(_TritonCacheManager):
+    """kdb as Triton's cache manager (see the module's docstring)."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        self._files = FileCacheManager(key, override=True) if override else None
+        self._dump = FileCacheManager(key, dump=True) if dump else None
+        self._kernel: bool | None = None  # None until the first call says which kind
+        self._written: dict[str, str] = {}  # file name -> path, this compile's files
+        self._arch: str | None = None
+
+    # -- Triton's file cache, for what is not a kernel's group ------------------------------
+
+    def _triton_files(self) -> FileCacheManager:
+        if self._files is None:
+            self._files = FileCacheManager(self.key)
+        return self._files
+
+    def _plain(self) -> FileCacheManager | None:
+        """Triton's own cache for this manager, if it is not a kernel's (or a dump, override)."""
+        if self._dump is not None:
+            return self._dump
+        if self._kernel is None:
+            self._kernel = False
+        return None if self._kernel else self._triton_files()
+
+    def get_file(self, filename: str) -> str | None:
+        plain = self._plain()
+        if plain is not None:
+            return plain.get_file(filename)
+        return self._written.get(filename)
+
+    def put(self, data, filename: str, binary: bool = True) -> str:
+        plain = self._plain()
+        if plain is not None:
+            return plain.put(data, filename, binary)
+        raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
+        path = groups.write(groups.private_dir(self.key), filename, raw)
+        self._written[filename] = path
+        return path
+
+    # -- a kernel's group: one kdb entry ----------------------------------------------------
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        if self._dump is not None:
+            return self._dump.get_group(filename)
+        if self._kernel is False:
+            return self._triton_files().get_group(filename)
+        self._kernel = True
+        name = filename.rpartition(".")[0] or filename
+        tiers = _tiers()
+        arch = current_arch()
+        archs = [arch] if arch is not None else known_archs(tiers)
+        for a in archs:
+            attrs = self._attrs(a, name)
+            hit = tiers.lookup(attrs)
+            if hit is not None:
+                got = self._served(tiers, attrs, hit)
+                if got is not None:
+                    return got
+        if arch is None:
+            return None  # no target known before the compile: compile, store under its own
+        self._arch = arch
+        attrs = self._attrs(arch, name)
+        old = _compiling.pop(self.key, None)
+        if old is not None:  # an earlier compile of this key in this process failed
+            old[0].release()
+        got = tiers.claim_or_wait(attrs)
+        if isinstance(got, Hit):
+            return self._served(tiers, attrs, got)
+        if got is not None:
+            _compiling[self.key] = (got, time.perf_counter())
+        return None
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        if self._dump is not None:
+            return self._dump.put_group(filename, group)
+        if self._kernel is False:
+            return self._triton_files().put_group(filename, group)
+        name = filename.rpartition(".")[0] or filename
+        claim, start = _compiling.pop(self.key, (None, None))
+        try:
+            files = {n: _read(p) for n, p in group.items()}
+            target = json.loads(files[filename]).get("target") or {}
+            arch = arch_of(target.get("backend"), target.get("arch"))
+        except (OSError, KeyError, ValueError, TypeError, AttributeError) as err:
+            log.warning("kdb: Triton kernel %s not stored: its files cannot be read (%s)",
+                        name, err)
+            if claim is not None:
+                claim.release()
+            return filename
+        tiers = _tiers()
+        attrs = self._attrs(arch, name)
+        if claim is not None and arch != self._arch:  # claimed under another arch's key
+            claim.release()
+            claim = None
+        seconds = time.perf_counter() - start if start is not None else 0.0
+        blob = groups.pack(files)
+        rec = tiers.record_compile(attrs, seconds)
+        tiers.put_later(attrs, lambda: blob, compile_seconds=seconds,
+                        details={"target": target, "files": sorted(files)}, log=rec,
+                        claim=claim)
+        return filename
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _attrs(self, arch: str, name: str) -> HashAttributes:
+        return HashAttributes(backend=BACKEND, source=self.key, arch=arch,
+                              compiler=compiler_identity(), name=name)
+
+    def _served(self, tiers, attrs: HashAttributes, hit: Hit) -> dict[str, str] | None:
+        files = groups.unpack(hit.binary)
+        if files is None:
+            tiers.discard(attrs, "not a Triton artifact group", hit.tier)
+            return None
+        return groups.materialize(self.key, files)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

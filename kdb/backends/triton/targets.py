@@ -1,0 +1,95 @@
+"""Which arch a Triton kernel is for, and the compiler identity in its key.
+
+A kdb arch is the name its system database is installed under: ``sm_90`` for Triton's
+``GPUTarget("cuda", 90, 32)``, ``gfx942`` for ``GPUTarget("hip", "gfx942", 64)``. Triton asks
+its cache before it says the target, so the manager takes it from :func:`target` (set by
+:func:`kdb.triton.compile` and ``kdb pack``) or else from the device Triton would compile
+for; a process with neither (no GPU, a bare ``triton.compile(..., target=...)``) looks in
+every Triton arch it has a user or system file for, and stores what it compiles under the
+target Triton records in the kernel's metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import re
+
+#: The ``backend`` hash attribute of every Triton entry.
+BACKEND = "triton"
+
+_target: contextvars.ContextVar = contextvars.ContextVar("kdb_triton_target", default=None)
+
+_ARCH_FILE = re.compile(r"^(sm_\d+[a-z]?|gfx[0-9a-f]+)\.kdb$")
+
+
+def arch_of(backend: str | None, arch: object) -> str:
+    """The kdb arch of a Triton target (``("cuda", 90)`` is ``sm_90``, ``("hip", "gfx90a")``
+    is ``gfx90a``).
+
+    >>> arch_of("cuda", 90), arch_of("hip", "gfx942"), arch_of("cuda", "100a")
+    ('sm_90', 'gfx942', 'sm_100a')
+    """
+    if backend == "cuda":
+        return f"sm_{arch}"
+    if backend == "hip":
+        return str(arch)
+    return f"{backend}_{arch}".lower()
+
+
+def target_arch(target) -> str:
+    """The kdb arch of a ``triton.backends.compiler.GPUTarget``."""
+    return arch_of(target.backend, target.arch)
+
+
+@contextlib.contextmanager
+def target(gpu_target):
+    """Within this block, Triton's cache lookups are for ``gpu_target`` (a ``GPUTarget``)."""
+    token = _target.set(target_arch(gpu_target))
+    try:
+        yield
+    finally:
+        _target.reset(token)
+
+
+def current_arch() -> str | None:
+    """The arch Triton compiles for here: :func:`target`'s, else the active device's, else
+    ``None`` (no GPU, or no driver)."""
+    arch = _target.get()
+    if arch is not None or _no_device:
+        return arch
+    try:
+        from triton.runtime.driver import driver
+
+        return target_arch(driver.active.get_current_target())
+    except Exception:  # noqa: BLE001 - no GPU, no driver: Triton would say so itself
+        _no_device.append(True)  # asked once per process: the answer costs a driver probe
+        return None
+
+
+_no_device: list = []
+
+
+def known_archs(tiers) -> list[str]:
+    """The Triton arches (``sm_*``, ``gfx*``) this process could find entries for: its user
+    files, the system files in ``KDB_SYSTEM_DB_PATH`` and the installed system packages."""
+    from ...file import discovery
+
+    found = set()
+    for d in (tiers.user_dir, *tiers.system_dirs):
+        try:
+            found.update(m.group(1) for m in map(_ARCH_FILE.match, os.listdir(d)) if m)
+        except OSError:
+            continue
+    found.update(ep.name for ep in discovery.entry_points(memo_dir=tiers.cache_root)
+                 if _ARCH_FILE.match(ep.name + ".kdb"))
+    return sorted(found)
+
+
+def compiler_identity() -> tuple[tuple[str, str], ...]:
+    """Triton's version (its cache key already digests its code, the backend's tools and the
+    target)."""
+    import triton
+
+    return (("triton", triton.__version__),)

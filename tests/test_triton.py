@@ -1,0 +1,279 @@
+"""Triton kernels from kdb, for real: Triton compiles for explicit NVIDIA and AMD targets on
+this CPU-only machine, each in a fresh process, with Triton's own compile listener (not kdb's
+report) saying whether a kernel was compiled or found in the cache. Launching needs a GPU:
+those tests are marked ``gpu`` and skip without one."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install 'kdb[triton]')")
+
+KERNELS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def scale(x_ptr, out_ptr, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * FACTOR, mask=mask)
+'''
+
+#: Compiles the kernels asked on the command line for one target; prints Triton's own view.
+APP = '''
+import json, os, sys
+sys.path.insert(0, os.environ["KERNELS_DIR"])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import kernels
+
+events = []
+triton.knobs.compilation.listener = lambda **kw: events.append(bool(kw["cache_hit"]))
+backend, arch, warp = os.environ["TARGET"].split(":")
+target = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
+SIG = {"add": {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
+               "BLOCK": "constexpr"},
+       "scale": {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "FACTOR": "constexpr",
+                 "BLOCK": "constexpr"}}
+binaries = []
+for spec in sys.argv[1:]:
+    name, _, block = spec.partition("/")
+    consts = {"BLOCK": int(block or 64)}
+    if name == "scale":
+        consts["FACTOR"] = 3
+    src = ASTSource(fn=getattr(kernels, name), signature=SIG[name], constexprs=consts)
+    if os.environ.get("PLAIN"):
+        k = triton.compile(src, target=target)
+    else:
+        import kdb.triton
+        k = kdb.triton.compile(src, target)
+    binaries.append(len(k.asm.get("cubin") or k.asm.get("hsaco") or b""))
+print(json.dumps({"hits": events, "binaries": binaries,
+                  "manager": os.environ.get("TRITON_CACHE_MANAGER")}))
+'''
+
+NVIDIA = "cuda:90:32"
+AMD = "hip:gfx90a:64"
+
+
+@pytest.fixture
+def triton_env(tmp_path, cache_dir):
+    (tmp_path / "kernels.py").write_text(KERNELS)
+    (tmp_path / "app.py").write_text(APP)
+    env = dict(os.environ, KERNELS_DIR=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path / "tc"),
+               TARGET=NVIDIA, KDB_STORE_AT_EXIT="wait")
+    env.pop("TRITON_CACHE_MANAGER", None)
+    return env
+
+
+def run_app(tmp_path, env, *kernels, **more):
+    proc = subprocess.run([sys.executable, str(tmp_path / "app.py"), *kernels],
+                          env={**env, **more}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
+
+
+def entries(cache_dir: Path, arch: str) -> list[tuple]:
+    path = cache_dir / "v1" / f"{arch}.kdb"
+    if not path.exists():
+        return []
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT backend, name FROM kernels ORDER BY name").fetchall()
+
+
+def kernel_files(triton_cache: Path) -> list[Path]:
+    return [p for p in triton_cache.rglob("*") if p.is_file()] if triton_cache.exists() else []
+
+
+def test_a_second_process_finds_every_kernel_in_kdb(tmp_path, triton_env, cache_dir):
+    first, _ = run_app(tmp_path, triton_env, "add", "scale")
+    assert first["hits"] == [False, False] and all(first["binaries"])
+    assert entries(cache_dir, "sm_90") == [("triton", "add"), ("triton", "scale")]
+    second, _ = run_app(tmp_path, triton_env, "add", "scale")
+    assert second["hits"] == [True, True] and second["binaries"] == first["binaries"]
+    assert kernel_files(tmp_path / "tc") == []  # nothing of Triton's own cache on disk
+
+
+def test_an_amd_target_is_stored_in_its_own_arch(tmp_path, triton_env, cache_dir):
+    first, _ = run_app(tmp_path, triton_env, "add", TARGET=AMD)
+    assert first["hits"] == [False] and first["binaries"][0] > 0
+    assert entries(cache_dir, "gfx90a") == [("triton", "add")]
+    assert entries(cache_dir, "sm_90") == []
+    second, _ = run_app(tmp_path, triton_env, "add", TARGET=AMD)
+    assert second["hits"] == [True]
+
+
+def test_a_changed_constexpr_is_another_kernel(tmp_path, triton_env, cache_dir):
+    run_app(tmp_path, triton_env, "add/64")
+    got, _ = run_app(tmp_path, triton_env, "add/64", "add/128")
+    assert got["hits"] == [True, False]
+    assert len(entries(cache_dir, "sm_90")) == 2
+
+
+def test_plain_triton_under_kdb_auto_is_cached(tmp_path, triton_env, cache_dir):
+    """No kdb in the program: KDB_AUTO adopts Triton when it is imported; with no GPU the
+    target comes from the kernel's metadata at the store and from the user files at lookup."""
+    first, _ = run_app(tmp_path, triton_env, "add", PLAIN="1", KDB_AUTO="1")
+    assert first["manager"] == "kdb.triton:CacheManager" and first["hits"] == [False]
+    assert entries(cache_dir, "sm_90") == [("triton", "add")]
+    second, _ = run_app(tmp_path, triton_env, "add", PLAIN="1", KDB_AUTO="1")
+    assert second["hits"] == [True]
+    assert kernel_files(tmp_path / "tc") == []
+
+
+def test_kdb_auto_never_imports_triton_itself(triton_env):
+    code = "import sys, pyopencl; print('triton' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], env={**triton_env, "KDB_AUTO": "1"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["False"], proc.stderr
+
+
+def test_a_program_with_its_own_cache_manager_keeps_it(tmp_path, triton_env, cache_dir):
+    mine = "triton.runtime.cache:FileCacheManager"
+    got, err = run_app(tmp_path, triton_env, "add", PLAIN="1", KDB_AUTO="1",
+                       TRITON_CACHE_MANAGER=mine)
+    assert got["manager"] == mine and got["hits"] == [False]
+    assert err.count("TRITON_CACHE_MANAGER is already set") == 1
+    assert entries(cache_dir, "sm_90") == []
+    assert kernel_files(tmp_path / "tc")  # Triton's own cache, as the program asked
+
+
+def test_a_corrupt_entry_is_dropped_and_compiled_again(tmp_path, triton_env, cache_dir):
+    run_app(tmp_path, triton_env, "add")
+    path = cache_dir / "v1" / "sm_90.kdb"
+    import zstandard
+
+    with sqlite3.connect(path) as conn:
+        # A sound zstd frame of bytes that are not a group: checksums pass, the group does not.
+        blob = zstandard.ZstdCompressor(write_checksum=True).compress(b"not a group")
+        import hashlib
+
+        conn.execute("UPDATE kernels SET blob = ?, raw_size = ?, checksum = ?",
+                     (blob, len(b"not a group"), hashlib.sha256(b"not a group").hexdigest()))
+    got, err = run_app(tmp_path, triton_env, "add")
+    assert got["hits"] == [False] and got["binaries"][0] > 0
+    assert "not a Triton artifact group" in err
+    third, _ = run_app(tmp_path, triton_env, "add")
+    assert third["hits"] == [True]
+
+
+def test_processes_compiling_the_same_kernels_compile_each_once(tmp_path, triton_env, cache_dir):
+    kernels = ["add/16", "add/32", "add/64", "scale/64"]
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "app.py"), *kernels],
+                              env=triton_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    hits = [json.loads(o.splitlines()[-1])["hits"] for o, _ in outs]
+    assert sum(h.count(False) for h in hits) == len(kernels), hits
+    assert len(entries(cache_dir, "sm_90")) == len(kernels)
+
+
+def test_kdb_lists_and_explains_triton_entries(tmp_path, triton_env, cache_dir):
+    run_app(tmp_path, triton_env, "add")
+    kdb = Path(sys.executable).with_name("kdb")
+    ls = subprocess.run([kdb, "ls", "--arch", "sm_90"], env=triton_env, capture_output=True,
+                        text=True, timeout=120)
+    assert ls.returncode == 0 and "add" in ls.stdout and "triton" in ls.stdout, ls.stderr
+
+
+def test_the_private_files_are_removed_at_exit(tmp_path, triton_env):
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob(f"kdb-triton-{os.getuid()}-*"))
+    run_app(tmp_path, triton_env, "add")
+    run_app(tmp_path, triton_env, "add")  # a hit: the group was written for Triton to read
+    assert set(Path(tempfile.gettempdir()).glob(f"kdb-triton-{os.getuid()}-*")) == before
+
+
+def test_a_group_packs_and_unpacks_byte_for_byte():
+    from kdb.backends.triton import groups
+
+    files = {"k.json": b"{}", "k.cubin": bytes(range(256)), "k.ptx": b"// ptx"}
+    blob = groups.pack(files)
+    assert groups.unpack(blob) == files and groups.pack(dict(reversed(files.items()))) == blob
+    assert groups.unpack(b"junk") is None
+    assert groups.unpack(blob[:-1]) is None
+    assert groups.unpack(groups.MAGIC + b'[["../x", 1]]\nx') is None
+
+
+MANIFEST = '''
+[[kernel]]
+name = "add_64"
+backend = "triton"
+file = "kernels.py"
+function = "add"
+signature = { x_ptr = "*fp32", y_ptr = "*fp32", out_ptr = "*fp32", n = "i32", BLOCK = "constexpr" }
+constexprs = { BLOCK = 64 }
+arches = ["sm_80", "sm_90", "gfx90a", "gfx942"]
+
+[[kernel]]
+name = "scale_64"
+backend = "triton"
+file = "kernels.py"
+function = "scale"
+signature = { x_ptr = "*fp32", out_ptr = "*fp32", n = "i32", FACTOR = "constexpr", BLOCK = "constexpr" }
+constexprs = { FACTOR = 3, BLOCK = 64 }
+arches = ["sm_90", "gfx942"]
+'''
+
+ARCHES = ["sm_80", "sm_90", "gfx90a", "gfx942"]
+
+
+def pack(tmp_path, env, out: Path) -> subprocess.CompletedProcess:
+    (tmp_path / "kernels.toml").write_text(MANIFEST)
+    kdb = Path(sys.executable).with_name("kdb")
+    cmd = [kdb, "pack", *(a for arch in ARCHES for a in ("--arch", arch)), "--manifest",
+           tmp_path / "kernels.toml", "--version", "1.0.0", "--out", out]
+    proc = subprocess.run([str(c) for c in cmd], env={**env, "SOURCE_DATE_EPOCH": "1700000000"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
+        tmp_path, triton_env, cache_dir):
+    pack(tmp_path, {**triton_env, "KDB_CACHE_DIR": str(tmp_path / "pack-a")}, tmp_path / "a")
+    pack(tmp_path, {**triton_env, "KDB_CACHE_DIR": str(tmp_path / "pack-b"),
+                    "TRITON_CACHE_DIR": str(tmp_path / "tc-b")}, tmp_path / "b")
+    built = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert built == sorted([f"{a}.kdb" for a in ARCHES]
+                           + [f"kdb_system_{a}-1.0.0-py3-none-any.whl" for a in ARCHES])
+    for name in built:  # byte for byte, files and wheels
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    with sqlite3.connect(tmp_path / "a" / "sm_80.kdb") as conn:
+        assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
+
+    site = tmp_path / "site"  # the wheels, installed as pip installs them
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                    str(site), *(str(tmp_path / "a" / f"kdb_system_{a}-1.0.0-py3-none-any.whl")
+                                 for a in ("sm_90", "gfx942"))], check=True, timeout=300)
+    fresh = {**triton_env, "PYTHONPATH": os.pathsep.join(
+        [str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    for target in (NVIDIA, "hip:gfx942:64"):
+        got, err = run_app(tmp_path, fresh, "add", "scale", TARGET=target)
+        assert got["hits"] == [True, True], (target, err[-2000:])
+        plain, _ = run_app(tmp_path, fresh, "add", "scale", TARGET=target, PLAIN="1",
+                           KDB_AUTO="1")
+        assert plain["hits"] == [True, True], target  # zero code, no GPU: still served
+    assert entries(cache_dir, "sm_90") == [] and entries(cache_dir, "gfx942") == []
+    assert kernel_files(tmp_path / "tc") == []
