@@ -32,7 +32,7 @@ PYTHON = sys.executable
 JSON_TAG = "BENCH-JSON:"
 
 #: Variables the harness sets itself, per arm; inherited values would make arms unequal.
-_OWNED_PREFIXES = ("KDB_",)
+_OWNED_PREFIXES = ("KDB_", "TRITON_CACHE", "TRITON_REMOTE_CACHE")
 _OWNED = ("POCL_CACHE_DIR", "POCL_KERNEL_CACHE", "PYOPENCL_NO_CACHE", "PYOPENCL_CTX")
 
 

@@ -38,6 +38,7 @@ from _harness import (
     wait_for_worker,
 )
 from _adopt import adopt
+from _triton import triton
 from _script import autogroup, script
 
 KB = 1024
@@ -904,5 +905,5 @@ def auto(ws: Workspace, o: Outcome) -> None:
 
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
-    "suite": suite, "auto": auto, "script": script, "adopt": adopt,
+    "suite": suite, "auto": auto, "script": script, "adopt": adopt, "triton": triton,
 }

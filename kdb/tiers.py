@@ -264,8 +264,12 @@ class Tiers(Storing):
             return Hit(raw, name, where, row.compile_seconds)
         return None
 
-    def claim_or_wait(self, attrs: HashAttributes) -> Hit | claims.Claim | None:
+    def claim_or_wait(self, attrs: HashAttributes, find: Callable[[], Hit | None] | None = None
+                      ) -> Hit | claims.Claim | None:
         """After a miss: claim the key for compiling, or wait while another process does.
+
+        ``find`` looks for the entry the other process publishes (default: ``attrs`` in the
+        user tier and the shared tier), for a back end that cannot name its arch yet.
 
         Returns the :class:`Hit` another process published meanwhile, a
         :class:`~kdb.claims.Claim` (this process compiles; pass it to :meth:`put_later`,
@@ -284,9 +288,11 @@ class Tiers(Storing):
         if shared is None and not user.usable:
             return None  # a refused user file: nothing to wait for, and no claims written there
         published = (FileTier(user),) if shared is None else (FileTier(user), shared)
+        if find is None:
+            def find() -> Hit | None:
+                return self._first_hit(attrs, published)
         return claims.claim_or_wait(self.user_dir / "claims", attrs.key,
-                                    attrs.name or attrs.key[:16],
-                                    lambda: self._first_hit(attrs, published),
+                                    attrs.name or attrs.key[:16], find,
                                     config.wait_timeout(), shared)
 
     # -- misses ---------------------------------------------------------------------------

@@ -175,10 +175,15 @@ def test_a_corrupt_entry_is_dropped_and_compiled_again(tmp_path, triton_env, cac
     assert third["hits"] == [True]
 
 
-def test_processes_compiling_the_same_kernels_compile_each_once(tmp_path, triton_env, cache_dir):
+@pytest.mark.parametrize("plain", [False, True], ids=["kdb.triton.compile", "plain, KDB_AUTO"])
+def test_processes_compiling_the_same_kernels_compile_each_once(plain, tmp_path, triton_env,
+                                                                 cache_dir):
+    """With the target named, and without (plain triton.compile, no GPU: the claim is on
+    Triton's key and waiters look in every arch)."""
     kernels = ["add/16", "add/32", "add/64", "scale/64"]
+    env = {**triton_env, "PLAIN": "1", "KDB_AUTO": "1"} if plain else triton_env
     procs = [subprocess.Popen([sys.executable, str(tmp_path / "app.py"), *kernels],
-                              env=triton_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(4)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
@@ -277,3 +282,37 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
         assert plain["hits"] == [True, True], target  # zero code, no GPU: still served
     assert entries(cache_dir, "sm_90") == [] and entries(cache_dir, "gfx942") == []
     assert kernel_files(tmp_path / "tc") == []
+
+
+LAUNCH = '''
+import json, os, sys
+sys.path.insert(0, os.environ["KERNELS_DIR"])
+import torch, triton
+import kernels
+
+events = []
+triton.knobs.compilation.listener = lambda **kw: events.append(bool(kw["cache_hit"]))
+x = torch.arange(1000, dtype=torch.float32, device="cuda")
+out = torch.empty_like(x)
+kernels.add[(triton.cdiv(1000, 64),)](x, x, out, 1000, BLOCK=64)
+print(json.dumps({"hits": events, "ok": bool(torch.equal(out, 2 * x))}))
+'''
+
+
+@pytest.mark.gpu
+def test_a_launched_kernel_is_served_from_kdb_in_the_next_process(tmp_path, triton_env):
+    """The JIT path on a GPU: the target is the device's; the second process launches the
+    kernel kdb stored, and it computes the right numbers."""
+    torch = pytest.importorskip("torch", reason="launching needs torch (and a GPU)")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU: launching a Triton kernel needs one")
+    (tmp_path / "launch.py").write_text(LAUNCH)
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(tmp_path / "launch.py")],
+                              env={**triton_env, "KDB_AUTO": "1"}, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.splitlines()[-1]))
+    assert runs[0] == {"hits": [False], "ok": True}
+    assert runs[1] == {"hits": [True], "ok": True}

@@ -34,6 +34,9 @@ from .targets import BACKEND, arch_of, compiler_identity, current_arch, known_ar
 
 log = logs.get("kdb")
 
+#: The arch of a claim made before the target is known (its key is Triton's, all the same).
+ANY_ARCH = "triton"
+
 #: Claims this process holds for kernels it is compiling: key -> (claim, start time).
 _compiling: dict[str, tuple] = {}
 
@@ -107,27 +110,47 @@ class CacheManager(_TritonCacheManager):
         self._kernel = True
         name = filename.rpartition(".")[0] or filename
         tiers = _tiers()
-        arch = current_arch()
-        archs = [arch] if arch is not None else known_archs(tiers)
-        for a in archs:
+        arch = self._arch = current_arch()
+        got = self._find(tiers, name, arch)
+        if got is not None:
+            return got
+        old = _compiling.pop(self.key, None)
+        if old is not None:  # an earlier compile of this key in this process failed
+            old[0].release()
+        if arch is not None:
+            attrs = self._attrs(arch, name)
+            claimed = tiers.claim_or_wait(attrs)
+            if isinstance(claimed, Hit):
+                return self._served(tiers, attrs, claimed)
+        else:
+            # No target known before the compile: the claim is Triton's key under a name of
+            # its own, and a waiter looks for the entry in every arch it can find.
+            found: list = []
+
+            def find() -> Hit | None:
+                group = self._find(tiers, name, None)
+                if group is not None:
+                    found.append(group)
+                    return Hit(b"", "", "", 0.0)
+                return None
+
+            claimed = tiers.claim_or_wait(self._attrs(ANY_ARCH, name), find=find)
+            if found:
+                return found[0]
+        if claimed is not None and not isinstance(claimed, Hit):
+            _compiling[self.key] = (claimed, time.perf_counter())
+        return None
+
+    def _find(self, tiers, name: str, arch: str | None) -> dict[str, str] | None:
+        """The kernel's files from the first tier that holds them, for ``arch`` (else for
+        every Triton arch this process has a file for)."""
+        for a in [arch] if arch is not None else known_archs(tiers):
             attrs = self._attrs(a, name)
             hit = tiers.lookup(attrs)
             if hit is not None:
                 got = self._served(tiers, attrs, hit)
                 if got is not None:
                     return got
-        if arch is None:
-            return None  # no target known before the compile: compile, store under its own
-        self._arch = arch
-        attrs = self._attrs(arch, name)
-        old = _compiling.pop(self.key, None)
-        if old is not None:  # an earlier compile of this key in this process failed
-            old[0].release()
-        got = tiers.claim_or_wait(attrs)
-        if isinstance(got, Hit):
-            return self._served(tiers, attrs, got)
-        if got is not None:
-            _compiling[self.key] = (got, time.perf_counter())
         return None
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
@@ -149,8 +172,8 @@ class CacheManager(_TritonCacheManager):
             return filename
         tiers = _tiers()
         attrs = self._attrs(arch, name)
-        if claim is not None and arch != self._arch:  # claimed under another arch's key
-            claim.release()
+        if claim is not None and self._arch is not None and arch != self._arch:
+            claim.release()  # the device's arch is not the target's: nobody waits on this
             claim = None
         seconds = time.perf_counter() - start if start is not None else 0.0
         blob = groups.pack(files)
