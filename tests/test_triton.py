@@ -200,13 +200,34 @@ def test_kdb_lists_and_explains_triton_entries(tmp_path, triton_env, cache_dir):
     assert ls.returncode == 0 and "add" in ls.stdout and "triton" in ls.stdout, ls.stderr
 
 
-def test_the_private_files_are_removed_at_exit(tmp_path, triton_env):
-    import tempfile
+def test_the_private_files_are_removed_at_exit_or_after_a_kill(tmp_path, triton_env):
+    from kdb.backends.triton import groups
 
-    before = set(Path(tempfile.gettempdir()).glob(f"kdb-triton-{os.getuid()}-*"))
-    run_app(tmp_path, triton_env, "add")
-    run_app(tmp_path, triton_env, "add")  # a hit: the group was written for Triton to read
-    assert set(Path(tempfile.gettempdir()).glob(f"kdb-triton-{os.getuid()}-*")) == before
+    base = Path(tmp_path / "run")
+    base.mkdir(mode=0o700)
+    env = {**triton_env, "XDG_RUNTIME_DIR": str(base)}
+    run_app(tmp_path, env, "add")
+    run_app(tmp_path, env, "add")  # a hit: the group was written for Triton to read
+    assert list(base.iterdir()) == []
+    # A process killed after it wrote its files leaves them; the next one removes them.
+    code = ("import os, sys; sys.argv = ['app', 'add']; import runpy; "
+            f"runpy.run_path({str(tmp_path / 'app.py')!r}); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                   timeout=600)
+    left = list(base.iterdir())
+    assert len(left) == 1 and left[0].name.startswith(f"kdb-triton-{os.getuid()}-")
+    groups.remove_stale(str(base), os.getuid())
+    assert list(base.iterdir()) == []
+
+
+def test_the_files_go_to_a_memory_file_system_where_there_is_one(monkeypatch, tmp_path):
+    from kdb.backends.triton import groups
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert groups.runtime_dir() == str(tmp_path)
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    expected = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    assert groups.runtime_dir() == (expected or __import__("tempfile").gettempdir())
 
 
 def test_a_group_packs_and_unpacks_byte_for_byte():
@@ -268,18 +289,37 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
     with sqlite3.connect(tmp_path / "a" / "sm_80.kdb") as conn:
         assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
 
-    site = tmp_path / "site"  # the wheels, installed as pip installs them
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-                    str(site), *(str(tmp_path / "a" / f"kdb_system_{a}-1.0.0-py3-none-any.whl")
-                                 for a in ("sm_90", "gfx942"))], check=True, timeout=300)
-    fresh = {**triton_env, "PYTHONPATH": os.pathsep.join(
-        [str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    # A fresh venv: kdb's wheel and the sm_90 and gfx942 packs installed by pip; the other
+    # packages (Triton, zstandard, ...) from this environment through a path line, as the
+    # benchmarks' adopt scenario does, so nothing is downloaded.
+    import sysconfig
+    import venv
+
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--quiet", "-w", str(tmp_path / "kdb-dist"), str(repo)], check=True,
+                   capture_output=True, timeout=600)
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
+    python = tmp_path / "venv" / "bin" / "python"
+    wheels = [*(tmp_path / "kdb-dist").glob("kdb-*.whl"),
+              *(tmp_path / "a" / f"kdb_system_{a}-1.0.0-py3-none-any.whl"
+                for a in ("sm_90", "gfx942"))]
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                    "--no-deps", "--quiet", *map(str, wheels)], check=True, timeout=600)
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                              "['purelib'])"], check=True, capture_output=True,
+                             text=True).stdout.strip()
+    Path(purelib, "zz-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    fresh = {k: v for k, v in triton_env.items() if k != "PYTHONPATH"}
     for target in (NVIDIA, "hip:gfx942:64"):
-        got, err = run_app(tmp_path, fresh, "add", "scale", TARGET=target)
-        assert got["hits"] == [True, True], (target, err[-2000:])
-        plain, _ = run_app(tmp_path, fresh, "add", "scale", TARGET=target, PLAIN="1",
-                           KDB_AUTO="1")
-        assert plain["hits"] == [True, True], target  # zero code, no GPU: still served
+        for plain in ("", "1"):  # kdb.triton.compile; plain triton.compile under KDB_AUTO
+            proc = subprocess.run([str(python), str(tmp_path / "app.py"), "add", "scale"],
+                                  env={**fresh, "TARGET": target, "PLAIN": plain,
+                                       "KDB_AUTO": plain}, capture_output=True, text=True,
+                                  timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            got = json.loads(proc.stdout.splitlines()[-1])
+            assert got["hits"] == [True, True], (target, plain, proc.stderr[-2000:])
     assert entries(cache_dir, "sm_90") == [] and entries(cache_dir, "gfx942") == []
     assert kernel_files(tmp_path / "tc") == []
 
@@ -316,3 +356,40 @@ def test_a_launched_kernel_is_served_from_kdb_in_the_next_process(tmp_path, trit
         runs.append(json.loads(proc.stdout.splitlines()[-1]))
     assert runs[0] == {"hits": [False], "ok": True}
     assert runs[1] == {"hits": [True], "ok": True}
+
+
+def test_a_pack_from_the_start_up_log_ships_the_triton_kernels_a_run_compiled(
+        tmp_path, triton_env, cache_dir):
+    run_app(tmp_path, triton_env, "add", "scale")
+    kdb = Path(sys.executable).with_name("kdb")
+    proc = subprocess.run([str(kdb), "pack", "--arch", "sm_90", "--from-log", "--version",
+                           "1.0.0", "--out", str(tmp_path / "dist")], env=triton_env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "dist" / "sm_90.kdb") as conn:
+        names = conn.execute("SELECT backend, name FROM kernels ORDER BY name").fetchall()
+    assert names == [("triton", "add"), ("triton", "scale")]
+    served, _ = run_app(tmp_path, {**triton_env, "KDB_SYSTEM_DB_PATH": str(tmp_path / "dist"),
+                                   "KDB_CACHE_DIR": str(tmp_path / "other")}, "add", "scale")
+    assert served["hits"] == [True, True]  # from the system file alone
+
+
+def test_kdb_run_and_pytest_kdb_route_triton_too(tmp_path, triton_env, cache_dir):
+    kdb = Path(sys.executable).with_name("kdb")
+    proc = subprocess.run([str(kdb), "run", "--", sys.executable, str(tmp_path / "app.py"), "add"],
+                          env={**triton_env, "PLAIN": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["manager"] == "kdb.triton:CacheManager"
+    assert "1 program requested: 1 compiled" in proc.stderr
+    assert entries(cache_dir, "sm_90") == [("triton", "add")]
+    (tmp_path / "test_in_pytest.py").write_text(
+        "import os, runpy, sys\n"
+        "def test_triton(capsys):\n"
+        "    sys.argv = ['app.py', 'scale']\n"
+        "    runpy.run_path(os.path.join(os.environ['KERNELS_DIR'], 'app.py'))\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "--kdb", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_in_pytest.py")], env={**triton_env, "PLAIN": "1"},
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert entries(cache_dir, "sm_90") == [("triton", "add"), ("triton", "scale")]

@@ -3,8 +3,8 @@
 Triton compiles a kernel into a group of files (its metadata JSON, the IR of each stage, the
 cubin or hsaco) and later reads them by path. kdb stores the whole group as one binary
 (:func:`pack`: deterministic, so a system pack is byte-reproducible) and, on a hit, writes
-only that kernel's files into a directory private to this process (:func:`materialize`),
-removed at exit. A thousand cached kernels are one SQLite file per arch, not a thousand
+only that kernel's files into a directory private to this process (:func:`materialize`), on
+a memory file system where there is one, removed at exit. A thousand cached kernels are one SQLite file per arch, not a thousand
 directories.
 """
 
@@ -59,14 +59,57 @@ _root: list = []  # [pid, path] of this process's private directory, made on fir
 
 
 def private_dir(key: str) -> str:
-    """``<tmp>/kdb-triton-<uid>-XXXX/<key>``: made 0700 by ``mkdtemp`` (a name nobody can
-    plant in advance), per process, removed at exit."""
+    """``<runtime dir>/kdb-triton-<uid>-<pid>-XXXX/<key>``: made 0700 by ``mkdtemp`` (a name
+    nobody can plant in advance), per process, removed at exit."""
     if not _root or _root[0] != os.getpid():
-        uid = os.getuid() if hasattr(os, "getuid") else 0
-        _root[:] = [os.getpid(), tempfile.mkdtemp(prefix=f"kdb-triton-{uid}-")]
+        base, uid = runtime_dir(), os.getuid() if hasattr(os, "getuid") else 0
+        remove_stale(base, uid)
+        _root[:] = [os.getpid(), tempfile.mkdtemp(prefix=f"kdb-triton-{uid}-{os.getpid()}-",
+                                                  dir=base)]
     path = os.path.join(_root[1], key)
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
+
+
+def runtime_dir() -> str:
+    """Where the files go: a memory file system when there is one (``XDG_RUNTIME_DIR``, else
+    ``/dev/shm``), else the temporary directory. On this machine writing a kernel's seven
+    files took 0.25 ms each in ``/tmp`` and 0.014 ms in ``/dev/shm``."""
+    for d in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):
+        if d and os.path.isabs(d) and os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
+            return d
+    return tempfile.gettempdir()
+
+
+def remove_stale(base: str, uid: int) -> None:
+    """Remove this user's directories left by processes that died without their exit hooks
+    (a kill): their names carry the pid."""
+    prefix = f"kdb-triton-{uid}-"
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].partition("-")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid == uid and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
 
 
 def write(directory: str, name: str, data: bytes) -> str:
@@ -80,9 +123,20 @@ def write(directory: str, name: str, data: bytes) -> str:
 
 
 def materialize(key: str, files: dict[str, bytes]) -> dict[str, str]:
-    """Write a group's files for Triton to read; ``{file name: path}``."""
+    """Write a group's files for Triton to read; ``{file name: path}``. Written in place:
+    the directory is this process's alone (a write and a rename each cost ~30% more)."""
     directory = private_dir(key)
-    return {name: write(directory, name, data) for name, data in files.items()}
+    paths = {}
+    for name, data in files.items():
+        path = paths[name] = os.path.join(directory, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    return paths
 
 
 def _remove_at_exit() -> None:
