@@ -45,6 +45,36 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import kernels
 
+
+
+def jit_source(fn, target, sig, consts):
+    """The source and options Triton's JIT compiles for a launch with 16-byte-aligned float32
+    buffers and n = 1000, made by Triton's own code as JITFunction.run does (no device is
+    needed to make them; only the launch needs one). Triton internals: this breaks, as it
+    should, when Triton changes how a launch is keyed."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    class Buffer:  # what Triton reads of a tensor to specialize on it
+        def __init__(self, ptr):
+            self.ptr, self.dtype = ptr, triton.language.float32
+
+        def data_ptr(self):
+            return self.ptr
+
+    backend = make_backend(target)
+    kw = {"debug": triton.knobs.runtime.debug,
+          "instrumentation_mode": triton.knobs.compilation.instrumentation_mode,
+          "fpsan_homomorphic_casts": triton.knobs.compilation.fpsan_homomorphic_casts}
+    args = [Buffer(1 << (20 + i)) if t.startswith("*") else 1000
+            for i, t in enumerate(t for t in sig.values() if t != "constexpr")]
+    bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(
+        *args, **consts, **kw)
+    options, signature, constexprs, attrs = fn._pack_args(backend, {**kw, **consts}, bound,
+                                                          spec, opts)
+    return ASTSource(fn, signature, constexprs, attrs), options.__dict__
+
+
 events = []
 triton.knobs.compilation.listener = lambda **kw: events.append(bool(kw["cache_hit"]))
 backend, arch, warp = os.environ["TARGET"].split(":")
@@ -59,12 +89,14 @@ for spec in sys.argv[1:]:
     consts = {"BLOCK": int(block or 64)}
     if name == "scale":
         consts["FACTOR"] = 3
-    src = ASTSource(fn=getattr(kernels, name), signature=SIG[name], constexprs=consts)
+    src, options = ASTSource(fn=getattr(kernels, name), signature=SIG[name], constexprs=consts), None
+    if os.environ.get("JIT"):  # keyed as kernel[grid](...) keys a launch (see jit_source)
+        src, options = jit_source(getattr(kernels, name), target, SIG[name], consts)
     if os.environ.get("PLAIN"):
-        k = triton.compile(src, target=target)
+        k = triton.compile(src, target=target, options=options)
     else:
         import kdb.triton
-        k = kdb.triton.compile(src, target)
+        k = kdb.triton.compile(src, target, options)
     binaries.append(len(k.asm.get("cubin") or k.asm.get("hsaco") or b""))
 print(json.dumps({"hits": events, "binaries": binaries,
                   "manager": os.environ.get("TRITON_CACHE_MANAGER")}))
@@ -315,8 +347,8 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
         for plain in ("", "1"):  # kdb.triton.compile; plain triton.compile under KDB_AUTO
             proc = subprocess.run([str(python), str(tmp_path / "app.py"), "add", "scale"],
                                   env={**fresh, "TARGET": target, "PLAIN": plain,
-                                       "KDB_AUTO": plain}, capture_output=True, text=True,
-                                  timeout=600)
+                                       "KDB_AUTO": plain, "JIT": "1"}, capture_output=True,
+                                  text=True, timeout=600)
             assert proc.returncode == 0, proc.stderr[-3000:]
             got = json.loads(proc.stdout.splitlines()[-1])
             assert got["hits"] == [True, True], (target, plain, proc.stderr[-2000:])
@@ -393,3 +425,23 @@ def test_kdb_run_and_pytest_kdb_route_triton_too(tmp_path, triton_env, cache_dir
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert entries(cache_dir, "sm_90") == [("triton", "add"), ("triton", "scale")]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ('specialization = { n = "X" }', "'specialization' maps arguments"),
+    ('specialization = { nope = "D" }', "'specialization' maps arguments"),
+    ('options = ["-O3"]', "not compiler options"),
+    ("", "needs 'arches'"),
+])
+def test_a_bad_triton_manifest_entry_is_refused_with_what_to_write(tmp_path, bad, message):
+    from kdb.errors import InvalidArgumentError
+    from kdb.pack.manifest import load_manifest
+
+    (tmp_path / "kernels.py").write_text(KERNELS)
+    arches = '' if not bad else 'arches = ["sm_90"]\n'
+    (tmp_path / "m.toml").write_text(
+        '[[kernel]]\nname = "k"\nbackend = "triton"\nfile = "kernels.py"\nfunction = "add"\n'
+        'signature = { x_ptr = "*fp32", y_ptr = "*fp32", out_ptr = "*fp32", n = "i32", '
+        'BLOCK = "constexpr" }\n' + arches + bad + "\n")
+    with pytest.raises(InvalidArgumentError, match=message):
+        load_manifest(tmp_path / "m.toml")

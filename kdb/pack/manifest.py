@@ -31,6 +31,7 @@ class KernelSpec:
     function: str = ""
     signature: tuple[tuple[str, str], ...] = ()
     constexprs: tuple[tuple[str, object], ...] = ()
+    specialization: tuple[tuple[str, str], ...] = ()
 
     def build_options(self) -> list[str]:
         """Options as passed to the back end: the manifest's options, then ``-I`` dirs."""
@@ -66,6 +67,8 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         function = "add"
         signature = { x_ptr = "*fp32", y_ptr = "*fp32", out_ptr = "*fp32", n = "i32", BLOCK = "constexpr" }
         constexprs = { BLOCK = 64 }
+        specialization = { n = "D" }   # optional: what Triton's JIT sees at run time; "D":
+                                       # divisible by 16 (default: pointers "D", others "")
         arches = ["sm_90", "gfx942"]   # sm_XX: NVIDIA; gfxNNN: AMD (no GPU needed)
 
     A kernel is built with exactly the option list a framework passes at run time
@@ -99,7 +102,7 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
             raise InvalidArgumentError(f"{where}: expected a table")
         unknown = set(k) - {"name", "file", "source", "options", "defines", "include_dirs",
                             "backend", "arches", "compiler", "function", "signature",
-                            "constexprs"}
+                            "constexprs", "specialization"}
         if unknown:
             raise InvalidArgumentError(f"{where}: unknown keys {sorted(unknown)}")
         name = k.get("name")
@@ -140,9 +143,10 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         if backend == "triton":
             specs.append(_triton_spec(k, name, source, base, arches, where))
             continue
-        if set(k) & {"function", "signature", "constexprs"}:
-            raise InvalidArgumentError(f"{where} ({name}): 'function', 'signature' and "
-                                       "'constexprs' are for Triton kernels only")
+        if set(k) & {"function", "signature", "constexprs", "specialization"}:
+            raise InvalidArgumentError(f"{where} ({name}): 'function', 'signature', "
+                                       "'constexprs' and 'specialization' are for Triton "
+                                       "kernels only")
         compiler = k.get("compiler", defaults.get("compiler") if backend == "cuda" else None)
         if compiler is not None and (backend != "cuda" or compiler not in ("nvcc", "nvrtc")):
             raise InvalidArgumentError(f"{where} ({name}): compiler {compiler!r}: CUDA kernels "
@@ -169,6 +173,11 @@ def _triton_spec(k: dict, name: str, source: str, base: Path, arches: tuple[str,
     constexprs = k.get("constexprs", {})
     if not isinstance(constexprs, dict):
         raise InvalidArgumentError(f"{where} ({name}): 'constexprs' must be a table")
+    special = k.get("specialization", {})
+    if not isinstance(special, dict) or not all(v in ("D", "") for v in special.values()) \
+            or set(special) - set(signature):
+        raise InvalidArgumentError(f"{where} ({name}): 'specialization' maps arguments of the "
+                                   'signature to "D" (divisible by 16 at run time) or ""')
     if set(k) & {"options", "defines", "include_dirs", "compiler"}:
         raise InvalidArgumentError(f"{where} ({name}): a Triton kernel takes 'function', "
                                    "'signature' and 'constexprs', not compiler options")
@@ -177,7 +186,8 @@ def _triton_spec(k: dict, name: str, source: str, base: Path, arches: tuple[str,
                                    '["sm_90", "gfx942"])')
     return KernelSpec(name, source, backend="triton", arches=arches,
                       module=str((base / k["file"]).resolve()), function=function,
-                      signature=tuple(signature.items()), constexprs=tuple(constexprs.items()))
+                      signature=tuple(signature.items()), constexprs=tuple(constexprs.items()),
+                      specialization=tuple(special.items()))
 
 
 def _strings(value: object, where: str, what: str) -> list[str]:

@@ -3,7 +3,11 @@ no GPU, into the pack's scratch database.
 
 The kernel goes through Triton's own ``triton.compile`` with kdb as its cache manager, so the
 key stored is the one Triton computes for the same source, signature, constexprs and target
-at run time.
+at run time. A kernel launched from Python is also keyed by the specialization Triton's JIT
+derives from the arguments (a pointer 16-byte aligned, an integer divisible by 16: ``"D"``);
+:func:`attrs_for` states it as the JIT would for the manifest's ``specialization`` (default:
+every pointer ``"D"``, as tensors' allocations are; every other argument ``""``), so a packed
+kernel is the one ``kernel[grid](...)`` looks up.
 """
 
 from __future__ import annotations
@@ -52,6 +56,17 @@ def kernel_of(module_path: str, function: str):
     return fn
 
 
+def attrs_for(fn, signature: dict[str, str], specialization: dict[str, str], gpu) -> dict:
+    """The ``attrs`` Triton's JIT passes for a launch whose arguments specialize as given:
+    every argument by position, its attribute key parsed by the target's backend."""
+    from triton.compiler import make_backend
+
+    backend = make_backend(gpu)
+    return {(i,): backend.parse_attr(specialization.get(
+                name, "D" if signature.get(name, "").startswith("*") else ""))
+            for i, name in enumerate(fn.arg_names)}
+
+
 def compile_spec(spec, arch: str, db) -> None:
     """Compile one manifest kernel for ``arch`` into ``db`` (a :class:`kdb.KernelDB`)."""
     import triton
@@ -59,7 +74,9 @@ def compile_spec(spec, arch: str, db) -> None:
 
     gpu = gpu_target(arch)
     fn = kernel_of(spec.module, spec.function)
-    src = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs))
+    signature = dict(spec.signature)
+    src = ASTSource(fn=fn, signature=signature, constexprs=dict(spec.constexprs),
+                    attrs=attrs_for(fn, signature, dict(spec.specialization), gpu))
     install()
     with target(gpu), storing_into(db):
         try:
