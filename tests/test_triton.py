@@ -445,3 +445,62 @@ def test_a_bad_triton_manifest_entry_is_refused_with_what_to_write(tmp_path, bad
         'BLOCK = "constexpr" }\n' + arches + bad + "\n")
     with pytest.raises(InvalidArgumentError, match=message):
         load_manifest(tmp_path / "m.toml")
+
+
+BROKEN = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def broken(x_ptr, BLOCK: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, BLOCK), not_defined_anywhere)
+'''
+
+#: Compiles the broken kernel (and, with AND_GOOD, then a good one), says so, then lingers.
+FAILING = '''
+import os, sys, time
+sys.path.insert(0, os.environ["KERNELS_DIR"])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import broken, kernels
+import kdb.triton
+
+target = GPUTarget("cuda", 90, 32)
+start = time.perf_counter()
+try:
+    kdb.triton.compile(ASTSource(fn=broken.broken, signature={"x_ptr": "*fp32", "BLOCK": "constexpr"},
+                                 constexprs={"BLOCK": 64}), target)
+except Exception as err:
+    print("failed:", type(err).__name__, flush=True)
+if os.environ.get("AND_GOOD"):
+    kdb.triton.compile(ASTSource(fn=kernels.add, signature={"x_ptr": "*fp32", "y_ptr": "*fp32",
+                       "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                       constexprs={"BLOCK": 64}), target)
+print("done %.1f" % (time.perf_counter() - start), flush=True)
+time.sleep(float(os.environ.get("LINGER", "0")))
+'''
+
+
+def test_a_kernel_that_fails_to_compile_does_not_keep_others_waiting(tmp_path, triton_env):
+    """A process whose compile raised and that goes on compiling releases the claim: another
+    process compiling the same broken kernel fails at once instead of waiting for it."""
+    (tmp_path / "broken.py").write_text(BROKEN)
+    (tmp_path / "failing.py").write_text(FAILING)
+    env = {**triton_env, "KDB_WAIT_TIMEOUT": "30"}
+    first = subprocess.Popen([sys.executable, str(tmp_path / "failing.py")],
+                             env={**env, "AND_GOOD": "1", "LINGER": "60"},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = first.stdout.readline()
+        assert line.startswith("failed:"), line + first.stderr.read()
+        assert first.stdout.readline().startswith("done")  # still alive, lingering
+        second = subprocess.run([sys.executable, str(tmp_path / "failing.py")], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert second.stdout.startswith("failed:"), second.stderr[-2000:]
+        waited = float(second.stdout.split("done")[1])
+        assert waited < 15, f"the second process waited {waited} s for a compile that failed"
+    finally:
+        first.kill()
+        first.wait()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import threading
 import time
 
 from triton.runtime.cache import CacheManager as _TritonCacheManager
@@ -37,8 +38,19 @@ log = logs.get("kdb")
 #: The arch of a claim made before the target is known (its key is Triton's, all the same).
 ANY_ARCH = "triton"
 
-#: Claims this process holds for kernels it is compiling: key -> (claim, start time).
+#: Claims this process holds for kernels it is compiling: key -> (claim, start time, thread).
 _compiling: dict[str, tuple] = {}
+
+
+def _release_failed() -> None:
+    """Triton compiles on the thread that asked for the group, from ``get_group`` to
+    ``put_group``; a claim of this thread still here when it asks again is a compile that
+    raised: release it, or other processes would wait ``KDB_WAIT_TIMEOUT`` for nothing."""
+    me = threading.get_ident()
+    for key in [k for k, v in list(_compiling.items()) if v[2] == me]:
+        claim = _compiling.pop(key, (None,))[0]
+        if claim is not None:
+            claim.release()
 
 _db: contextvars.ContextVar = contextvars.ContextVar("kdb_triton_db", default=None)
 
@@ -109,13 +121,14 @@ class CacheManager(_TritonCacheManager):
             return self._triton_files().get_group(filename)
         self._kernel = True
         name = filename.rpartition(".")[0] or filename
+        _release_failed()
         tiers = _tiers()
         arch = self._arch = current_arch()
         got = self._find(tiers, name, arch)
         if got is not None:
             return got
         old = _compiling.pop(self.key, None)
-        if old is not None:  # an earlier compile of this key in this process failed
+        if old is not None:  # another thread's compile of this key failed
             old[0].release()
         if arch is not None:
             attrs = self._attrs(arch, name)
@@ -138,7 +151,7 @@ class CacheManager(_TritonCacheManager):
             if found:
                 return found[0]
         if claimed is not None and not isinstance(claimed, Hit):
-            _compiling[self.key] = (claimed, time.perf_counter())
+            _compiling[self.key] = (claimed, time.perf_counter(), threading.get_ident())
         return None
 
     def _find(self, tiers, name: str, arch: str | None) -> dict[str, str] | None:
@@ -159,7 +172,7 @@ class CacheManager(_TritonCacheManager):
         if self._kernel is False:
             return self._triton_files().put_group(filename, group)
         name = filename.rpartition(".")[0] or filename
-        claim, start = _compiling.pop(self.key, (None, None))
+        claim, start, _ = _compiling.pop(self.key, (None, None, None))
         try:
             files = {n: _read(p) for n, p in group.items()}
             target = json.loads(files[filename]).get("target") or {}
