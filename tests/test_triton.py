@@ -504,3 +504,39 @@ def test_a_kernel_that_fails_to_compile_does_not_keep_others_waiting(tmp_path, t
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_full_memory_file_system_moves_the_files_to_the_temporary_directory(
+        monkeypatch, tmp_path, caplog):
+    """A container's /dev/shm is 64 MB: when writing there fails, this process's files go to
+    the temporary directory, with one warning; where nothing can be written, a hit is a miss
+    (Triton compiles), never an error."""
+    import errno
+    import tempfile
+
+    from kdb.backends.triton import groups
+
+    shm, tmp = tmp_path / "shm", tmp_path / "tmp"
+    shm.mkdir(mode=0o700)
+    tmp.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(shm))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setattr(groups, "_root", [])
+    real = groups._write
+
+    def full_shm(directory, files):
+        if directory.startswith(str(shm)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(directory, files)
+
+    monkeypatch.setattr(groups, "_write", full_shm)
+    paths = groups.write_files("K", {"k.json": b"{}"})
+    assert paths["k.json"].startswith(str(tmp)) and Path(paths["k.json"]).read_bytes() == b"{}"
+    assert groups.write_files("K2", {"k.cubin": b"x"})["k.cubin"].startswith(str(tmp))
+    assert sum("No space left" in r.getMessage() for r in caplog.records) == 1
+
+    monkeypatch.setattr(groups, "_write", lambda d, f: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(OSError):
+        groups.write_files("K3", {"k.json": b"{}"})
+    groups._remove_at_exit()

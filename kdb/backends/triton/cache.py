@@ -26,7 +26,7 @@ import time
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
-from ... import logs
+from ... import faults, logs
 from ...db import default_db
 from ...keys import HashAttributes
 from ...tiers import Hit
@@ -108,8 +108,7 @@ class CacheManager(_TritonCacheManager):
         if plain is not None:
             return plain.put(data, filename, binary)
         raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
-        path = groups.write(groups.private_dir(self.key), filename, raw)
-        self._written[filename] = path
+        path = self._written[filename] = groups.write_files(self.key, {filename: raw})[filename]
         return path
 
     # -- a kernel's group: one kdb entry ----------------------------------------------------
@@ -207,7 +206,12 @@ class CacheManager(_TritonCacheManager):
         if files is None:
             tiers.discard(attrs, "not a Triton artifact group", hit.tier)
             return None
-        return groups.materialize(self.key, files)
+        try:
+            return groups.write_files(self.key, files)
+        except OSError as err:  # no room anywhere: Triton compiles, as without kdb
+            faults.fault(f"cannot write Triton's files for {attrs.name} ({err}); compiling it",
+                         once="triton-files")
+            return None
 
 
 def _read(path: str) -> bytes:

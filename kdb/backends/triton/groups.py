@@ -3,7 +3,7 @@
 Triton compiles a kernel into a group of files (its metadata JSON, the IR of each stage, the
 cubin or hsaco) and later reads them by path. kdb stores the whole group as one binary
 (:func:`pack`: deterministic, so a system pack is byte-reproducible) and, on a hit, writes
-only that kernel's files into a directory private to this process (:func:`materialize`), on
+only that kernel's files into a directory private to this process (:func:`write_files`), on
 a memory file system where there is one, removed at exit. A thousand cached kernels are one SQLite file per arch, not a thousand
 directories.
 """
@@ -55,20 +55,42 @@ def _plain_name(name: object) -> bool:
 
 # -- this process's files ---------------------------------------------------------------------
 
-_root: list = []  # [pid, path] of this process's private directory, made on first use
+_root: list = []  # [pid, path, on the temporary directory] of this process's private directory
 
 
 def private_dir(key: str) -> str:
     """``<runtime dir>/kdb-triton-<uid>-<pid>-XXXX/<key>``: made 0700 by ``mkdtemp`` (a name
     nobody can plant in advance), per process, removed at exit."""
     if not _root or _root[0] != os.getpid():
-        base, uid = runtime_dir(), os.getuid() if hasattr(os, "getuid") else 0
-        remove_stale(base, uid)
-        _root[:] = [os.getpid(), tempfile.mkdtemp(prefix=f"kdb-triton-{uid}-{os.getpid()}-",
-                                                  dir=base)]
+        _new_root(runtime_dir())
     path = os.path.join(_root[1], key)
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
+
+
+def _new_root(base: str) -> None:
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    remove_stale(base, uid)
+    _root[:] = [os.getpid(), tempfile.mkdtemp(prefix=f"kdb-triton-{uid}-{os.getpid()}-",
+                                              dir=base), base == tempfile.gettempdir()]
+
+
+def write_files(key: str, files: dict[str, bytes]) -> dict[str, str]:
+    """Write ``files`` for Triton to read; ``{file name: path}``. A memory file system that is
+    full (a container's 64 MB ``/dev/shm``) moves this process's files to the temporary
+    directory, with one warning; a second failure raises :class:`OSError`."""
+    try:
+        return _write(private_dir(key), files)
+    except OSError as err:
+        if _root and _root[0] == os.getpid() and not _root[2]:
+            from ... import faults
+
+            faults.fault(f"cannot write Triton's files under {os.path.dirname(_root[1])} "
+                         f"({err}); using {tempfile.gettempdir()} instead",
+                         once="triton-runtime-dir")
+            _new_root(tempfile.gettempdir())
+            return _write(private_dir(key), files)
+        raise
 
 
 def runtime_dir() -> str:
@@ -112,20 +134,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write(directory: str, name: str, data: bytes) -> str:
-    """Write ``data`` as ``directory/name`` (whole or not at all); its path."""
-    path = os.path.join(directory, name)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-    return path
-
-
-def materialize(key: str, files: dict[str, bytes]) -> dict[str, str]:
-    """Write a group's files for Triton to read; ``{file name: path}``. Written in place:
-    the directory is this process's alone (a write and a rename each cost ~30% more)."""
-    directory = private_dir(key)
+def _write(directory: str, files: dict[str, bytes]) -> dict[str, str]:
+    """Written in place: the directory is this process's alone (a write and a rename each
+    cost ~30% more)."""
     paths = {}
     for name, data in files.items():
         path = paths[name] = os.path.join(directory, name)
