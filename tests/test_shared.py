@@ -760,3 +760,22 @@ def test_doctests_of_the_shared_tier_modules():
 
     result = doctest.testmod(kdb.shared.server)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_triton_kernel_one_node_compiled_is_served_to_another_from_the_shared_tier(
+        shared_url, tmp_path):
+    pytest.importorskip("triton", reason="Triton is not installed (pip install 'kdb[triton]')")
+    from test_triton import APP, KERNELS, NVIDIA, run_app
+
+    (tmp_path / "kernels.py").write_text(KERNELS)
+    (tmp_path / "app.py").write_text(APP)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_MANAGER"}
+    env.update(KERNELS_DIR=str(tmp_path), TARGET=NVIDIA, KDB_STORE_AT_EXIT="wait")
+    node_a = {**env, "KDB_CACHE_DIR": str(tmp_path / "a"), "TRITON_CACHE_DIR": str(tmp_path / "ta")}
+    node_b = {**env, "KDB_CACHE_DIR": str(tmp_path / "b"), "TRITON_CACHE_DIR": str(tmp_path / "tb")}
+    first, _ = run_app(tmp_path, node_a, "add")
+    assert first["hits"] == [False]
+    second, _ = run_app(tmp_path, node_b, "add")
+    assert second["hits"] == [True]  # node b's own caches are empty: the shared tier served it
+    with sqlite3.connect(tmp_path / "b" / "v1" / "sm_90.kdb") as conn:  # and copied it home
+        assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
