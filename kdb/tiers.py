@@ -264,12 +264,13 @@ class Tiers(Storing):
             return Hit(raw, name, where, row.compile_seconds)
         return None
 
-    def claim_or_wait(self, attrs: HashAttributes, find: Callable[[], Hit | None] | None = None
+    def claim_or_wait(self, attrs: HashAttributes, find: Callable[[], Any] | None = None
                       ) -> Hit | claims.Claim | None:
         """After a miss: claim the key for compiling, or wait while another process does.
 
-        ``find`` looks for the entry the other process publishes (default: ``attrs`` in the
-        user tier and the shared tier), for a back end that cannot name its arch yet.
+        ``find`` looks for what the other process publishes and is returned when found
+        (default: ``attrs``'s :class:`Hit` in the user tier and the shared tier), for a back
+        end that cannot name its arch yet.
 
         Returns the :class:`Hit` another process published meanwhile, a
         :class:`~kdb.claims.Claim` (this process compiles; pass it to :meth:`put_later`,

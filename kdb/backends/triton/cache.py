@@ -27,6 +27,7 @@ from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
 from ... import faults, logs
+from ...claims import Claim
 from ...db import default_db
 from ...keys import HashAttributes
 from ...tiers import Hit
@@ -136,20 +137,12 @@ class CacheManager(_TritonCacheManager):
                 return self._served(tiers, attrs, claimed)
         else:
             # No target known before the compile: the claim is Triton's key under a name of
-            # its own, and a waiter looks for the entry in every arch it can find.
-            found: list = []
-
-            def find() -> Hit | None:
-                group = self._find(tiers, name, None)
-                if group is not None:
-                    found.append(group)
-                    return Hit(b"", "", "", 0.0)
-                return None
-
-            claimed = tiers.claim_or_wait(self._attrs(ANY_ARCH, name), find=find)
-            if found:
-                return found[0]
-        if claimed is not None and not isinstance(claimed, Hit):
+            # its own, and a waiter looks for the kernel's files in every arch it can find.
+            claimed = tiers.claim_or_wait(self._attrs(ANY_ARCH, name),
+                                          find=lambda: self._find(tiers, name, None))
+            if isinstance(claimed, dict):
+                return claimed
+        if isinstance(claimed, Claim):
             _compiling[self.key] = (claimed, time.perf_counter(), threading.get_ident())
         return None
 
