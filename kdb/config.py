@@ -25,6 +25,7 @@ ENV_SHARED_URL = "KDB_SHARED_URL"
 ENV_SHARED_CONNECT_TIMEOUT = "KDB_SHARED_CONNECT_TIMEOUT"
 ENV_SHARED_STATEMENT_TIMEOUT = "KDB_SHARED_STATEMENT_TIMEOUT"
 ENV_SHARED_RETRY = "KDB_SHARED_RETRY"
+ENV_SHARED_MAX_SIZE = "KDB_SHARED_MAX_SIZE"
 ENV_STRICT = "KDB_STRICT"
 ENV_TRACE = "KDB_TRACE"
 ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
@@ -211,6 +212,19 @@ def max_size(explicit: int | str | None = None) -> int:
     return got
 
 
+def shared_max_size() -> int:
+    """The shared tier's cap in stored bytes (``KDB_SHARED_MAX_SIZE``); 0 (the default): none."""
+    raw = os.environ.get(ENV_SHARED_MAX_SIZE, "").strip()
+    if not raw:
+        return 0
+    got = _size_or_reason(raw)
+    if isinstance(got, str):
+        _bad_setting(ENV_SHARED_MAX_SIZE, raw, f"{got} (use bytes or a suffix such as 50G; "
+                     "0 = no cap)", "0 (no cap)")
+        return 0
+    return got
+
+
 def store_timeout(explicit: float | None = None) -> float:
     """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
     return seconds(ENV_STORE_TIMEOUT, STORE_TIMEOUT_S, explicit)
@@ -279,7 +293,8 @@ def problems(environ: dict[str, str] | None = None) -> list[str]:
                                              ENV_SHARED_CONNECT_TIMEOUT,
                                              ENV_SHARED_STATEMENT_TIMEOUT, ENV_SHARED_RETRY)]
     checks += [(ENV_STORE_AT_EXIT, lambda n, v: parse_store_at_exit(v)),
-               (ENV_CACHE_MAX_SIZE, lambda n, v: parse_size(v))]
+               (ENV_CACHE_MAX_SIZE, lambda n, v: parse_size(v)),
+               (ENV_SHARED_MAX_SIZE, lambda n, v: parse_size(v))]
     for name, check in checks:
         raw = env.get(name)
         if raw is None or (not raw.strip() and name != ENV_STORE_AT_EXIT):

@@ -779,3 +779,101 @@ def test_a_triton_kernel_one_node_compiled_is_served_to_another_from_the_shared_
     assert second["hits"] == [True]  # node b's own caches are empty: the shared tier served it
     with sqlite3.connect(tmp_path / "b" / "v1" / "sm_90.kdb") as conn:  # and copied it home
         assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
+
+
+# -- the cap and last use (kdb.shared.usage) -------------------------------------------------
+
+def shared_rows(pg: PgServer, url: str, query: str) -> list[tuple]:
+    return pg.sql(query, url.rsplit("/", 1)[1])
+
+
+def test_hits_on_the_shared_tier_are_written_in_batches_not_one_write_each(
+        shared_url, pg, tmp_path):
+    import kdb.shared.tier
+    from kdb.storing import background
+
+    for i in range(3):
+        KernelDB(cache_dir=tmp_path / "a").put(attrs(i), os.urandom(64) * 10)
+    node_b = KernelDB(cache_dir=tmp_path / "b")
+    for i in range(3):
+        assert node_b.get(attrs(i)) is not None
+    background.drain()
+    hits = "SELECT sum(hits) FROM kernels"
+    assert int(shared_rows(pg, shared_url, hits)[0][0]) == 0  # pending, not a write per hit
+    kdb.shared.tier.tier(shared_url).write_touches()
+    assert int(shared_rows(pg, shared_url, hits)[0][0]) == 3
+
+
+WRITER = textwrap.dedent('''
+    import os, sys
+    import kdb.shared.usage
+    from kdb import HashAttributes, KernelDB
+
+    kdb.shared.usage.KEEP_S = 0.0  # every entry may go at once (the default keeps a minute)
+    who, n = sys.argv[1], int(sys.argv[2])
+    db = KernelDB()
+    for i in range(n):
+        attrs = HashAttributes(backend="test", source=f"{who} {i}", arch="a1", name=f"{who}{i}")
+        db.put(attrs, os.urandom(16384))
+    db.close()
+''')
+
+
+def test_the_cap_holds_with_four_writers_at_once(shared_url, pg, tmp_path):
+    cap = 200 * 1024
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, f"w{w}", "30"],
+                              env=dict(os.environ, KDB_CACHE_DIR=str(tmp_path / f"c{w}"),
+                                       KDB_SHARED_MAX_SIZE=str(cap)),
+                              stderr=subprocess.PIPE, text=True) for w in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    (total, n), = shared_rows(pg, shared_url, "SELECT sum(stored_size), count(*) FROM kernels")
+    assert 0 < int(total) <= cap and int(n) > 0
+    (meta_total,), = shared_rows(pg, shared_url,
+                                 "SELECT value FROM meta WHERE name = 'stored_bytes'")
+    assert int(meta_total) == int(total)  # the totals kept by every writer still add up
+    (evicted,), = shared_rows(pg, shared_url,
+                              "SELECT value FROM counters WHERE name = 'evictions'")
+    assert int(evicted) + int(n) == 120
+
+
+def test_the_least_recently_used_entries_go_first(shared_url, pg, tmp_path, monkeypatch):
+    import kdb.shared.tier
+    import kdb.shared.usage
+    from kdb.storing import background
+
+    monkeypatch.setattr(kdb.shared.usage, "KEEP_S", 0.0)
+    writer = KernelDB(cache_dir=tmp_path / "a")
+    for i in range(8):
+        writer.put(attrs(i), os.urandom(16384))
+    reader = KernelDB(cache_dir=tmp_path / "b")
+    for i in (0, 1, 2):  # used since: they stay
+        assert reader.get(attrs(i)) is not None
+    background.drain()
+    kdb.shared.tier.tier(shared_url).write_touches()
+    monkeypatch.setenv("KDB_SHARED_MAX_SIZE", str(7 * 16384))
+    writer.put(attrs(8), os.urandom(16384))  # over the cap: evict down to two thirds of it
+    left = shared_keys(pg, shared_url)
+    assert {attrs(i).key for i in (0, 1, 2, 8)} <= left
+    assert len(left) <= 4
+    assert {attrs(i).key for i in (3, 4, 5, 6, 7)}.isdisjoint(left)
+
+
+def test_a_recent_entry_is_never_evicted(shared_url, pg, tmp_path, monkeypatch):
+    monkeypatch.setenv("KDB_SHARED_MAX_SIZE", "20000")
+    db = KernelDB(cache_dir=tmp_path / "a")
+    for i in range(3):
+        db.put(attrs(i), os.urandom(16384))
+    assert len(shared_keys(pg, shared_url)) == 3  # over the cap, but all of the last minute
+
+
+def test_a_bad_shared_cap_is_named_and_means_no_cap(monkeypatch, caplog):
+    from kdb import config
+
+    assert any("KDB_SHARED_MAX_SIZE" in p for p in config.problems({"KDB_SHARED_MAX_SIZE": "lots"}))
+    monkeypatch.setenv("KDB_SHARED_MAX_SIZE", "lots")
+    assert config.shared_max_size() == 0
+    assert "KDB_SHARED_MAX_SIZE" in caplog.text and "no cap" in caplog.text
+    monkeypatch.setenv("KDB_SHARED_MAX_SIZE", "2M")
+    assert config.shared_max_size() == 2 * 1024 * 1024

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
 from ..file import codec, migrate
@@ -45,8 +45,9 @@ from .server import (
     schema_revision,
     upgrade,
 )
-from ..file.schema import compile_log, counters, kernels, meta
+from ..file.schema import compile_log, kernels
 from ..keys import compiler_free_key
+from . import usage
 from .locks import WANT_CHECK_S, CrossNodeLocks
 from ..file.kernelfile import CompileRecord, Entry
 
@@ -96,6 +97,7 @@ class SharedTier(CrossNodeLocks):
         self._held: set[str] = set()  # keys whose compile lock this process holds
         self._wants: set[str] = set()  # keys this process waits for (want id held shared)
         self._checked: dict[str, tuple[float, bool]] = {}
+        self._touches = usage.Touches()  # hits to write in one batch
 
     #: The tier's name (:mod:`kdb.tiers`).
     name = "shared"
@@ -241,17 +243,22 @@ class SharedTier(CrossNodeLocks):
         return self._run("looking up a kernel", q, None)
 
     def touch(self, key: str) -> None:
-        """Count a hit served from the shared tier (runs on the background thread)."""
-        now = time.time()
+        """Count a hit served from the shared tier (on the background thread): batched, one
+        transaction per :data:`usage.TOUCH_BATCH` keys or :data:`usage.TOUCH_S` seconds."""
+        if self._touches.add(key):
+            self.write_touches()
+
+    def write_touches(self) -> None:
+        """Write the pending hits and last-use times (also at exit)."""
+        pending = self._touches.take()
+        if not pending:
+            return
 
         def w(engine: Engine) -> None:
             with engine.begin() as conn:
-                conn.execute(kernels.update().where(kernels.c.key == key).values(
-                    hits=kernels.c.hits + 1, last_access=func.greatest(kernels.c.last_access,
-                                                                       now)))
-                _bump_counters(conn, {"hits": 1})
+                usage.Touches.write(conn, pending)
 
-        self._run("counting a hit", w, None)
+        self._run("counting hits", w, None)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -282,15 +289,20 @@ class SharedTier(CrossNodeLocks):
                         added_raw += row["raw_size"]
                         added_stored += row["stored_size"]
                 if added:
-                    _bump_meta(conn, {"entries": added, "raw_bytes": added_raw,
-                                      "stored_bytes": added_stored})
+                    usage.bump_meta(conn, {"entries": added, "raw_bytes": added_raw,
+                                           "stored_bytes": added_stored})
                 if logs:
                     conn.execute(compile_log.insert(), [dict(
                         at=r.at, key=r.key, name=r.name, arch=r.arch, backend=r.backend,
                         seconds=r.seconds, missed=r.missed + ",shared", reason=r.reason,
                         pid=r.pid) for r in logs])
-                    _bump_counters(conn, {"compiles": len(logs),
+                    usage.bump_counters(conn, {"compiles": len(logs),
                                           "compile_seconds": sum(r.seconds for r in logs)})
+            cap = config.shared_max_size()
+            if added and cap:
+                with engine.begin() as conn:
+                    if usage.stored_bytes(conn) > cap:
+                        usage.evict(conn, cap)
             return added
 
         return self._run("publishing a kernel", w, 0)
@@ -305,7 +317,7 @@ class SharedTier(CrossNodeLocks):
                 rows = conn.execute(kernels.delete().where(kernels.c.key.in_(keys)).returning(
                     kernels.c.raw_size, kernels.c.stored_size)).all()
                 if rows:
-                    _bump_meta(conn, {"entries": -len(rows),
+                    usage.bump_meta(conn, {"entries": -len(rows),
                                       "raw_bytes": -sum(r[0] for r in rows),
                                       "stored_bytes": -sum(r[1] for r in rows)})
 
@@ -324,25 +336,6 @@ class SharedTier(CrossNodeLocks):
         from . import report as sharedreport
 
         return sharedreport.export(self, arch, dest)
-
-
-def _bump_meta(conn: Connection, deltas: dict[str, int]) -> None:
-    from sqlalchemy import BigInteger, Text, cast
-    from sqlalchemy.dialects.postgresql import insert
-
-    for name, delta in deltas.items():
-        stmt = insert(meta).values(name=name, value=str(delta))
-        conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={
-            "value": cast(cast(meta.c.value, BigInteger) + delta, Text)}))
-
-
-def _bump_counters(conn: Connection, deltas: dict[str, float]) -> None:
-    from sqlalchemy.dialects.postgresql import insert
-
-    for name, delta in deltas.items():
-        stmt = insert(counters).values(name=name, value=delta)
-        conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={
-            "value": counters.c.value + stmt.excluded.value}))
 
 
 _tiers: dict[str, SharedTier] = {}
@@ -378,6 +371,15 @@ def _after_fork() -> None:
     for t in _tiers.values():
         t._lock = threading.RLock()
         t._locker_lock = threading.Lock()
+        t._touches.forget()
+
+
+def _write_touches_at_exit() -> None:
+    """After the background stores (which add the last touches): the pending hits go."""
+    for t in list(_tiers.values()):
+        if t._pid == os.getpid():
+            t.write_touches()
 
 
 lifecycle.on_fork(_after_fork)
+lifecycle.on_exit(lifecycle.REPORT, _write_touches_at_exit)

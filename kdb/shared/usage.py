@@ -1,0 +1,122 @@
+"""What the shared tier counts, when its entries were last used, and its cap.
+
+Counters and the ``meta`` totals are bumped in the writer's transaction (:func:`bump_meta`,
+:func:`bump_counters`). A hit served from the shared tier is not a write: its key joins this
+process's pending touches (:class:`Touches`), written in one transaction per batch (64 keys,
+or 5 s, or the process's exit), so ``last_access`` lags by at most that.
+
+Past ``KDB_SHARED_MAX_SIZE`` stored bytes, the writer that published last evicts the least
+recently used entries until a third of the cap is free (:func:`evict`), in a transaction of
+its own under an advisory lock taken without waiting: of many writers at once one evicts, the
+others leave it the work. Entries used or created in the last :data:`KEEP_S` seconds are never
+evicted: another node may be serving them or copying them home right now.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from sqlalchemy import BigInteger, Text, bindparam, cast, func, select
+from sqlalchemy.engine import Connection
+
+from ..file.schema import counters, kernels, meta
+from .server import lock_id
+
+#: Held (for one transaction) by the writer that evicts.
+EVICT_LOCK = lock_id("kdb.shared.tier.evict")
+#: Entries used or created this recently are never evicted.
+KEEP_S = 60.0
+#: Pending touches are written once this many keys wait, or this long after the first.
+TOUCH_BATCH, TOUCH_S = 64, 5.0
+
+
+def bump_meta(conn: Connection, deltas: dict[str, int]) -> None:
+    from sqlalchemy.dialects.postgresql import insert
+
+    for name, delta in deltas.items():
+        stmt = insert(meta).values(name=name, value=str(delta))
+        conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={
+            "value": cast(cast(meta.c.value, BigInteger) + delta, Text)}))
+
+
+def bump_counters(conn: Connection, deltas: dict[str, float]) -> None:
+    from sqlalchemy.dialects.postgresql import insert
+
+    for name, delta in deltas.items():
+        stmt = insert(counters).values(name=name, value=delta)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={
+            "value": counters.c.value + stmt.excluded.value}))
+
+
+def stored_bytes(conn: Connection) -> int:
+    """The stored bytes the ``meta`` total says (kept by every publish and drop)."""
+    got = conn.execute(select(meta.c.value).where(meta.c.name == "stored_bytes")).scalar()
+    return int(got or 0)
+
+
+def evict(conn: Connection, cap: int, now: float | None = None) -> int:
+    """If the entries' stored bytes exceed ``cap``, delete the least recently used until at
+    most two thirds of it are left (entries of the last :data:`KEEP_S` seconds stay); the
+    number deleted. 0 when another writer holds the eviction lock."""
+    if not conn.execute(select(func.pg_try_advisory_xact_lock(EVICT_LOCK))).scalar():
+        return 0
+    total = int(conn.execute(select(func.coalesce(func.sum(kernels.c.stored_size), 0))).scalar())
+    if total <= cap:
+        return 0
+    target = cap * 2 // 3
+    keep_after = (time.time() if now is None else now) - KEEP_S
+    rows = conn.execute(
+        select(kernels.c.key, kernels.c.raw_size, kernels.c.stored_size)
+        .where(func.greatest(kernels.c.last_access, kernels.c.created) < keep_after)
+        .order_by(kernels.c.last_access, kernels.c.created)).all()
+    picked, freed_raw, freed = [], 0, 0
+    for key, raw_size, size in rows:
+        if total - freed <= target:
+            break
+        picked.append(key)
+        freed_raw += raw_size
+        freed += size
+    if picked:
+        conn.execute(kernels.delete().where(kernels.c.key.in_(picked)))
+        bump_meta(conn, {"entries": -len(picked), "raw_bytes": -freed_raw,
+                         "stored_bytes": -freed})
+        bump_counters(conn, {"evictions": len(picked)})
+    return len(picked)
+
+
+class Touches:
+    """This process's hits on the shared tier, written in batches."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, int] = {}
+        self._first = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, key: str) -> bool:
+        """Count a hit on ``key``; True when the batch is due to be written."""
+        with self._lock:
+            if not self._pending:
+                self._first = time.monotonic()
+            self._pending[key] = self._pending.get(key, 0) + 1
+            return (len(self._pending) >= TOUCH_BATCH
+                    or time.monotonic() - self._first >= TOUCH_S)
+
+    def take(self) -> dict[str, int]:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+    def forget(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = {}
+
+    @staticmethod
+    def write(conn: Connection, pending: dict[str, int], now: float | None = None) -> None:
+        """One transaction's worth: hits and last use for every pending key."""
+        now = time.time() if now is None else now
+        conn.execute(kernels.update().where(kernels.c.key == bindparam("k")).values(
+            hits=kernels.c.hits + bindparam("n"),
+            last_access=func.greatest(kernels.c.last_access, now)),
+            [{"k": k, "n": n} for k, n in sorted(pending.items())])
+        bump_counters(conn, {"hits": sum(pending.values())})
