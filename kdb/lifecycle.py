@@ -39,6 +39,18 @@ _exit_hooks: list[tuple[int, Callable[[], None]]] = []
 _fork_hooks: list[Callable[[], None]] = []
 
 
+def alive(pid: int | str) -> bool:
+    """Whether process ``pid`` (a number, or one read from a file name) exists; another
+    user's process counts as alive."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def on_exit(phase: int, hook: Callable[[], None]) -> None:
     """Run ``hook`` at exit, in ``phase`` (one of :data:`PHASES`)."""
     if phase not in PHASES:

@@ -540,3 +540,25 @@ def test_a_full_memory_file_system_moves_the_files_to_the_temporary_directory(
     with pytest.raises(OSError):
         groups.write_files("K3", {"k.json": b"{}"})
     groups._remove_at_exit()
+
+
+def test_a_planted_link_or_another_users_directory_is_never_removed(tmp_path):
+    """Stale directories are found by name; a name someone else planted (a link to a
+    directory of ours, a directory of theirs) must not make kdb delete what it points at."""
+    from kdb.backends.triton import groups
+
+    base, mine = tmp_path / "run", tmp_path / "precious"
+    base.mkdir(mode=0o700)
+    mine.mkdir()
+    (mine / "keep").write_text("x")
+    dead = 2 ** 22 + 12345  # above the usual pid_max: no such process
+    (base / f"kdb-triton-{os.getuid()}-{dead}-link").symlink_to(mine)
+    theirs = base / f"kdb-triton-{os.getuid()}-{dead}-theirs"
+    theirs.mkdir()
+    (theirs / "f").write_text("y")
+    can_chown = os.getuid() == 0
+    if can_chown:
+        os.chown(theirs, 65534, 65534)
+    groups.remove_stale(str(base), os.getuid())
+    assert (mine / "keep").exists() and (base / f"kdb-triton-{os.getuid()}-{dead}-link").is_symlink()
+    assert theirs.exists() == can_chown  # not ours: kept; ours (non-root run): removed

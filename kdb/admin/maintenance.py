@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from .. import config
+from .. import config, lifecycle
 from ..file import discovery
 from . import integrity
 from ..errors import InvalidArgumentError
@@ -84,7 +84,7 @@ def _spool_leftovers(user_dir: Path) -> list[Path]:
         jobs = [p for p in names if p.suffix in (spool.JOB, spool.SLOW, spool.TAKEN, spool.BAD)]
         idle = quiet and not jobs and not spool.worker_running(d)
         for p in names:
-            if p in jobs or (p.name.endswith(".tmp") and not _alive(p.name.split(".")[-2])) or (
+            if p in jobs or (p.name.endswith(".tmp") and not lifecycle.alive(p.name.split(".")[-2])) or (
                     idle and p.name in (spool.ENVIRONMENT, spool.LOCK)):
                 out.append(p)
         if idle:
@@ -115,17 +115,6 @@ def _stale_claims(claims_dir: Path) -> list[Path]:
             os.close(fd)
     out += [p for p in sorted(claims_dir.glob("*.want")) if not p.with_suffix(".lock").exists()]
     return out
-
-
-def _alive(pid: str) -> bool:
-    """Whether process ``pid`` (a number from a file name) exists."""
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except OSError:  # another user's: alive
-        return True
-    return True
 
 
 def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:

@@ -300,9 +300,7 @@ class SharedTier(CrossNodeLocks):
                                           "compile_seconds": sum(r.seconds for r in logs)})
             cap = config.shared_max_size()
             if added and cap:
-                with engine.begin() as conn:
-                    if usage.stored_bytes(conn) > cap:
-                        usage.evict(conn, cap)
+                usage.keep_under(engine, cap)
             return added
 
         return self._run("publishing a kernel", w, 0)

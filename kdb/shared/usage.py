@@ -5,10 +5,10 @@ Counters and the ``meta`` totals are bumped in the writer's transaction (:func:`
 process's pending touches (:class:`Touches`), written in one transaction per batch (64 keys,
 or 5 s, or the process's exit), so ``last_access`` lags by at most that.
 
-Past ``KDB_SHARED_MAX_SIZE`` stored bytes, the writer that published last evicts the least
-recently used entries until a third of the cap is free (:func:`evict`), in a transaction of
-its own under an advisory lock taken without waiting: of many writers at once one evicts, the
-others leave it the work. Entries used or created in the last :data:`KEEP_S` seconds are never
+Past ``KDB_SHARED_MAX_SIZE`` stored bytes, the writer that published evicts the least
+recently used entries until a third of the cap is free (:func:`keep_under`, :func:`evict`), in
+a transaction of its own under an advisory lock: writers take turns, each checking the total
+again once it has the lock. Entries used or created in the last :data:`KEEP_S` seconds are never
 evicted: another node may be serving them or copying them home right now.
 """
 
@@ -27,6 +27,10 @@ from .server import lock_id
 EVICT_LOCK = lock_id("kdb.shared.tier.evict")
 #: Entries used or created this recently are never evicted.
 KEEP_S = 60.0
+#: Entries read at a time while choosing what to evict.
+EVICT_BATCH = 1000
+#: A writer over the cap tries this often (20 ms apart) to take its turn at evicting.
+EVICT_TRIES = 100
 #: Pending touches are written once this many keys wait, or this long after the first.
 TOUCH_BATCH, TOUCH_S = 64, 5.0
 
@@ -55,28 +59,47 @@ def stored_bytes(conn: Connection) -> int:
     return int(got or 0)
 
 
-def evict(conn: Connection, cap: int, now: float | None = None) -> int:
+def keep_under(engine, cap: int) -> None:
+    """After a publish: evict until the stored bytes are within ``cap``, taking turns with
+    the other writers (one evicts at a time; a writer that finds the lock taken tries again
+    once it is free, so a publish that lands during another's eviction is not left over the
+    cap). Stops when nothing is old enough to go."""
+    for _ in range(EVICT_TRIES):
+        with engine.begin() as conn:
+            if stored_bytes(conn) <= cap:
+                return
+            got = evict(conn, cap)
+        if got == 0:
+            return
+        if got is None:
+            time.sleep(0.02)
+
+
+def evict(conn: Connection, cap: int) -> int | None:
     """If the entries' stored bytes exceed ``cap``, delete the least recently used until at
     most two thirds of it are left (entries of the last :data:`KEEP_S` seconds stay); the
-    number deleted. 0 when another writer holds the eviction lock."""
+    number deleted, or ``None`` when another writer holds the eviction lock."""
     if not conn.execute(select(func.pg_try_advisory_xact_lock(EVICT_LOCK))).scalar():
-        return 0
-    total = int(conn.execute(select(func.coalesce(func.sum(kernels.c.stored_size), 0))).scalar())
+        return None
+    total = stored_bytes(conn)
     if total <= cap:
         return 0
     target = cap * 2 // 3
-    keep_after = (time.time() if now is None else now) - KEEP_S
-    rows = conn.execute(
-        select(kernels.c.key, kernels.c.raw_size, kernels.c.stored_size)
-        .where(func.greatest(kernels.c.last_access, kernels.c.created) < keep_after)
-        .order_by(kernels.c.last_access, kernels.c.created)).all()
+    keep_after = time.time() - KEEP_S
+    oldest = (select(kernels.c.key, kernels.c.raw_size, kernels.c.stored_size)
+              .where(func.greatest(kernels.c.last_access, kernels.c.created) < keep_after)
+              .order_by(kernels.c.last_access, kernels.c.created, kernels.c.key))
     picked, freed_raw, freed = [], 0, 0
-    for key, raw_size, size in rows:
-        if total - freed <= target:
+    while total - freed > target:  # a batch at a time: never the whole table in memory
+        batch = conn.execute(oldest.limit(EVICT_BATCH).offset(len(picked))).all()
+        for key, raw_size, size in batch:
+            if total - freed <= target:
+                break
+            picked.append(key)
+            freed_raw += raw_size
+            freed += size
+        if len(batch) < EVICT_BATCH:
             break
-        picked.append(key)
-        freed_raw += raw_size
-        freed += size
     if picked:
         conn.execute(kernels.delete().where(kernels.c.key.in_(picked)))
         bump_meta(conn, {"entries": -len(picked), "raw_bytes": -freed_raw,
@@ -112,9 +135,9 @@ class Touches:
         self._pending = {}
 
     @staticmethod
-    def write(conn: Connection, pending: dict[str, int], now: float | None = None) -> None:
+    def write(conn: Connection, pending: dict[str, int]) -> None:
         """One transaction's worth: hits and last use for every pending key."""
-        now = time.time() if now is None else now
+        now = time.time()
         conn.execute(kernels.update().where(kernels.c.key == bindparam("k")).values(
             hits=kernels.c.hits + bindparam("n"),
             last_access=func.greatest(kernels.c.last_access, now)),

@@ -113,7 +113,7 @@ def remove_stale(base: str, uid: int) -> None:
         return
     for name in names:
         pid = name[len(prefix):].partition("-")[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or lifecycle.alive(pid):
             continue
         path = os.path.join(base, name)
         try:
@@ -122,16 +122,6 @@ def remove_stale(base: str, uid: int) -> None:
             continue
         if st.st_uid == uid and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process: alive
-    return True
 
 
 def _write(directory: str, files: dict[str, bytes]) -> dict[str, str]:
