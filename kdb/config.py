@@ -27,6 +27,11 @@ ENV_SHARED_STATEMENT_TIMEOUT = "KDB_SHARED_STATEMENT_TIMEOUT"
 ENV_SHARED_RETRY = "KDB_SHARED_RETRY"
 ENV_SHARED_MAX_SIZE = "KDB_SHARED_MAX_SIZE"
 ENV_STRICT = "KDB_STRICT"
+# Signed entries (kdb.signing.policy): public keys trusted, the user tier covered too, the
+# private key this process signs with.
+ENV_TRUSTED_KEYS = "KDB_TRUSTED_KEYS"
+ENV_REQUIRE_SIGNED = "KDB_REQUIRE_SIGNED"
+ENV_SIGNING_KEY = "KDB_SIGNING_KEY"
 ENV_TRACE = "KDB_TRACE"
 ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
 ENV_STORE_AT_EXIT = "KDB_STORE_AT_EXIT"
@@ -105,7 +110,7 @@ def parse_flag(name: str, raw: str) -> bool:
 
 
 #: A bad boolean's fallback where the default is not safe (meant to turn the cache off).
-_FLAG_FALLBACK = {ENV_DISABLE_CACHE: True}
+_FLAG_FALLBACK = {ENV_DISABLE_CACHE: True, ENV_REQUIRE_SIGNED: True}
 
 
 def flag(name: str, explicit: bool | None = None) -> bool:
@@ -118,7 +123,8 @@ def flag(name: str, explicit: bool | None = None) -> bool:
     except ConfigError:
         used = _FLAG_FALLBACK.get(name, False)
         _bad_setting(name, raw, "is not a boolean (1 or 0)",
-                     "1 (the cache is turned off)" if name == ENV_DISABLE_CACHE and used
+                     "1 (the cache is turned off)" if name == ENV_DISABLE_CACHE
+                     else "1 (every tier must be signed: the safe side)" if used
                      else f"{int(used)} (the default)")
         return used
 
@@ -288,7 +294,7 @@ def problems(environ: dict[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     out = []
     checks = [(n, lambda n, v: parse_flag(n, v)) for n in (ENV_DISABLE_CACHE, ENV_STRICT,
-                                                            ENV_TRACE)]
+                                                            ENV_TRACE, ENV_REQUIRE_SIGNED)]
     checks += [(n, parse_seconds) for n in (ENV_WAIT_TIMEOUT, ENV_STORE_TIMEOUT, ENV_LOCK_TIMEOUT,
                                              ENV_SHARED_CONNECT_TIMEOUT,
                                              ENV_SHARED_STATEMENT_TIMEOUT, ENV_SHARED_RETRY)]

@@ -7,6 +7,8 @@ A tier answers four questions, whatever it is made of:
 - ``fetch(key)``: the stored row (:class:`kdb.file.kernelfile.Row`'s columns) or ``None``;
 - ``publish(entries, logs)``: store entries and start-up latency rows;
 - ``drop(keys)``: remove entries that proved bad;
+- ``signature(key, row)``: ``(signer, signature)`` of an entry, asked only under a trust
+  policy (:mod:`kdb.signing`);
 - ``describe()``: where it is, for messages (a path, or a server with its password masked).
 
 :class:`FileTier` adapts a system or user :class:`~kdb.file.kernelfile.KernelFile`;
@@ -37,6 +39,7 @@ from .errors import InvalidArgumentError
 from .file import discovery
 from .file.codec import decode
 from .file.kernelfile import CompileRecord, KernelFile
+from .signing import policy as signing
 from .storing.stores import _BACKGROUND, Storing, _background
 
 TYPE_CHECKING = False
@@ -75,6 +78,9 @@ class FileTier:
 
     def drop(self, keys) -> int:
         return self.file.delete(list(keys))
+
+    def signature(self, key: str, row: Row) -> tuple[str | None, bytes | None]:
+        return self.file.signature(key)
 
     def describe(self) -> str:
         return self.file.filename
@@ -246,6 +252,7 @@ class Tiers(Storing):
     def _first_hit(self, attrs: HashAttributes, tiers) -> Hit | None:
         """The one loop over tiers: fetch, verify, count, answer (a bad row is dropped)."""
         key = attrs.key
+        policy = signing.current()
         for tier in tiers:
             row = tier.fetch(key)
             if row is None:
@@ -254,13 +261,15 @@ class Tiers(Storing):
             if raw is None:
                 self._bad_entry(tier, attrs, problem)
                 continue
+            if policy is not None and not self._vouched(policy, tier, attrs, row, raw):
+                continue
             name = tier.name
             self.count(attrs.arch, f"hits.{name}", 1, key=key if name == "user" else None,
                         saved=row.compile_seconds)
             where = tier.describe()
             log.debug("kdb: hit %s %s in %s", key[:16], attrs.name, where)
             if name == "shared":
-                self._copy_to_user(tier, attrs, raw, row)
+                self._copy_to_user(tier, attrs, raw, row, tier.signature(key, row))
             return Hit(raw, name, where, row.compile_seconds)
         return None
 

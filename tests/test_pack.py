@@ -504,7 +504,7 @@ def test_from_db_errors_are_clear(cache_dir, arch, tmp_path):
 
 def test_a_user_file_from_a_newer_kdb_is_never_repacked_as_an_older_revision(cache_dir,
                                                                              tmp_path):
-    """Revision 0005 (a newer kdb): pack refuses it, naming what it found and the fix, from
+    """Revision 0099 (a newer kdb): pack refuses it, naming what it found and the fix, from
     the database and from its log alike; verify reports it and what it holds."""
     db = KernelDB(use_system=False)
     attrs = HashAttributes(backend="test", source="from a newer kdb", arch="sm_90")
@@ -516,18 +516,18 @@ def test_a_user_file_from_a_newer_kdb_is_never_repacked_as_an_older_revision(cac
         conn.execute("INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
                      "reason, pid) VALUES (1, ?, 'k', 'sm_90', 'test', 0.1, 'user', '', 1)",
                      (attrs.key,))
-        conn.execute("UPDATE alembic_version SET version_num = '0005'")
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
     conn.close()
     out = tmp_path / "out"
     for inputs in (["--from-db"], ["--from-db", user], ["--from-log"]):
         result = invoke("pack", "--arch", "sm_90", *inputs, "--out", out)
         assert result.exit_code == 1, (inputs, result.output)
-        assert "0005" in result.stderr and "newer kdb" in result.stderr, result.stderr
+        assert "0099" in result.stderr and "newer kdb" in result.stderr, result.stderr
         assert "Upgrade kdb" in result.stderr and "empty" not in result.stderr, result.stderr
         assert not (out / "sm_90.kdb").exists()
     result = invoke("verify")
     assert result.exit_code == 1 and "all sound" not in result.output, result.output
-    assert "0005" in result.output and "1 entries this kdb cannot check" in result.output
+    assert "0099" in result.output and "1 entries this kdb cannot check" in result.output
     assert "upgrade kdb" in result.output and "--repair" not in result.output
 
 

@@ -16,6 +16,7 @@ from ..file import discovery
 from ..file.fileformat import (
     DAMAGE,
     HEAD,
+    SIGNED_FROM,
     TOTALS_FROM,
     at_least,
     has_no_tables,
@@ -26,8 +27,8 @@ from ..file.fileformat import (
 )
 from .tierfiles import file_size, odd_user_files, provider, read_rows, reading, user_files
 
-_VERIFY_SQL = ("SELECT key, name, arch, codec, blob, raw_size, stored_size, checksum, attributes "
-               "FROM kernels")
+_VERIFY_SQL = ("SELECT key, name, arch, codec, blob, raw_size, stored_size, checksum, attributes, "
+               "{signed} FROM kernels")
 
 
 def verify(user_dir: Path, arch: str | None = None, fix=None) -> dict[str, Any]:
@@ -182,9 +183,16 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
         out["problems"].append("missing table(s): " + ", ".join(missing))
         out["fatal"] = True
         return
+    from ..signing import policy as signing
+
+    policy = signing.current()
+    check_signatures = policy is not None and policy.covers(out["tier"])
+    signed_cols = ("signer, signature" if at_least(out["revision"], SIGNED_FROM)
+                   else "NULL, NULL")
+    signers: dict[str, int] = {}
     count = raw_total = stored_total = 0
-    for key, name, row_arch, kind, blob, raw_size, stored_size, digest, attributes in \
-            conn.execute(_VERIFY_SQL):
+    for key, name, row_arch, kind, blob, raw_size, stored_size, digest, attributes, signer, \
+            signature in conn.execute(_VERIFY_SQL.format(signed=signed_cols)):
         count += 1
         raw_total += raw_size if isinstance(raw_size, int) else 0
         stored_total += stored_size if isinstance(stored_size, int) else 0
@@ -192,7 +200,7 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
         if not all(isinstance(v, t) for v, t in ((key, str), (name, str), (row_arch, str),
                                                   (attributes, str), (stored_size, int))):
             why = "damaged row (a column holds a value of the wrong type)"
-        elif decode(kind, blob, raw_size, digest, thorough=True) is None:
+        elif (raw := decode(kind, blob, raw_size, digest, thorough=True)) is None:
             why = "checksum mismatch (the blob does not decode to its checksum)"
         elif not _is_json(attributes):
             why = "attributes are not JSON"
@@ -202,9 +210,24 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
             why = f"built for arch {row_arch!r}, found in the file of {arch!r}"
         elif stored_size != len(blob):
             why = f"stored_size {stored_size} but the blob has {len(blob)} bytes"
+        elif check_signatures and (cause := policy.check(
+                key, attributes, raw, digest, signer if isinstance(signer, str) else None,
+                signature if isinstance(signature, bytes) else None)) is not None:
+            why = (f"not served under the trust policy: {cause}"
+                   + (f" (signer {signer})" if signer else ""))
+        if isinstance(signer, str) and signature:
+            signers[signer] = signers.get(signer, 0) + 1
         if why:
             out["bad_entries"].append({"key": key, "name": name, "problem": why})
     out["entries"] = count
+    out["signers"] = signers
+    if count:
+        unsigned = count - sum(signers.values())
+        out["notes"].append(
+            "signatures: " + (", ".join(f"{n} by key {k}" for k, n in sorted(signers.items()))
+                              or "none") + (f"; {unsigned} unsigned" if unsigned and signers else "")
+            + ("; checked against " + signing.ENV_TRUSTED_KEYS if check_signatures else
+               "; not checked (no trust policy covers this tier)"))
     if at_least(out["revision"], TOTALS_FROM):
         meta = {k: v for k, v in read_rows(conn, "SELECT name, value FROM meta WHERE name IN "
                                              "('entries', 'raw_bytes', 'stored_bytes')")}

@@ -20,6 +20,7 @@ import click
 from . import (
     build as cli_build,
     info as cli_info,
+    keys as cli_keys,
     maintenance as cli_maintenance,
     report as cli_report,
 )
@@ -65,6 +66,10 @@ def cli(ctx: click.Context, cache_dir: Path | None) -> None:
         kdb info
     """
     bad = config.problems()
+    if ctx.invoked_subcommand != "key":  # `kdb key gen` may make the key a variable names
+        from ..signing.policy import problems as key_problems
+
+        bad += key_problems()
     if bad:  # a program warns and goes on; a command says so and does nothing (status 2)
         raise _ConfigProblem("\n".join(bad) + "\nfix or unset the variable(s) and run the "
                              "command again")
@@ -75,7 +80,7 @@ def cli(ctx: click.Context, cache_dir: Path | None) -> None:
 for _command in (cli_info.info, cli_report.ls_, cli_report.stats, cli_report.log_,
                  cli_report.explain, cli_maintenance.clear, cli_maintenance.verify,
                  cli_maintenance.evict, cli_maintenance.migrate_, cli_build.demo,
-                 cli_build.pack_, cli_build.run_command):
+                 cli_build.pack_, cli_build.run_command, cli_keys.key):
     cli.add_command(_command)
 
 

@@ -124,11 +124,16 @@ class _PackProgress:
 @click.option("--keep-going", is_flag=True,
               help="Pack the other kernels when one fails to compile (the exit status is "
                    "still 1).")
+@click.option("--sign", "sign_key", default=None, metavar="KEY",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Sign every entry with this Ed25519 private key (PEM; `kdb key gen`). "
+                   "Copied entries are signed only if they verify under KDB_TRUSTED_KEYS "
+                   "when it is set.")
 @json_option
 @click.pass_context
 def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
           from_db: str | None, from_log: bool, pkg_version: str | None, out_dir: Path,
-          dist_prefix: str, keep_going: bool, as_json: bool) -> None:
+          dist_prefix: str, keep_going: bool, sign_key: Path | None, as_json: bool) -> None:
     """Build read-only system databases <arch>.kdb and their wheels <prefix>-<arch>.
 
     Kernels come from exactly one of: a manifest (compiled here: OpenCL kernels on the
@@ -151,6 +156,7 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
     Example:
         kdb pack --arch native --manifest prebuilt/demo.toml --version 1.0.0 --out dist
         kdb pack --arch pocl-x86_64-znver3 --from-log --out sysdb
+        kdb pack --arch sm_90 --manifest kernels.toml --sign ci-key.pem --out sysdb
     """
     from ..pack import build as packing
 
@@ -168,7 +174,8 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
         results = packing.pack(list(arches), out_dir=out_dir, version=pkg_version,
                                manifest=manifest, from_db=source, from_log=from_log,
                                keep_going=keep_going, dist_prefix=dist_prefix,
-                               progress=progress.kernels, on_step=progress.step)
+                               progress=progress.kernels, on_step=progress.step,
+                               sign=sign_key)
     finally:
         progress.close()
     failed = [(r.arch, name, log) for r in results for name, log in r.failures]
@@ -178,6 +185,8 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
                      "file_size": r.file_size, "wheel": str(r.wheel) if r.wheel else None,
                      "wheel_size": r.wheel.stat().st_size if r.wheel else None,
                      "seconds": r.seconds, "missing_keys": r.missing,
+                     "signed_by": r.signed_by,
+                     "refused": [{"kernel": n, "reason": why} for n, why in r.refused],
                      "failures": [{"kernel": n, "reason": why} for n, why in r.failures]}
                     for r in results])
     else:
@@ -192,6 +201,12 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
             click.echo("no --version given: no wheels built; put the directory in "
                        f"{config.ENV_SYSTEM_DB_PATH} to use the files")
     for r in results:
+        if r.signed_by and not as_json:
+            click.echo(f"{r.arch}: {r.entries} entries signed by key {r.signed_by}")
+        if r.refused:
+            click.echo(f"warning: {r.arch}: {len(r.refused)} copied entries were left out, "
+                       "since no trusted key vouches for them: "
+                       + "; ".join(f"{n}: {why}" for n, why in r.refused[:5]), err=True)
         if r.missing:
             click.echo(f"warning: {r.arch}: {len(r.missing)} logged kernel(s) have no stored "
                        "binary and were left out: " + ", ".join(k[:12] for k in r.missing),

@@ -14,13 +14,15 @@ import time
 from collections import namedtuple
 
 #: Every revision this kdb knows, oldest first; a test pins it to the alembic scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
 HEAD = REVISIONS[-1]
 #: The oldest revision whose ``kernels`` columns a hit reads (:data:`kdb.file.kernelfile._FETCH`):
 #: a reader serves every revision from here on as it is; only the writer upgrades.
 READABLE_FROM = "0001"
 #: The first revision that keeps running totals (entries, raw and stored bytes) in ``meta``.
 TOTALS_FROM = "0003"
+#: The first revision whose entries can carry a signature (``signer``, ``signature``).
+SIGNED_FROM = "0005"
 
 #: What a damaged file raises. Python's sqlite3 decodes SQLite's error message as UTF-8, and
 #: the message of a damaged schema quotes bytes of the file: UnicodeDecodeError, not an Error.
@@ -72,7 +74,7 @@ def status_of(rev: str | None, empty: bool = False) -> Status:
     """Classify a revision (``empty``: the file has no tables at all).
 
     >>> status_of("9999").what
-    'schema revision 9999 is newer than this kdb (0004)'
+    'schema revision 9999 is newer than this kdb (0005)'
     >>> status_of(None, empty=True).kind, status_of(None).kind, status_of(HEAD).kind
     ('empty', 'foreign', 'current')
     """

@@ -222,12 +222,12 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
         conn.execute(
             "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
             "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
-            "compile_seconds, created, last_access, hits, compiler_free_key) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
+            "compile_seconds, created, last_access, hits, compiler_free_key, signer, "
+            "signature) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
             (e.key, e.arch, e.backend, e.name, e.attributes,
              _json_text(e.details), kind, blob, len(e.raw),
              len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
-             compiler_free_key(e.attributes)),
+             compiler_free_key(e.attributes), e.signer, e.signature),
         )
     # Running totals, kept in the same transaction, so size checks never scan.
     for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),

@@ -18,11 +18,11 @@ from pathlib import Path
 import sqlite3
 import stat
 import threading
-from collections import namedtuple
 
 from .. import faults
 from . import fs
 from ..config import BUSY_TIMEOUT_S
+from .rows import CompileRecord, Entry, Row
 from .fileformat import (
     DAMAGE,
     HEAD,
@@ -46,30 +46,12 @@ _FETCH = (
     "FROM kernels WHERE key = ?"
 )
 
+_SIGNATURE = "SELECT signer, signature FROM kernels WHERE key = ?"
+
 _FETCH_ANY = (
     "SELECT key, codec, blob, raw_size, checksum, attributes, compile_seconds "
     "FROM kernels WHERE compiler_free_key = ?"
 )
-
-
-class Row(namedtuple("Row", "codec blob raw_size checksum attributes compile_seconds")):
-    """What a hit needs from a stored entry (the columns of ``_FETCH``)."""
-
-    __slots__ = ()
-
-
-class Entry(namedtuple("Entry", "key arch backend name attributes raw compile_seconds details",
-                       defaults=(0.0, None))):
-    """A binary ready to be written, with its bookkeeping (``details``: a dict or None)."""
-
-    __slots__ = ()
-
-
-class CompileRecord(namedtuple("CompileRecord",
-                               "key name arch backend seconds missed reason at pid")):
-    """One row of the start-up latency log."""
-
-    __slots__ = ()
 
 
 class KernelFile:
@@ -311,6 +293,16 @@ class KernelFile:
         if row[5].__class__ is not float:  # a damaged row's column may hold any type
             row = (*row[:5], float(row[5]) if isinstance(row[5], int) else 0.0)
         return Row(*row)
+
+    def signature(self, key: str) -> tuple[str | None, bytes | None]:
+        """``(signer, signature)`` of ``key``'s entry, asked only under a trust policy; a file
+        from before revision 0005 (no such columns) or a damaged row counts as unsigned."""
+        try:
+            rows = self.query(_SIGNATURE, (key,))
+        except DAMAGE:
+            return None, None
+        row = rows[0] if rows else (None, None)
+        return row if isinstance(row[0], str) and isinstance(row[1], bytes) else (None, None)
 
     def fetch_any_compiler(self, free_key: str) -> list[tuple[str, Row]]:
         """``(key, row)`` of every entry whose compiler-free key is ``free_key``: the

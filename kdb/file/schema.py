@@ -35,6 +35,10 @@ kernels = Table(
     # The key with the compiler identity left out (revision 0004): where no compiler is
     # installed, kdb.backends.fallback finds the entries built for everything else a lookup asked.
     Column("compiler_free_key", Text, nullable=True),
+    # Who vouched for the entry (revision 0005, kdb.signing): the signer's key id and an
+    # Ed25519 signature over the key, the attributes and the checksum; NULL when unsigned.
+    Column("signer", Text, nullable=True),
+    Column("signature", LargeBinary, nullable=True),
     Index("ix_kernels_last_access", "last_access"),
     Index("ix_kernels_name", "name"),
     Index("ix_kernels_compiler_free_key", "compiler_free_key"),

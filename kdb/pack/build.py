@@ -60,7 +60,8 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
          manifest: str | os.PathLike[str] | None = None,
          from_db: str | os.PathLike[str] | None = None, from_log: bool = False,
          keep_going: bool = False, dist_prefix: str = "kdb-system",
-         progress: Progress | None = None, on_step: Step | None = None) -> list[PackResult]:
+         progress: Progress | None = None, on_step: Step | None = None,
+         sign: str | os.PathLike[str] | None = None) -> list[PackResult]:
     """Build ``<arch>.kdb`` for every arch from one input, and a wheel each if ``version``.
 
     Exactly one input: ``manifest`` (compiled here), ``from_db`` (copy a user database) or
@@ -68,6 +69,11 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
     default the user tier's). A kernel that fails to compile raises :class:`PackError` with
     its build log, unless ``keep_going``: then the others are packed and the failures are in
     each result's ``failures``. Wheels are named ``<dist_prefix>-<arch>``.
+
+    ``sign``: a private key file (:mod:`kdb.signing`); every entry of every file is signed
+    with it. Entries copied from a database (not compiled here) are signed only when they
+    verify under ``KDB_TRUSTED_KEYS`` where a trust policy is set (the others are left out
+    and listed in the result's ``refused``): a signature vouches for the bytes.
     """
     if sum(x for x in (manifest is not None, from_log, from_db is not None and not from_log)) != 1:
         raise InvalidArgumentError("give exactly one input: --manifest FILE, --from-db [PATH] "
@@ -86,6 +92,7 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         if on_step:
             on_step(arch, what)
 
+    signer, vouch = _signing(sign, copying=specs is None)
     if specs is None:
         wait_for_stores(from_db, on_step)
     results = []
@@ -117,7 +124,8 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
                            f"of {shown}")
             step(arch, f"writing {out / f'{arch}.kdb'}")
             result = write_system_db(out / f"{arch}.kdb", arch, [src], keys,
-                                     keep_compile_seconds=specs is None)
+                                     keep_compile_seconds=specs is None, sign=signer,
+                                     vouch=vouch)
         result.failures = failures
         if version is not None:
             step(arch, f"building the wheel {dist_name(arch, dist_prefix)} {version}")
@@ -125,3 +133,21 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         result.seconds = time.perf_counter() - start
         results.append(result)
     return results
+
+
+def _signing(sign: str | os.PathLike[str] | None, copying: bool):
+    """``(signer, vouch)`` policies for a pack: the key that signs (read and checked before
+    any compile), and, for copied entries under a trust policy, the keys they must verify
+    under first (the pack's own key counts)."""
+    if sign is None:
+        return None, None
+    from ..signing import keyfiles, policy as signing
+
+    key, key_id = keyfiles.load_private(os.path.abspath(os.fspath(sign)))
+    signer = signing.Policy({}, False, key, key_id)
+    current = signing.current()
+    if not copying or current is None or not current.verify:
+        return signer, None
+    trusted = {k: list(v) for k, v in current.trusted.items()}
+    trusted.setdefault(key_id, []).append(key.public_key().public_bytes_raw())
+    return signer, signing.Policy(trusted, False)

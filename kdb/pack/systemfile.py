@@ -21,9 +21,12 @@ from ..file.fileformat import sqlite_uri
 from ..file.kernelfile import KernelFile
 
 
-#: Columns copied from a user file into a system file (every column of ``kernels``).
+#: Columns copied from a user file into a system file (every column of ``kernels``; a source
+#: from before revision 0005 gives NULL for the signature's two).
 _COLUMNS = ("key, arch, backend, name, attributes, details, codec, dict_id, blob, raw_size, "
-            "stored_size, checksum, compile_seconds, created, last_access, hits")
+            "stored_size, checksum, compile_seconds, created, last_access, hits, signer, "
+            "signature")
+_UNSIGNED_COLUMNS = _COLUMNS.replace("signer, signature", "NULL, NULL")
 
 
 @dataclass
@@ -38,6 +41,8 @@ class PackResult:
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)  # (kernel, why + build log)
     missing: list[str] = field(default_factory=list)  # keys asked for but not in the input
+    signed_by: str | None = None  # the key id that signed every entry (``kdb pack --sign``)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (kernel, why) not vouched for
     wheel: Path | None = None
 
     @property
@@ -48,7 +53,8 @@ class PackResult:
 
 def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
                     keys: set[str] | None = None, *,
-                    keep_compile_seconds: bool = True) -> PackResult:
+                    keep_compile_seconds: bool = True, sign=None,
+                    vouch=None) -> PackResult:
     """Copy the ``arch`` entries of ``sources`` (only ``keys`` if given) into ``dest``.
 
     Reproducible: the same entries give the same bytes. Rows go in sorted by key (the first
@@ -56,6 +62,11 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     0; the packing host's name is dropped from each entry's details; with
     ``keep_compile_seconds=False`` (entries compiled for this pack, whose timings vary
     from run to run) compile seconds are 0.
+
+    ``sign``: a :class:`kdb.signing.policy.Policy` holding a signer; every entry is signed
+    with it (Ed25519 signatures are deterministic: the file stays reproducible). ``vouch``:
+    a policy entries copied from elsewhere must verify under first; one that does not is
+    left out and listed in the result's ``refused``.
     """
     from ..keys import compiler_free_key
     from .wheel import source_date_epoch
@@ -81,7 +92,10 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
                     if not Path(src).is_file():
                         raise PackError(f"source database {src} does not exist")
                     conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
-                    new = (f"INSERT INTO incoming SELECT {_COLUMNS} FROM src{n}.kernels AS s "
+                    signed = any(r[1] == "signature" for r in conn.execute(
+                        f"PRAGMA src{n}.table_info(kernels)"))
+                    cols = _COLUMNS if signed else _UNSIGNED_COLUMNS
+                    new = (f"INSERT INTO incoming SELECT {cols} FROM src{n}.kernels AS s "
                            "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
                            "WHERE i.key = s.key)")
                     if keys is None:
@@ -91,6 +105,7 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
                             conn.execute(new + " AND key = ?", (arch, key))
                 rows = conn.execute(f"SELECT {_COLUMNS} FROM incoming ORDER BY key").fetchall()
                 at = _COLUMNS.replace(" ", "").split(",")
+                refused: list[tuple[str, str]] = []
                 for row in rows:
                     entry = dict(zip(at, row))
                     entry.update(created=stamp, last_access=stamp, hits=0,
@@ -98,6 +113,11 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
                                  compiler_free_key=compiler_free_key(entry["attributes"]))
                     if not keep_compile_seconds:
                         entry["compile_seconds"] = 0.0
+                    if sign is not None or vouch is not None:
+                        why = _sign(entry, sign, vouch)
+                        if why is not None:
+                            refused.append((entry["name"] or entry["key"][:16], why))
+                            continue
                     conn.execute(f"INSERT INTO kernels ({', '.join(entry)}) VALUES "
                                  f"({', '.join('?' * len(entry))})", tuple(entry.values()))
                 missing = [] if keys is None else sorted(
@@ -116,6 +136,10 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
         finally:
             conn.close()
         if count == 0:
+            if refused:
+                raise PackError(f"no kernel for arch {arch!r} could be vouched for: "
+                                f"{len(refused)} entries refused, the first "
+                                f"({refused[0][0]}) because {refused[0][1]}")
             raise PackError(f"no kernels for arch {arch!r} in the given input; nothing to pack")
         tmp.chmod(0o644)  # mkstemp made it private; an installed system file is for everyone
         os.replace(tmp, dest)
@@ -123,7 +147,29 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
         tmp.unlink(missing_ok=True)
     _verify(dest, count)
     return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored,
-                      missing=missing)
+                      missing=missing, refused=refused,
+                      signed_by=sign.signer_id if sign is not None else None)
+
+
+def _sign(entry: dict, sign, vouch) -> str | None:
+    """Check a copied entry under ``vouch`` and sign it with ``sign`` (in place); the reason
+    it cannot be packed, or None."""
+    from ..signing import policy as signing
+
+    raw = codec.decode(entry["codec"], entry["blob"], entry["raw_size"], entry["checksum"],
+                       thorough=True)
+    if raw is None:
+        return "its binary does not match its checksum"
+    if vouch is not None:
+        cause = vouch.check(entry["key"], entry["attributes"], raw, entry["checksum"],
+                            entry["signer"], entry["signature"])
+        if cause is not None:
+            return (f"{cause} (signer {entry['signer']})" if entry["signer"] else cause) + \
+                f"; no key in {signing.ENV_TRUSTED_KEYS} vouches for it"
+    if sign is not None:
+        entry["signer"], entry["signature"] = sign.sign(entry["key"], entry["attributes"],
+                                                        entry["checksum"])
+    return None
 
 
 def _portable_details(text: object) -> str:

@@ -22,7 +22,6 @@ the local tiers; the driver loads on the first connection.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -33,7 +32,7 @@ from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
-from ..file import codec, migrate
+from ..file import migrate
 from .. import config, faults, lifecycle
 from . import server as pgserver
 from .server import (
@@ -45,9 +44,8 @@ from .server import (
     schema_revision,
     upgrade,
 )
-from ..file.schema import compile_log, kernels
-from ..keys import compiler_free_key
-from . import usage
+from ..file.schema import kernels
+from . import usage, writes
 from .locks import WANT_CHECK_S, CrossNodeLocks
 from ..file.kernelfile import CompileRecord, Entry
 
@@ -58,11 +56,13 @@ log = logging.getLogger("kdb")
 T = TypeVar("T")
 
 _FETCH_COLUMNS = (kernels.c.codec, kernels.c.blob, kernels.c.raw_size, kernels.c.checksum,
-                  kernels.c.attributes, kernels.c.compile_seconds, kernels.c.details)
+                  kernels.c.attributes, kernels.c.compile_seconds, kernels.c.details,
+                  kernels.c.signer, kernels.c.signature)
 
 
 class SharedRow(NamedTuple):
-    """What a hit needs from a shared entry (as :class:`kdb.file.kernelfile.Row`, plus ``details``)."""
+    """What a hit needs from a shared entry (as :class:`kdb.file.kernelfile.Row`, plus
+    ``details`` and who signed it)."""
 
     codec: str
     blob: bytes
@@ -71,6 +71,8 @@ class SharedRow(NamedTuple):
     attributes: str
     compile_seconds: float
     details: str
+    signer: str | None = None
+    signature: bytes | None = None
 
 
 
@@ -242,6 +244,10 @@ class SharedTier(CrossNodeLocks):
 
         return self._run("looking up a kernel", q, None)
 
+    def signature(self, key: str, row: SharedRow) -> tuple[str | None, bytes | None]:
+        """Who signed a fetched entry (:mod:`kdb.signing`)."""
+        return row.signer, (bytes(row.signature) if row.signature is not None else None)
+
     def touch(self, key: str) -> None:
         """Count a hit served from the shared tier (on the background thread): batched, one
         transaction per :data:`usage.TOUCH_BATCH` keys or :data:`usage.TOUCH_S` seconds."""
@@ -263,41 +269,13 @@ class SharedTier(CrossNodeLocks):
     # -- writes -----------------------------------------------------------------------------
 
     def publish(self, entries: list[Entry], logs: list[CompileRecord] = ()) -> int:
-        """Insert entries (an existing key is kept) and log rows; returns entries added."""
-        from sqlalchemy.dialects.postgresql import insert
-
-        now = time.time()
-        rows = []
-        for e in entries:
-            kind, blob = codec.encode(e.raw)
-            rows.append(dict(key=e.key, arch=e.arch, backend=e.backend, name=e.name,
-                             attributes=e.attributes,
-                             details=json.dumps(e.details or {}, sort_keys=True), codec=kind,
-                             dict_id=None, blob=blob, raw_size=len(e.raw),
-                             stored_size=len(blob), checksum=codec.checksum(e.raw),
-                             compile_seconds=e.compile_seconds, created=now, last_access=now,
-                             hits=0, compiler_free_key=compiler_free_key(e.attributes)))
+        """Insert entries and log rows (:func:`kdb.shared.writes.publish`); returns entries
+        added. Past ``KDB_SHARED_MAX_SIZE`` the publisher evicts (:mod:`kdb.shared.usage`)."""
+        new = writes.rows(entries)
 
         def w(engine: Engine) -> int:
-            added = added_raw = added_stored = 0
             with engine.begin() as conn:
-                for row in rows:
-                    res = conn.execute(insert(kernels).values(**row)
-                                       .on_conflict_do_nothing(index_elements=["key"]))
-                    if res.rowcount:
-                        added += 1
-                        added_raw += row["raw_size"]
-                        added_stored += row["stored_size"]
-                if added:
-                    usage.bump_meta(conn, {"entries": added, "raw_bytes": added_raw,
-                                           "stored_bytes": added_stored})
-                if logs:
-                    conn.execute(compile_log.insert(), [dict(
-                        at=r.at, key=r.key, name=r.name, arch=r.arch, backend=r.backend,
-                        seconds=r.seconds, missed=r.missed + ",shared", reason=r.reason,
-                        pid=r.pid) for r in logs])
-                    usage.bump_counters(conn, {"compiles": len(logs),
-                                          "compile_seconds": sum(r.seconds for r in logs)})
+                added = writes.publish(conn, new, logs)
             cap = config.shared_max_size()
             if added and cap:
                 usage.keep_under(engine, cap)
@@ -306,18 +284,13 @@ class SharedTier(CrossNodeLocks):
         return self._run("publishing a kernel", w, 0)
 
     def drop(self, keys: Iterable[str]) -> None:
-        """Delete bad entries (checksum mismatch or key collision), so they are published
-        anew."""
+        """Delete bad entries (checksum mismatch, key collision, a tampered signature), so
+        they are published anew."""
         keys = list(keys)
 
         def w(engine: Engine) -> None:
             with engine.begin() as conn:
-                rows = conn.execute(kernels.delete().where(kernels.c.key.in_(keys)).returning(
-                    kernels.c.raw_size, kernels.c.stored_size)).all()
-                if rows:
-                    usage.bump_meta(conn, {"entries": -len(rows),
-                                      "raw_bytes": -sum(r[0] for r in rows),
-                                      "stored_bytes": -sum(r[1] for r in rows)})
+                writes.drop(conn, keys)
 
         self._run("dropping a bad entry", w, None)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from .. import config, faults
 from ..bookkeeping import Pending
 from ..file.kernelfile import CompileRecord, Entry
+from ..signing import policy as signing
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here: the hit path does not import typing
@@ -46,11 +47,12 @@ class Storing:
     def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
                   log: CompileRecord | None = None, claim: claims.Claim | None = None,
-                  publish: bool = True) -> None:
+                  publish: bool = True, signed: tuple | None = None) -> None:
         """Store what ``produce()`` returns, on the background thread (None: store nothing).
 
         ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
-        user tier, and published to the shared tier unless ``publish`` is false).
+        user tier, and published to the shared tier unless ``publish`` is false). ``signed``:
+        the ``(signer, signature)`` the binary already carries (a copy of a shared entry).
         """
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         if log is not None:
@@ -65,7 +67,7 @@ class Storing:
             try:
                 raw = produce()
                 if raw is not None:
-                    entry = self._entry(attrs, bytes(raw), compile_seconds, details)
+                    entry = self._entry(attrs, bytes(raw), compile_seconds, details, signed)
                     self._inflight[entry.key] = entry.raw
                     self._book.add_entry(attrs.arch, entry)
                 self._book.write(attrs.arch)
@@ -171,15 +173,46 @@ class Storing:
             faults.fault(f"entry {attrs.key[:16]} in {tier.describe()} is unusable: {reason}; "
                          "skipped", once=f"bad:{tier.describe()}")
 
+    def _vouched(self, policy, tier, attrs: HashAttributes, row, raw: bytes) -> bool:
+        """Whether the trust policy lets ``raw`` from ``tier`` be served (a tier it does not
+        cover: always). A refused entry is a miss with one warning per cause and signer
+        (:meth:`kdb.signing.policy.Policy.refused`); a shared entry whose signature or binary
+        was tampered with is dropped, while an unsigned one, or one by a key this node does
+        not know, is left to the nodes that may trust it."""
+        if not policy.covers(tier.name):
+            return True
+        key = attrs.key
+        signer, signature = tier.signature(key, row)
+        cause = policy.check(key, row.attributes, raw, row.checksum, signer, signature)
+        if cause is None:
+            return True
+        policy.refused(tier.name, tier.describe(), key, attrs.name, cause, signer)
+        if tier.name == "shared" and cause in (signing.BAD_SIGNATURE, signing.BAD_DIGEST):
+            _background().submit(lambda: tier.drop([key]))
+        return False
+
     @staticmethod
     def _entry(attrs: HashAttributes, raw: bytes, seconds: float,
-               details: dict[str, Any] | None) -> Entry:
+               details: dict[str, Any] | None, signed: tuple | None = None) -> Entry:
+        """The entry to write, signed with ``KDB_SIGNING_KEY`` when one is set. ``signed``:
+        the ``(signer, signature)`` a copy of a shared entry carries, kept as it is (never
+        signed here: a node vouches only for what it compiled)."""
+        attributes = attrs.encoded().decode("utf-8")
+        signer = signature = None
+        if signed is not None:
+            signer, signature = signed
+        else:
+            policy = signing.current()
+            if policy is not None and policy.signer is not None:
+                signer, signature = policy.sign(attrs.key, attributes, signing.digest(raw))
         return Entry(key=attrs.key, arch=attrs.arch, backend=attrs.backend, name=attrs.name,
-                     attributes=attrs.encoded().decode("utf-8"), raw=raw,
-                     compile_seconds=seconds, details=details)
+                     attributes=attributes, raw=raw, compile_seconds=seconds,
+                     details=details, signer=signer, signature=signature)
 
-    def _copy_to_user(self, shared, attrs: HashAttributes, raw: bytes, row) -> None:
-        """A shared hit: served from memory until copied into the user tier; counted there."""
+    def _copy_to_user(self, shared, attrs: HashAttributes, raw: bytes, row,
+                      signed: tuple | None = None) -> None:
+        """A shared hit: served from memory until copied into the user tier (with the
+        signature it carries); counted there."""
         self._inflight[attrs.key] = raw
         try:
             import json
@@ -188,7 +221,7 @@ class Storing:
         except ValueError:
             details = None
         self.put_later(attrs, lambda: raw, compile_seconds=row.compile_seconds,
-                       details=details, publish=False)
+                       details=details, publish=False, signed=signed)
         _background().submit(lambda: shared.touch(attrs.key))
 
 

@@ -1,0 +1,27 @@
+"""The shapes of what a tier file holds and is given: a row a hit reads, an entry to write,
+a start-up latency record. Plain named tuples (the hit path builds a :class:`Row` per hit)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+
+class Row(namedtuple("Row", "codec blob raw_size checksum attributes compile_seconds")):
+    """What a hit needs from a stored entry (the columns :class:`~kdb.file.kernelfile.KernelFile` reads on a hit)."""
+
+    __slots__ = ()
+
+
+class Entry(namedtuple("Entry", "key arch backend name attributes raw compile_seconds details "
+                       "signer signature", defaults=(0.0, None, None, None))):
+    """A binary ready to be written, with its bookkeeping (``details``: a dict or None) and,
+    when a key vouched for it, the signer's key id and signature (:mod:`kdb.signing`)."""
+
+    __slots__ = ()
+
+
+class CompileRecord(namedtuple("CompileRecord",
+                               "key name arch backend seconds missed reason at pid")):
+    """One row of the start-up latency log."""
+
+    __slots__ = ()

@@ -1,0 +1,95 @@
+"""What the shared tier's writes do inside their transaction: publish, drop.
+
+A publish inserts each entry unless its key is there already; under a trust policy
+(:mod:`kdb.signing`), a signed entry first removes an existing one this node would not serve
+(unsigned, or signed by a key it does not trust), so a rogue row cannot keep the tier useless
+for that kernel. The ``meta`` totals and counters move in the same transaction
+(:mod:`kdb.shared.usage`). :class:`kdb.shared.tier.SharedTier` runs these under its bounds and
+failover.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from sqlalchemy import or_
+from sqlalchemy.engine import Connection
+
+from ..file import codec
+from ..file.kernelfile import CompileRecord, Entry
+from ..file.schema import compile_log, kernels
+from ..keys import compiler_free_key
+from . import usage
+
+
+def rows(entries: list[Entry]) -> list[dict]:
+    """The ``kernels`` rows for ``entries`` (compressed and checksummed outside any
+    transaction)."""
+    now = time.time()
+    out = []
+    for e in entries:
+        kind, blob = codec.encode(e.raw)
+        out.append(dict(key=e.key, arch=e.arch, backend=e.backend, name=e.name,
+                        attributes=e.attributes,
+                        details=json.dumps(e.details or {}, sort_keys=True), codec=kind,
+                        dict_id=None, blob=blob, raw_size=len(e.raw), stored_size=len(blob),
+                        checksum=codec.checksum(e.raw), compile_seconds=e.compile_seconds,
+                        created=now, last_access=now, hits=0,
+                        compiler_free_key=compiler_free_key(e.attributes),
+                        signer=e.signer, signature=e.signature))
+    return out
+
+
+def untrusted():
+    """The rows this process's trust policy would not serve, as a condition; ``None``
+    without a policy."""
+    from ..signing import policy as signing
+
+    policy = signing.current()
+    if policy is None or not policy.verify:
+        return None
+    return or_(kernels.c.signature.is_(None), kernels.c.signer.not_in(sorted(policy.trusted)))
+
+
+def publish(conn: Connection, new: list[dict], logs: list[CompileRecord] = ()) -> int:
+    """Insert ``new`` rows (an existing key is kept, unless :func:`untrusted` and the new row
+    is signed) and log rows; returns the entries added."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    replace = untrusted()
+    for row in new:
+        if row["signature"] is not None and replace is not None:
+            drop(conn, [row["key"]], replace)
+    added = added_raw = added_stored = 0
+    for row in new:
+        res = conn.execute(insert(kernels).values(**row)
+                           .on_conflict_do_nothing(index_elements=["key"]))
+        if res.rowcount:
+            added += 1
+            added_raw += row["raw_size"]
+            added_stored += row["stored_size"]
+    if added:
+        usage.bump_meta(conn, {"entries": added, "raw_bytes": added_raw,
+                               "stored_bytes": added_stored})
+    if logs:
+        conn.execute(compile_log.insert(), [dict(
+            at=r.at, key=r.key, name=r.name, arch=r.arch, backend=r.backend, seconds=r.seconds,
+            missed=r.missed + ",shared", reason=r.reason, pid=r.pid) for r in logs])
+        usage.bump_counters(conn, {"compiles": len(logs),
+                                   "compile_seconds": sum(r.seconds for r in logs)})
+    return added
+
+
+def drop(conn: Connection, keys: list[str], where=None) -> int:
+    """Delete the entries of ``keys`` (only those matching ``where`` if given), keeping the
+    ``meta`` totals; returns how many went."""
+    cond = kernels.c.key.in_(keys)
+    if where is not None:
+        cond = cond & where
+    gone = conn.execute(kernels.delete().where(cond).returning(
+        kernels.c.raw_size, kernels.c.stored_size)).all()
+    if gone:
+        usage.bump_meta(conn, {"entries": -len(gone), "raw_bytes": -sum(r[0] for r in gone),
+                               "stored_bytes": -sum(r[1] for r in gone)})
+    return len(gone)
