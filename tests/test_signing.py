@@ -4,12 +4,14 @@ tests/test_shared_trust.py (they need the PostgreSQL server)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import sqlite3
 import stat
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -368,3 +370,24 @@ def test_without_a_policy_a_hit_never_imports_cryptography(keys, cache_dir, run_
     # Trusted keys set, a user-tier hit: the user tier is not covered, nothing is verified.
     trusted = run_py(code, env={"KDB_TRUSTED_KEYS": str(keys["ci.pub"])})
     assert trusted.stdout.split() == ["user", "False"]
+
+
+def test_opencl_stores_are_signed_with_the_programs_key_given_as_a_relative_path(
+        keys, cache_dir, tmp_path, run_py):
+    """OpenCL stores (handed to the store worker, which runs in /, with the program's
+    variables made absolute) are signed with the program's KDB_SIGNING_KEY, so the next start
+    under KDB_REQUIRE_SIGNED compiles nothing."""
+    pytest.importorskip("pyopencl")
+    from test_spool import BUILD, stored, wait_for_worker
+
+    code = f"import os; os.chdir({str(keys['ci'].parent)!r})\n" + textwrap.dedent(BUILD.format(n=2))
+    env = {"KDB_STORE_AT_EXIT": "detach", "KDB_SIGNING_KEY": "ci.pem",
+           "KDB_TRUSTED_KEYS": "ci.pub.pem", "KDB_REQUIRE_SIGNED": "1"}
+    first = json.loads(run_py(code, env=env).stdout.splitlines()[-1])
+    assert first["compiles"] == 2
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 2
+    again = run_py(code, env=env)
+    assert json.loads(again.stdout.splitlines()[-1])["compiles"] == 0, again.stderr
+    log = cache_dir / "v1" / "store-worker.log"
+    assert "signing" not in log.read_text()

@@ -67,6 +67,17 @@ _ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
 _ENV_PER_RUN = frozenset({"KDB_RUN_REPORT", "KDB_AUTO", "KDB_TRACE", "KDB_WAIT_TIMEOUT"})
 
 
+#: Variables naming files: made absolute, since the worker runs in ``/``.
+_ENV_PATHS = frozenset({"KDB_SIGNING_KEY", "KDB_TRUSTED_KEYS"})
+
+
+def _variables(environ) -> list[list[str]]:
+    """The ``[name, value]`` pairs a worker inherits from ``environ``, sorted."""
+    return sorted([k, os.pathsep.join(os.path.abspath(p) if p else p
+                                      for p in v.split(os.pathsep)) if k in _ENV_PATHS else v]
+                  for k, v in environ.items() if inherited(k) and k not in _ENV_PER_RUN)
+
+
 def inherited(name: str) -> bool:
     """Whether the variable ``name`` is one a store worker takes from its spool's
     ``environment.json`` (and so one that tells spools apart)."""
@@ -81,10 +92,7 @@ def _environment() -> dict:
     from .. import config
 
     config.check_settings()
-    return {"executable": sys.executable,
-            "variables": sorted([k, v] for k, v in os.environ.items()
-                                if inherited(k)
-                                and k not in _ENV_PER_RUN)}
+    return {"executable": sys.executable, "variables": _variables(os.environ)}
 
 
 def environment_digest(env: dict | None = None) -> str:
@@ -289,9 +297,7 @@ def spool_dir(user_dir: Path, environ=None) -> Path:
     """The spool a process with ``environ`` (default: this one's) writes its jobs to."""
     env = _environment()
     if environ is not None:
-        env["variables"] = sorted([k, v] for k, v in environ.items()
-                                  if inherited(k)
-                                  and k not in _ENV_PER_RUN)
+        env["variables"] = _variables(environ)
     return Path(user_dir) / SPOOL / environment_digest(env)
 
 
