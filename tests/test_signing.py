@@ -230,6 +230,9 @@ def test_pack_sign_is_reproducible_and_verify_checks_signatures(keys, tmp_path, 
     assert plain.exit_code == 0, plain.output  # no policy: signatures are reported, not checked
     assert f"3 by key {key_id(keys['ci.pub'])}" in plain.output and "not checked" in plain.output
     monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys["ci.pub"]))
+    shown = invoke("info")
+    assert f"system, shared tier(s) must verify; trusted keys: {key_id(keys['ci.pub'])}" in \
+        shown.output
     checked = invoke("verify", "--arch", ARCH)
     assert checked.exit_code == 1
     ok, bad = [line for line in checked.output.splitlines() if line.startswith(("ok", "BAD"))]

@@ -153,7 +153,20 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "cuda": cuda,
         "shared": shared_summary(),
         "auto": auto.status(),
+        "trust": trust_status(),
     }
+
+
+def trust_status() -> dict[str, Any]:
+    """The trust policy this environment sets (:mod:`kdb.signing.policy`): which tiers must
+    verify, the trusted key ids, and the key this process signs with."""
+    from ..signing import policy as signing
+
+    p = signing.current()
+    if p is None:
+        return {"verify": [], "trusted": [], "signer": None}
+    return {"verify": [t for t in ("system", "user", "shared") if p.covers(t)],
+            "trusted": sorted(p.trusted), "signer": p.signer_id}
 
 
 def _version() -> str:

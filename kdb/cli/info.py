@@ -46,6 +46,7 @@ def info(obj: Settings, as_json: bool) -> None:
                    f"{f['entries']} entries  {human_bytes(f['size'])}"
                    + (f"  [{f['problem']}]" if f["problem"] else ""))
     _echo_shared(data["shared"])
+    _echo_trust(data["trust"])
     _echo_auto(data["auto"])
     click.echo(f"system path ({config.ENV_SYSTEM_DB_PATH}): "
                + (os.pathsep.join(data["system_path"]) or "not set"))
@@ -70,6 +71,19 @@ def info(obj: Settings, as_json: bool) -> None:
                                          f"MISSING ({d['arch']}.kdb): kernels compile at "
                                          "first use"))
     _echo_cuda(data["cuda"])
+
+
+def _echo_trust(trust: dict[str, Any]) -> None:
+    """The trust policy's line of ``kdb info`` (docs/security.md)."""
+    if not trust["verify"] and not trust["signer"]:
+        click.echo("signed entries: no trust policy (KDB_TRUSTED_KEYS not set): nothing is "
+                   "checked")
+        return
+    if trust["verify"]:
+        click.echo(f"signed entries: {', '.join(trust['verify'])} tier(s) must verify; trusted "
+                   f"keys: {', '.join(trust['trusted']) or 'NONE (nothing can be served)'}")
+    if trust["signer"]:
+        click.echo(f"  this process signs with key {trust['signer']} (KDB_SIGNING_KEY)")
 
 
 def _echo_shared(shared: dict[str, Any] | None) -> None:
