@@ -93,3 +93,26 @@ def test_doctests():
     result = doctest.testmod(fallback)
     assert result.attempted > 0 and result.failed == 0
     assert doctest.testmod(keys).failed == 0
+
+
+def test_under_a_trust_policy_only_signed_candidates_serve(cache_dir, tmp_path, monkeypatch):
+    from kdb.signing import keyfiles
+
+    keyfiles.generate(str(tmp_path / "ci.pem"), str(tmp_path / "ci.pub"))
+    sysdir = tmp_path / "sys"
+    sysdir.mkdir()
+    monkeypatch.setenv("KDB_SIGNING_KEY", str(tmp_path / "ci.pem"))
+    builder = KernelDB(cache_dir=tmp_path / "build")
+    builder.put(_attrs("2.0"), b"signed 2.0")
+    builder.close()
+    monkeypatch.delenv("KDB_SIGNING_KEY")
+    builder = KernelDB(cache_dir=tmp_path / "build")
+    builder.put(_attrs("3.0"), b"unsigned 3.0")
+    builder.close()
+    shutil.copyfile(tmp_path / "build" / "v1" / "sm_90.kdb", sysdir / "sm_90.kdb")
+    db = KernelDB(system_path=[sysdir])
+    assert [c.binary for c in fallback.candidates(db, _attrs(), _rank)] == [
+        b"unsigned 3.0", b"signed 2.0"]
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(tmp_path / "ci.pub"))
+    assert [c.binary for c in fallback.candidates(db, _attrs(), _rank)] == [b"signed 2.0"]
+    db.close()

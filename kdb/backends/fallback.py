@@ -84,7 +84,7 @@ def candidates(db: KernelDB, attrs: HashAttributes,
             if stored.key != key or (accept is not None and not accept(stored.compiler)):
                 continue
             raw = decode(row.codec, row.blob, row.raw_size, row.checksum)
-            if raw is None:
+            if raw is None or not _vouched(f, key, attrs.name, row, raw):
                 continue
             found[key] = ((rank(stored.compiler), -_TIER_ORDER.get(f.tier, 2), key),
                           Candidate(raw, stored, f.tier, str(f.path), row.compile_seconds))
@@ -132,3 +132,18 @@ def _without_compiler(attributes: Any) -> dict:
     data = json.loads(attributes) if isinstance(attributes, (str, bytes)) else dict(attributes)
     data.pop("compiler", None)
     return data
+
+
+def _vouched(f, key: str, name: str, row, raw: bytes) -> bool:
+    """Under a trust policy covering ``f``'s tier, a candidate is one a trusted key signed
+    (:mod:`kdb.signing`), as for any hit."""
+    from ..signing import policy as signing
+
+    policy = signing.current()
+    if policy is None or not policy.covers(f.tier):
+        return True
+    signer, signature = f.signature(key)
+    cause = policy.check(key, row.attributes, raw, row.checksum, signer, signature)
+    if cause is not None:
+        policy.refused(f.tier, f.filename, key, name, cause, signer)
+    return cause is None
