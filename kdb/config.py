@@ -26,9 +26,9 @@ ENV_SHARED_CONNECT_TIMEOUT = "KDB_SHARED_CONNECT_TIMEOUT"
 ENV_SHARED_STATEMENT_TIMEOUT = "KDB_SHARED_STATEMENT_TIMEOUT"
 ENV_SHARED_RETRY = "KDB_SHARED_RETRY"
 ENV_SHARED_MAX_SIZE = "KDB_SHARED_MAX_SIZE"
+ENV_SHARED_NAMESPACE = "KDB_SHARED_NAMESPACE"
 ENV_STRICT = "KDB_STRICT"
-# Signed entries (kdb.signing.policy): public keys trusted, the user tier covered too, the
-# private key this process signs with.
+# Signed entries (kdb.signing.policy): keys trusted, user tier covered too, key to sign with.
 ENV_TRUSTED_KEYS = "KDB_TRUSTED_KEYS"
 ENV_REQUIRE_SIGNED = "KDB_REQUIRE_SIGNED"
 ENV_SIGNING_KEY = "KDB_SIGNING_KEY"
@@ -47,7 +47,6 @@ ENV_RUN_REPORT = "KDB_RUN_REPORT"
 
 #: Seconds a writer waits on a locked user database before giving up (and warning).
 BUSY_TIMEOUT_S = 5.0
-
 STORE_TIMEOUT_S = 120.0  # an exiting process finishing its background stores
 WAIT_TIMEOUT_S = 60.0  # a process waiting for another that compiles the same kernel
 
@@ -56,9 +55,7 @@ LOCK_TIMEOUT_S = 10.0
 
 #: The shared tier's bounds: seconds to connect, seconds a statement may run, and seconds
 #: between attempts to reach a server that failed (kdb uses its local tiers meanwhile).
-SHARED_CONNECT_TIMEOUT_S = 3.0
-SHARED_STATEMENT_TIMEOUT_S = 5.0
-SHARED_RETRY_S = 30.0
+SHARED_CONNECT_TIMEOUT_S, SHARED_STATEMENT_TIMEOUT_S, SHARED_RETRY_S = 3.0, 5.0, 30.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -102,15 +99,14 @@ def parse_flag(name: str, raw: str) -> bool:
     (True, False)
     """
     value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
     raise ConfigError(f"{name}={raw!r} is not a boolean; set it to 1 or 0")
 
 
-#: A bad boolean's fallback where the default is not safe (meant to turn the cache off).
-_FLAG_FALLBACK = {ENV_DISABLE_CACHE: True, ENV_REQUIRE_SIGNED: True}
+#: A bad boolean's fallback where the default is not safe, and what the warning says of it.
+_FLAG_FALLBACK = {ENV_DISABLE_CACHE: (True, "1 (the cache is turned off)"),
+                  ENV_REQUIRE_SIGNED: (True, "1 (every tier must verify: the safe side)")}
 
 
 def flag(name: str, explicit: bool | None = None) -> bool:
@@ -121,11 +117,8 @@ def flag(name: str, explicit: bool | None = None) -> bool:
     try:
         return parse_flag(name, raw)
     except ConfigError:
-        used = _FLAG_FALLBACK.get(name, False)
-        _bad_setting(name, raw, "is not a boolean (1 or 0)",
-                     "1 (the cache is turned off)" if name == ENV_DISABLE_CACHE
-                     else "1 (every tier must be signed: the safe side)" if used
-                     else f"{int(used)} (the default)")
+        used, shown = _FLAG_FALLBACK.get(name, (False, "0 (the default)"))
+        _bad_setting(name, raw, "is not a boolean (1 or 0)", shown)
         return used
 
 
@@ -231,6 +224,27 @@ def shared_max_size() -> int:
     return got
 
 
+def parse_namespace(raw: str) -> str | None:
+    """A tenant's namespace (``KDB_SHARED_NAMESPACE``, schema ``kdb_<name>``); None: blank.
+
+    >>> parse_namespace(" team_a "), parse_namespace("")
+    ('team_a', None)
+    """
+    import re
+
+    value = raw.strip()
+    if value and not re.match(r"[a-z][a-z0-9_]{0,39}\Z", value):  # a bare identifier, < 64 bytes
+        raise ConfigError(f"{ENV_SHARED_NAMESPACE}={_short(raw)} is not a namespace name: use a "
+                          "lower-case letter, then at most 39 lower-case letters, digits or '_' "
+                          "(an administrator creates it with kdb shared init --tenant NAME)")
+    return value or None
+
+
+def shared_namespace() -> str | None:
+    """``KDB_SHARED_NAMESPACE``, checked where the tier connects: a bad name turns it off."""
+    return os.environ.get(ENV_SHARED_NAMESPACE, "").strip() or None
+
+
 def store_timeout(explicit: float | None = None) -> float:
     """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
     return seconds(ENV_STORE_TIMEOUT, STORE_TIMEOUT_S, explicit)
@@ -300,7 +314,8 @@ def problems(environ: dict[str, str] | None = None) -> list[str]:
                                              ENV_SHARED_STATEMENT_TIMEOUT, ENV_SHARED_RETRY)]
     checks += [(ENV_STORE_AT_EXIT, lambda n, v: parse_store_at_exit(v)),
                (ENV_CACHE_MAX_SIZE, lambda n, v: parse_size(v)),
-               (ENV_SHARED_MAX_SIZE, lambda n, v: parse_size(v))]
+               (ENV_SHARED_MAX_SIZE, lambda n, v: parse_size(v)),
+               (ENV_SHARED_NAMESPACE, lambda n, v: parse_namespace(v))]
     for name, check in checks:
         raw = env.get(name)
         if raw is None or (not raw.strip() and name != ENV_STORE_AT_EXIT):
@@ -347,10 +362,8 @@ def system_dirs_str(explicit: str | os.PathLike[str] | list | tuple | None = Non
     """:func:`system_dirs` as strs (what the hit path uses)."""
     if explicit is None:
         explicit = os.environ.get(ENV_SYSTEM_DB_PATH, "")
-    if isinstance(explicit, (str, os.PathLike)):
-        parts = [p for p in str(explicit).split(os.pathsep) if p]
-    else:
-        parts = [str(p) for p in explicit]
+    parts = ([p for p in str(explicit).split(os.pathsep) if p]
+             if isinstance(explicit, (str, os.PathLike)) else [str(p) for p in explicit])
     return [str(Path(p).expanduser()) for p in parts]
 
 
@@ -369,9 +382,8 @@ def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -
     return [Path(p) for p in system_dirs_str(explicit)]
 
 
-def private_dir(path: Path) -> Path:
-    """Create ``path`` and any missing parents with mode 0700; returns it as a Path."""
-    return make_private_dir(path)
+#: Create a directory and any missing parents with mode 0700 (:func:`kdb.dirs.make_private_dir`).
+private_dir = make_private_dir
 
 
 def check_arch(arch: object) -> str:
@@ -382,8 +394,7 @@ def check_arch(arch: object) -> str:
     """
     if (not isinstance(arch, str) or not arch or arch[0] not in _ARCH_FIRST
             or not _ARCH_CHARS.issuperset(arch)):
-        raise UnsafeArchError(
-            f"arch id {arch!r} is not valid: use lower-case letters, digits and '_.+-', "
-            "starting with a letter or digit (for example 'sm_90' or 'gfx90a')"
-        )
+        raise UnsafeArchError(f"arch id {arch!r} is not valid: use lower-case letters, digits "
+                              "and '_.+-', starting with a letter or digit (for example 'sm_90' "
+                              "or 'gfx90a')")
     return arch

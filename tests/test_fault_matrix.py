@@ -947,13 +947,14 @@ def test_every_command_and_a_workload_survive_the_state(name, template, tmp_path
 
 
 def test_the_matrix_covers_every_command():
-    """Every command of the CLI but `demo` and `pack` (which build, not read, a cache) and
+    """Every command of the CLI but `demo` and `pack` (which build, not read, a cache),
     `run` (which reads no cache: its summary comes from the processes it ran, see
-    tests/test_auto.py, and the workload here is what such a process does), and `key` (which
-    makes and reads key files, never a cache: tests/test_signing.py)."""
+    tests/test_auto.py, and the workload here is what such a process does), `key` (which
+    makes and reads key files, never a cache: tests/test_signing.py) and `shared` (which reads
+    no cache either: it sets a shared server up, see tests/test_tenants.py)."""
     from kdb.cli import cli
 
     covered = {c[0] for c in READING + CHANGING}
-    assert covered == set(cli.commands) - {"demo", "pack", "run", "key"}
+    assert covered == set(cli.commands) - {"demo", "pack", "run", "key", "shared"}
     print(f"\nfault matrix: {len(STATES)} states x {COMMANDS} command invocations, "
           f"plus a workload run twice per state")

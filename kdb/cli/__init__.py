@@ -1,12 +1,13 @@
 """The ``kdb`` command line: thin commands over the library (open, call, print).
 
 The commands live by concept in :mod:`kdb.cli.info`, :mod:`kdb.cli.report` (reads),
-:mod:`kdb.cli.maintenance` (changes to the user tier) and :mod:`kdb.cli.build` (demo, pack,
-run); this module is the group they join and the entry point (``kdb.cli:main``). Every
-command reads the user tier from ``--cache-dir``, else ``KDB_CACHE_DIR``, else the platform's
-user cache; system databases from ``KDB_SYSTEM_DB_PATH`` and installed packages. Library
-errors (:class:`kdb.KdbError`) become one clean line and a non-zero exit, mapped in
-:class:`_Group` and nowhere else. The top layer: it may import every other wing.
+:mod:`kdb.cli.maintenance` (changes to the user tier), :mod:`kdb.cli.build` (demo, pack,
+run) and :mod:`kdb.cli.shared` (the shared tier's server); this module is the group they
+join and the entry point (``kdb.cli:main``). Every command reads the user tier from
+``--cache-dir``, else ``KDB_CACHE_DIR``, else the platform's user cache; system databases
+from ``KDB_SYSTEM_DB_PATH`` and installed packages. Library errors (:class:`kdb.KdbError`)
+become one clean line and a non-zero exit, mapped in :class:`_Group` and nowhere else. The
+top layer: it may import every other wing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from . import (
     keys as cli_keys,
     maintenance as cli_maintenance,
     report as cli_report,
+    shared as cli_shared,
 )
 from .. import config
 from .tools import Settings
@@ -80,7 +82,7 @@ def cli(ctx: click.Context, cache_dir: Path | None) -> None:
 for _command in (cli_info.info, cli_report.ls_, cli_report.stats, cli_report.log_,
                  cli_report.explain, cli_maintenance.clear, cli_maintenance.verify,
                  cli_maintenance.evict, cli_maintenance.migrate_, cli_build.demo,
-                 cli_build.pack_, cli_build.run_command, cli_keys.key):
+                 cli_build.pack_, cli_build.run_command, cli_keys.key, cli_shared.shared):
     cli.add_command(_command)
 
 

@@ -91,7 +91,9 @@ def _echo_shared(shared: dict[str, Any] | None) -> None:
     if shared is None:
         click.echo(f"shared tier: off ({config.ENV_SHARED_URL} not set)")
         return
-    click.echo(f"shared tier: {shared['url']} ({config.ENV_SHARED_URL})")
+    click.echo(f"shared tier: {shared['url']} ({config.ENV_SHARED_URL})"
+               + (f", namespace {shared['namespace']} ({config.ENV_SHARED_NAMESPACE})"
+                  if shared.get("namespace") else ""))
     if shared["problem"]:
         click.echo(f"  [{shared['problem']}]")
         return

@@ -67,7 +67,9 @@ def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
                f"cap: none ({config.ENV_CACHE_MAX_SIZE}=0)")
     shared = data.get("shared")
     if shared is not None:
-        click.echo(f"shared tier {shared['url']}: " + (
+        where = shared["url"] + (f" (namespace {shared['namespace']})"
+                                 if shared.get("namespace") else "")
+        click.echo(f"shared tier {where}: " + (
             f"{shared['entries']} entries, {human_bytes(shared['stored_bytes'])} stored, "
             f"{shared['hits']} hits and {shared['compiles']} compiles by every node, "
             f"{shared['hits_here']} hits here" if not shared["problem"]

@@ -132,7 +132,7 @@ def _export_shared(url: str, arch: str, work_dir: Path | None) -> Path:
 
     if work_dir is None:
         raise InvalidArgumentError("exporting from a database server needs a work_dir")
-    tier = SharedTier(url)
+    tier = SharedTier(url, config.shared_namespace())  # a tenant packs its own namespace
     dest = Path(work_dir) / f"shared-{arch}.kdb"
     try:
         count = tier.export(arch, dest)
@@ -142,8 +142,8 @@ def _export_shared(url: str, arch: str, work_dir: Path | None) -> Path:
         raise PackError(f"--from-db {mask(url)}: could not read the shared tier "
                         f"({tier.reason(err)})") from None
     if count == 0:
-        raise PackError(f"--from-db {mask(url)}: the shared tier holds no kernels for arch "
-                        f"{arch!r}")
+        raise PackError(f"--from-db {tier.describe()}: the shared tier holds no kernels for "
+                        f"arch {arch!r}")
     return dest
 
 

@@ -1,5 +1,6 @@
 """The PostgreSQL tier a cluster shares: engine and bounds (server), cross-node
-locks (locks), the tier (tier), its reports (report), and the keeper that holds
-claims of queued stores after their process exits (keeper). Imports the base and
-the file wing (schema, codec); never the policy or a back end.
+locks (locks), the tier (tier), its cap and batched hits (usage), its reports
+(report), the keeper that holds claims of queued stores after their process exits
+(keeper), and the SQL that sets a tenant up (tenants). Imports the base and the
+file wing (schema, codec); never the policy or a back end.
 """

@@ -9,7 +9,7 @@ its own (PostgreSQL grants a released lock to the session waiting for it) and ho
 until its job is stored and published, at most ``LIFETIME_S``. Other nodes then wait for the
 entry, bounded by ``KDB_WAIT_TIMEOUT``, as they would for a compile.
 
-    python -m kdb.shared.keeper          # reads {"url": ..., "items": [[key, job path], ...]} on stdin
+    python -m kdb.shared.keeper     # stdin: {"url", "namespace", "items": [[key, job path], ...]}
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def hand_over(tier, items: list[tuple[str, str]]) -> bool:
         proc = subprocess.Popen([sys.executable, "-m", "kdb.shared.keeper"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 start_new_session=True, close_fds=True, cwd="/")
-        proc.stdin.write(json.dumps({"url": tier.url, "items": items}).encode())
+        proc.stdin.write(json.dumps({"url": tier.url, "namespace": tier.namespace,
+                                     "items": items}).encode())
         proc.stdin.close()
         backend = _read_pid(proc, QUEUE_WAIT_S)
         if backend is None:
@@ -68,23 +69,25 @@ def _read_pid(proc, timeout: float) -> int | None:
 def main() -> int:
     from sqlalchemy import func, select
 
-    from .server import create_engine, lock_id
+    from .locks import compile_id
+    from .server import create_engine
 
     spec = json.load(sys.stdin)
     held = {key: path for key, path in spec["items"]}
-    engine = create_engine(spec["url"])
+    namespace = spec.get("namespace")
+    engine = create_engine(spec["url"], namespace)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql(f"SET statement_timeout = {int(QUEUE_WAIT_S * 4000)}")
         conn.exec_driver_sql(f"SET lock_timeout = {int(QUEUE_WAIT_S * 4000)}")
         print(conn.execute(select(func.pg_backend_pid())).scalar(), flush=True)
         # Granted when the exiting process's session ends, one after the other.
-        conn.execute(select(*(func.pg_advisory_lock(lock_id(k)) for k in held)))
+        conn.execute(select(*(func.pg_advisory_lock(compile_id(k, namespace)) for k in held)))
         deadline = time.monotonic() + LIFETIME_S
         while held and time.monotonic() < deadline:
             for key, path in list(held.items()):
                 stem = os.path.splitext(path)[0]
                 if not any(os.path.exists(stem + s) for s in (".job", ".slow", ".taken")):
-                    conn.execute(select(func.pg_advisory_unlock(lock_id(key))))
+                    conn.execute(select(func.pg_advisory_unlock(compile_id(key, namespace))))
                     del held[key]
             time.sleep(0.2)
     engine.dispose()

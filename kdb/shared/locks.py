@@ -25,14 +25,20 @@ from .server import lock_id
 WANT_CHECK_S = 0.2
 
 
-def _want_id(key: str) -> int:
-    return lock_id("want:" + key)
+def compile_id(key: str, namespace: str | None = None) -> int:
+    """The compile lock's id of ``key`` (salted with the namespace: tenants never share one)."""
+    return lock_id(key, namespace)
+
+
+def want_id(key: str, namespace: str | None = None) -> int:
+    """The id a waiter for ``key`` holds shared, telling the holder to publish at once."""
+    return lock_id("want:" + key, namespace)
 
 
 class CrossNodeLocks:
     """Advisory locks on a connection of their own; mixed into :class:`kdb.shared.tier.SharedTier`,
-    whose ``engine()``, ``failed()`` and lock state (``_locker``, ``_held``, ``_wants``,
-    ``_checked``) it uses."""
+    whose ``engine()``, ``failed()``, ``namespace`` and lock state (``_locker``, ``_held``,
+    ``_wants``, ``_checked``) it uses."""
 
     def _on_locker(self, doing: str, sql: str, params: dict[str, Any]) -> Any:
         """One statement on this process's lock connection; ``None`` when unavailable."""
@@ -70,7 +76,7 @@ class CrossNodeLocks:
         if key in self._held and self._pid == os.getpid():
             return True
         got = self._on_locker("taking a compile lock", "SELECT pg_try_advisory_lock(:k)",
-                              {"k": lock_id(key)})
+                              {"k": compile_id(key, self.namespace)})
         if got:
             self._held.add(key)
         return got
@@ -82,14 +88,14 @@ class CrossNodeLocks:
         self._held.discard(key)
         self._checked.pop(key, None)
         self._on_locker("releasing a compile lock", "SELECT pg_advisory_unlock(:k)",
-                        {"k": lock_id(key)})
+                        {"k": compile_id(key, self.namespace)})
 
     def want(self, key: str) -> None:
         """Tell the node that compiles ``key`` that this process waits for it."""
         if key in self._wants:
             return
         if self._on_locker("waiting for a kernel", "SELECT pg_try_advisory_lock_shared(:k)",
-                           {"k": _want_id(key)}):
+                           {"k": want_id(key, self.namespace)}):
             self._wants.add(key)
 
     def unwant(self, key: str) -> None:
@@ -98,7 +104,7 @@ class CrossNodeLocks:
             return
         self._wants.discard(key)
         self._on_locker("waiting for a kernel", "SELECT pg_advisory_unlock_shared(:k)",
-                        {"k": _want_id(key)})
+                        {"k": want_id(key, self.namespace)})
 
     def wanted(self, key: str) -> bool:
         """Whether a process of another node waits for ``key`` (checked at most every
@@ -111,7 +117,7 @@ class CrossNodeLocks:
             return answer
         # In autocommit, the transaction-level lock is released as soon as it is taken.
         free = self._on_locker("checking for waiters", "SELECT pg_try_advisory_xact_lock(:k)",
-                               {"k": _want_id(key)})
+                               {"k": want_id(key, self.namespace)})
         answer = free is False
         self._checked[key] = (now, answer)
         return answer

@@ -27,12 +27,12 @@ def summary(tier) -> dict[str, Any]:
     Reads only, on a connection of its own: a report never creates or upgrades the
     schema, and a server it cannot reach is a ``problem`` here, not a warning.
     """
-    out: dict[str, Any] = {"url": tier.shown, "reachable": False, "revision": None,
-                           "problem": None, "entries": 0, "raw_bytes": 0,
+    out: dict[str, Any] = {"url": tier.shown, "namespace": tier.namespace, "reachable": False,
+                           "revision": None, "problem": None, "entries": 0, "raw_bytes": 0,
                            "stored_bytes": 0, "hits": 0, "compiles": 0,
                            "compile_seconds": 0.0, "arches": {}}
     try:
-        engine = pgserver.create_engine(tier.url)
+        engine = pgserver.create_engine(tier.url, tier.namespace)
     except Exception as err:  # noqa: BLE001 - a bad URL: say so
         out["problem"] = tier.reason(err)
         return out
@@ -40,7 +40,10 @@ def summary(tier) -> dict[str, Any]:
         with pgserver.watchdog.guard(pgserver.bound_s(4)), engine.connect() as conn:
             rev = out["revision"] = pgserver.schema_revision(conn)
             out["reachable"] = True
-            if rev is None:
+            missing = tier.namespace and pgserver.namespace_problem(conn, tier.namespace)
+            if missing:
+                out["problem"] = missing
+            elif rev is None:
                 out["problem"] = "no kdb schema yet (kdb creates it on first use)"
             elif rev not in migrate.REVISIONS:
                 out["problem"] = (f"schema revision {rev!r} is newer than this kdb knows "

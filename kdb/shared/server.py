@@ -44,18 +44,31 @@ def mask(url: str) -> str:
         return "<unparsable URL>"
 
 
-def lock_id(text_: str) -> int:
+def lock_id(text_: str, namespace: str | None = None) -> int:
     """A signed 64-bit advisory lock id for a string (PostgreSQL's ``bigint`` key space).
+
+    Advisory locks are database-wide, not per schema: a tenant's ids are salted with its
+    namespace, so two tenants never wait on each other; without one, the ids are as ever.
 
     >>> lock_id("kdb") == lock_id("kdb") and -2**63 <= lock_id("kdb") < 2**63
     True
+    >>> lock_id("kdb", "a") != lock_id("kdb", "b") != lock_id("kdb")
+    True
     """
+    if namespace is not None:
+        text_ = f"{schema_name(namespace)}\n{text_}"  # no namespace holds a newline
     return int.from_bytes(hashlib.sha256(text_.encode("utf-8")).digest()[:8], "big",
                           signed=True)
 
 
-#: Held by the process that creates or upgrades the shared schema.
-MIGRATE_LOCK = lock_id("kdb.shared.tier.migrate")
+def schema_name(namespace: str) -> str:
+    """The PostgreSQL schema (and default role) of a namespace: ``kdb_<namespace>``."""
+    return f"kdb_{namespace}"
+
+
+#: Held by the process that creates or upgrades the shared schema (salted per namespace).
+MIGRATE = "kdb.shared.tier.migrate"
+MIGRATE_LOCK = lock_id(MIGRATE)
 
 #: Seconds a process waits for another that upgrades the shared schema (a migration's
 #: statements get this bound too).
@@ -160,18 +173,22 @@ def bound_s(statements: int = 2) -> float:
             + 2.0)
 
 
-def create_engine(url: str) -> Engine:
+def create_engine(url: str, namespace: str | None = None) -> Engine:
     """An engine for ``url`` with bounded connects and statements.
 
     A bare ``postgresql://`` URL gets the psycopg 3 driver (the ``postgres`` extra), not
     SQLAlchemy's default psycopg2. Raises :class:`~kdb.errors.ConfigError` for a URL that is
-    not PostgreSQL, whose advisory locks single-flight needs.
+    not PostgreSQL, whose advisory locks single-flight needs, or a bad ``namespace``. With a
+    namespace, its schema is the connections' whole ``search_path``: the tables, alembic's
+    version table and the migrations are the tenant's (:func:`namespace_problem`).
     """
     from sqlalchemy import create_engine as _create
     from sqlalchemy.engine import make_url
 
     from ..errors import ConfigError
 
+    if namespace is not None:
+        namespace = config.parse_namespace(namespace)
     try:
         u = make_url(url)
     except Exception:  # noqa: BLE001 - the message may hold the URL: never repeat it
@@ -197,8 +214,13 @@ def create_engine(url: str) -> Engine:
     # Server-side bounds: a slow statement or a lock wait is cancelled, never waited out.
     args["options"] = (f"-c statement_timeout={statement_ms} -c lock_timeout={statement_ms} "
                        f"-c idle_in_transaction_session_timeout={max(statement_ms, 1000) * 4}")
+    own = u.query.get("options")
     for name in [k for k in args if k in u.query]:  # what the URL sets itself is kept
         del args[name]
+    if namespace is not None:  # last: the URL's options may not move a tenant elsewhere
+        own = " ".join(own) if isinstance(own, tuple) else own
+        args["options"] = " ".join(filter(None, (args.get("options", own),
+                                                 f"-c search_path={schema_name(namespace)}")))
     engine = _create(u, connect_args=args, pool_size=2, max_overflow=6,
                      pool_timeout=max(connect_s, 1.0), pool_recycle=600)
     event.listen(engine, "checkout", watchdog.checkout)
@@ -213,18 +235,43 @@ def schema_revision(conn: Connection) -> str | None:
         return None
     return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
-def upgrade(conn: Connection, revision: str = "head") -> None:
-    """Create or upgrade the shared schema; one upgrader at a time (``pg_advisory_lock``).
+def namespace_problem(conn: Connection, namespace: str, creating: bool = False) -> str | None:
+    """Why this connection cannot keep the tier in ``namespace``'s schema (missing, or the
+    role may not use it, or, ``creating``, create tables in it), saying what the administrator
+    runs; ``None`` when it can. Checked first: without the schema the search path names none,
+    and kdb would find no tables and could create none."""
+    schema = schema_name(namespace)
+    current, user, usage, create = conn.execute(text(
+        "SELECT current_schema(), current_user, has_schema_privilege(n.oid, 'USAGE'), "
+        "has_schema_privilege(n.oid, 'CREATE') FROM (SELECT 1) AS one "
+        "LEFT JOIN pg_namespace AS n ON n.nspname = :s"), {"s": schema}).one()
+    if usage is None:
+        what = "does not exist in this database"
+    elif not usage or current != schema:
+        what = f"may not be used by the role {user}"
+    elif creating and not create:
+        what = f"is not the role {user}'s to create tables in"
+    else:
+        return None
+    return (f"{config.ENV_SHARED_NAMESPACE}={namespace}: its schema {schema} {what}; an "
+            f"administrator sets the tenant up with the SQL `kdb shared init --tenant "
+            f"{namespace}` prints")
+
+
+def upgrade(conn: Connection, revision: str = "head", namespace: str | None = None) -> None:
+    """Create or upgrade the shared schema; one upgrader at a time (``pg_advisory_lock``,
+    one per namespace).
 
     The others wait here, bounded by a longer statement timeout, then find it current.
     """
     from alembic import command
 
+    lock = lock_id(MIGRATE, namespace)
     wait_ms = int(1000 * max(MIGRATE_WAIT_S, config.seconds(
         config.ENV_SHARED_STATEMENT_TIMEOUT, config.SHARED_STATEMENT_TIMEOUT_S)))
     conn.exec_driver_sql(f"SET statement_timeout = {wait_ms}")
     conn.exec_driver_sql(f"SET lock_timeout = {wait_ms}")
-    conn.execute(select(func.pg_advisory_lock(MIGRATE_LOCK)))
+    conn.execute(select(func.pg_advisory_lock(lock)))
     conn.commit()
     try:
         rev = schema_revision(conn)
@@ -238,7 +285,7 @@ def upgrade(conn: Connection, revision: str = "head") -> None:
                 _describe(conn)
     finally:
         conn.rollback()
-        conn.execute(select(func.pg_advisory_unlock(MIGRATE_LOCK)))
+        conn.execute(select(func.pg_advisory_unlock(lock)))
         conn.exec_driver_sql("RESET statement_timeout")
         conn.exec_driver_sql("RESET lock_timeout")
         conn.commit()

@@ -7,7 +7,8 @@ Lookups go system -> user -> shared -> compile; a shared hit is copied into the 
 and a compile is published to both (:mod:`kdb.db` holds the hooks).
 
 The server, its bounds and its schema are :mod:`kdb.shared.server`'s; reading the whole tier
-for reports and packs is :mod:`kdb.shared.report`'s.
+for reports and packs is :mod:`kdb.shared.report`'s. With ``KDB_SHARED_NAMESPACE`` the tier is
+a tenant's schema, kept apart from the others' by the server (:mod:`kdb.shared.tenants`).
 Single flight across nodes is :mod:`kdb.shared.locks`' (advisory locks on the server).
 
 The server down, slow or refusing costs no correctness: connects and statements are
@@ -80,11 +81,13 @@ class SharedTier(CrossNodeLocks):
     """One shared database as this process sees it: engine, locks, and whether it is up.
 
     Thread-safe and fork-safe (a child forgets the parent's connections). Every method
-    answers ``None``/``False``/``0`` while the tier is off or down, at once.
+    answers ``None``/``False``/``0`` while the tier is off or down, at once. ``namespace``:
+    the tenant's (``KDB_SHARED_NAMESPACE``), its schema the only one this tier sees.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, namespace: str | None = None) -> None:
         self.url = url
+        self.namespace = (namespace or "").strip() or None
         self.shown = mask(url)
         self._lock = threading.RLock()
         self._engine: Engine | None = None
@@ -105,11 +108,11 @@ class SharedTier(CrossNodeLocks):
     name = "shared"
 
     def __repr__(self) -> str:
-        return f"SharedTier({self.shown!r})"
+        return f"SharedTier({self.describe()!r})"
 
     def describe(self) -> str:
-        """The server, its password masked."""
-        return self.shown
+        """The server, its password masked, and the namespace."""
+        return self.shown + (f" (namespace {self.namespace})" if self.namespace else "")
 
     # -- connection state -------------------------------------------------------------------
 
@@ -136,7 +139,7 @@ class SharedTier(CrossNodeLocks):
                 self._forget_after_fork()
             try:
                 if self._engine is None:
-                    self._engine = create_engine(self.url)
+                    self._engine = create_engine(self.url, self.namespace)
                 if not self._ready:
                     self._check_schema(self._engine)
             except Exception as err:  # noqa: BLE001 - any fault: warn, go local
@@ -167,8 +170,8 @@ class SharedTier(CrossNodeLocks):
 
     def _turn_off(self, why: str) -> None:
         self._off = why
-        faults.fault(f"the shared tier {self.shown} is off: {why}; kdb uses its local tiers",
-                     once="shared-off:" + self.shown)
+        faults.fault(f"the shared tier {self.describe()} is off: {why}; kdb uses its local tiers",
+                     once="shared-off:" + self.describe())
 
     def failed(self, err: BaseException, doing: str) -> None:
         """A fault talking to the server: warn once, skip the tier for a while, go local."""
@@ -187,12 +190,12 @@ class SharedTier(CrossNodeLocks):
                 engine.dispose()
             except Exception:  # noqa: BLE001 - closing dead connections may fail too
                 pass
-        log.debug("kdb: shared tier %s failed while %s: %s", self.shown, doing,
+        log.debug("kdb: shared tier %s failed while %s: %s", self.describe(), doing,
                   self._last_error)
-        faults.fault(f"the shared tier {self.shown} is unavailable ({self._last_error}) while "
-                     f"{doing}; kdb goes on with its local tiers and tries the server again "
+        faults.fault(f"the shared tier {self.describe()} is unavailable ({self._last_error}) "
+                     f"while {doing}; kdb goes on with its local tiers and tries the server again "
                      f"at most every {retry:g} s ({config.ENV_SHARED_RETRY})",
-                     once="shared-down:" + self.shown)
+                     once="shared-down:" + self.describe())
 
     def reason(self, err: BaseException) -> str:
         """Why ``err`` happened, in one line, with no SQL, parameters, URL or password."""
@@ -219,10 +222,17 @@ class SharedTier(CrossNodeLocks):
     # -- schema -----------------------------------------------------------------------------
 
     def _check_schema(self, engine: Engine) -> None:
-        """As for a user file: head is used, older is upgraded, newer turns the tier off."""
+        """As for a user file: head is used, older is upgraded, newer turns the tier off; a
+        namespace whose schema this role cannot use turns it off too (an administrator's
+        work, not a failure to retry)."""
         with engine.connect() as conn:
             rev = schema_revision(conn)
+            problem = self.namespace and pgserver.namespace_problem(
+                conn, self.namespace, creating=rev != migrate.HEAD)
             conn.commit()
+            if problem:
+                self._turn_off(problem)
+                return
             if rev is not None and rev not in migrate.REVISIONS:
                 self._turn_off(f"its schema revision {rev!r} is newer than this kdb knows "
                                f"({migrate.HEAD}); upgrade kdb (pip install -U kdb) on this "
@@ -230,7 +240,7 @@ class SharedTier(CrossNodeLocks):
                 return
             if rev != migrate.HEAD:
                 with pgserver.watchdog.guard(MIGRATE_WAIT_S + pgserver.bound_s()):
-                    upgrade(conn)
+                    upgrade(conn, namespace=self.namespace)
         self._ready = True
 
     # -- reads ------------------------------------------------------------------------------
@@ -278,7 +288,7 @@ class SharedTier(CrossNodeLocks):
                 added = writes.publish(conn, new, logs)
             cap = config.shared_max_size()
             if added and cap:
-                usage.keep_under(engine, cap)
+                usage.keep_under(engine, cap, self.namespace)
             return added
 
         return self._run("publishing a kernel", w, 0)
@@ -309,16 +319,17 @@ class SharedTier(CrossNodeLocks):
         return sharedreport.export(self, arch, dest)
 
 
-_tiers: dict[str, SharedTier] = {}
+_tiers: dict[tuple[str, str | None], SharedTier] = {}
 _tiers_lock = threading.Lock()
 
 
 def tier(url: str) -> SharedTier:
-    """This process's :class:`SharedTier` for ``url`` (one per URL)."""
+    """This process's :class:`SharedTier` for ``url`` and ``KDB_SHARED_NAMESPACE`` (one each)."""
+    namespace = config.shared_namespace()
     with _tiers_lock:
-        t = _tiers.get(url)
+        t = _tiers.get((url, namespace))
         if t is None:
-            t = _tiers[url] = SharedTier(url)
+            t = _tiers[url, namespace] = SharedTier(url, namespace)
     return t
 
 

@@ -23,8 +23,9 @@ from sqlalchemy.engine import Connection
 from ..file.schema import counters, kernels, meta
 from .server import lock_id
 
-#: Held (for one transaction) by the writer that evicts.
-EVICT_LOCK = lock_id("kdb.shared.tier.evict")
+#: Held (for one transaction) by the writer that evicts (salted per namespace).
+EVICT = "kdb.shared.tier.evict"
+EVICT_LOCK = lock_id(EVICT)
 #: Entries used or created this recently are never evicted.
 KEEP_S = 60.0
 #: Entries read at a time while choosing what to evict.
@@ -59,7 +60,7 @@ def stored_bytes(conn: Connection) -> int:
     return int(got or 0)
 
 
-def keep_under(engine, cap: int) -> None:
+def keep_under(engine, cap: int, namespace: str | None = None) -> None:
     """After a publish: evict until the stored bytes are within ``cap``, taking turns with
     the other writers (one evicts at a time; a writer that finds the lock taken tries again
     once it is free, so a publish that lands during another's eviction is not left over the
@@ -68,18 +69,18 @@ def keep_under(engine, cap: int) -> None:
         with engine.begin() as conn:
             if stored_bytes(conn) <= cap:
                 return
-            got = evict(conn, cap)
+            got = evict(conn, cap, namespace)
         if got == 0:
             return
         if got is None:
             time.sleep(0.02)
 
 
-def evict(conn: Connection, cap: int) -> int | None:
+def evict(conn: Connection, cap: int, namespace: str | None = None) -> int | None:
     """If the entries' stored bytes exceed ``cap``, delete the least recently used until at
     most two thirds of it are left (entries of the last :data:`KEEP_S` seconds stay); the
-    number deleted, or ``None`` when another writer holds the eviction lock."""
-    if not conn.execute(select(func.pg_try_advisory_xact_lock(EVICT_LOCK))).scalar():
+    number deleted, or ``None`` when another writer of the namespace holds the eviction lock."""
+    if not conn.execute(select(func.pg_try_advisory_xact_lock(lock_id(EVICT, namespace)))).scalar():
         return None
     total = stored_bytes(conn)
     if total <= cap:
