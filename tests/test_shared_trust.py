@@ -12,11 +12,11 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 
 from kdb import HashAttributes, KernelDB
 from kdb.signing import keyfiles
 from test_shared import _arch, pg, shared_url  # noqa: F401 - the fixtures, used by name
+from test_signing import key_id, keys  # noqa: F401 - the key pairs' fixture
 
 #: Builds and runs ``k<i>(a) { a[i] += ADD }`` for each (name, add) given, on a zeroed buffer;
 #: prints what each kernel computed and what this process compiled.
@@ -63,20 +63,7 @@ def node(tmp_path: Path, name: str, url: str | None, kernels=KERNELS, **env: str
     return out
 
 
-@pytest.fixture
-def keys(tmp_path) -> dict[str, Path]:
-    d = tmp_path / "keys"
-    d.mkdir()
-    out = {}
-    for who in ("ci", "other", "rogue"):
-        keyfiles.generate(str(d / f"{who}.pem"), str(d / f"{who}.pub.pem"))
-        out[who], out[who + ".pub"] = d / f"{who}.pem", d / f"{who}.pub.pem"
-    return out
-
-
-def kid(public: Path) -> str:
-    return keyfiles.key_id(keyfiles.public_raw_from_pem(public.read_bytes(), str(public)))
-
+kid = key_id
 
 def db_of(url: str) -> str:
     return url.rsplit("/", 1)[1]
