@@ -70,7 +70,7 @@ def public_raw_from_pem(data: bytes, where: str) -> bytes:
     ed25519 = _crypto()
     try:
         key = serialization.load_pem_public_key(data)
-    except ValueError as err:
+    except Exception as err:  # noqa: BLE001 - ValueError, UnsupportedAlgorithm: not a key for us
         raise SigningKeyError(
             f"{where} is not a PEM public key ({err}); a trusted key is what "
             "`openssl pkey -in KEY -pubout` or `kdb key gen` writes") from err
@@ -118,7 +118,7 @@ def load_private(path: str):
     except TypeError as err:  # encrypted
         raise SigningKeyError(f"the signing key {path} is encrypted; kdb reads unencrypted "
                               "PKCS#8 keys protected by their file mode (chmod 600)") from err
-    except ValueError as err:
+    except Exception as err:  # noqa: BLE001 - ValueError, UnsupportedAlgorithm
         raise SigningKeyError(f"{path} is not a PEM private key ({err}); `kdb key gen` or "
                               "`openssl genpkey -algorithm ed25519 -out KEY` writes one") from err
     if not isinstance(key, ed25519.Ed25519PrivateKey):
