@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 
 from kdb import HashAttributes, KernelDB
 from kdb.signing import keyfiles
@@ -180,3 +182,31 @@ def test_a_tampered_shared_entry_is_dropped_and_a_revoked_signer_is_left_alone(
     monkeypatch.setenv("KDB_REQUIRE_SIGNED", "1")
     monkeypatch.delenv("KDB_SHARED_URL")
     assert KernelDB(cache_dir=tmp_path / "reader").lookup(_attrs(1)).tier == "user"
+
+
+@pytest.mark.parametrize("rogue_sql", [
+    "UPDATE kernels SET signature = ''::bytea",  # the trusted id, an empty signature
+    "UPDATE kernels SET signer = NULL",  # the signature kept, no signer
+])
+def test_a_row_with_an_empty_signature_or_no_signer_is_replaced_by_a_signing_node(
+        pg, shared_url, keys, tmp_path, monkeypatch, rogue_sql):
+    from kdb.storing import background
+
+    db = db_of(shared_url)
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys["ci.pub"]))
+    monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["ci"]))
+    writer = KernelDB(cache_dir=tmp_path / "writer")
+    writer.get_or_compile(_attrs(0), lambda: b"binary 0" * 50)
+    writer.close()
+    background.drain()
+    pg.sql(rogue_sql, db)
+    node = KernelDB(cache_dir=tmp_path / "node")
+    assert node.lookup(_attrs(0)) is None  # refused: unsigned
+    assert node.get_or_compile(_attrs(0), lambda: b"binary 0" * 50) == b"binary 0" * 50
+    node.close()
+    background.drain()
+    assert pg.sql("SELECT signer, length(signature) FROM kernels", db) == [
+        (kid(keys["ci.pub"]), 64)]  # replaced by the node's signed build
+    fresh = KernelDB(cache_dir=tmp_path / "fresh")
+    assert fresh.lookup(_attrs(0)).tier == "shared"
+    fresh.close()

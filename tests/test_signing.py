@@ -297,6 +297,28 @@ def test_a_revoked_key_a_tampered_signature_a_colliding_key_id_and_a_swapped_bin
     assert served_from(tmp_path, swapped, 2) is None
 
 
+def test_a_signature_column_of_another_type_counts_as_unsigned_and_a_pack_leaves_it_out(
+        keys, tmp_path, monkeypatch):
+    """SQLite columns are typed by the row: a damaged source whose signature holds text is
+    not a crash of `kdb pack --sign`, and not a verified entry."""
+    src = user_file_with(tmp_path / "build", 2)
+    key, attributes, checksum = sqlite3.connect(src).execute(
+        "SELECT key, attributes, checksum FROM kernels WHERE name = 'k0'").fetchone()
+    who, sig = signer(keys["ci"]).sign(key, attributes, checksum)
+    conn = sqlite3.connect(src)
+    with conn:
+        conn.execute("UPDATE kernels SET signer = ?, signature = ? WHERE key = ?",
+                     (who, sig.hex(), key))
+    conn.close()
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys["ci.pub"]))
+    result = invoke("pack", "--arch", ARCH, "--from-db", src, "--sign", keys["ci"], "--out",
+                    tmp_path / "out")
+    assert result.exit_code == 1 and "no kernel for arch" in result.output  # k1 unsigned too
+    policy = signing.current()
+    assert policy.check(key, attributes, binary(0), checksum, who, sig.hex()) == signing.UNSIGNED
+    assert policy.check(key, attributes, binary(0), checksum, 7, sig) == signing.UNSIGNED
+
+
 def test_two_trusted_keys_sharing_an_id_are_both_tried(keys):
     """A key id is a label: where two trusted keys carry the same one, a signature by either
     verifies, and one by neither does not."""

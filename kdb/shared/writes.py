@@ -2,8 +2,8 @@
 
 A publish inserts each entry unless its key is there already; under a trust policy
 (:mod:`kdb.signing`), a signed entry first removes an existing one this node would not serve
-(unsigned, or signed by a key it does not trust), so a rogue row cannot keep the tier useless
-for that kernel. The ``meta`` totals and counters move in the same transaction
+(unsigned: no signer, or a NULL or empty signature; or signed by a key it does not trust),
+so a rogue row cannot keep the tier useless for that kernel. The ``meta`` totals and counters move in the same transaction
 (:mod:`kdb.shared.usage`). :class:`kdb.shared.tier.SharedTier` runs these under its bounds and
 failover.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import or_
+from sqlalchemy import func, or_
 from sqlalchemy.engine import Connection
 
 from ..file import codec
@@ -49,7 +49,9 @@ def untrusted():
     policy = signing.current()
     if policy is None or not policy.verify:
         return None
-    return or_(kernels.c.signature.is_(None), kernels.c.signer.not_in(sorted(policy.trusted)))
+    return or_(kernels.c.signature.is_(None), kernels.c.signer.is_(None),
+               func.length(kernels.c.signature) == 0,
+               kernels.c.signer.not_in(sorted(policy.trusted)))
 
 
 def publish(conn: Connection, new: list[dict], logs: list[CompileRecord] = ()) -> int:

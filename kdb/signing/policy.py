@@ -86,8 +86,9 @@ class Policy:
         """None when a trusted key signed this entry and ``raw`` is what it signed; else the
         cause (:data:`UNSIGNED`, :data:`UNKNOWN_SIGNER`, :data:`BAD_SIGNATURE`,
         :data:`BAD_DIGEST`)."""
-        if not signature or not signer:
-            return UNSIGNED
+        if (not isinstance(signer, str) or not isinstance(signature, (bytes, memoryview))
+                or not signer or not signature):
+            return UNSIGNED  # NULL, empty, or a damaged row's column of another type
         candidates = self.trusted.get(signer)
         if not candidates:
             return UNKNOWN_SIGNER
