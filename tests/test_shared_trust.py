@@ -210,3 +210,27 @@ def test_a_row_with_an_empty_signature_or_no_signer_is_replaced_by_a_signing_nod
     fresh = KernelDB(cache_dir=tmp_path / "fresh")
     assert fresh.lookup(_attrs(0)).tier == "shared"
     fresh.close()
+
+
+@pytest.mark.parametrize("ddl", [
+    "ALTER TABLE kernels ALTER COLUMN signature TYPE text USING encode(signature, 'hex')",
+    "ALTER TABLE kernels ALTER COLUMN details DROP DEFAULT, "
+    "ALTER COLUMN details TYPE integer USING 1",
+])
+def test_a_column_changed_to_another_type_is_a_miss_not_an_error(
+        pg, shared_url, keys, tmp_path, monkeypatch, ddl):
+    """Whoever holds the tables' role can change a column's type: a lookup misses (and the
+    process compiles), under a trust policy or not."""
+    from kdb.storing import background
+
+    monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["ci"]))
+    writer = KernelDB(cache_dir=tmp_path / "writer")
+    writer.get_or_compile(_attrs(0), lambda: b"binary 0" * 50)
+    writer.close()
+    background.drain()
+    pg.sql(ddl, db_of(shared_url))
+    for policy in ("", str(keys["ci.pub"])):
+        monkeypatch.setenv("KDB_TRUSTED_KEYS", policy)
+        reader = KernelDB(cache_dir=tmp_path / f"reader{len(policy)}")
+        assert reader.lookup(_attrs(0)) is None
+        reader.close()

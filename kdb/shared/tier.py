@@ -250,13 +250,13 @@ class SharedTier(CrossNodeLocks):
         def q(engine: Engine) -> SharedRow | None:
             with engine.connect() as conn:
                 row = conn.execute(select(*_FETCH_COLUMNS).where(kernels.c.key == key)).first()
-            return SharedRow(*row) if row else None
+            return _row(row) if row else None
 
         return self._run("looking up a kernel", q, None)
 
     def signature(self, key: str, row: SharedRow) -> tuple[str | None, bytes | None]:
         """Who signed a fetched entry (:mod:`kdb.signing`)."""
-        return row.signer, (bytes(row.signature) if row.signature is not None else None)
+        return row.signer, row.signature
 
     def touch(self, key: str) -> None:
         """Count a hit served from the shared tier (on the background thread): batched, one
@@ -317,6 +317,20 @@ class SharedTier(CrossNodeLocks):
         from . import report as sharedreport
 
         return sharedreport.export(self, arch, dest)
+
+
+#: The Python types a sound row's columns have (a writer with the table's role can change a
+#: column's type: such a row is a miss, never an error on the hit path).
+_TYPES = (str, bytes, int, str, str, (int, float), str, (str, type(None)), (bytes, type(None)))
+
+
+def _row(values) -> SharedRow | None:
+    values = [bytes(v) if isinstance(v, memoryview) else v for v in values]
+    if not all(isinstance(v, t) for v, t in zip(values, _TYPES)):
+        log.debug("kdb: shared tier: a row with a column of another type is a miss")
+        return None
+    values[5] = float(values[5])
+    return SharedRow(*values)
 
 
 _tiers: dict[tuple[str, str | None], SharedTier] = {}
