@@ -184,6 +184,22 @@ def test_a_trusted_key_file_others_can_write_is_not_trusted(keys, tmp_path, cach
     assert served_from(tmp_path, system) == "system"
 
 
+def test_a_trusted_key_linked_from_a_directory_others_can_write_is_not_trusted(keys, tmp_path):
+    """The check follows the link: a key in a directory others can write could be swapped
+    for theirs, whatever directory the link itself is in."""
+    world = tmp_path / "world"
+    world.mkdir()
+    world.chmod(0o777)
+    shutil.copy(keys["ci.pub"], world / "ci.pub")
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / "ci.pub").symlink_to(world / "ci.pub")
+    [problem] = signing.problems({"KDB_TRUSTED_KEYS": str(trusted)})
+    assert f"(its directory {world})" in problem and "group or others can write it" in problem
+    world.chmod(0o755)
+    assert signing.problems({"KDB_TRUSTED_KEYS": str(trusted)}) == []
+
+
 # -- the policy on the system tier -----------------------------------------------------------
 
 def test_a_signed_system_file_is_served_under_the_policy_and_an_unsigned_one_is_not(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import os
 import stat
-from pathlib import Path
 
 from ..errors import ConfigError
 
@@ -147,21 +146,27 @@ def trusted_files(spec: str) -> list[str]:
 
 
 def read_trusted(path: str) -> bytes:
-    """The raw public key in trusted key file ``path``; refuses one others can change."""
+    """The raw public key in trusted key file ``path``; refuses one others can change: the
+    file (checked on the open descriptor, so it cannot be swapped after the check), the
+    directory the name is in, and the directory of the file a link leads to."""
     from ..file import fs
 
-    bad = fs.unsafe_chain([path, os.path.dirname(os.path.abspath(path))], system=True)
-    if bad is not None:
-        where = "" if bad[0] == str(Path(path)) else f" (its directory {bad[0]})"
-        raise SigningKeyError(f"the trusted key {path} is refused{where}: {bad[1]}, and whoever "
-                              "can change it can make this node trust their own key. Make it "
-                              "owned by you or root and not writable by group or others")
+    real = os.path.realpath(path)
+    dirs = dict.fromkeys([os.path.dirname(os.path.abspath(path)), os.path.dirname(real)])
+    bad = fs.unsafe_chain(list(dirs), system=True)
     try:
-        with open(path, "rb") as f:
+        with open(real, "rb") as f:
+            why = bad[1] if bad else fs.stat_problem(os.fstat(f.fileno()),
+                                                      (os.getuid(), 0) if hasattr(os, "getuid") else None)
             data = f.read(64 * 1024)
     except OSError as err:
         raise SigningKeyError(f"cannot read the trusted key {path}: {err.strerror or err} "
                               "(KDB_TRUSTED_KEYS)") from err
+    if why is not None:
+        where = f" (its directory {bad[0]})" if bad else ""
+        raise SigningKeyError(f"the trusted key {path} is refused{where}: {why}, and whoever "
+                              "can change it can make this node trust their own key. Make it "
+                              "owned by you or root and not writable by group or others")
     return public_raw_from_pem(data, path)
 
 
