@@ -234,3 +234,23 @@ def test_a_column_changed_to_another_type_is_a_miss_not_an_error(
         reader = KernelDB(cache_dir=tmp_path / f"reader{len(policy)}")
         assert reader.lookup(_attrs(0)) is None
         reader.close()
+
+
+def test_a_signing_node_never_replaces_a_row_another_trusted_signer_wrote(
+        pg, shared_url, keys, tmp_path, monkeypatch):
+    """Two signers that do not trust each other leave each other's rows alone."""
+    from kdb.storing import background
+
+    monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["ci"]))
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys["ci.pub"]))
+    writer = KernelDB(cache_dir=tmp_path / "writer")
+    writer.get_or_compile(_attrs(0), lambda: b"binary 0" * 50)
+    writer.close()
+    background.drain()
+    monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["other"]))
+    monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys["other.pub"]))
+    node = KernelDB(cache_dir=tmp_path / "node")
+    assert node.get_or_compile(_attrs(0), lambda: b"binary 0" * 50) == b"binary 0" * 50
+    node.close()
+    background.drain()
+    assert pg.sql("SELECT signer FROM kernels", db_of(shared_url)) == [(kid(keys["ci.pub"]),)]

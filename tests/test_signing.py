@@ -200,6 +200,38 @@ def test_a_trusted_key_linked_from_a_directory_others_can_write_is_not_trusted(k
     assert signing.problems({"KDB_TRUSTED_KEYS": str(trusted)}) == []
 
 
+def test_a_link_on_the_way_to_a_trusted_key_in_a_directory_others_can_write_is_refused(
+        keys, tmp_path):
+    """A hop through a directory others can write: they could re-point it at any key."""
+    world = tmp_path / "world"
+    world.mkdir()
+    world.chmod(0o777)
+    (world / "hop.pub").symlink_to(keys["ci.pub"])  # the key itself is in a safe directory
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / "ci.pub").symlink_to(world / "hop.pub")
+    [problem] = signing.problems({"KDB_TRUSTED_KEYS": str(trusted / "ci.pub")})
+    assert f"(its directory {world})" in problem
+
+
+def test_a_fifo_named_as_a_trusted_key_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "ci.pub"
+    os.mkfifo(fifo)
+    [problem] = signing.problems({"KDB_TRUSTED_KEYS": str(fifo)})
+    assert "not a regular file" in problem
+
+
+def test_a_malformed_signer_id_is_shown_quoted_and_cut(keys, tmp_path, monkeypatch, caplog):
+    policy = signing.Policy({}, False)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        for n in range(3):
+            policy.refused("shared", "db", "k" * 64, "k", signing.UNKNOWN_SIGNER,
+                           f"{n}\nkdb: all verified \x1b[8m" + "x" * 1000)
+    [record] = [r for r in caplog.records if "not served" in r.getMessage()]
+    assert "\n" not in record.getMessage() and "\x1b" not in record.getMessage()
+    assert len(record.getMessage()) < 600
+
+
 # -- the policy on the system tier -----------------------------------------------------------
 
 def test_a_signed_system_file_is_served_under_the_policy_and_an_unsigned_one_is_not(

@@ -2,8 +2,9 @@
 
 A publish inserts each entry unless its key is there already; under a trust policy
 (:mod:`kdb.signing`), a signed entry first removes an existing one this node would not serve
-(unsigned: no signer, or a NULL or empty signature; or signed by a key it does not trust),
-so a rogue row cannot keep the tier useless for that kernel. The ``meta`` totals and counters move in the same transaction
+(unsigned: no signer, or a NULL or empty signature), so a rogue row cannot keep the tier
+useless for that kernel. A row signed by a key this node does not trust is left alone: other
+nodes may trust it, and two signers would otherwise replace each other's rows for ever. The ``meta`` totals and counters move in the same transaction
 (:mod:`kdb.shared.usage`). :class:`kdb.shared.tier.SharedTier` runs these under its bounds and
 failover.
 """
@@ -42,16 +43,15 @@ def rows(entries: list[Entry]) -> list[dict]:
 
 
 def untrusted():
-    """The rows this process's trust policy would not serve, as a condition; ``None``
-    without a policy."""
+    """The unsigned rows a signed publish replaces, as a condition; ``None`` without a
+    policy."""
     from ..signing import policy as signing
 
     policy = signing.current()
     if policy is None or not policy.verify:
         return None
     return or_(kernels.c.signature.is_(None), kernels.c.signer.is_(None),
-               func.length(kernels.c.signature) == 0,
-               kernels.c.signer.not_in(sorted(policy.trusted)))
+               func.length(kernels.c.signature) == 0)
 
 
 def publish(conn: Connection, new: list[dict], logs: list[CompileRecord] = ()) -> int:

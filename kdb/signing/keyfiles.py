@@ -146,28 +146,54 @@ def trusted_files(spec: str) -> list[str]:
 
 
 def read_trusted(path: str) -> bytes:
-    """The raw public key in trusted key file ``path``; refuses one others can change: the
-    file (checked on the open descriptor, so it cannot be swapped after the check), the
-    directory the name is in, and the directory of the file a link leads to."""
-    from ..file import fs
+    """The raw public key in trusted key file ``path``; refuses one others can change: every
+    link on the way (its owner and its directory), the directory of the file it leads to, and
+    the file itself (checked on the open descriptor, opened without blocking on a FIFO)."""
+    where, why = _unsafe_links(path)
+    fd = -1
+    if why is None:
+        try:
+            fd = os.open(os.path.realpath(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+            st = os.fstat(fd)
+            from ..file import fs
 
-    real = os.path.realpath(path)
-    dirs = dict.fromkeys([os.path.dirname(os.path.abspath(path)), os.path.dirname(real)])
-    bad = fs.unsafe_chain(list(dirs), system=True)
-    try:
-        with open(real, "rb") as f:
-            why = bad[1] if bad else fs.stat_problem(os.fstat(f.fileno()),
-                                                      (os.getuid(), 0) if hasattr(os, "getuid") else None)
-            data = f.read(64 * 1024)
-    except OSError as err:
-        raise SigningKeyError(f"cannot read the trusted key {path}: {err.strerror or err} "
-                              "(KDB_TRUSTED_KEYS)") from err
+            why = ("it is not a regular file" if not stat.S_ISREG(st.st_mode) else
+                   fs.stat_problem(st, (os.getuid(), 0) if hasattr(os, "getuid") else None))
+            data = os.read(fd, 64 * 1024) if why is None else b""
+        except OSError as err:
+            raise SigningKeyError(f"cannot read the trusted key {path}: {err.strerror or err} "
+                                  "(KDB_TRUSTED_KEYS)") from err
+        finally:
+            if fd >= 0:
+                os.close(fd)
     if why is not None:
-        where = f" (its directory {bad[0]})" if bad else ""
         raise SigningKeyError(f"the trusted key {path} is refused{where}: {why}, and whoever "
                               "can change it can make this node trust their own key. Make it "
                               "owned by you or root and not writable by group or others")
     return public_raw_from_pem(data, path)
+
+
+def _unsafe_links(path: str) -> tuple[str, str | None]:
+    """Follow ``path``'s links one at a time: ``(where, why)`` of the first link owned by
+    someone else or in a directory others can write, else of the final directory."""
+    from ..file import fs
+
+    allowed = (os.getuid(), 0) if hasattr(os, "getuid") else ()
+    current = os.path.abspath(path)
+    for _ in range(40):
+        bad = fs.unsafe_chain([os.path.dirname(current)], system=True)
+        if bad is not None:
+            return f" (its directory {bad[0]})", bad[1]
+        try:
+            st = os.lstat(current)
+        except OSError:
+            return "", None  # missing: the open says so
+        if not stat.S_ISLNK(st.st_mode):
+            return "", None
+        if allowed and st.st_uid not in allowed:
+            return f" (the link {current})", f"it is owned by another user (uid {st.st_uid})"
+        current = os.path.join(os.path.dirname(current), os.readlink(current))
+    return "", "too many levels of links"
 
 
 def generate(private_path: str, public_path: str | None = None, force: bool = False) -> str:

@@ -19,6 +19,7 @@ compiles) and one warning per cause and signer says so. With none of the variabl
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 from .. import config, faults, logs
@@ -33,6 +34,8 @@ BAD_SIGNATURE = "bad signature"
 BAD_DIGEST = "binary does not match its signed digest"
 
 _DOMAIN = b"kdb entry signature v1\0"
+#: What a key id looks like (:func:`kdb.signing.keyfiles.key_id`).
+_ID = re.compile(r"[0-9a-f]{16}\Z")
 
 
 def message(key: str, attributes: str, checksum: str) -> bytes:
@@ -114,13 +117,18 @@ class Policy:
 
     def refused(self, tier: str, where: str, key: str, name: str, cause: str,
                 signer: str | None) -> None:
-        """One warning per tier, cause and signer: the entry is a miss and is compiled."""
+        """One warning per tier, cause and signer: the entry is a miss and is compiled. A
+        signer id that is not one (the database's text, shown to a terminal) is shown quoted
+        and cut, under one warning for every such id."""
+        once = signer
+        if signer is not None and not _ID.match(signer):
+            signer, once = "malformed " + repr(signer[:40]), "malformed"
         who = f" (signer {signer})" if signer else ""
         text = {UNSIGNED: "it is not signed",
                 UNKNOWN_SIGNER: f"its signer {signer} is not in {ENV_TRUSTED_KEYS}",
                 BAD_SIGNATURE: f"its signature does not verify against the trusted key {signer}",
                 BAD_DIGEST: f"its binary is not the one its signer{who} signed"}[cause]
-        logs.warn_once(f"unsigned:{tier}:{cause}:{signer}",
+        logs.warn_once(f"unsigned:{tier}:{cause}:{once}",
                        "kdb: entry %s (%s) in the %s tier %s is not served: %s; it is compiled "
                        "instead (trust policy: %s%s). Further entries refused for this cause%s "
                        "are logged at debug level.", key[:16], name or "unnamed", tier, where,
