@@ -141,6 +141,16 @@ def _attrs(i: int) -> HashAttributes:
     return HashAttributes(backend="test", source=f"shared signed {i}", arch="st1", name=f"s{i}")
 
 
+def _publish_k0(tmp_path: Path) -> None:
+    """A node compiles s0 (signed if KDB_SIGNING_KEY is set) and publishes it."""
+    from kdb.storing import background
+
+    writer = KernelDB(cache_dir=tmp_path / "writer")
+    writer.get_or_compile(_attrs(0), lambda: b"binary 0" * 50)
+    writer.close()
+    background.drain()
+
+
 def test_a_tampered_shared_entry_is_dropped_and_a_revoked_signer_is_left_alone(
         pg, shared_url, keys, tmp_path, monkeypatch, caplog):
     import logging
@@ -195,10 +205,7 @@ def test_a_row_with_an_empty_signature_or_no_signer_is_replaced_by_a_signing_nod
     db = db_of(shared_url)
     monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys["ci.pub"]))
     monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["ci"]))
-    writer = KernelDB(cache_dir=tmp_path / "writer")
-    writer.get_or_compile(_attrs(0), lambda: b"binary 0" * 50)
-    writer.close()
-    background.drain()
+    _publish_k0(tmp_path)
     pg.sql(rogue_sql, db)
     node = KernelDB(cache_dir=tmp_path / "node")
     assert node.lookup(_attrs(0)) is None  # refused: unsigned
@@ -221,13 +228,8 @@ def test_a_column_changed_to_another_type_is_a_miss_not_an_error(
         pg, shared_url, keys, tmp_path, monkeypatch, ddl):
     """Whoever holds the tables' role can change a column's type: a lookup misses (and the
     process compiles), under a trust policy or not."""
-    from kdb.storing import background
-
     monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["ci"]))
-    writer = KernelDB(cache_dir=tmp_path / "writer")
-    writer.get_or_compile(_attrs(0), lambda: b"binary 0" * 50)
-    writer.close()
-    background.drain()
+    _publish_k0(tmp_path)
     pg.sql(ddl, db_of(shared_url))
     for policy in ("", str(keys["ci.pub"])):
         monkeypatch.setenv("KDB_TRUSTED_KEYS", policy)
@@ -243,10 +245,7 @@ def test_a_signing_node_never_replaces_a_row_another_trusted_signer_wrote(
 
     monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["ci"]))
     monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys["ci.pub"]))
-    writer = KernelDB(cache_dir=tmp_path / "writer")
-    writer.get_or_compile(_attrs(0), lambda: b"binary 0" * 50)
-    writer.close()
-    background.drain()
+    _publish_k0(tmp_path)
     monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["other"]))
     monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys["other.pub"]))
     node = KernelDB(cache_dir=tmp_path / "node")
