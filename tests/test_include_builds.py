@@ -102,6 +102,69 @@ def test_editing_the_header_changes_the_result(case, cache_dir, cl_ctx, tmp_path
     assert len(bookkeeping.records()) == compiles + 1
 
 
+#: Directive spellings PoCL's clang reads (each checked with a plain pyopencl build): id ->
+#: the line that includes ``h.h``.
+SPELLINGS = {
+    "byte-order mark": '\ufeff#include "h.h"',
+    "CR-only line ends": '// first line\r#include "h.h"\r',
+    "form feed before #": '\f#include "h.h"',
+    "vertical tab after #": '#\vinclude "h.h"',
+    "digraph %:": '%:include "h.h"',
+    "trigraph ??=": '??=include "h.h"',
+    "splice with blanks before the line end": '#inc\\ \nlude "h.h"',
+    "trigraph splice ??/": '#inc??/\nlude "h.h"',
+    "CR LF splice": '#inc\\\r\nlude "h.h"',
+}
+
+
+@pytest.mark.parametrize("where", ["source", "header"])
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
+def test_every_directive_spelling_the_compiler_reads_sees_the_header_edit(
+        spelling, where, cache_dir, cl_ctx, tmp_path, monkeypatch):
+    """A stale binary was served for each of these: the scan did not see the include."""
+    monkeypatch.chdir(tmp_path)
+    line = SPELLINGS[spelling]
+    header = write(tmp_path / "inc" / "h.h", "#define K 1\n")
+    if where == "header":  # the spelling inside an included header (a BOM opens its file)
+        (tmp_path / "inc" / "outer.h").write_bytes((line + "\n").encode("utf-8"))
+        line = '#include "outer.h"'
+    src, opts = line + "\n" + KERNEL, ["-I", str(tmp_path / "inc")]
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 1
+    kdb.default_db().flush()
+    write(header, "#define K 2\n")
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 2
+
+
+@pytest.mark.parametrize("options", [["-I {inc} -DN=8"], ["-I", "{inc} -DN=8"],
+                                     ["-I{inc} -DN=8 -cl-fast-relaxed-math"]])
+def test_an_option_element_that_starts_with_an_include_dir_keeps_its_other_options(
+        options, cache_dir, cl_ctx, tmp_path):
+    """``["-I inc -DN=8"]`` was left out of the key whole: N=8 got N=4's binary."""
+    inc = write(tmp_path / "inc" / "h.h", "#define K N\n").parent
+    src = '#include "h.h"\n' + KERNEL
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, [f"-I {inc} -DN=4"])) == 4
+    kdb.default_db().flush()
+    opts = [o.format(inc=inc) for o in options]
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 8
+    kdb.opencl.install()
+    try:  # an unmodified pyopencl program: install() keys it the same way
+        assert result(cl_ctx, cl.Program(cl_ctx, src).build(options=opts)) == 8
+    finally:
+        kdb.opencl.uninstall()
+
+
+def test_headers_found_through_pocl_extra_build_flags_are_read(cache_dir, cl_ctx, tmp_path,
+                                                               monkeypatch):
+    """The variable's value was keyed, but the headers its ``-I`` finds were not read."""
+    header = write(tmp_path / "extra" / "h.h", "#define K 1\n")
+    monkeypatch.setenv("POCL_EXTRA_BUILD_FLAGS", f"-I{header.parent}")
+    src = '#include <h.h>\n' + KERNEL
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src)) == 1
+    kdb.default_db().flush()
+    write(header, "#define K 2\n")
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src)) == 2
+
+
 def test_an_include_inside_a_comment_does_not_count(cache_dir, cl_ctx, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "h.h", "#define K 5\n")

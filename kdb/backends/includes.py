@@ -108,6 +108,49 @@ def split_include_options(options: Iterable[str]) -> tuple[list[str], list[str]]
     return rest, dirs
 
 
+def key_options(options: Iterable[str]) -> list[str]:
+    """The options of a joined option string that enter a key: ``-I`` dirs left out (the
+    headers they find enter by content), everything else kept. The driver receives the
+    elements joined into one string (pyopencl, PoCL), so an element ``"-I inc -DN=8"`` is two
+    options and only ``-I inc`` leaves. An element with quotes that holds more than include
+    options is kept whole: a path in a key costs a miss elsewhere, never a stale hit.
+
+    >>> key_options(["-I inc -DN=8", "-I", "d -DM=2", "-Ix", "-D", "-Iy", "-cl-fast"])
+    ['-DN=8', '-DM=2', '-D', '-Iy', '-cl-fast']
+    """
+    elements = list(options)
+    flat: list[tuple[int, str]] = []
+    for n, opt in enumerate(elements):
+        if any(c in opt for c in _SPACES) or '"' in opt:
+            flat.extend((n, tok) for tok, _ in compiler_tokens(opt))
+        else:
+            flat.append((n, opt))
+    dropped: set[int] = set()
+    i = 0
+    while i < len(flat):
+        tok = flat[i][1]
+        if tok in ("-D", "-U", "-x"):  # the next token is this option's value
+            i += 2
+            continue
+        if tok == "-I":
+            dropped.update((i, i + 1))
+        elif tok.startswith("-I"):
+            dropped.add(i)
+        i += 1
+    kept: dict[int, list[str]] = {}
+    for k, (n, tok) in enumerate(flat):
+        kept.setdefault(n, [])
+        if k not in dropped:
+            kept[n].append(tok)
+    out = []
+    for n, opt in enumerate(elements):
+        toks = kept.get(n, [])
+        if toks:
+            whole = len(toks) == sum(1 for m, _ in flat if m == n) or '"' in opt
+            out.append(opt if whole else " ".join(toks))
+    return out
+
+
 def source_dir_of(path: str | os.PathLike[str] | None) -> str | None:
     """The directory searched first for ``#include "x"`` of a source read from ``path``."""
     return os.path.dirname(os.path.abspath(path)) if path else None
@@ -238,36 +281,97 @@ def parse_search(options: str | bytes) -> IncludeSearch:
                          problem)
 
 
-_SPLICE_RE = re.compile(r"\\[ \t]*\r?\n")
+#: A line splice: a backslash, the blanks clang tolerates before the line end, the line end.
+_SPLICE_RE = re.compile(r"\\[ \t\f\v]*\n")
 _LEX_RE = re.compile(r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'',
                      re.DOTALL)
-_DIRECTIVE_RE = re.compile(r"^[ \t]*#[ \t]*(?:include_next|include|import)\b[ \t]*(.*)$",
-                           re.MULTILINE)
+#: A directive: ``#`` or its digraph ``%:`` first on a line, blanks (form feed and vertical
+#: tab included) around it.
+_DIRECTIVE_RE = re.compile(
+    r"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)\b[ \t\f\v]*(.*)$",
+    re.MULTILINE)
 _HAS_INCLUDE_RE = re.compile(r"__has_include(?:_next)?\s*\(\s*(.?)")
 _NAME_RE = re.compile(r'(?:<([^>\n]+)>|"([^"\n]+)")')
+#: The nine trigraphs (clang replaces them with ``-trigraphs`` or in strict C modes).
+_TRIGRAPHS = {"=": "#", "/": "\\", "'": "^", "(": "[", ")": "]", "!": "|", "<": "{", ">": "}",
+              "-": "~"}
+_TRIGRAPH_RE = re.compile(r"\?\?([=/'()!<>-])")
+
+
+def _lines(text: str) -> str:
+    """``text`` after the first translation phases: a byte-order mark dropped, every line
+    end (CR LF, CR alone) one newline, line splices joined."""
+    if "\ufeff" in text:
+        text = text.replace("\ufeff", "")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\\" in text:
+        text = _SPLICE_RE.sub("", text)
+    return text
 
 
 def _comment_free(text: str) -> str:
     """``text`` after line splicing, with comments replaced by a space, as the
     preprocessor sees it before it reads a directive."""
-    if "\\" in text:
-        text = _SPLICE_RE.sub("", text)
+    text = _lines(text)
     if "/*" in text or "//" in text:
         text = _LEX_RE.sub(lambda m: " " if m.group()[0] == "/" else m.group(), text)
     return text
+
+
+def may_include(text: str) -> bool:
+    """Whether ``text`` may hold a directive that reads a file: the words, or a splice (or
+    the trigraph of a backslash) that may join them. A substring search for most sources.
+
+    >>> may_include("kernel void k() {}"), may_include('#inc\\\\\\nlude "a.h"')
+    (False, True)
+    """
+    if "include" in text or "import" in text:
+        return True
+    if "\\" not in text and "??/" not in text:
+        return False
+    joined = _lines(text.replace("??/", "\\"))
+    return "include" in joined or "import" in joined
+
+
+def readings(text: str) -> tuple[str, ...]:
+    """Every way a preprocessor may read ``text`` before it looks for directives: as it is,
+    and with trigraphs replaced when it holds one (clang does with ``-trigraphs`` or a strict
+    ``-std``; kdb follows both readings, a superset is safe).
+
+    >>> readings("??=include <a.h>")
+    ('??=include <a.h>', '#include <a.h>')
+    """
+    if "??" not in text or _TRIGRAPH_RE.search(text) is None:
+        return (text,)
+    return text, _TRIGRAPH_RE.sub(lambda m: _TRIGRAPHS[m.group(1)], text)
 
 
 @functools.lru_cache(maxsize=512)
 def directives(text: str) -> tuple[tuple[tuple[bool, str], ...], str | None]:
     """``((quoted, name) ...)`` for every ``#include``, ``#include_next``, ``#import`` and
     ``__has_include`` in ``text``, and a problem when one names its header by a macro.
+    Directives are read after the translation phases a compiler applies first (byte-order
+    mark, line ends, trigraphs, splices, comments) and in every spelling it accepts
+    (``%:`` for ``#``, form feeds and vertical tabs around it).
 
     >>> directives('#\\\\\\ninclude "a.h"\\n/* #include "b.h" */ #include <c.h> // "d.h"\\n')
     (((True, 'a.h'), (False, 'c.h')), None)
     """
-    if "include" not in text and "import" not in text:
+    if not may_include(text):
         return (), None
-    text = _comment_free(text)
+    out: list[tuple[bool, str]] = []
+    problem = None
+    for reading in readings(text):
+        got, why = _directives_of(_comment_free(reading))
+        out.extend(g for g in got if g not in out)
+        problem = problem or why
+    return tuple(out), problem
+
+
+def _directives_of(text: str) -> tuple[list[tuple[bool, str]], str | None]:
+    if "include" not in text and "import" not in text:
+        return [], None
     out: list[tuple[bool, str]] = []
     problem = None
     found = [(m.group(1), "#include") for m in _DIRECTIVE_RE.finditer(text)]
@@ -275,13 +379,13 @@ def directives(text: str) -> tuple[tuple[tuple[bool, str], ...], str | None]:
         found += [(text[m.start(1):m.start(1) + 4096], "__has_include")
                   for m in _HAS_INCLUDE_RE.finditer(text)]
     for arg, what in found:
-        m = _NAME_RE.match(arg.strip())
+        m = _NAME_RE.match(arg.strip(" \t\f\v"))
         if m is None:
             problem = problem or f"{what} {arg.strip()[:60]!r} names its header by a macro"
             continue
         angle, quoted = m.groups()
         out.append((quoted is not None, (quoted or angle).strip()))
-    return tuple(out), problem
+    return out, problem
 
 
 #: Directives of header contents by digest: a warm build reads no header again.
@@ -341,7 +445,7 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None
     """
     if search.problem:
         raise UncertainIncludes("option", search.problem)
-    if not search.forced and "include" not in source and "import" not in source:
+    if not search.forced and not may_include(source):
         return ()
     found, problem = directives(source)
     if problem:

@@ -21,7 +21,7 @@ from ... import config, logs
 from ...db import DEFAULT_DB_VARIABLES
 from ..digests import library_id
 from ...errors import InvalidArgumentError, UnsupportedTypeError
-from ..includes import IncludeSearch, parse_search, read_headers, split_include_options
+from ..includes import IncludeSearch, key_options, parse_search, read_headers
 from ...keys import HashAttributes
 from .binaries import library_of
 from ..common import label
@@ -214,34 +214,50 @@ def attributes_for(device: cl.Device, source: str, user_options: list[str],
     the build reads (such a build is not cached).
     """
     user_rest, added_rest = _split_options(user_options, added_options)
+    env = environment()
     return HashAttributes(
         backend=BACKEND,
         source=source,
         arch=arch or arch_of(device),
         build_options=user_rest,
         internal_options=added_rest,
-        headers=headers_of(source, _options_bytes([*user_options, *added_options])),
+        headers=headers_of(source, _options_bytes([*user_options, *added_options]),
+                           environment=env),
         compiler=compiler_identity(device, memo_dir),
-        environment=environment(),
+        environment=env,
         name=name,
     )
 
 
+#: Variables whose value an OpenCL runtime adds to every build's options (PoCL appends
+#: ``POCL_EXTRA_BUILD_FLAGS``): the include options in them find headers too.
+_OPTION_VARIABLES = ("AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND",
+                     "IGC_ExtraOCLOptions", "POCL_EXTRA_BUILD_FLAGS")
+
+
+def search_of(opt_bytes: bytes, env: Sequence[tuple[str, str]] = ()) -> IncludeSearch:
+    """Where a build with ``opt_bytes`` and the key's environment ``env`` finds headers:
+    the options as handed to ``clBuildProgram``, then those the runtime adds from ``env``."""
+    extra = [value.encode("utf-8", "surrogateescape") for name, value in env
+             if name in _OPTION_VARIABLES and value.strip()]
+    return parse_search(b" ".join([opt_bytes, *extra]) if extra else opt_bytes)
+
+
 def headers_of(source: str, opt_bytes: bytes, cwd: str | None = None,
-               search: IncludeSearch | None = None) -> tuple[tuple[str, str], ...]:
+               search: IncludeSearch | None = None,
+               environment: Sequence[tuple[str, str]] = ()) -> tuple[tuple[str, str], ...]:
     """The key's ``headers`` of building ``source`` with ``opt_bytes`` (the options as
-    handed to ``clBuildProgram``) in ``cwd``: what the build reads, by content. The store
-    worker checks a job's headers with this too. Raises
+    handed to ``clBuildProgram``) and the key's ``environment`` in ``cwd``: what the build
+    reads, by content. The store worker checks a job's headers with this too. Raises
     :class:`kdb.backends.includes.UncertainIncludes` where kdb cannot be sure."""
-    return read_headers(source, search or parse_search(opt_bytes), cwd)
+    return read_headers(source, search or search_of(opt_bytes, environment), cwd)
 
 
 def _split_options(user: list[str], added: list[str]) -> tuple[tuple, tuple]:
-    """``(user options, added options)`` for the key, ``-I`` options left out: include
-    paths enter the key as the headers they find (:func:`headers_of`), never as paths."""
-    user_rest, _ = split_include_options(user)
-    added_rest, _ = split_include_options(added)
-    return tuple(user_rest), tuple(added_rest)
+    """``(user options, added options)`` for the key, ``-I`` options left out as the driver
+    reads the joined string: include paths enter the key as the headers they find
+    (:func:`headers_of`), never as paths."""
+    return tuple(key_options(user)), tuple(key_options(added))
 
 
 class _Plan:
@@ -263,7 +279,7 @@ class _Plan:
         user = split_options(options)
         added = _internal_options(self.devs[0], forced)
         self.opt_bytes = _options_bytes(user + added)
-        self.search = parse_search(self.opt_bytes)  # where the compiler finds headers
+        self.search = search_of(self.opt_bytes, env)  # where the compiler finds headers
         self.user_rest, self.added_rest = _split_options(user, added)
         self.archs = [arch or arch_of(d) for d in self.devs]
         self.compilers = [compiler_identity(d, memo) for d in self.devs]

@@ -169,7 +169,8 @@ class HeaderChangedError(LookupError):
 
 def _check_headers(prog: dict, opt_bytes: bytes, keyed: list[HashAttributes]) -> None:
     try:
-        now = dict(headers_of(prog["source"], opt_bytes, prog.get("cwd") or None))
+        now = dict(headers_of(prog["source"], opt_bytes, prog.get("cwd") or None,
+                              environment=keyed[0].environment if keyed else ()))
     except UncertainIncludes as err:
         raise HeaderChangedError(f"job dropped: what the build reads is no longer certain "
                                  f"({err})") from None
