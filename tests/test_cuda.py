@@ -245,9 +245,10 @@ def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
     piece = tmp_path / "ptxas"
     piece.write_bytes(b"one")
     st = piece.stat()
-    rec = {"version": "v", "sha256": {}, "stamps": {
+    rec = {"version": "v", "sha256": {}, "include_dirs": [], "stamps": {
         "ptxas": f"{piece}|{st.st_size}|{st.st_mtime_ns}"}}
     assert backend._still_valid(rec)
+    assert not backend._still_valid({k: v for k, v in rec.items() if k != "include_dirs"})
     piece.write_bytes(b"three")
     assert not backend._still_valid(rec)
     piece.unlink()

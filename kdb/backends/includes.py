@@ -1,14 +1,16 @@
-"""Headers by content: resolve a source's ``#include`` lines and digest what they name.
+"""Headers by content: the one include model of every back end.
 
 Include paths enter the key as the content of the headers they make the source include, not
 as paths: two virtual environments with the same headers in different places get one key.
 The scan is textual and conservative: it follows every include line, including those inside
-``#if`` blocks the compiler may skip (a spurious miss is harmless, a stale hit is not).
+``#if`` blocks the compiler may skip, and every file along the search path that the name
+matches (a spurious miss is harmless, a stale hit is not).
 
-:func:`read_headers` (OpenCL) reads options and directives as the compiler does and refuses,
-with :class:`UncertainIncludes`, what it cannot be sure of (a macro include, a FIFO, an
-unreadable header): that build is not cached. :func:`header_digests` (CUDA) keeps the older
-rule: a macro include digests every header directly inside the include directories.
+:func:`read_headers` reads directives as the preprocessor does after its first translation
+phases and refuses, with :class:`UncertainIncludes`, what it cannot be sure of (a macro
+include, a FIFO, an unreadable header): that build is not cached. Each back end says where
+its compiler looks: :func:`parse_search` (OpenCL C options), :mod:`.cuda.search` (nvcc and
+NVRTC).
 """
 
 from __future__ import annotations
@@ -21,91 +23,10 @@ from typing import Iterable
 
 from .digests import file_digest
 
-_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.MULTILINE)
-_MACRO_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.MULTILINE)
-_HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cl", ".clh", ".cuh", ".inc", ".inl")
-
 
 def _read_text(path: str) -> str:
     with open(path, "rb") as f:
         return f.read().decode("utf-8", errors="replace")
-
-
-def _resolve(name: str, here: str | None, include_dirs: Iterable[str]) -> str | None:
-    candidates = [here] if here else []
-    candidates.extend(include_dirs)
-    for d in candidates:
-        p = os.path.join(d, name)
-        if os.path.isfile(p):
-            return p
-    return None
-
-
-def header_digests(
-    source: str, include_dirs: Iterable[str | os.PathLike[str]], source_dir: str | None = None
-) -> tuple[tuple[str, str], ...]:
-    """``(include name, content digest)`` for every header the source transitively includes.
-
-    A name that resolves to no file is kept with digest ``"missing"`` (the compiler's own
-    headers, or an error the compiler will report). Names are as written in the source,
-    prefixed by the chain of including headers when nested, so the result holds no path.
-    """
-    if "include" not in source:  # most kernels: a substring search, not two regex scans
-        return ()
-    dirs = [os.fspath(d) for d in include_dirs]
-    out: dict[str, str] = {}
-    macro_seen = False
-    seen_files: set[str] = set()
-    stack: list[tuple[str, str | None, str]] = [(source, source_dir, "")]
-    while stack:
-        text, here, prefix = stack.pop()
-        if not macro_seen and _MACRO_INCLUDE_RE.search(text):
-            macro_seen = True
-        for quote, name in _INCLUDE_RE.findall(text):
-            name = name.strip()
-            label = prefix + name
-            path = _resolve(name, here if quote == '"' else None, dirs)
-            if path is None:
-                out.setdefault(label, "missing")
-                continue
-            out[label] = file_digest(path)
-            real = os.path.realpath(path)
-            if real in seen_files:
-                continue
-            seen_files.add(real)
-            stack.append((_read_text(path), os.path.dirname(path), label + ">"))
-    if macro_seen:
-        for d in dirs:
-            try:
-                entries = sorted(os.listdir(d))
-            except OSError:
-                continue
-            for entry in entries:
-                p = os.path.join(d, entry)
-                if entry.endswith(_HEADER_SUFFIXES) and os.path.isfile(p):
-                    out.setdefault("*/" + entry, file_digest(p))
-    return tuple(sorted(out.items()))
-
-
-def split_include_options(options: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Separate ``-I dir`` / ``-Idir`` options from the rest: ``(other options, include dirs)``.
-
-    >>> split_include_options(["-DN=4", "-I", "/a", "-I/b", "-I\\"/c d\\""])
-    (['-DN=4'], ['/a', '/b', '/c d'])
-    """
-    rest: list[str] = []
-    dirs: list[str] = []
-    it = iter(options)
-    for opt in it:
-        if opt == "-I":
-            nxt = next(it, None)
-            if nxt is not None:
-                dirs.append(nxt.strip('"'))
-        elif opt.startswith("-I"):
-            dirs.append(opt[2:].strip('"'))
-        else:
-            rest.append(opt)
-    return rest, dirs
 
 
 def key_options(options: Iterable[str]) -> list[str]:
@@ -149,12 +70,6 @@ def key_options(options: Iterable[str]) -> list[str]:
             whole = len(toks) == sum(1 for m, _ in flat if m == n) or '"' in opt
             out.append(opt if whole else " ".join(toks))
     return out
-
-
-def source_dir_of(path: str | os.PathLike[str] | None) -> str | None:
-    """The directory searched first for ``#include "x"`` of a source read from ``path``."""
-    return os.path.dirname(os.path.abspath(path)) if path else None
-
 
 
 # -- what an OpenCL C compiler reads ------------------------------------------------------
@@ -430,14 +345,18 @@ def _find(name: str, dirs: list[str]) -> list[tuple[str, tuple[int, int]]]:
     return out
 
 
-def read_headers(source: str, search: IncludeSearch, cwd: str | None = None
-                 ) -> tuple[tuple[str, str], ...]:
+def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
+                 main_in_cwd: bool = True, cwd_in_path: bool = True,
+                 files: set[tuple[int, int]] | None = None) -> tuple[tuple[str, str], ...]:
     """``(include name, content digest)`` for every file a build of ``source`` with this
     include search may read, the way an OpenCL C compiler looks: quoted includes in the
     including file's directory first (the working directory ``cwd`` for the program
     itself and ``-include``), then ``-iquote``, the working directory (PoCL's ``-I.``),
     ``-I`` and ``-isystem``. Every match along the path enters, not only the first, so the
-    key holds whatever file the compiler picks. Names are as written, prefixed by the
+    key holds whatever file the compiler picks. nvcc compiles a copy of the program in a
+    directory of its own (``main_in_cwd=False``) and neither it nor NVRTC puts the working
+    directory on the path (``cwd_in_path=False``). ``files`` collects the identities
+    ``(st_dev, st_ino)`` of the files found, for a check against what the compiler read. Names are as written, prefixed by the
     chain of including headers (``a.h>b.h``; ``h.h|2`` for a second match, ``+f.h`` for
     ``-include``): no path enters.
 
@@ -456,16 +375,19 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None
         except OSError:  # a deleted working directory: "." is what the compiler searches
             cwd = "."
     quote = [os.path.join(cwd, d) for r in search.quote for d in r]
-    tail = [cwd, *(os.path.join(cwd, d) for r in search.dirs for d in r)]
+    tail = [*([cwd] if cwd_in_path else []),
+            *(os.path.join(cwd, d) for r in search.dirs for d in r)]
     out: dict[str, str] = {}
-    followed: set[tuple[int, int]] = set()
+    followed: set[tuple[int, int]] = set() if files is None else files
     forced = tuple((True, name) for r in search.forced for name in r)
-    stack: list[tuple[tuple, str, str]] = [(found, cwd, ""), (forced, cwd, "+")]
+    main = cwd if main_in_cwd else None
+    stack: list[tuple[tuple, str | None, str]] = [(found, main, ""), (forced, cwd, "+")]
     while stack:
         items, here, prefix = stack.pop()
         for quoted, name in items:
             label = prefix + name
-            matches = _find(name, [here, *quote, *tail] if quoted else tail)
+            dirs = ([here] if here is not None else []) + quote + tail if quoted else tail
+            matches = _find(name, dirs)
             if not matches:
                 out.setdefault(label, "missing")
                 continue

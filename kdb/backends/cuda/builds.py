@@ -22,7 +22,9 @@ log = logs.get("kdb")
 
 
 def _run_nvcc(req: _Request) -> bytes:
-    """nvcc in a temporary directory; its failure is a :class:`kdb.CompileError`."""
+    """nvcc in a temporary directory; its failure is a :class:`kdb.CompileError`. nvcc also
+    writes the files it read (``-MD``): one it read that the key does not hold raises
+    :class:`UnkeyedRead` with the binary, which is then served and not stored."""
     import subprocess
     import tempfile
 
@@ -32,7 +34,8 @@ def _run_nvcc(req: _Request) -> bytes:
             f.write(req.text)
         cmd = req.command("kernel.cu", out_name)
         try:
-            proc = subprocess.run(cmd, cwd=tmp, capture_output=True)
+            proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
+                                  capture_output=True)
         except OSError as err:
             raise BackendUnavailableError(
                 f"cannot run {req.nvcc.path}: {err}; set {config.ENV_NVCC} or CUDA_HOME "
@@ -49,20 +52,112 @@ def _run_nvcc(req: _Request) -> bytes:
             raise err
         with open(out_path, "rb") as f:
             data = f.read()
+        unkeyed = _unkeyed_reads(req, tmp)
     if said.strip():
         log.debug("kdb: nvcc said, building %s: %s", req.attrs.name, said.strip())
+    if unkeyed:
+        raise UnkeyedRead(data, f"nvcc read {unkeyed!r}, a file kdb's include model did not "
+                                "find, so the key would not see its edits")
     return data
+
+
+class UnkeyedRead(Exception):
+    """The compiler read a file the key does not hold: the binary is served, not stored."""
+
+    def __init__(self, binary: bytes, why: str) -> None:
+        super().__init__(why)
+        self.binary = binary
+
+
+def _unkeyed_reads(req: _Request, tmp: str) -> str | None:
+    """The first file nvcc read (its ``-MD`` list) that is neither the program, nor under
+    the directories it searches by default, nor a header the key holds; None when none."""
+    try:
+        with open(os.path.join(tmp, "kernel.d"), encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return "its dependency list (nvcc wrote none)"
+    system = tuple(os.path.join(d, "") for d in req.nvcc.system_dirs)
+    for dep in dependency_paths(text)[1:]:  # the first is the program itself
+        path = os.path.realpath(os.path.join(tmp, dep))
+        if path.startswith(system):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            return dep
+        if (st.st_dev, st.st_ino) not in req.header_files:
+            return dep
+    return None
+
+
+def dependency_paths(text: str) -> list[str]:
+    r"""The prerequisites of a make rule as ``-MD`` writes it (a backslash ends a continued
+    line; ``\ `` is a space in a name).
+
+    >>> dependency_paths("k.o : k.cu \\\n  a\\ b.h /x/c.h\n")
+    ['k.cu', 'a b.h', '/x/c.h']
+    """
+    body = text.replace("\\\n", " ").replace("\\\r\n", " ")
+    _, _, deps = body.partition(": ")
+    out, cur, i = [], [], 0
+    while i < len(deps):
+        ch = deps[i]
+        if ch == "\\" and i + 1 < len(deps) and deps[i + 1] in " #":
+            cur.append(deps[i + 1])
+            i += 2
+            continue
+        if ch.isspace():
+            if cur:
+                out.append("".join(cur))
+                cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    if cur:
+        out.append("".join(cur))
+    return out
 
 
 def _build(req: _Request) -> bytes:
     """Run the request's compiler (nvcc or NVRTC); its failure is a :class:`kdb.CompileError`."""
     if isinstance(req.tool, NvrtcIdentity):
         data, said = _nvrtc.run(req.tool.path, req.text, req.arch, req.output, req.options,
-                                req.include_dirs, req.attrs.name)
+                                req.include_args, req.attrs.name)
         if said.strip():
             log.debug("kdb: NVRTC said, building %s: %s", req.attrs.name, said.strip())
         return data
     return _run_nvcc(req)
+
+
+def _uncached(db: KernelDB, req: _Request, why: str) -> bytes:
+    """A build neither looked up nor stored: kdb cannot be sure what it reads."""
+    if not db.tiers.disabled:
+        logs.warn_once(f"cuda-includes:{why[:40]}", "kdb: %s; such CUDA programs are built "
+                       "without the cache", why)
+    if req.tool is None:
+        raise BackendUnavailableError(
+            f"no CUDA compiler is installed, and {req.attrs.name} cannot be served from kdb: "
+            f"{why}. Install a compiler: pip install 'kdb[cuda]' (NVRTC) or the CUDA toolkit")
+    try:
+        return _build(req)
+    except UnkeyedRead as err:
+        return err.binary
+
+
+def cached_build(db: KernelDB, req: _Request, build=None) -> bytes:
+    """The request's binary from kdb, or built now and stored; a build kdb cannot be sure
+    of (:attr:`_Request.uncertain`, or a compiler that read a file the key does not hold)
+    is built and not stored. ``build``: what compiles (default: the request's compiler)."""
+    if req.uncertain:
+        return _uncached(db, req, req.uncertain)
+    try:
+        return db.tiers.get_or_compile(req.attrs, build or (lambda: _build(req)),
+                                       details=req.details())
+    except UnkeyedRead as err:
+        logs.warn_once("cuda-includes:unkeyed", "kdb: %s; such CUDA programs are built "
+                       "without the cache", err)
+        return err.binary
 
 
 def _stored_builds(db: KernelDB, req: _Request) -> list:
@@ -88,7 +183,10 @@ def _stored_builds(db: KernelDB, req: _Request) -> list:
 def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
     """A miss: compile now, log the compile, store the result in the background."""
     start = time.perf_counter()
-    binary = _build(req)
+    try:
+        binary = _build(req)
+    except UnkeyedRead as err:
+        return err.binary
     seconds = time.perf_counter() - start
     rec = db.tiers.record_compile(req.attrs, seconds)
     db.tiers.put_later(req.attrs, lambda: binary, compile_seconds=seconds, details=req.details(),
@@ -114,11 +212,11 @@ def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natura
     db = db or default_db()
     req = _request(source, arch, options, include_dirs, output, nvcc, db.cache_root, name,
                    compiler)
-    if req.tool is None:
+    if req.tool is None and not req.uncertain:
         from ..fallback import served
 
         best = _stored_builds(db, req)[0]
         served(db, req.attrs, best)
         return best.binary
-    return db.tiers.get_or_compile(req.attrs, lambda: _build(req), details=req.details())
+    return cached_build(db, req)
 

@@ -16,13 +16,15 @@ from typing import Any, Iterable, Sequence
 
 from ... import config
 from ...errors import BackendUnavailableError, InvalidArgumentError, UnsupportedTypeError
-from ..includes import header_digests, split_include_options
+from ..includes import UncertainIncludes, read_headers
 from ...keys import HashAttributes
 from . import nvrtc as _nvrtc
 from ..common import label, source_text
 from .nvcc import ARCH_RE as _ARCH_RE
 from .nvcc import NvccIdentity, find_nvcc, identity
 from .nvrtc import NvrtcIdentity
+from .search import VARIABLES as _SEARCH_VARIABLES
+from .search import cuda_search
 
 BACKEND = "cuda"
 
@@ -226,12 +228,15 @@ class _Request:
     text: str
     arch: str
     output: str
-    options: tuple[str, ...]  # without -I
-    include_dirs: tuple[str, ...]  # absolute
+    options: tuple[str, ...]  # without include options
+    include_args: tuple[str, ...]  # the include options, absolute, in kdb's normal form
+    include_dirs: tuple[str, ...]  # the -I and -isystem dirs of the request (for explain)
     tool: NvccIdentity | NvrtcIdentity | None  # None: no compiler here
     attrs: HashAttributes
     wanted: str | None = None  # the compiler asked for (None: any)
     missing: str = ""  # why no compiler was found
+    uncertain: str | None = None  # why kdb cannot be sure what the build reads (not cached)
+    header_files: frozenset = frozenset()  # (st_dev, st_ino) of the headers the key holds
 
     @property
     def nvcc(self) -> NvccIdentity:
@@ -240,7 +245,7 @@ class _Request:
 
     def command(self, src: str, out: str) -> list[str]:
         return [self.nvcc.path, OUTPUTS[self.output], f"-arch={self.arch}", *self.options,
-                *(f"-I{d}" for d in self.include_dirs), "-o", out, src]
+                *self.include_args, "-o", out, src]
 
     def details(self) -> dict[str, Any]:
         """Machine-local facts kept beside the entry for ``kdb explain``, never in the key."""
@@ -259,33 +264,68 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
              name: str | None, compiler: str | None = None) -> _Request:
     text = _text(source)
     check_arch(arch, output)
-    rest, option_dirs = split_include_options(split_options(options))
-    _check_options(rest)
+    given = split_options(options)
     if isinstance(include_dirs, (str, os.PathLike)):
         raise InvalidArgumentError("include_dirs must be a sequence of directories, not one")
     if compiler == "nvrtc" and output == "fatbin":
         raise InvalidArgumentError("NVRTC builds cubins and PTX, not fatbins: use "
                                    "output='cubin' or 'ptx', or compiler='nvcc'")
-    dirs = tuple(os.path.abspath(os.fspath(d)) for d in (*(include_dirs or ()), *option_dirs))
     kind, ident, missing = find_compiler(compiler, nvcc, memo_dir)
     if kind == "nvrtc" and output == "fatbin":
         raise BackendUnavailableError(
             "a fatbin needs nvcc, and none was found (NVRTC, found instead, builds cubins and "
             f"PTX only): install the CUDA toolkit and set {config.ENV_NVCC} or CUDA_HOME")
+    cwd = _cwd()
+    found = cuda_search(given, [os.fspath(d) for d in include_dirs or ()], kind != "nvrtc",
+                        config.read_variables(_SEARCH_VARIABLES), cwd)
+    _check_options(found.rest)
+    files: set[tuple[int, int]] = set()
+    try:
+        if found.problem:
+            raise UncertainIncludes("option", found.problem)
+        # nvcc compiles a copy in a directory of its own; NVRTC looks beside the program in
+        # the working directory; neither puts the working directory on the path.
+        headers = read_headers(text, found.search, cwd, main_in_cwd=kind == "nvrtc",
+                               cwd_in_path=False, files=files)
+        uncertain = None
+    except UncertainIncludes as err:
+        headers, uncertain = (("?", "uncertain"),), str(err)
     attrs = HashAttributes(
         backend=BACKEND,
         source=text,
         arch=arch,
-        build_options=tuple(rest),
+        build_options=found.rest,
         internal_options=(OUTPUTS[output],),
-        headers=header_digests(text, dirs),
+        headers=headers,
         compiler=ident.compiler if ident else (),
         # nvcc reads these variables; NVRTC reads none. With no compiler, the entries built
         # with the same variables are the ones to serve.
         environment=() if kind == "nvrtc" else environment(),
         name=name or _label(text),
     )
-    return _Request(text, arch, output, tuple(rest), dirs, ident, attrs, compiler, missing)
+    args = found.args if kind != "nvrtc" else _nvrtc_args(found.args)
+    return _Request(text, arch, output, found.rest, args, found.dirs, ident, attrs, compiler,
+                    missing, uncertain, frozenset(files))
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # a deleted working directory: relative paths name nothing
+        return ""
+
+
+def _nvrtc_args(args: tuple[str, ...]) -> tuple[str, ...]:
+    """nvcc's normal form of the include options as NVRTC takes them, an element each."""
+    out, it = [], iter(args)
+    for a in it:
+        if a == "-isystem":
+            out.append("-I" + next(it))
+        elif a == "-include":
+            out.append("--pre-include=" + next(it))
+        else:
+            out.append(a)
+    return tuple(out)
 
 
 def attributes_for(source: str | bytes, arch: str = "sm_90",

@@ -9,7 +9,7 @@ from ... import config, logs
 from ...db import KernelDB, default_db
 from ...errors import BackendUnavailableError, InvalidArgumentError
 from ..common import source_text
-from .builds import _build, _compile_and_store, _stored_builds
+from .builds import _build, _compile_and_store, _stored_builds, cached_build
 from .keys import _Request, _request
 
 log = logs.get("kdb")
@@ -103,7 +103,7 @@ class SourceModule:
             compiled.append(True)
             return _build(req)
 
-        binary = db.tiers.get_or_compile(req.attrs, build, details=req.details())
+        binary = cached_build(db, req, build)
         try:
             self.module = drv.module_from_buffer(binary)
         except getattr(drv, "Error", Exception) as err:

@@ -111,6 +111,9 @@ class NvccIdentity:
     version: str
     toolkit: str  # the toolkit's root directory: metadata, never in the key
     digests: tuple[tuple[str, str], ...]  # (piece name, sha256)
+    #: The directories nvcc and its host preprocessor search with no option (the toolkit's
+    #: and the system's headers, real paths): metadata, never in the key.
+    system_dirs: tuple[str, ...] = ()
 
     @property
     def compiler(self) -> tuple[tuple[str, str], ...]:
@@ -142,7 +145,7 @@ def identity(nvcc: Nvcc | str, memo_dir: str | os.PathLike[str] | None = None) -
         root = Path(memo_dir) if memo_dir is not None else config.cache_root()
         rec = machine_memo(root, "nvcc", path, lambda: _probe(path, root), _still_valid)
         ident = NvccIdentity(path, rec["version"], rec["toolkit"],
-                             tuple(sorted(rec["sha256"].items())))
+                             tuple(sorted(rec["sha256"].items())), tuple(rec["include_dirs"]))
         _identities[memo] = ident
     return ident
 
@@ -184,7 +187,39 @@ def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
         sha[name] = machine_digest(p, memo_dir)
     here = variables.get("_HERE_") or os.path.dirname(os.path.realpath(path))
     return {"version": version, "toolkit": os.path.normpath(os.path.join(here, os.pardir)),
-            "stamps": stamps, "sha256": sha}
+            "stamps": stamps, "sha256": sha, "include_dirs": _default_dirs(path)}
+
+
+#: Variables that add to the default search; unset for the probe of the defaults.
+_SEARCH_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_PREPEND_FLAGS",
+                     "NVCC_APPEND_FLAGS")
+
+
+def _default_dirs(path: str) -> list[str]:
+    """The include directories nvcc searches with no option, as its host preprocessor
+    lists them (``-Xcompiler -v``), real paths: headers found there come with the toolkit
+    or the system, not from the program's own search."""
+    import subprocess
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k not in _SEARCH_VARIABLES}
+    with tempfile.TemporaryDirectory(prefix="kdb-nvcc-probe-") as tmp:
+        open(os.path.join(tmp, "probe.cu"), "w").close()
+        try:
+            proc = subprocess.run([path, "-E", "-Xcompiler", "-v", "probe.cu", "-o", "probe.i"],
+                                  cwd=tmp, env=env, capture_output=True,
+                                  timeout=_PROBE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+    dirs, inside = [], False
+    for line in (proc.stderr + proc.stdout).decode("utf-8", "replace").splitlines():
+        if line.startswith("#include <...> search starts here"):
+            inside = True
+        elif line.startswith("End of search list"):
+            inside = False
+        elif inside and line.startswith(" "):
+            dirs.append(os.path.realpath(line.strip()))
+    return sorted(set(dirs))
 
 
 def _pieces(path: str, variables: dict[str, str]) -> dict[str, str]:
@@ -216,7 +251,8 @@ def _still_valid(rec: Any) -> bool:
             st = os.stat(p)
             if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
                 return False
-        return isinstance(rec["version"], str) and isinstance(rec["sha256"], dict)
+        return (isinstance(rec["version"], str) and isinstance(rec["sha256"], dict)
+                and isinstance(rec["include_dirs"], list))
     except (OSError, KeyError, TypeError, ValueError, AttributeError):
         return False
 

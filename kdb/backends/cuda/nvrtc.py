@@ -234,10 +234,11 @@ def _check(lib: Any, status: int, what: str) -> None:
 
 
 def run(path: str, text: str, arch: str, output: str, options: Sequence[str],
-        include_dirs: Sequence[str], name: str) -> tuple[bytes, str]:
+        include_args: Sequence[str], name: str) -> tuple[bytes, str]:
     """Compile ``text`` with the NVRTC at ``path``; returns (cubin or PTX, NVRTC's log).
 
-    A cubin is built for ``arch`` (``-arch=sm_XX``); PTX for its virtual arch
+    ``include_args``: the include options, one an element. A cubin is built for ``arch``
+    (``-arch=sm_XX``); PTX for its virtual arch
     (``-arch=compute_XX``), which is what nvcc's ``-ptx -arch=sm_XX`` writes. A failed
     build raises :class:`kdb.CompileError` with NVRTC's log.
     """
@@ -245,7 +246,7 @@ def run(path: str, text: str, arch: str, output: str, options: Sequence[str],
 
     lib = _load(path)
     target = arch if output == "cubin" else "compute_" + arch.split("_", 1)[1]
-    opts = [f"-arch={target}", *options, *(f"-I{d}" for d in include_dirs)]
+    opts = [f"-arch={target}", *options, *include_args]
     prog = ctypes.c_void_p()
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode("utf-8"), b"kernel.cu",
                                        0, None, None), "nvrtcCreateProgram")

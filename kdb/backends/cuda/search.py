@@ -1,0 +1,156 @@
+"""Where nvcc and NVRTC find headers: their include options and variables, one model.
+
+kdb runs nvcc on a copy of the program in a temporary directory, so the include options a
+caller gives are made absolute against the caller's working directory and handed to the
+compiler in one normal form (``-I``, ``-isystem``, ``-include``), each directory once. The
+key keeps the other options; the headers enter it by content
+(:func:`kdb.backends.includes.read_headers`). What the model cannot be sure of (an option
+file, host-compiler options, a relative directory in a variable nvcc reads from the
+environment) makes the build uncertain: it is built and not cached.
+
+nvcc reads ``-I``/``--include-path``, ``-isystem``/``--system-include`` and
+``-include``/``--pre-include``, each with a comma-separated list, and its host preprocessor
+reads ``CPATH``, ``C_INCLUDE_PATH`` and ``CPLUS_INCLUDE_PATH``; ``NVCC_PREPEND_FLAGS`` and
+``NVCC_APPEND_FLAGS`` add options. NVRTC reads only its options, one per element, and
+resolves quoted includes of the program from the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ..includes import IncludeSearch
+
+#: Include options with their long spellings: (short, long, where).
+_FLAGS = (("-I", "--include-path", "dirs"), ("-isystem", "--system-include", "system"),
+          ("-include", "--pre-include", "forced"))
+#: Options whose value may change the include search in ways kdb does not model.
+_OPAQUE = ("-Xcompiler", "--compiler-options", "-optf", "--options-file", "-Xpreprocessor")
+#: The host preprocessor's variables: (name, where).
+_PATH_VARIABLES = (("CPATH", "dirs"), ("C_INCLUDE_PATH", "system"),
+                   ("CPLUS_INCLUDE_PATH", "system"))
+#: Every variable the model reads, for :func:`kdb.config.read_variables`.
+VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_PREPEND_FLAGS",
+             "NVCC_APPEND_FLAGS")
+
+
+@dataclass(frozen=True)
+class CudaSearch:
+    """A request's include search: ``rest`` (the options without include options, for the
+    key and the command), ``args`` (the include options kdb hands the compiler, absolute),
+    the :class:`IncludeSearch` the key's headers come from, and ``problem`` when kdb cannot
+    be sure what the build reads."""
+
+    rest: tuple[str, ...]
+    args: tuple[str, ...]
+    search: IncludeSearch
+    dirs: tuple[str, ...]  # the -I and -isystem dirs of the options, for kdb explain
+
+    @property
+    def problem(self) -> str | None:
+        return self.search.problem
+
+
+def _values(value: str, nvcc: bool) -> tuple[list[str], list[str]]:
+    """``(the paths the compiler takes from an option value, other readings)``: nvcc splits
+    a value at commas; ``=dir`` may be read as ``dir``. The search follows every reading
+    (a superset is safe); the compiler is handed the first list."""
+    taken = [p for p in value.split(",") if p] if nvcc else [value]
+    other = [value] + [p[1:] for p in (value, *taken) if p.startswith("=")]
+    return taken, [p for p in dict.fromkeys(other) if p and p not in taken]
+
+
+def _parse(options: Sequence[str], nvcc: bool
+           ) -> tuple[list[str], dict[str, list[str]], dict[str, list[str]], str | None]:
+    """``(other options, {where: [paths taken]}, {where: [other readings]}, problem)`` of
+    one option list, an element one option (as nvcc's argv and NVRTC's array take them)."""
+    rest: list[str] = []
+    found: dict[str, list[str]] = {"dirs": [], "system": [], "forced": []}
+    extra: dict[str, list[str]] = {"dirs": [], "system": [], "forced": []}
+    problem = None
+    it = iter(options)
+    for opt in it:
+        for short, long, where in _FLAGS:
+            if opt in (short, long):
+                value = next(it, None)
+            elif opt.startswith(long + "="):
+                value = opt[len(long) + 1:]
+            elif opt.startswith(short):
+                value = opt[len(short):]
+            else:
+                continue
+            if value is not None:
+                taken, other = _values(value, nvcc)
+                found[where] += taken
+                extra[where] += other
+            break
+        else:
+            head = opt.split("=", 1)[0]
+            if head in _OPAQUE:
+                problem = problem or (f"the option {opt!r} may change where headers are found "
+                                      "(kdb does not read it)")
+            rest.append(opt)
+    return rest, found, extra, problem
+
+
+def _absolute(paths: list[str], base: str, what: str) -> tuple[list[str], str | None]:
+    out, problem = [], None
+    for p in paths:
+        if os.path.isabs(p):
+            out.append(os.path.normpath(p))
+        elif base:
+            out.append(os.path.normpath(os.path.join(base, p)))
+        else:  # relative to nvcc's own temporary directory: nothing kdb can name
+            problem = problem or f"{what} names the relative path {p!r}"
+    return out, problem
+
+
+def cuda_search(options: Sequence[str], include_dirs: Sequence[str], nvcc: bool,
+                variables: Mapping[str, str | None], cwd: str) -> CudaSearch:
+    """The include search of a CUDA build: ``options`` (a list, an element one option),
+    ``include_dirs`` (kdb's argument), ``nvcc`` (else NVRTC), the :data:`VARIABLES` read."""
+    rest, found, extra, problem = _parse(options, nvcc)
+    own = {w: _absolute(v, cwd, "an option")[0] for w, v in found.items() if w != "forced"}
+    own["dirs"] = [os.path.normpath(os.path.join(cwd, d)) for d in include_dirs] + own["dirs"]
+    # -include: the compiler looks in its working directory (kdb's copy's), then the path
+    own["forced"] = [os.path.join(cwd, f) if cwd and os.path.isfile(os.path.join(cwd, f))
+                     else f for f in found["forced"]]
+    more = {w: _absolute(v, cwd, "an option")[0] for w, v in extra.items()}
+    if nvcc:
+        problem = problem or _environment(variables, more)
+    own = {w: list(dict.fromkeys(v)) for w, v in own.items()}
+    args = ([f"-I{d}" for d in own["dirs"]] + [a for d in own["system"] for a in ("-isystem", d)]
+            + [a for f in own["forced"] for a in ("-include", f)])
+    dirs = own["dirs"] + own["system"] + more["dirs"] + more["system"]
+    search = IncludeSearch(quote=(), dirs=[(d,) for d in dict.fromkeys(dirs)],
+                           forced=[(f,) for f in dict.fromkeys(own["forced"] + more["forced"])],
+                           problem=problem)
+    return CudaSearch(tuple(rest), tuple(args), search, tuple(own["dirs"] + own["system"]))
+
+
+def _environment(variables: Mapping[str, str | None], more: dict[str, list[str]]) -> str | None:
+    """Add the include search nvcc takes from its environment to ``more``; a problem when
+    kdb cannot name what it finds (a relative path: relative to nvcc's own directory)."""
+    problem = None
+    for name in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"):
+        value = (variables.get(name) or "").strip()
+        if not value:
+            continue
+        try:
+            _, found, extra, why = _parse(shlex.split(value), True)
+        except ValueError:
+            found, extra, why = {}, {}, f"{name} cannot be split like a shell line"
+        problem = problem or why
+        for where in found:
+            paths, why = _absolute(found[where] + extra[where], "", name)
+            more[where] += paths
+            problem = problem or why
+    for name, where in _PATH_VARIABLES:
+        entries = [e for e in (variables.get(name) or "").split(os.pathsep) if e]
+        paths, why = _absolute(entries, "", name)
+        more[where] += paths
+        problem = problem or why
+    return problem

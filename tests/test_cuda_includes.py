@@ -1,0 +1,206 @@
+"""CUDA's include search, seen as nvcc and NVRTC see it: every form that finds a header.
+
+Each case builds PTX whose constant comes from a header, edits the header, and builds again
+through kdb: the PTX must show the new constant (a stale hit shows the old one). Each form
+here served the old PTX before kdb read CUDA's include options as the compilers do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import kdb
+import kdb.cuda
+from kdb import BackendUnavailableError
+from kdb.backends import cuda as backend
+from kdb.backends.cuda import keys as cuda_keys
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+
+
+def _nvrtc_found() -> str | None:
+    try:
+        return backend.find_nvrtc().path
+    except BackendUnavailableError:
+        return None
+
+
+needs_nvrtc = pytest.mark.skipif(
+    _nvrtc_found() is None, reason="NVRTC not found (pip install nvidia-cuda-nvrtc, the test extra)")
+
+KERNEL = "__global__ void scale(float *a) { a[threadIdx.x] *= SCALE; }\n"
+#: PTX spells float constants as their IEEE bits: 3.0f, 5.0f.
+PTX = {3: b"0f40400000", 5: b"0f40A00000"}
+
+
+def stored(cache_dir: Path) -> int:
+    files = list((cache_dir / "v1").glob("*.kdb"))
+    if not files:
+        return 0
+    conn = sqlite3.connect(files[0])
+    try:
+        return conn.execute("SELECT count(*) FROM kernels").fetchone()[0]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def db(cache_dir):
+    d = kdb.KernelDB()
+    yield d
+    d.close()
+
+
+#: id: (compiler, the program's first line, options given the header's dir d, variables
+#: given d, where the header lives relative to the working directory w; d is w/inc).
+CASES = {
+    "CPATH": ("nvcc", '#include "scale.cuh"', lambda d: [], lambda d: {"CPATH": d}, "inc"),
+    "CPLUS_INCLUDE_PATH": ("nvcc", "#include <scale.cuh>", lambda d: [],
+                           lambda d: {"CPLUS_INCLUDE_PATH": d}, "inc"),
+    "--include-path=": ("nvcc", '#include "scale.cuh"', lambda d: [f"--include-path={d}"],
+                        lambda d: {}, "inc"),
+    "--include-path dir": ("nvcc", '#include "scale.cuh"', lambda d: ["--include-path", d],
+                           lambda d: {}, "inc"),
+    "--include-path relative": ("nvcc", '#include "scale.cuh"',
+                                lambda d: ["--include-path=inc"], lambda d: {}, "inc"),
+    "-I a comma list": ("nvcc", '#include "scale.cuh"', lambda d: [f"-I/nowhere,{d}"],
+                        lambda d: {}, "inc"),
+    "-isystem": ("nvcc", "#include <scale.cuh>", lambda d: ["-isystem", d], lambda d: {}, "inc"),
+    "--system-include=": ("nvcc", "#include <scale.cuh>", lambda d: [f"--system-include={d}"],
+                          lambda d: {}, "inc"),
+    "-include": ("nvcc", "", lambda d: ["-include", f"{d}/scale.cuh"], lambda d: {}, "inc"),
+    "--pre-include=": ("nvcc", "", lambda d: [f"--pre-include={d}/scale.cuh"], lambda d: {},
+                       "inc"),
+    "NVCC_APPEND_FLAGS=-I": ("nvcc", '#include "scale.cuh"', lambda d: [],
+                             lambda d: {"NVCC_APPEND_FLAGS": f"-I{d}"}, "inc"),
+    "NVCC_PREPEND_FLAGS=--include-path": (
+        "nvcc", '#include "scale.cuh"', lambda d: [],
+        lambda d: {"NVCC_PREPEND_FLAGS": f"--include-path {d}"}, "inc"),
+    "#\\ splice": ("nvcc", '#\\\ninclude "scale.cuh"', lambda d: ["-I", d], lambda d: {}, "inc"),
+    "macro include into a subdirectory": (
+        "nvcc", '#define H "sub/scale.cuh"\n#include H', lambda d: ["-I", d], lambda d: {},
+        "inc/sub"),
+    "NVRTC: the working directory": ("nvrtc", '#include "scale.cuh"', lambda d: [],
+                                     lambda d: {}, "."),
+    "NVRTC: --include-path=": ("nvrtc", '#include "scale.cuh"',
+                               lambda d: [f"--include-path={d}"], lambda d: {}, "inc"),
+    "NVRTC: --pre-include=": ("nvrtc", "", lambda d: [f"--pre-include={d}/scale.cuh"],
+                              lambda d: {}, "inc"),
+    "NVRTC: -I relative": ("nvrtc", "#include <scale.cuh>", lambda d: ["-Iinc"], lambda d: {},
+                           "inc"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_edited_header_is_never_served_stale(case, db, tmp_path, monkeypatch):
+    compiler, first, options, variables, where = CASES[case]
+    if compiler == "nvcc" and NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    if compiler == "nvrtc" and _nvrtc_found() is None:
+        pytest.skip("NVRTC not found")
+    work = tmp_path / "work"
+    d = work / "inc"
+    header = work / where / "scale.cuh"
+    header.parent.mkdir(parents=True, exist_ok=True)
+    d.mkdir(exist_ok=True)
+    monkeypatch.chdir(work)
+    for name, value in variables(str(d)).items():
+        monkeypatch.setenv(name, value)
+    src = first + "\n" + KERNEL
+
+    def build() -> bytes:
+        return kdb.cuda.compile(src, "sm_90", options(str(d)), output="ptx", db=db,
+                                compiler=compiler)
+
+    header.write_text("#define SCALE 3.0f\n")
+    assert PTX[3] in build()
+    db.flush()
+    header.write_text("#define SCALE 5.0f\n")
+    assert PTX[5] in build()
+
+
+@needs_nvcc
+def test_a_macro_include_is_built_without_the_cache_with_one_warning(cache_dir, db, tmp_path,
+                                                                     caplog):
+    (tmp_path / "scale.cuh").write_text("#define SCALE 3.0f\n")
+    src = '#define H "scale.cuh"\n#include H\n' + KERNEL
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        for _ in range(2):
+            assert PTX[3] in kdb.cuda.compile(src, "sm_90", [f"-I{tmp_path}"], output="ptx",
+                                              db=db)
+    db.flush()
+    assert stored(cache_dir) == 0
+    warned = [r for r in caplog.records if "names its header by a macro" in r.getMessage()]
+    assert len(warned) == 1 and "without the cache" in warned[0].getMessage()
+
+
+@needs_nvcc
+@pytest.mark.parametrize("options", [["-Xcompiler", "-I/somewhere"], ["--options-file", "x"]])
+def test_options_kdb_does_not_read_make_the_build_uncertain(options, db):
+    req = cuda_keys._request(KERNEL.replace("SCALE", "2.0f"), "sm_90", options, (), "ptx",
+                             None, db.cache_root, None)
+    assert req.uncertain and "may change where headers are found" in req.uncertain
+
+
+@needs_nvcc
+def test_a_relative_directory_in_nvccs_variables_is_uncertain(db, monkeypatch):
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-Iinc")
+    req = cuda_keys._request(KERNEL, "sm_90", [], (), "ptx", None, db.cache_root, None)
+    assert req.uncertain and "relative path" in req.uncertain
+
+
+@needs_nvcc
+def test_include_options_leave_the_key_and_reach_nvcc_absolute(db, tmp_path, monkeypatch):
+    """Two working trees with the same header: one key; nvcc gets each path absolute."""
+    keys = []
+    for tree in ("a", "b"):
+        inc = tmp_path / tree / "inc"
+        inc.mkdir(parents=True)
+        (inc / "scale.cuh").write_text("#define SCALE 3.0f\n")
+        monkeypatch.chdir(tmp_path / tree)
+        req = cuda_keys._request('#include "scale.cuh"\n' + KERNEL, "sm_90",
+                                 ["--include-path=inc", "-isystem", "inc", "-DX=1"], (), "ptx",
+                                 None, db.cache_root, None)
+        assert req.attrs.build_options == ("-DX=1",)
+        assert f"-I{inc}" in req.include_args and str(inc) in req.include_args
+        keys.append(req.attrs.key)
+    assert keys[0] == keys[1]
+
+
+@needs_nvcc
+def test_a_file_nvcc_read_that_the_key_does_not_hold_is_not_stored(cache_dir, db, tmp_path,
+                                                                   monkeypatch, caplog):
+    """The compiler is the oracle: nvcc lists what it read (-MD); a header kdb's model did
+    not find (here: a model made blind on purpose) keeps the binary out of the cache."""
+    (tmp_path / "scale.cuh").write_text("#define SCALE 3.0f\n")
+    monkeypatch.setattr(cuda_keys, "read_headers", lambda *a, **k: ())
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        ptx = kdb.cuda.compile('#include "scale.cuh"\n' + KERNEL, "sm_90", [f"-I{tmp_path}"],
+                               output="ptx", db=db)
+    assert PTX[3] in ptx
+    db.flush()
+    assert stored(cache_dir) == 0
+    assert any("did not find" in r.getMessage() and "scale.cuh" in r.getMessage()
+               for r in caplog.records)
+
+
+@needs_nvcc
+def test_headers_from_the_toolkit_and_the_system_do_not_count_as_unkeyed(cache_dir, db):
+    src = "#include <cuda_fp16.h>\n#include <stdint.h>\n" + KERNEL.replace("SCALE", "2.0f")
+    kdb.cuda.compile(src, "sm_90", output="ptx", db=db)
+    db.flush()
+    assert stored(cache_dir) == 1
+
+
+def test_dependency_lists_are_read_as_make_writes_them():
+    from kdb.backends.cuda.builds import dependency_paths
+
+    text = "kernel.ptx : kernel.cu \\\n    /usr/include/a.h \\\n    sp\\ ace/w.h \\\n    b.h\n"
+    assert dependency_paths(text) == ["kernel.cu", "/usr/include/a.h", "sp ace/w.h", "b.h"]
