@@ -9,7 +9,8 @@ import pytest
 
 from kdb import HashAttributes
 from kdb.backends.digests import file_digest
-from kdb.backends.includes import IncludeSearch, UncertainIncludes, key_options, read_headers
+from kdb.backends.cloptions import compiler_tokens, key_options, parse_search
+from kdb.backends.includes import IncludeSearch, UncertainIncludes, read_headers
 
 SOURCE = '#include "defs.h"\n__kernel void k(__global float *x) { x[0] = SCALE; }\n'
 
@@ -213,13 +214,7 @@ def test_opencl_attributes_are_portable_across_environments(tmp_path, cl_ctx):
 
 # -- read_headers: what an OpenCL C compiler reads ------------------------------------------
 
-from kdb.backends.includes import (
-    UncertainIncludes,
-    compiler_tokens,
-    directives,
-    parse_search,
-    read_headers,
-)
+from kdb.backends.includes import directives  # noqa: E402
 
 
 def headers(source: str, options: str, cwd) -> dict[str, str]:

@@ -21,7 +21,8 @@ from ... import config, logs
 from ...db import DEFAULT_DB_VARIABLES
 from ..digests import library_id
 from ...errors import InvalidArgumentError, UnsupportedTypeError
-from ..includes import IncludeSearch, key_options, parse_search, read_headers
+from ..cloptions import key_options, parse_search
+from ..includes import IncludeSearch, read_headers
 from ...keys import HashAttributes
 from .binaries import library_of
 from ..common import label
