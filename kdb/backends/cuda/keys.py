@@ -237,11 +237,19 @@ class _Request:
     missing: str = ""  # why no compiler was found
     uncertain: str | None = None  # why kdb cannot be sure what the build reads (not cached)
     header_files: frozenset = frozenset()  # (st_dev, st_ino) of the headers the key holds
+    search: Any = None  # the IncludeSearch the key's headers came from
+    cwd: str = ""  # the caller's working directory when the request was made
 
     @property
     def nvcc(self) -> NvccIdentity:
         assert isinstance(self.tool, NvccIdentity)
         return self.tool
+
+    def headers_now(self) -> tuple[tuple[str, str], ...]:
+        """The key's headers as they are now, found as the key found them (the working
+        directory of the request, not the caller's current one)."""
+        return read_headers(self.text, self.search, self.cwd,
+                            main_in_cwd=isinstance(self.tool, NvrtcIdentity), cwd_in_path=False)
 
     def command(self, src: str, out: str) -> list[str]:
         return [self.nvcc.path, OUTPUTS[self.output], f"-arch={self.arch}", *self.options,
@@ -305,7 +313,7 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
     )
     args = found.args if kind != "nvrtc" else _nvrtc_args(found.args)
     return _Request(text, arch, output, found.rest, args, found.dirs, ident, attrs, compiler,
-                    missing, uncertain, frozenset(files))
+                    missing, uncertain, frozenset(files), found.search, cwd)
 
 
 def _cwd() -> str:
