@@ -83,7 +83,7 @@ SIG = {"add": {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32
                "BLOCK": "constexpr"},
        "scale": {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "FACTOR": "constexpr",
                  "BLOCK": "constexpr"}}
-binaries = []
+binaries, cubins = [], []
 for spec in sys.argv[1:]:
     name, _, block = spec.partition("/")
     consts = {"BLOCK": int(block or 64)}
@@ -98,8 +98,11 @@ for spec in sys.argv[1:]:
         import kdb.triton
         k = kdb.triton.compile(src, target, options)
     binaries.append(len(k.asm.get("cubin") or k.asm.get("hsaco") or b""))
-print(json.dumps({"hits": events, "binaries": binaries,
-                  "manager": os.environ.get("TRITON_CACHE_MANAGER")}))
+    cubins.append((k.asm.get("cubin") or k.asm.get("hsaco") or b"")[:4].hex())
+runtime = os.environ.get("XDG_RUNTIME_DIR")
+print(json.dumps({"hits": events, "binaries": binaries, "cubins": cubins,
+                  "manager": os.environ.get("TRITON_CACHE_MANAGER"),
+                  "runtime": sorted(os.listdir(runtime)) if runtime else None}))
 '''
 
 NVIDIA = "cuda:90:32"
@@ -256,10 +259,82 @@ def test_the_files_go_to_a_memory_file_system_where_there_is_one(monkeypatch, tm
     from kdb.backends.triton import groups
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert groups.runtime_dir() == str(tmp_path)
+    assert groups.runtime_dirs()[0] == str(tmp_path)
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     expected = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    assert groups.runtime_dir() == (expected or __import__("tempfile").gettempdir())
+    assert groups.runtime_dirs()[0] == (expected or __import__("tempfile").gettempdir())
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("whose", ["another user's", "anyone's"])
+def test_a_runtime_directory_others_can_change_is_refused(tmp_path, triton_env, whose):
+    """After su or sudo -E, XDG_RUNTIME_DIR is still the other user's: they could swap the
+    private directory between kdb's write and Triton's read, and the process would load
+    their kernel (and, on a miss, store it). Refused with one warning; Triton still works."""
+    theirs = tmp_path / "run"
+    theirs.mkdir(mode=0o700)
+    if whose == "anyone's":
+        theirs.chmod(0o777)
+    else:
+        os.chown(theirs, 65534, 65534)
+    env = {**triton_env, "XDG_RUNTIME_DIR": str(theirs)}
+    for hit in (False, True):
+        got, err = run_app(tmp_path, env, "add")
+        assert got["hits"] == [hit] and got["cubins"] == ["7f454c46"], err[-2000:]
+        assert got["runtime"] == [], "kdb wrote Triton's files where another user can reach"
+        assert err.count(f"{theirs} is refused for Triton's files") == 1, err[-2000:]
+
+
+#: The other user rewrites a file of the compile between kdb's write and the store.
+TAMPERING = '''
+import kdb.backends.triton.cache as _cache
+_put = _cache.CacheManager.put
+def _tampered(self, data, filename, binary=True):
+    path = _put(self, data, filename, binary)
+    if filename.endswith(".cubin"):
+        with open(path, "wb") as f:
+            f.write(b"EVIL" * 64)
+    return path
+_cache.CacheManager.put = _tampered
+'''
+
+
+def test_a_file_changed_before_the_store_is_never_stored(tmp_path, triton_env, cache_dir):
+    """What kdb stores is what it wrote: a file of the group read back with other bytes
+    (someone else wrote it meanwhile) stores nothing, with one warning."""
+    (tmp_path / "tampered.py").write_text(TAMPERING + APP)
+    proc = subprocess.run([sys.executable, str(tmp_path / "tampered.py"), "add"],
+                          env=triton_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("changed after kdb wrote it") == 1, proc.stderr[-2000:]
+    assert entries(cache_dir, "sm_90") == []
+    got, _ = run_app(tmp_path, triton_env, "add")
+    assert got["hits"] == [False] and got["cubins"] == ["7f454c46"]  # compiled, sound
+
+
+def test_a_name_on_the_way_to_the_private_files_is_never_followed(monkeypatch, tmp_path):
+    """A kernel's directory replaced by a link: the files are never written where it leads."""
+    import tempfile
+
+    from kdb.backends.triton import groups
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(groups, "_root", [])
+    first = Path(groups.write_files("K", {"k.json": b"{}"})["k.json"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for f in first.parent.iterdir():
+        f.unlink()
+    first.parent.rmdir()
+    first.parent.symlink_to(elsewhere)
+    try:
+        got = groups.write_files("K", {"k.json": b"{}"})
+        assert not Path(got["k.json"]).parent.is_symlink()  # another private directory
+    except OSError:
+        pass  # or none at all: Triton compiles
+    assert list(elsewhere.iterdir()) == []
+    groups._remove_at_exit()
 
 
 def test_a_group_packs_and_unpacks_byte_for_byte():
