@@ -100,12 +100,16 @@ for spec in sys.argv[1:]:
     binaries.append(len(k.asm.get("cubin") or k.asm.get("hsaco") or b""))
     cubins.append((k.asm.get("cubin") or k.asm.get("hsaco") or b"")[:4].hex())
 runtime = os.environ.get("XDG_RUNTIME_DIR")
+manager = triton.knobs.cache.manager_class  # the cache Triton uses, as it names it
 print(json.dumps({"hits": events, "binaries": binaries, "cubins": cubins,
-                  "manager": os.environ.get("TRITON_CACHE_MANAGER"),
+                  "manager": manager and f"{manager.__module__}:{manager.__qualname__}",
+                  "variable": os.environ.get("TRITON_CACHE_MANAGER"),
                   "runtime": sorted(os.listdir(runtime)) if runtime else None}))
 '''
 
 NVIDIA = "cuda:90:32"
+#: kdb's cache manager, as the app prints it (``kdb.triton.CacheManager``).
+KDB_MANAGER = "kdb.backends.triton.cache:CacheManager"
 AMD = "hip:gfx90a:64"
 
 
@@ -167,11 +171,67 @@ def test_plain_triton_under_kdb_auto_is_cached(tmp_path, triton_env, cache_dir):
     """No kdb in the program: KDB_AUTO adopts Triton when it is imported; with no GPU the
     target comes from the kernel's metadata at the store and from the user files at lookup."""
     first, _ = run_app(tmp_path, triton_env, "add", PLAIN="1", KDB_AUTO="1")
-    assert first["manager"] == "kdb.triton:CacheManager" and first["hits"] == [False]
+    assert first["manager"] == KDB_MANAGER and first["hits"] == [False]
+    assert first["variable"] is None  # in the process, not in what its children inherit
     assert entries(cache_dir, "sm_90") == [("triton", "add")]
     second, _ = run_app(tmp_path, triton_env, "add", PLAIN="1", KDB_AUTO="1")
     assert second["hits"] == [True]
     assert kernel_files(tmp_path / "tc") == []
+
+
+#: A Python without kdb (another venv, the system python3) compiling a Triton kernel; it
+#: is started with -S and finds Triton through sys.path alone, so kdb is not importable.
+NO_KDB_CHILD = '''
+import importlib.util, json, os, sys
+assert importlib.util.find_spec("kdb") is None, "kdb is importable in this child"
+sys.path.insert(0, os.environ["KERNELS_DIR"])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import kernels
+k = triton.compile(ASTSource(fn=kernels.add, constexprs={"BLOCK": 64}, signature={
+    "x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}),
+    target=GPUTarget("cuda", 90, 32))
+print(json.dumps({"cubin": k.asm["cubin"][:4].hex()}))
+'''
+
+#: A KDB_AUTO program that imports Triton, then starts that child and a child with kdb.
+PARENT = '''
+import json, os, subprocess, sys
+import triton  # adopted here
+site, child = sys.argv[1], sys.argv[2]
+bare = subprocess.run([sys.executable, "-S", "-c",
+                       f"import sys; sys.path.append({site!r}); exec(open({child!r}).read())"],
+                      capture_output=True, text=True, cwd=os.path.dirname(child))
+with_kdb = subprocess.run([sys.executable, sys.argv[3], "scale"], capture_output=True,
+                          text=True)
+print(json.dumps({"bare": [bare.returncode, bare.stdout, bare.stderr[-2000:]],
+                  "with_kdb": [with_kdb.returncode, with_kdb.stdout, with_kdb.stderr[-2000:]]}))
+'''
+
+
+def test_a_child_without_kdb_compiles_triton_under_a_kdb_auto_parent(tmp_path, triton_env,
+                                                                     cache_dir):
+    """TRITON_CACHE_MANAGER=kdb.triton:CacheManager used to be exported to every child: one
+    whose Python has no kdb died at its first compile (No module named 'kdb'). A child that
+    has kdb still caches through kdb (it inherits KDB_AUTO and adopts Triton itself)."""
+    import sysconfig
+
+    (tmp_path / "child.py").write_text(NO_KDB_CHILD)
+    (tmp_path / "parent.py").write_text(PARENT)
+    proc = subprocess.run([sys.executable, str(tmp_path / "parent.py"),
+                           sysconfig.get_paths()["purelib"], str(tmp_path / "child.py"),
+                           str(tmp_path / "app.py")],
+                          env={**triton_env, "KDB_AUTO": "1", "PLAIN": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    code, out, err = got["bare"]
+    assert code == 0 and json.loads(out)["cubin"] == "7f454c46", err
+    code, out, err = got["with_kdb"]
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["manager"] == KDB_MANAGER, err
+    assert entries(cache_dir, "sm_90") == [("triton", "scale")]  # only the kdb child's
 
 
 def test_kdb_auto_never_imports_triton_itself(triton_env):
@@ -487,7 +547,7 @@ def test_kdb_run_and_pytest_kdb_route_triton_too(tmp_path, triton_env, cache_dir
                           env={**triton_env, "PLAIN": "1"}, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1])["manager"] == "kdb.triton:CacheManager"
+    assert json.loads(proc.stdout.splitlines()[-1])["manager"] == KDB_MANAGER
     assert "1 program requested: 1 compiled" in proc.stderr
     assert entries(cache_dir, "sm_90") == [("triton", "add")]
     (tmp_path / "test_in_pytest.py").write_text(
