@@ -583,15 +583,21 @@ def test_a_tier_swapped_after_the_first_lookup_is_never_served_to_a_thread_or_a_
     assert db.lookup(attrs("k")).binary == BINARY  # the connection opened before: the old file
 
 
-@pytest.mark.parametrize("tier", ["user", "system"])
+@pytest.mark.parametrize("tier", ["user", "user file as a link", "system"])
 def test_a_tier_under_a_directory_others_can_write_is_refused(tmp_path, tier, caplog):
     """Its files and directories are private, but anyone could rename it away and put theirs
-    in its place between two opens; under a sticky directory (/tmp) only its owner could."""
+    in its place between two opens; under a sticky directory (/tmp) only its owner could.
+    A file that is a link is judged where it leads."""
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
     if tier == "user":
         _cache_holding(shared / "cache", BINARY)
         args = {"cache_dir": shared / "cache", "use_system": False}
+    elif tier == "user file as a link":
+        user_file = _cache_holding(tmp_path / "cache", BINARY)
+        user_file.rename(shared / "a1.kdb")
+        user_file.symlink_to(shared / "a1.kdb")
+        args = {"cache_dir": tmp_path / "cache", "use_system": False}
     else:
         args = {"cache_dir": tmp_path / "cache",
                 "system_path": _system_dir_holding(shared / "system", BINARY)}

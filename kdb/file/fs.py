@@ -82,18 +82,25 @@ def system_unsafe_reason(path: str | os.PathLike[str]) -> str | None:
 
 def unsafe_chain(paths, system: bool = False) -> tuple[str, str] | None:
     """The first of ``paths`` (a cache root, its user dir, a spool, a file...) that must not
-    be trusted, with why, then the first directory above the topmost of them that someone
-    else could change (:func:`unsafe_above`); ``None`` when every one may be trusted."""
-    paths = [os.fspath(p) for p in paths]
+    be trusted, with why, then the first directory above the topmost of them, or above where
+    one that is a link leads, that someone else could change (:func:`unsafe_above`); ``None``
+    when every one may be trusted."""
+    paths, links = [os.fspath(p) for p in paths], []
     for p in paths:
-        why = _owner_problem(p, system)
+        why, linked = _checked(p, system)
         if why is not None:
             return str(Path(p)), why
+        if linked:
+            links.append(os.path.realpath(p))
     if not paths:
         return None
     top = paths[0] if len(paths) == 1 else min(
         paths, key=lambda p: os.path.abspath(p).count(os.sep))
-    return unsafe_above(top)
+    for p in (top, *links):
+        bad = unsafe_above(p)
+        if bad is not None:
+            return bad
+    return None
 
 
 def unsafe_above(path: str | os.PathLike[str]) -> tuple[str, str] | None:
@@ -148,19 +155,25 @@ def above_problem(st: os.stat_result, me: int | None = None) -> str | None:
 
 
 def _owner_problem(path: str | os.PathLike[str], system: bool) -> str | None:
+    return _checked(path, system)[0]
+
+
+def _checked(path: str | os.PathLike[str], system: bool) -> tuple[str | None, bool]:
+    """(why ``path`` must not be trusted or None, whether it is a symbolic link)."""
     try:
-        st = os.stat(path)
         link = os.lstat(path)
+        st = os.stat(path) if stat.S_ISLNK(link.st_mode) else link
     except (FileNotFoundError, NotADirectoryError):
-        return None
+        return None, False
+    linked = stat.S_ISLNK(link.st_mode)
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        return None  # /dev/null and the like: nothing is read from it, and making a cache
-        # below it fails with its own clear error ("Not a directory")
+        return None, linked  # /dev/null and the like: nothing is read from it, and making
+        # a cache below it fails with its own clear error ("Not a directory")
     me = os.getuid() if hasattr(os, "getuid") else None
     allowed = (me, 0) if system else (me,)
-    if me is not None and stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
-        return f"it is a symbolic link owned by another user (uid {link.st_uid})"
-    return stat_problem(st, allowed)
+    if me is not None and linked and link.st_uid not in (me, 0):
+        return f"it is a symbolic link owned by another user (uid {link.st_uid})", linked
+    return stat_problem(st, allowed), linked
 
 
 def stat_problem(st: os.stat_result, allowed: tuple | None = None) -> str | None:
