@@ -1,9 +1,10 @@
 """kdb for Triton: compiled Triton kernels from kdb instead of ``~/.triton/cache``.
 
     import kdb.triton
-    kdb.triton.install()     # every Triton kernel of this process (and its children)
+    kdb.triton.install()     # every Triton kernel of this process
 
-or with no code changed: ``KDB_AUTO=1``, ``kdb run -- CMD`` or ``pytest --kdb``. For an
+or with no code changed, for a program and every process it starts that has kdb:
+``KDB_AUTO=1``, ``kdb run -- CMD`` or ``pytest --kdb``. For an
 explicit target, without a GPU (``kdb pack`` does this)::
 
     kdb.triton.compile(ASTSource(fn=kernel, signature=..., constexprs=...),

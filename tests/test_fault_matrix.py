@@ -541,6 +541,18 @@ def _writable_system(case, good):
     case.facts["refused"] = sysdir
 
 
+def _writable_parent(case, good):
+    """The user's own private cache in a directory anyone can write (0777, not sticky):
+    anyone could rename the cache away and put theirs in its place between two opens (a
+    new thread's, a forked child's), so it is refused from the first (issue 27)."""
+    parent = case.root / "open"
+    parent.mkdir()
+    case.env["KDB_CACHE_DIR"] = str(parent / "cache")
+    _copy_good(case, good)
+    os.chmod(parent, 0o777)
+    case.facts["refused"] = parent
+
+
 def _refusal_named(case: Case, warnings: list[str]) -> None:
     assert [w for w in warnings if str(case.facts["refused"]) in w], \
         (f"no warning names {case.facts['refused']}", warnings)
@@ -692,6 +704,8 @@ STATES: dict[str, State] = {
     "relative-cache-dir": State(_relative_cache, 0, detach=True, stored=True,
                                 check=_nothing_piled_up),
     "header-edited-before-store": State(_header_edited, 0, detach=True, header=True),
+    # issue 27
+    "cache-in-a-world-writable-dir": State(_writable_parent, 1, check=_refusal_named),
 }
 
 
@@ -822,7 +836,7 @@ def _workload(case: Case, state: State, pocl: Path, replace: bool = False,
     assert got["ok"] == [True] * (len(KERNELS) + (header is not None)), got
     notes = [ln[len("KDBWARN "):] for ln in proc.stderr.splitlines()
              if ln.startswith("KDBWARN ") and not any(i in ln for i in INFORMATIONAL)]
-    assert len(notes) <= 1, notes  # one state, one cause: at most one warning
+    assert len(notes) <= 1, "\n".join(notes)  # one state, one cause: at most one warning
     got["warnings"] = notes
     return got
 

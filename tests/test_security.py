@@ -491,6 +491,129 @@ def test_can_store_is_false_under_a_cache_root_others_can_write(cache_dir, caplo
     assert len(notes) == 1 and f"{cache_dir} is refused" in notes[0], notes
 
 
+# -- every open is checked: a new thread, a forked child (issue 27) -------------------------
+
+needs_root = pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
+                                reason="chown to another user needs root")
+
+
+def _cache_holding(root: Path, binary: bytes) -> Path:
+    """A cache at ``root`` whose user file holds ``binary`` under ``attrs("k")``; that file."""
+    db = KernelDB(cache_dir=root, use_system=False)
+    assert db.put(attrs("k"), binary)
+    db.close()
+    return root / "v1" / "a1.kdb"
+
+
+def _system_dir_holding(where: Path, binary: bytes) -> Path:
+    """A system directory at ``where`` whose ``a1.kdb`` serves ``binary`` for ``attrs("k")``."""
+    from kdb.pack.systemfile import write_system_db
+
+    where.mkdir(mode=0o755)
+    write_system_db(where / "a1.kdb", "a1", [_cache_holding(where.parent / (where.name + "-src"),
+                                                            binary)])
+    return where
+
+
+def _theirs(path: Path) -> None:
+    """Everything at and under ``path`` now belongs to the other user (uid 65534)."""
+    for p in [path, *path.rglob("*")]:
+        os.lchown(p, 65534, 65534)
+
+
+def _in_a_thread_and_a_child(db: KernelDB) -> tuple[bytes | None, bytes | None]:
+    """What a lookup of ``attrs("k")`` serves in a new thread, and in a forked child."""
+    import threading
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(db.lookup(attrs("k"))))
+    t.start()
+    t.join()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one lookup, its answer down the pipe
+        try:
+            hit = db.lookup(attrs("k"))
+            os.write(w, b"-" if hit is None else b"+" + hit.binary)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        answer = f.read()
+    os.waitpid(pid, 0)
+    return (None if got[0] is None else got[0].binary,
+            None if answer == b"-" else answer[1:])
+
+
+@needs_root
+@pytest.mark.parametrize("tier", ["user", "system"])
+@pytest.mark.parametrize("swap", ["rename", "symlink"])
+def test_a_tier_swapped_after_the_first_lookup_is_never_served_to_a_thread_or_a_child(
+        tmp_path, tier, swap, caplog):
+    """Its trust was checked once per process: a new thread's connection, or a forked
+    child's, reopened the path unchecked, and served what the other user had put there."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    if tier == "user":
+        place = shared / "cache"
+        _cache_holding(place, BINARY)
+        db = KernelDB(cache_dir=place, use_system=False)
+    else:
+        place = _system_dir_holding(shared / "system", BINARY)
+        db = KernelDB(cache_dir=tmp_path / "cache", system_path=place)
+    assert db.lookup(attrs("k")).binary == BINARY  # this thread's connection is open
+    # The other user gets the directory above (theirs, and anyone's) and swaps in their own.
+    os.chown(shared, 65534, 65534)
+    shared.chmod(0o777)
+    os.rename(place, shared / "old")
+    theirs = tmp_path / "theirs"
+    if tier == "user":
+        _cache_holding(theirs, b"PLANTED")
+    else:
+        _system_dir_holding(theirs, b"PLANTED")
+    _theirs(theirs)
+    if swap == "rename":
+        os.rename(theirs, place)
+    else:
+        place.symlink_to(theirs)
+        os.lchown(place, 65534, 65534)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert _in_a_thread_and_a_child(db) == (None, None)
+    assert "refused" in caplog.text, caplog.text
+    assert db.lookup(attrs("k")).binary == BINARY  # the connection opened before: the old file
+
+
+@pytest.mark.parametrize("tier", ["user", "user file as a link", "system"])
+def test_a_tier_under_a_directory_others_can_write_is_refused(tmp_path, tier, caplog):
+    """Its files and directories are private, but anyone could rename it away and put theirs
+    in its place between two opens; under a sticky directory (/tmp) only its owner could.
+    A file that is a link is judged where it leads."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    if tier == "user":
+        _cache_holding(shared / "cache", BINARY)
+        args = {"cache_dir": shared / "cache", "use_system": False}
+    elif tier == "user file as a link":
+        user_file = _cache_holding(tmp_path / "cache", BINARY)
+        user_file.rename(shared / "a1.kdb")
+        user_file.symlink_to(shared / "a1.kdb")
+        args = {"cache_dir": tmp_path / "cache", "use_system": False}
+    else:
+        args = {"cache_dir": tmp_path / "cache",
+                "system_path": _system_dir_holding(shared / "system", BINARY)}
+    shared.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        db = KernelDB(**args)
+        assert db.lookup(attrs("k")) is None
+        assert tier == "system" or db.put(attrs("new"), BINARY) is False
+    notes = [n for n in warnings_of(caplog) if "no system kernel database" not in n]
+    assert len(notes) == 1 and f"{shared}: group or others can write it" in notes[0] \
+        or f"{shared} is refused: group or others can write it" in notes[0], notes
+    shared.chmod(0o1777)
+    faults.reset()
+    assert KernelDB(**args).lookup(attrs("k")).binary == BINARY
+
+
 def test_a_spool_of_this_python_under_another_name_is_run(cache_dir, tmp_path, monkeypatch):
     """``python`` and ``python3`` of one environment are one Python (a ``kdb`` command and
     the program it packs for may spell it differently); another directory's is not."""

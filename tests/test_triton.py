@@ -83,7 +83,7 @@ SIG = {"add": {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32
                "BLOCK": "constexpr"},
        "scale": {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "FACTOR": "constexpr",
                  "BLOCK": "constexpr"}}
-binaries = []
+binaries, cubins = [], []
 for spec in sys.argv[1:]:
     name, _, block = spec.partition("/")
     consts = {"BLOCK": int(block or 64)}
@@ -98,11 +98,18 @@ for spec in sys.argv[1:]:
         import kdb.triton
         k = kdb.triton.compile(src, target, options)
     binaries.append(len(k.asm.get("cubin") or k.asm.get("hsaco") or b""))
-print(json.dumps({"hits": events, "binaries": binaries,
-                  "manager": os.environ.get("TRITON_CACHE_MANAGER")}))
+    cubins.append((k.asm.get("cubin") or k.asm.get("hsaco") or b"")[:4].hex())
+runtime = os.environ.get("XDG_RUNTIME_DIR")
+manager = triton.knobs.cache.manager_class  # the cache Triton uses, as it names it
+print(json.dumps({"hits": events, "binaries": binaries, "cubins": cubins,
+                  "manager": manager and f"{manager.__module__}:{manager.__qualname__}",
+                  "variable": os.environ.get("TRITON_CACHE_MANAGER"),
+                  "runtime": sorted(os.listdir(runtime)) if runtime else None}))
 '''
 
 NVIDIA = "cuda:90:32"
+#: kdb's cache manager, as the app prints it (``kdb.triton.CacheManager``).
+KDB_MANAGER = "kdb.backends.triton.cache:CacheManager"
 AMD = "hip:gfx90a:64"
 
 
@@ -164,11 +171,67 @@ def test_plain_triton_under_kdb_auto_is_cached(tmp_path, triton_env, cache_dir):
     """No kdb in the program: KDB_AUTO adopts Triton when it is imported; with no GPU the
     target comes from the kernel's metadata at the store and from the user files at lookup."""
     first, _ = run_app(tmp_path, triton_env, "add", PLAIN="1", KDB_AUTO="1")
-    assert first["manager"] == "kdb.triton:CacheManager" and first["hits"] == [False]
+    assert first["manager"] == KDB_MANAGER and first["hits"] == [False]
+    assert first["variable"] is None  # in the process, not in what its children inherit
     assert entries(cache_dir, "sm_90") == [("triton", "add")]
     second, _ = run_app(tmp_path, triton_env, "add", PLAIN="1", KDB_AUTO="1")
     assert second["hits"] == [True]
     assert kernel_files(tmp_path / "tc") == []
+
+
+#: A Python without kdb (another venv, the system python3) compiling a Triton kernel; it
+#: is started with -S and finds Triton through sys.path alone, so kdb is not importable.
+NO_KDB_CHILD = '''
+import importlib.util, json, os, sys
+assert importlib.util.find_spec("kdb") is None, "kdb is importable in this child"
+sys.path.insert(0, os.environ["KERNELS_DIR"])
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import kernels
+k = triton.compile(ASTSource(fn=kernels.add, constexprs={"BLOCK": 64}, signature={
+    "x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}),
+    target=GPUTarget("cuda", 90, 32))
+print(json.dumps({"cubin": k.asm["cubin"][:4].hex()}))
+'''
+
+#: A KDB_AUTO program that imports Triton, then starts that child and a child with kdb.
+PARENT = '''
+import json, os, subprocess, sys
+import triton  # adopted here
+site, child = sys.argv[1], sys.argv[2]
+bare = subprocess.run([sys.executable, "-S", "-c",
+                       f"import sys; sys.path.append({site!r}); exec(open({child!r}).read())"],
+                      capture_output=True, text=True, cwd=os.path.dirname(child))
+with_kdb = subprocess.run([sys.executable, sys.argv[3], "scale"], capture_output=True,
+                          text=True)
+print(json.dumps({"bare": [bare.returncode, bare.stdout, bare.stderr[-2000:]],
+                  "with_kdb": [with_kdb.returncode, with_kdb.stdout, with_kdb.stderr[-2000:]]}))
+'''
+
+
+def test_a_child_without_kdb_compiles_triton_under_a_kdb_auto_parent(tmp_path, triton_env,
+                                                                     cache_dir):
+    """TRITON_CACHE_MANAGER=kdb.triton:CacheManager used to be exported to every child: one
+    whose Python has no kdb died at its first compile (No module named 'kdb'). A child that
+    has kdb still caches through kdb (it inherits KDB_AUTO and adopts Triton itself)."""
+    import sysconfig
+
+    (tmp_path / "child.py").write_text(NO_KDB_CHILD)
+    (tmp_path / "parent.py").write_text(PARENT)
+    proc = subprocess.run([sys.executable, str(tmp_path / "parent.py"),
+                           sysconfig.get_paths()["purelib"], str(tmp_path / "child.py"),
+                           str(tmp_path / "app.py")],
+                          env={**triton_env, "KDB_AUTO": "1", "PLAIN": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    code, out, err = got["bare"]
+    assert code == 0 and json.loads(out)["cubin"] == "7f454c46", err
+    code, out, err = got["with_kdb"]
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["manager"] == KDB_MANAGER, err
+    assert entries(cache_dir, "sm_90") == [("triton", "scale")]  # only the kdb child's
 
 
 def test_kdb_auto_never_imports_triton_itself(triton_env):
@@ -256,10 +319,82 @@ def test_the_files_go_to_a_memory_file_system_where_there_is_one(monkeypatch, tm
     from kdb.backends.triton import groups
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert groups.runtime_dir() == str(tmp_path)
+    assert groups.runtime_dirs()[0] == str(tmp_path)
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     expected = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    assert groups.runtime_dir() == (expected or __import__("tempfile").gettempdir())
+    assert groups.runtime_dirs()[0] == (expected or __import__("tempfile").gettempdir())
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("whose", ["another user's", "anyone's"])
+def test_a_runtime_directory_others_can_change_is_refused(tmp_path, triton_env, whose):
+    """After su or sudo -E, XDG_RUNTIME_DIR is still the other user's: they could swap the
+    private directory between kdb's write and Triton's read, and the process would load
+    their kernel (and, on a miss, store it). Refused with one warning; Triton still works."""
+    theirs = tmp_path / "run"
+    theirs.mkdir(mode=0o700)
+    if whose == "anyone's":
+        theirs.chmod(0o777)
+    else:
+        os.chown(theirs, 65534, 65534)
+    env = {**triton_env, "XDG_RUNTIME_DIR": str(theirs)}
+    for hit in (False, True):
+        got, err = run_app(tmp_path, env, "add")
+        assert got["hits"] == [hit] and got["cubins"] == ["7f454c46"], err[-2000:]
+        assert got["runtime"] == [], "kdb wrote Triton's files where another user can reach"
+        assert err.count(f"{theirs} is refused for Triton's files") == 1, err[-2000:]
+
+
+#: The other user rewrites a file of the compile between kdb's write and the store.
+TAMPERING = '''
+import kdb.backends.triton.cache as _cache
+_put = _cache.CacheManager.put
+def _tampered(self, data, filename, binary=True):
+    path = _put(self, data, filename, binary)
+    if filename.endswith(".cubin"):
+        with open(path, "wb") as f:
+            f.write(b"EVIL" * 64)
+    return path
+_cache.CacheManager.put = _tampered
+'''
+
+
+def test_a_file_changed_before_the_store_is_never_stored(tmp_path, triton_env, cache_dir):
+    """What kdb stores is what it wrote: a file of the group read back with other bytes
+    (someone else wrote it meanwhile) stores nothing, with one warning."""
+    (tmp_path / "tampered.py").write_text(TAMPERING + APP)
+    proc = subprocess.run([sys.executable, str(tmp_path / "tampered.py"), "add"],
+                          env=triton_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("changed after kdb wrote it") == 1, proc.stderr[-2000:]
+    assert entries(cache_dir, "sm_90") == []
+    got, _ = run_app(tmp_path, triton_env, "add")
+    assert got["hits"] == [False] and got["cubins"] == ["7f454c46"]  # compiled, sound
+
+
+def test_a_name_on_the_way_to_the_private_files_is_never_followed(monkeypatch, tmp_path):
+    """A kernel's directory replaced by a link: the files are never written where it leads."""
+    import tempfile
+
+    from kdb.backends.triton import groups
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(groups, "_root", [])
+    first = Path(groups.write_files("K", {"k.json": b"{}"})["k.json"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for f in first.parent.iterdir():
+        f.unlink()
+    first.parent.rmdir()
+    first.parent.symlink_to(elsewhere)
+    try:
+        got = groups.write_files("K", {"k.json": b"{}"})
+        assert not Path(got["k.json"]).parent.is_symlink()  # another private directory
+    except OSError:
+        pass  # or none at all: Triton compiles
+    assert list(elsewhere.iterdir()) == []
+    groups._remove_at_exit()
 
 
 def test_a_group_packs_and_unpacks_byte_for_byte():
@@ -412,7 +547,7 @@ def test_kdb_run_and_pytest_kdb_route_triton_too(tmp_path, triton_env, cache_dir
                           env={**triton_env, "PLAIN": "1"}, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.splitlines()[-1])["manager"] == "kdb.triton:CacheManager"
+    assert json.loads(proc.stdout.splitlines()[-1])["manager"] == KDB_MANAGER
     assert "1 program requested: 1 compiled" in proc.stderr
     assert entries(cache_dir, "sm_90") == [("triton", "add")]
     (tmp_path / "test_in_pytest.py").write_text(

@@ -110,9 +110,11 @@ def verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
     out = file_result(path, tier, arch, [])
     problems: list[str] = out["problems"]
     if tier == "user":
-        why = fs.unsafe_reason(path) or fs.unsafe_reason(path.parent)
-        if why:
-            problems.append(f"refused at run time: {why} (chmod 600 the file, 700 its directory)")
+        bad = fs.unsafe_chain([path, path.parent])
+        if bad:
+            where = "" if bad[0] == str(path) else f"{bad[0]}: "
+            problems.append(f"refused at run time: {where}{bad[1]} (chmod 600 the file, 700 "
+                            "its directory, go-w the directories above it)")
             out["unsafe"] = True
     else:
         problems += _wal_problem(path)

@@ -307,9 +307,9 @@ def _unusable_why(path: Path, f: Any) -> str:
     """Why a user file could not be changed (for ``kdb evict``): the best guess from it."""
     from ..file import fs
 
-    why = fs.unsafe_reason(path) or fs.unsafe_reason(path.parent)
-    if why:
-        return f"refused: {why}"
+    bad = fs.unsafe_chain([path, path.parent])
+    if bad:
+        return f"refused: {bad[0]}: {bad[1]}"
     if not can_write_beside(path):
         return "read-only: nothing evicted"
     if f.readonly or not f.usable:

@@ -3,7 +3,8 @@
 Headers are digested once per process. Compiler libraries (large, slow to hash) are
 digested once per machine: the digest is kept in ``<cache root>/digests.json``
 keyed by path, size and mtime, so a key never depends on an mtime while a warm start never
-re-reads the library.
+re-reads the library. A memo someone else could write is neither read nor written: its
+values would be kernels' keys.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
     import json
 
     with _lock:
+        trusted = _trusted(store)
         try:
-            known = json.loads(store.read_text(encoding="utf-8"))
+            known = json.loads(store.read_text(encoding="utf-8")) if trusted else {}
         except (OSError, ValueError):
             known = {}
         digest = known.get(tag) if isinstance(known, dict) else None
@@ -74,7 +76,8 @@ def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
             digest = _hash_file(p)
             known = known if isinstance(known, dict) else {}
             known[tag] = digest
-            _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
+            if trusted:
+                _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
     _memo[memo] = digest
     return digest
 
@@ -94,8 +97,9 @@ def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
     store = memo_dir / f"{name}.json"
     import json
 
+    trusted = _trusted(store)
     try:
-        known = json.loads(store.read_text(encoding="utf-8"))
+        known = json.loads(store.read_text(encoding="utf-8")) if trusted else {}
     except (OSError, ValueError):
         known = {}
     if not isinstance(known, dict):
@@ -103,12 +107,24 @@ def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
     if tag in known and valid(known[tag]):
         return known[tag]
     value = compute()
+    if not trusted:
+        return value
     with _lock:
         # Older values for the same file are stale: keep the memo from growing with them.
         known = {k: v for k, v in known.items() if k.rsplit("|", 2)[0] != p}
         known[tag] = value
         _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
     return value
+
+
+def _trusted(store: Path) -> bool:
+    """A memo's values enter kernels' keys: one that someone else could write (the file, its
+    directory or one above) is neither read nor written, after one warning."""
+    from ..file import fs
+
+    return not fs.refused([store, store.parent], (
+        "the compiler identities read from it enter kernels' keys",
+        "they are computed afresh in each process"))
 
 
 def _write_atomic(path: Path, text: str) -> None:

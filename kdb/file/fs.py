@@ -4,7 +4,9 @@ SQLite's WAL needs shared memory that network file systems (NFS, Lustre, GPFS, .
 not provide across nodes: on those kdb uses a rollback journal and says to use a node-local
 cache plus the shared tier. A user database, a store worker's spool and a system database
 are code the process will load and run, so one that another user owns (root may own a system
-database), or that group or others can write, is refused.
+database), or that group or others can write, is refused; so is one below a directory someone
+else could change (:func:`unsafe_above`): whoever can rename entries of a directory above a
+cache can swap the whole cache for their own between two opens.
 """
 
 from __future__ import annotations
@@ -80,28 +82,98 @@ def system_unsafe_reason(path: str | os.PathLike[str]) -> str | None:
 
 def unsafe_chain(paths, system: bool = False) -> tuple[str, str] | None:
     """The first of ``paths`` (a cache root, its user dir, a spool, a file...) that must not
-    be trusted, with why; ``None`` when every one may be."""
+    be trusted, with why, then the first directory above the topmost of them, or above where
+    one that is a link leads, that someone else could change (:func:`unsafe_above`); ``None``
+    when every one may be trusted."""
+    paths, links = [os.fspath(p) for p in paths], []
     for p in paths:
-        why = _owner_problem(p, system)
+        why, linked = _checked(p, system)
         if why is not None:
             return str(Path(p)), why
+        if linked:
+            links.append(os.path.realpath(p))
+    if not paths:
+        return None
+    top = paths[0] if len(paths) == 1 else min(
+        paths, key=lambda p: os.path.abspath(p).count(os.sep))
+    for p in (top, *links):
+        bad = unsafe_above(p)
+        if bad is not None:
+            return bad
+    return None
+
+
+def unsafe_above(path: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """The first directory above ``path`` (as written, and with its links resolved) whose
+    entries someone other than this user or root could rename, with why (:func:`above_problem`);
+    ``None`` when nobody else can swap what ``path`` resolves to. Checked at every open (an
+    ``lstat`` per directory): a cache under such a directory can be replaced between two
+    opens of the same path.
+
+    >>> unsafe_above("/tmp/kdb-cache") is None   # /tmp is sticky: only its owner renames an entry
+    True
+    """
+    if not hasattr(os, "getuid"):
+        return None
+    me, linked = os.getuid(), []
+    bad = _above(os.path.dirname(os.path.abspath(path)), me, linked, set())
+    if bad is None and linked:  # the directories a link's target resolves through, too
+        bad = _above(os.path.dirname(os.path.realpath(path)), me, [], set())
+    return bad
+
+
+def _above(d: str, me: int, linked: list, seen: set) -> tuple[str, str] | None:
+    while d not in seen:
+        seen.add(d)
+        try:
+            st = os.lstat(d)
+            if stat.S_ISLNK(st.st_mode):
+                if st.st_uid not in (me, 0):
+                    return d, f"it is a symbolic link owned by another user (uid {st.st_uid})"
+                linked.append(d)
+                st = os.stat(d)
+        except OSError:
+            st = None  # not there (yet): nothing resolves through it
+        if st is not None and stat.S_ISDIR(st.st_mode):  # /dev/null/v1: nothing below
+            why = above_problem(st, me)
+            if why is not None:
+                return d, why
+        d = os.path.dirname(d)
+    return None
+
+
+def above_problem(st: os.stat_result, me: int | None = None) -> str | None:
+    """Why a directory above a trusted one must not be trusted: it is not this user's or
+    root's (its owner can rename what is in it), or group or others can write it and it is
+    not sticky (a sticky directory, ``/tmp``, lets only an entry's owner rename it)."""
+    me = os.getuid() if me is None else me
+    if st.st_uid not in (me, 0):
+        return f"it is owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return "group or others can write it, and it is not sticky"
     return None
 
 
 def _owner_problem(path: str | os.PathLike[str], system: bool) -> str | None:
+    return _checked(path, system)[0]
+
+
+def _checked(path: str | os.PathLike[str], system: bool) -> tuple[str | None, bool]:
+    """(why ``path`` must not be trusted or None, whether it is a symbolic link)."""
     try:
-        st = os.stat(path)
         link = os.lstat(path)
+        st = os.stat(path) if stat.S_ISLNK(link.st_mode) else link
     except (FileNotFoundError, NotADirectoryError):
-        return None
+        return None, False
+    linked = stat.S_ISLNK(link.st_mode)
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        return None  # /dev/null and the like: nothing is read from it, and making a cache
-        # below it fails with its own clear error ("Not a directory")
+        return None, linked  # /dev/null and the like: nothing is read from it, and making
+        # a cache below it fails with its own clear error ("Not a directory")
     me = os.getuid() if hasattr(os, "getuid") else None
     allowed = (me, 0) if system else (me,)
-    if me is not None and stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
-        return f"it is a symbolic link owned by another user (uid {link.st_uid})"
-    return stat_problem(st, allowed)
+    if me is not None and linked and link.st_uid not in (me, 0):
+        return f"it is a symbolic link owned by another user (uid {link.st_uid})", linked
+    return stat_problem(st, allowed), linked
 
 
 def stat_problem(st: os.stat_result, allowed: tuple | None = None) -> str | None:

@@ -101,8 +101,9 @@ class KernelFile:
         return conn
 
     def connection(self) -> sqlite3.Connection | None:
-        """This thread's connection for reads, opened and checked once; None where the file
-        is not there or not usable (a miss)."""
+        """This thread's connection for reads; None where the file is not there or not usable
+        (a miss). Every open is checked (:meth:`trusted`), a new thread's and a forked
+        child's too: what the path leads to may have been swapped since the last one."""
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
             return conn
@@ -115,11 +116,10 @@ class KernelFile:
         if not stat.S_ISREG(mode):
             self._not_a_file(mode)
             return None
-        if not self.readonly and not self.checked:
-            if not self.trusted():
-                return None
-            if not _writable(self.filename):
-                self._read_only_cache()
+        if not self.trusted():
+            return None
+        if not self.readonly and not self.checked and not _writable(self.filename):
+            self._read_only_cache()
         conn = None
         try:
             conn = self.open_connection()
@@ -141,18 +141,27 @@ class KernelFile:
         return getattr(self._local, "ident", None) != identity(self.filename)
 
     def trusted(self) -> bool:
-        """A user file is code this process will run: refuse one others can change (a
-        fault, once); True when this file and its directory are private to this user."""
-        why = fs.unsafe_reason(self.filename) or fs.unsafe_reason(self.directory)
-        if why is None:
+        """A tier file is code this process will run: refuse one that others can change, or
+        that lies below a directory others can change (a fault, once); True when nobody else
+        can change the file or what its path leads to (:func:`kdb.file.fs.unsafe_chain`).
+
+        Judged by path, not on a descriptor of the file: closing any descriptor of a SQLite
+        file drops every lock this process holds on it (sqlite.org/howtocorrupt.html, 2.2),
+        and with every directory on the way unwritable by others, the path is the file."""
+        system = self.tier == "system"
+        bad = fs.unsafe_chain([self.filename, self.directory], system)
+        if bad is None:
             return True
         self.usable = False
-        faults.fault(f"{self.filename} is refused: {why}, and loading a binary from it would run "
-                     "code someone else can change. Make it yours and private (chmod 700 on "
-                     "the directory, 600 on the file) or set KDB_CACHE_DIR to a private "
-                     "directory; kernels are compiled meanwhile.", once="unsafe:" + self.filename)
+        if system:
+            faults.fault(f"system database {self.filename} is not loaded: refused: {bad[0]}: "
+                         f"{bad[1]}, so another user could swap in their own kernels; make it "
+                         "owned by you or root and writable by its owner only (chmod go-w)",
+                         once="unsafe-system:" + self.filename)
+        else:
+            fs.refuse(*bad, ("loading a binary from it would run code someone else can change",
+                             "kernels are compiled meanwhile"), once=bad[0])
         return False
-
 
     def _not_a_file(self, mode: int) -> None:
         """A directory, FIFO or device where the file should be: opening a FIFO would block

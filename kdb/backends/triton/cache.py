@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import os
 import threading
 import time
 
@@ -80,7 +81,7 @@ class CacheManager(_TritonCacheManager):
         self._files = FileCacheManager(key, override=True) if override else None
         self._dump = FileCacheManager(key, dump=True) if dump else None
         self._kernel: bool | None = None  # None until the first call says which kind
-        self._written: dict[str, str] = {}  # file name -> path, this compile's files
+        self._written: dict[str, tuple[str, bytes]] = {}  # name -> (path, bytes) written
         self._arch: str | None = None
 
     # -- Triton's file cache, for what is not a kernel's group ------------------------------
@@ -102,14 +103,15 @@ class CacheManager(_TritonCacheManager):
         plain = self._plain()
         if plain is not None:
             return plain.get_file(filename)
-        return self._written.get(filename)
+        return self._written.get(filename, (None,))[0]
 
     def put(self, data, filename: str, binary: bool = True) -> str:
         plain = self._plain()
         if plain is not None:
             return plain.put(data, filename, binary)
         raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
-        path = self._written[filename] = groups.write_files(self.key, {filename: raw})[filename]
+        path = groups.write_files(self.key, {filename: raw})[filename]
+        self._written[filename] = (path, raw)
         return path
 
     # -- a kernel's group: one kdb entry ----------------------------------------------------
@@ -167,11 +169,18 @@ class CacheManager(_TritonCacheManager):
         claim, start, _ = _compiling.pop(self.key, (None, None, None))
         try:
             files = {n: _read(p) for n, p in group.items()}
+            changed = [n for n, p in group.items() if self._written.get(n) != (p, files[n])]
             target = json.loads(files[filename]).get("target") or {}
             arch = arch_of(target.get("backend"), target.get("arch"))
         except (OSError, KeyError, ValueError, TypeError, AttributeError) as err:
             log.warning("kdb: Triton kernel %s not stored: its files cannot be read (%s)",
                         name, err)
+            changed = None
+        if changed:  # read back, they must be what this compile wrote
+            faults.fault(f"Triton kernel {name} not stored: {', '.join(sorted(changed))} in "
+                         f"{os.path.dirname(group[changed[0]])} changed after kdb wrote it "
+                         "(someone else can write there?)", once="triton-changed")
+        if changed or changed is None:
             if claim is not None:
                 claim.release()
             return filename

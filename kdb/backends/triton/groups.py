@@ -4,12 +4,14 @@ Triton compiles a kernel into a group of files (its metadata JSON, the IR of eac
 cubin or hsaco) and later reads them by path. kdb stores the whole group as one binary
 (:func:`pack`: deterministic, so a system pack is byte-reproducible) and, on a hit, writes
 only that kernel's files into a directory private to this process (:func:`write_files`), on
-a memory file system where there is one, removed at exit. A thousand cached kernels are one SQLite file per arch, not a thousand
-directories.
+a memory file system where there is one, removed at exit; it is made only where nobody else
+can change it, or rename it away between kdb's write and Triton's read. A thousand cached
+kernels are one SQLite file per arch, not a thousand directories.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -55,24 +57,63 @@ def _plain_name(name: object) -> bool:
 
 # -- this process's files ---------------------------------------------------------------------
 
-_root: list = []  # [pid, path, on the temporary directory] of this process's private directory
+#: [pid, path, descriptor, on the temporary directory] of this process's private directory.
+_root: list = []
+#: (pid, path) of every private directory made, removed at exit by the process that made it.
+_made: list = []
 
 
 def private_dir(key: str) -> str:
     """``<runtime dir>/kdb-triton-<uid>-<pid>-XXXX/<key>``: made 0700 by ``mkdtemp`` (a name
-    nobody can plant in advance), per process, removed at exit."""
+    nobody can plant in advance) in a directory nobody else can change, per process,
+    removed at exit."""
+    if not _plain_name(key):
+        raise OSError(errno.EINVAL, f"not a Triton cache key: {key!r}")
     if not _root or _root[0] != os.getpid():
-        _new_root(runtime_dir())
-    path = os.path.join(_root[1], key)
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+        _new_root(runtime_dirs())
+    try:
+        os.mkdir(key, 0o700, dir_fd=_root[2])
+    except FileExistsError:
+        pass
+    return os.path.join(_root[1], key)
 
 
-def _new_root(base: str) -> None:
+def _new_root(bases: list[str]) -> None:
+    """A private directory in the first of ``bases`` that nobody else can change (a refused
+    one warns once), checked on its descriptor: this user's, 0700, not a link."""
+    from ...file import fs
+
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    remove_stale(base, uid)
-    _root[:] = [os.getpid(), tempfile.mkdtemp(prefix=f"kdb-triton-{uid}-{os.getpid()}-",
-                                              dir=base), base == tempfile.gettempdir()]
+    if _root:
+        os.close(_root[2])  # a full one's, or the parent's (inherited by this forked child)
+    _root[:] = []
+    for base in bases:
+        bad = fs.unsafe_above(os.path.join(base, "kdb-triton"))  # the base and those above
+        if bad is not None:
+            _refuse(base, *bad)
+            continue
+        remove_stale(base, uid)
+        path = tempfile.mkdtemp(prefix=f"kdb-triton-{uid}-{os.getpid()}-", dir=base)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        why = fs.stat_problem(os.fstat(fd))
+        if why is None:
+            _root[:] = [os.getpid(), path, fd, base == tempfile.gettempdir()]
+            _made.append((os.getpid(), path))
+            return
+        os.close(fd)
+        _refuse(path, path, why)
+    raise OSError(errno.EACCES, "no directory nobody else can change for Triton's files in "
+                  + ", ".join(bases))
+
+
+def _refuse(base: str, where: str, why: str) -> None:
+    from ... import faults
+
+    where = "" if where == base else where + ": "
+    faults.fault(f"{base} is refused for Triton's files: {where}{why}, so another user could "
+                 "swap the kernels this process loads; another directory is used. Set "
+                 "XDG_RUNTIME_DIR to a directory of your own (after su or sudo -E it is still "
+                 "the other user's)", once="triton-runtime:" + base)
 
 
 def write_files(key: str, files: dict[str, bytes]) -> dict[str, str]:
@@ -82,25 +123,25 @@ def write_files(key: str, files: dict[str, bytes]) -> dict[str, str]:
     try:
         return _write(private_dir(key), files)
     except OSError as err:
-        if _root and _root[0] == os.getpid() and not _root[2]:
+        if _root and _root[0] == os.getpid() and not _root[3]:
             from ... import faults
 
             faults.fault(f"cannot write Triton's files under {os.path.dirname(_root[1])} "
                          f"({err}); using {tempfile.gettempdir()} instead",
                          once="triton-runtime-dir")
-            _new_root(tempfile.gettempdir())
+            _new_root([tempfile.gettempdir()])
             return _write(private_dir(key), files)
         raise
 
 
-def runtime_dir() -> str:
-    """Where the files go: a memory file system when there is one (``XDG_RUNTIME_DIR``, else
-    ``/dev/shm``), else the temporary directory. On this machine writing a kernel's seven
-    files took 0.25 ms each in ``/tmp`` and 0.014 ms in ``/dev/shm``."""
-    for d in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):
-        if d and os.path.isabs(d) and os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
-            return d
-    return tempfile.gettempdir()
+def runtime_dirs() -> list[str]:
+    """Where the files may go, best first: a memory file system when there is one
+    (``XDG_RUNTIME_DIR``, else ``/dev/shm``), then the temporary directory. On this machine
+    writing a kernel's seven files took 0.25 ms each in ``/tmp`` and 0.014 ms in
+    ``/dev/shm``. Which of them nobody else can change is :func:`_new_root`'s to judge."""
+    found = [d for d in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm")
+             if d and os.path.isabs(d) and os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)]
+    return [*dict.fromkeys([*found, tempfile.gettempdir()])]
 
 
 def remove_stale(base: str, uid: int) -> None:
@@ -125,24 +166,36 @@ def remove_stale(base: str, uid: int) -> None:
 
 
 def _write(directory: str, files: dict[str, bytes]) -> dict[str, str]:
-    """Written in place: the directory is this process's alone (a write and a rename each
-    cost ~30% more)."""
-    paths = {}
-    for name, data in files.items():
-        path = paths[name] = os.path.join(directory, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
+    """Written in place (the directory is this process's alone: a write and a rename each
+    cost ~30% more), through a descriptor of the directory checked to be this user's and
+    private, so no name on the way can lead the files elsewhere."""
+    from ...file import fs
+
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        why = fs.stat_problem(os.fstat(dfd))
+        if why is not None:
+            raise OSError(errno.EPERM, f"{directory} is not this process's own: {why}")
+        paths = {}
+        for name, data in files.items():
+            paths[name] = os.path.join(directory, name)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dfd)
     return paths
 
 
 def _remove_at_exit() -> None:
-    if _root and _root[0] == os.getpid():
-        shutil.rmtree(_root[1], ignore_errors=True)
+    for pid, path in _made:
+        if pid == os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 lifecycle.on_exit(lifecycle.REPORT, _remove_at_exit)
