@@ -650,6 +650,34 @@ def _drain(case: Case, ignore: set[str], timeout: float = 45) -> None:
         time.sleep(0.1)
 
 
+def _pocl_uncached(case, good):
+    """A sound user file, PoCL's kernel cache off (``POCL_KERNEL_CACHE=0``, as MIRGE-Com's
+    documentation has users run): every build loads a stored binary."""
+    _copy_good(case, good)
+    case.env["POCL_KERNEL_CACHE"] = "0"
+
+
+def _loaded_together(case: Case, warnings: list[str]) -> None:
+    """Four workloads at once, one PoCL directory between them (as ``~/.cache/pocl/uncached``
+    is), all served: none may delete the directory another's loaded program uses."""
+    shared = case.root / "pocl-uncached"
+    env = {**os.environ, **case.env, "POCL_CACHE_DIR": str(shared)}
+    procs = [subprocess.Popen([sys.executable, "-c", _workload_code(False)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=case.root) for _ in range(4)]
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=CHILD_TIMEOUT * 2)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("hang: workloads loading binaries at once")
+        assert p.returncode == 0, err[-3000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["ok"] == [True] * len(KERNELS) and got["compiles"] == 0, (got, err[-2000:])
+    assert not [p for p in shared.iterdir() if p.name.startswith("_UNCACHED_kdb")]
+
+
 STATES: dict[str, State] = {
     "missing": State(_missing, 0),
     "empty-dir": State(_empty_dir, 0),
@@ -692,6 +720,8 @@ STATES: dict[str, State] = {
     "relative-cache-dir": State(_relative_cache, 0, detach=True, stored=True,
                                 check=_nothing_piled_up),
     "header-edited-before-store": State(_header_edited, 0, detach=True, header=True),
+    # issue 27
+    "pocl-kernel-cache-off": State(_pocl_uncached, 0, check=_loaded_together),
 }
 
 
@@ -936,7 +966,7 @@ def test_every_command_and_a_workload_survive_the_state(name, template, tmp_path
             _concurrent(case, tmp_path, 4)
     finally:
         case.close()
-    if name in ("sound", "stores-pending"):
+    if name in ("sound", "stores-pending", "pocl-kernel-cache-off"):
         assert first["compiles"] == 0  # served from the cache
     if name in STORED:
         assert second["compiles"] == 0, second  # the first process stored what it compiled
