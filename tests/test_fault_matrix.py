@@ -650,6 +650,20 @@ def _drain(case: Case, ignore: set[str], timeout: float = 45) -> None:
         time.sleep(0.1)
 
 
+def _full_disk_detach(case, good):
+    """A full disk, the stores going to the store worker (the default)."""
+    _full_disk(case, good)
+    case.env["KDB_STORE_AT_EXIT"] = "detach"
+
+
+def _nothing_queued(case: Case, warnings: list[str]) -> None:
+    """No store job was written to the full disk (tests/test_spool.py has a disk with room
+    for jobs but not for the stores)."""
+    from kdb.storing import spool
+
+    assert not spool.jobs(case.cache / "v1"), "store jobs queued on a full disk"
+
+
 def _pocl_uncached(case, good):
     """A sound user file, PoCL's kernel cache off (``POCL_KERNEL_CACHE=0``, as MIRGE-Com's
     documentation has users run): every build loads a stored binary."""
@@ -721,6 +735,8 @@ STATES: dict[str, State] = {
                                 check=_nothing_piled_up),
     "header-edited-before-store": State(_header_edited, 0, detach=True, header=True),
     # issue 27
+    "full-disk-detach": State(_full_disk_detach, 0, needs="mount", detach=True,
+                              check=_nothing_queued),
     "pocl-kernel-cache-off": State(_pocl_uncached, 0, check=_loaded_together),
 }
 
@@ -960,7 +976,7 @@ def test_every_command_and_a_workload_survive_the_state(name, template, tmp_path
             state.check(case, first["warnings"] + (second["warnings"] if second else []))
         if state.verify == 0:  # a sound file (a full disk, a stuck upgrader) stays in place
             assert not list((case.cache / "v1").glob("*.corrupt-*")), "a sound file moved aside"
-        if name == "full-disk":  # a job that could not be written leaves nothing
+        if name.startswith("full-disk"):  # a job that could not be written leaves nothing
             assert not list((case.cache / "v1").glob("spool/*/.*.tmp")), "job left behind"
         if LONG:  # four processes meet the state at once
             _concurrent(case, tmp_path, 4)

@@ -112,7 +112,18 @@ class Storing:
         f = self.user_file(arch)
         if not self._user_trusted(f):
             return False
-        return self._shared() is not None or f.usable
+        return self._shared() is not None or (f.usable and not self._disk_full())
+
+    def _disk_full(self) -> bool:
+        """The user file's disk keeps less than the spool's ``MIN_FREE``: nothing is stored
+        (one warning), so kdb never fills it, and storing resumes once there is room."""
+        from . import spool
+
+        why = spool.low_space(self.user_dir)
+        if why is not None:
+            faults.fault(f"{why}: kernels are compiled and not stored until there is room",
+                         once=f"disk-full:{self.user_dir}")
+        return why is not None
 
     def _user_trusted(self, f) -> bool:
         """The user file ``f``, its directory and the cache root are this user's alone (a
