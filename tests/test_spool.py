@@ -357,7 +357,7 @@ def _warnings(stderr: str) -> list[str]:
 
 def test_a_full_disk_queues_no_job_and_storing_resumes_once_there_is_room(tmp_path, run_py):
     """A real file system (a tmpfs) filled to 1 MiB short of full: a run compiles, queues
-    no job (kdb leaves spool.MIN_FREE free) and says so once; a half-written job a killed
+    no job (kdb leaves jobfiles.MIN_FREE free) and says so once; a half-written job a killed
     writer left is removed by the next worker; once there is room the next run's stores
     land and the worker logs again."""
     mnt = tmp_path / "mnt"
@@ -411,3 +411,21 @@ def test_a_worker_whose_log_cannot_be_written_still_stores(cache_dir, run_py):
     assert proc.returncode == 0
     assert stored(cache_dir) == 2
     assert not spool.jobs(v1)
+
+
+def test_a_spool_holding_max_jobs_takes_no_more(tmp_path):
+    """A worker that cannot keep up, or cannot run: past MAX_JOBS queued jobs a process is
+    told so (and stores its entries itself) instead of adding to the pile."""
+    from kdb.storing import jobfiles
+
+    spool_dir = tmp_path / "spool" / "0123456789abcdef"
+    spool_dir.mkdir(parents=True)
+    for i in range(jobfiles.MAX_JOBS - 1):
+        (spool_dir / f"{i:020d}-1-{i}.job").touch()
+    jobfiles.check_room(tmp_path, spool_dir)  # the last one that fits
+    (spool_dir / f"{jobfiles.MAX_JOBS:020d}-1-0.job").touch()
+    with pytest.raises(jobfiles.SpoolFull, match="5000 jobs not stored yet"):
+        jobfiles.check_room(tmp_path, spool_dir)
+    for p in list(spool_dir.iterdir())[:10]:  # the worker stored some meanwhile
+        p.unlink()
+    jobfiles.check_room(tmp_path, spool_dir)

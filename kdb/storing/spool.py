@@ -27,14 +27,18 @@ import time
 from pathlib import Path
 
 from .. import lifecycle, logs
-from ..file import fs
-from .jobfiles import (  # noqa: F401 - the job states, named here too
+from .jobfiles import (  # noqa: F401 - the job states and bounds, named here too
     BAD,
     JOB,
+    MAX_JOBS,
+    MIN_FREE,
     PENDING,
     SLOW,
     TAKEN,
+    SpoolFull,
+    check_room,
     exists,
+    low_space,
     remove,
     rename,
     slow_path,
@@ -56,29 +60,6 @@ SPOOL = "spool"
 LOCK = "worker.lock"
 #: The worker's log, beside the user files (what it could not store, and why).
 LOG_NAME = "store-worker.log"
-
-#: A job is queued only while the file system under the spool keeps this much free: the
-#: store that follows needs room for the binaries, SQLite's WAL and the worker's log, and a
-#: cache must never be what fills a disk.
-MIN_FREE = 32 << 20
-#: ... and while its spool holds fewer jobs than this: a worker that cannot keep up, or
-#: cannot run, never lets them pile up without end (the process stores them itself).
-MAX_JOBS = 5000
-
-
-class SpoolFull(OSError):
-    """The spool, or the disk under it, is full: the job was not queued."""
-
-
-def low_space(user_dir: Path) -> str | None:
-    """Why nothing should be stored under ``user_dir`` now (its disk is nearly full), else
-    None: one ``statvfs``."""
-    free = fs.free_bytes(user_dir)
-    if free is None or free >= MIN_FREE:
-        return None
-    return (f"the file system of {user_dir} has {free / 2**20:.1f} MiB free "
-            f"(kdb leaves {MIN_FREE >> 20} MiB)")
-
 
 #: Environment variables that change what a store worker's rebuild produces or where its
 #: OpenCL runtime looks: a worker only stores jobs written under the same values.
@@ -158,7 +139,7 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
     private_dir(spool)
     if not trusted(spool, ENVIRONMENT):
         raise UntrustedSpool(spool)
-    _check_room(Path(user_dir), spool)
+    check_room(Path(user_dir), spool)
     if not (spool / ENVIRONMENT).exists():
         _write_file(spool / ENVIRONMENT, env)
     _counter += 1
@@ -182,30 +163,6 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
 
 
 _orphans_checked: set[Path] = set()
-#: Jobs each spool held when this process last counted, plus those it queued since.
-_queued: dict[Path, int] = {}
-
-
-def _check_room(user_dir: Path, spool: Path) -> None:
-    """Raise :class:`SpoolFull` when the disk is nearly full or the spool holds
-    ``MAX_JOBS``; the spool is listed once, and again only when the count nears the bound."""
-    import errno
-
-    why = low_space(user_dir)
-    if why is not None:
-        raise SpoolFull(errno.ENOSPC, why)
-    n = _queued.get(spool)
-    if n is None or n >= MAX_JOBS:
-        try:
-            n = sum(1 for e in os.scandir(spool) if e.name.endswith(PENDING))
-        except OSError:
-            n = 0
-    if n >= MAX_JOBS:
-        raise SpoolFull(f"{spool} holds {n} jobs not stored yet (is its store worker "
-                        f"running? see {LOG_NAME})")
-    _queued[spool] = n + 1
-
-
 def _at_exit() -> None:
     """Claims whose jobs are still queued end with this process; with the shared tier their
     cross-node locks go to a keeper (:mod:`kdb.shared.keeper`) so other nodes still wait for them."""
@@ -356,7 +313,6 @@ def _after_fork() -> None:
     _claims_lock = threading.Lock()
     _worker_checked.clear()
     _orphans_checked.clear()
-    _queued.clear()
 
 
 lifecycle.on_fork(_after_fork)

@@ -115,11 +115,11 @@ class Storing:
         return self._shared() is not None or (f.usable and not self._disk_full())
 
     def _disk_full(self) -> bool:
-        """The user file's disk keeps less than the spool's ``MIN_FREE``: nothing is stored
+        """The user file's disk keeps less than ``jobfiles.MIN_FREE``: nothing is stored
         (one warning), so kdb never fills it, and storing resumes once there is room."""
-        from . import spool
+        from .jobfiles import low_space
 
-        why = spool.low_space(self.user_dir)
+        why = low_space(self.user_dir)
         if why is not None:
             faults.fault(f"{why}: kernels are compiled and not stored until there is room",
                          once=f"disk-full:{self.user_dir}")
