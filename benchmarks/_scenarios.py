@@ -40,6 +40,7 @@ from _harness import (
 from _adopt import adopt
 from _triton import triton
 from _trust import trust
+from _uncached import uncached
 from _script import autogroup, script
 
 KB = 1024
@@ -907,5 +908,5 @@ def auto(ws: Workspace, o: Outcome) -> None:
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
     "suite": suite, "auto": auto, "script": script, "adopt": adopt, "triton": triton,
-    "trust": trust,
+    "trust": trust, "uncached": uncached,
 }

@@ -259,7 +259,7 @@ class Tiers(Storing):
                 continue
             raw, problem = verified(row, attrs)
             if raw is None:
-                self._bad_entry(tier, attrs, problem)
+                self._bad_entry(tier, attrs, problem, row)
                 continue
             if policy is not None and not self._vouched(policy, tier, attrs, row, raw):
                 continue

@@ -662,6 +662,48 @@ def _drain(case: Case, ignore: set[str], timeout: float = 45) -> None:
         time.sleep(0.1)
 
 
+def _full_disk_detach(case, good):
+    """A full disk, the stores going to the store worker (the default)."""
+    _full_disk(case, good)
+    case.env["KDB_STORE_AT_EXIT"] = "detach"
+
+
+def _nothing_queued(case: Case, warnings: list[str]) -> None:
+    """No store job was written to the full disk (tests/test_spool.py has a disk with room
+    for jobs but not for the stores)."""
+    from kdb.storing import spool
+
+    assert not spool.jobs(case.cache / "v1"), "store jobs queued on a full disk"
+
+
+def _pocl_uncached(case, good):
+    """A sound user file, PoCL's kernel cache off (``POCL_KERNEL_CACHE=0``, as MIRGE-Com's
+    documentation has users run): every build loads a stored binary."""
+    _copy_good(case, good)
+    case.env["POCL_KERNEL_CACHE"] = "0"
+
+
+def _loaded_together(case: Case, warnings: list[str]) -> None:
+    """Four workloads at once, one PoCL directory between them (as ``~/.cache/pocl/uncached``
+    is), all served: none may delete the directory another's loaded program uses."""
+    shared = case.root / "pocl-uncached"
+    env = {**os.environ, **case.env, "POCL_CACHE_DIR": str(shared)}
+    procs = [subprocess.Popen([sys.executable, "-c", _workload_code(False)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=case.root) for _ in range(4)]
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=CHILD_TIMEOUT * 2)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("hang: workloads loading binaries at once")
+        assert p.returncode == 0, err[-3000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["ok"] == [True] * len(KERNELS) and got["compiles"] == 0, (got, err[-2000:])
+    assert not [p for p in shared.iterdir() if p.name.startswith("_UNCACHED_kdb")]
+
+
 STATES: dict[str, State] = {
     "missing": State(_missing, 0),
     "empty-dir": State(_empty_dir, 0),
@@ -706,6 +748,9 @@ STATES: dict[str, State] = {
     "header-edited-before-store": State(_header_edited, 0, detach=True, header=True),
     # issue 27
     "cache-in-a-world-writable-dir": State(_writable_parent, 1, check=_refusal_named),
+    "full-disk-detach": State(_full_disk_detach, 0, needs="mount", detach=True,
+                              check=_nothing_queued),
+    "pocl-kernel-cache-off": State(_pocl_uncached, 0, check=_loaded_together),
 }
 
 
@@ -944,13 +989,13 @@ def test_every_command_and_a_workload_survive_the_state(name, template, tmp_path
             state.check(case, first["warnings"] + (second["warnings"] if second else []))
         if state.verify == 0:  # a sound file (a full disk, a stuck upgrader) stays in place
             assert not list((case.cache / "v1").glob("*.corrupt-*")), "a sound file moved aside"
-        if name == "full-disk":  # a job that could not be written leaves nothing
+        if name.startswith("full-disk"):  # a job that could not be written leaves nothing
             assert not list((case.cache / "v1").glob("spool/*/.*.tmp")), "job left behind"
         if LONG:  # four processes meet the state at once
             _concurrent(case, tmp_path, 4)
     finally:
         case.close()
-    if name in ("sound", "stores-pending"):
+    if name in ("sound", "stores-pending", "pocl-kernel-cache-off"):
         assert first["compiles"] == 0  # served from the cache
     if name in STORED:
         assert second["compiles"] == 0, second  # the first process stored what it compiled

@@ -252,4 +252,34 @@ def test_a_signing_node_never_replaces_a_row_another_trusted_signer_wrote(
     assert node.get_or_compile(_attrs(0), lambda: b"binary 0" * 50) == b"binary 0" * 50
     node.close()
     background.drain()
-    assert pg.sql("SELECT signer FROM kernels", db_of(shared_url)) == [(kid(keys["ci.pub"]),)]
+    rows = pg.sql("SELECT key, signer FROM kernels ORDER BY key", db_of(shared_url))
+    key = _attrs(0).key  # the first signer's row stays; the second's goes beside it
+    assert rows == [(key, kid(keys["ci.pub"])), (f"{key}@{kid(keys['other.pub'])}",
+                                                 kid(keys["other.pub"]))]
+    for private, public in (("ci", "ci.pub"), ("other", "other.pub")):
+        monkeypatch.setenv("KDB_TRUSTED_KEYS", str(keys[public]))
+        monkeypatch.setenv("KDB_SIGNING_KEY", str(keys[private]))
+        fresh = KernelDB(cache_dir=tmp_path / f"fresh-{private}")
+        assert fresh.lookup(_attrs(0)).tier == "shared"  # each signer's nodes served
+        fresh.close()
+    background.drain()
+    assert pg.sql("SELECT key, signer FROM kernels ORDER BY key", db_of(shared_url)) == rows
+
+
+def test_a_row_signed_by_a_key_nobody_trusts_never_keeps_the_tier_useless(
+        pg, shared_url, keys, tmp_path):
+    """A rogue with the database role signs its rows with a key of its own: nodes that
+    trust the CI's key refuse them, the CI's signing node publishes its build beside them,
+    and from then on every node that trusts the CI is served from the shared tier (it
+    compiled on every new node, for ever). The rogue's rows are left to whoever trusts them."""
+    db = db_of(shared_url)
+    # The rogue's rows under the kernels' keys (its bytes do not matter: refused unread).
+    rogue = node(tmp_path, "rogue", shared_url, KDB_SIGNING_KEY=str(keys["rogue"]))
+    assert rogue["compiled"] == ["k0", "k1", "k2"]
+    trusted = {"KDB_TRUSTED_KEYS": str(keys["ci.pub"])}
+    ci = node(tmp_path, "ci", shared_url, KDB_SIGNING_KEY=str(keys["ci"]), **trusted)
+    assert ci["got"] == HONEST and ci["compiled"] == ["k0", "k1", "k2"]
+    fresh = node(tmp_path, "fresh", shared_url, **trusted)
+    assert fresh["got"] == HONEST and fresh["compiled"] == [], fresh["stderr"]
+    signers = sorted(r[0] for r in pg.sql("SELECT signer FROM kernels", db))
+    assert signers == sorted([kid(keys["rogue.pub"])] * 3 + [kid(keys["ci.pub"])] * 3)

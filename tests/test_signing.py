@@ -464,3 +464,32 @@ def test_opencl_stores_are_signed_with_the_programs_key_given_as_a_relative_path
     assert json.loads(again.stdout.splitlines()[-1])["compiles"] == 0, again.stderr
     log = cache_dir / "v1" / "store-worker.log"
     assert "signing" not in log.read_text()
+
+
+def test_a_process_whose_signing_key_is_refused_never_replaces_a_signed_entry(
+        keys, cache_dir, run_py):
+    """Under KDB_REQUIRE_SIGNED=1 a process whose key file is refused (others can read it)
+    trusts nothing, compiles, and stores its build unsigned: the signed entry stays, and a
+    process with the key in order is served it again."""
+    code = f"""
+        import json
+        from kdb import HashAttributes, KernelDB, bookkeeping
+        db = KernelDB()
+        a = HashAttributes(backend="test", source="signed kernel 0", arch={ARCH!r}, name="k0")
+        assert db.get_or_compile(a, lambda: b"compiled here" * 64) == b"compiled here" * 64
+        db.close()
+        print(json.dumps(len(bookkeeping.records())))
+    """
+    env = {"KDB_SIGNING_KEY": str(keys["ci"]), "KDB_REQUIRE_SIGNED": "1"}
+    assert run_py(code, env=env).stdout.split()[-1] == "1"
+    user = cache_dir / "v1" / f"{ARCH}.kdb"
+    signed = sqlite3.connect(user).execute("SELECT signer, signature FROM kernels").fetchall()
+    assert signed[0][0] == key_id(keys["ci.pub"]) and len(signed[0][1]) == 64
+    os.chmod(keys["ci"], 0o644)
+    refused = run_py(code, env=env)
+    assert refused.stdout.split()[-1] == "1", refused.stderr  # compiled: it trusts nothing
+    assert "nothing this process stores is signed" in refused.stderr
+    rows = sqlite3.connect(user).execute("SELECT signer, signature FROM kernels").fetchall()
+    assert rows == signed
+    os.chmod(keys["ci"], 0o600)
+    assert run_py(code, env=env).stdout.split()[-1] == "0"  # served, signed, from the user tier

@@ -337,3 +337,95 @@ def test_no_store_worker_for_a_user_file_that_is_refused(cache_dir, run_py):
     assert out["compiles"] == 2
     assert not spool.jobs(cache_dir / "v1")
     assert not (cache_dir / "v1" / spool.SPOOL).exists()
+
+
+def _mount_tmpfs(target: Path, size: str) -> None:
+    if os.getuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    target.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                           str(target)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+
+
+def _warnings(stderr: str) -> list[str]:
+    info = ("no system kernel database", "this start-up compiled")
+    return [ln for ln in stderr.splitlines() if ln.startswith("kdb:")
+            and not any(i in ln for i in info)]
+
+
+def test_a_full_disk_queues_no_job_and_storing_resumes_once_there_is_room(tmp_path, run_py):
+    """A real file system (a tmpfs) filled to 1 MiB short of full: a run compiles, queues
+    no job (kdb leaves jobfiles.MIN_FREE free) and says so once; a half-written job a killed
+    writer left is removed by the next worker; once there is room the next run's stores
+    land and the worker logs again."""
+    mnt = tmp_path / "mnt"
+    _mount_tmpfs(mnt, "48m")
+    try:
+        cache = mnt / "cache"  # PoCL's cache elsewhere, and one for every run: one spool
+        env = {**DETACH, "KDB_CACHE_DIR": str(cache), "POCL_CACHE_DIR": str(tmp_path / "pocl")}
+        filler = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        st = os.statvfs(mnt)
+        os.posix_fallocate(filler, 0, st.f_bavail * st.f_frsize - (1 << 20))
+        os.close(filler)
+
+        full = run_py(BUILD.format(n=3), env=env)
+        assert json.loads(full.stdout.splitlines()[-1])["compiles"] == 3
+        warned = _warnings(full.stderr)
+        assert len(warned) == 1 and "not stored until there is room" in warned[0], full.stderr
+        assert not spool.jobs(cache / "v1"), "a job was queued on a full disk"
+        spool_dir = spool.spool_dir(cache / "v1", {**os.environ, **env})
+        spool_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        partial = spool_dir / f".{time.time_ns():020d}-{dead.pid}-1.job.{dead.pid}.tmp"
+        partial.write_text('{"kind": "store", "entr')  # what a killed writer leaves
+
+        os.unlink(mnt / "filler")
+        assert json.loads(run_py(BUILD.format(n=3), env=env).stdout.splitlines()[-1])[
+            "compiles"] == 3
+        wait_for_worker(cache)
+        assert stored(cache) == 3
+        assert not partial.exists()
+        assert partial.name in (cache / "v1" / spool.LOG_NAME).read_text()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_worker_whose_log_cannot_be_written_still_stores(cache_dir, run_py):
+    """Every line the worker writes fails (its log leads to /dev/full, which answers every
+    write with ENOSPC, as a full disk does): it stores its jobs all the same."""
+    run_json(run_py, BUILD.format(n=2))
+    for pid in _stop_workers(cache_dir):
+        os.kill(pid, signal.SIGKILL)
+    v1 = cache_dir / "v1"
+    spool_dir = next(d for d in (v1 / "spool").iterdir() if d.is_dir())
+    (spool_dir / spool.LOCK).unlink(missing_ok=True)
+    (spool_dir / f"{1000:020d}-1-1.job").write_text("[1]")  # one line to say: not a job
+    (v1 / spool.LOG_NAME).unlink()
+    (v1 / spool.LOG_NAME).symlink_to("/dev/full")
+    with open("/dev/full", "wb") as log:
+        proc = subprocess.run([sys.executable, "-m", "kdb.storing.worker", str(spool_dir)],
+                              stdout=log, stderr=log, timeout=300)
+    assert proc.returncode == 0
+    assert stored(cache_dir) == 2
+    assert not spool.jobs(v1)
+
+
+def test_a_spool_holding_max_jobs_takes_no_more(tmp_path):
+    """A worker that cannot keep up, or cannot run: past MAX_JOBS queued jobs a process is
+    told so (and stores its entries itself) instead of adding to the pile."""
+    from kdb.storing import jobfiles
+
+    spool_dir = tmp_path / "spool" / "0123456789abcdef"
+    spool_dir.mkdir(parents=True)
+    for i in range(jobfiles.MAX_JOBS - 1):
+        (spool_dir / f"{i:020d}-1-{i}.job").touch()
+    jobfiles.check_room(tmp_path, spool_dir)  # the last one that fits
+    (spool_dir / f"{jobfiles.MAX_JOBS:020d}-1-0.job").touch()
+    with pytest.raises(jobfiles.SpoolFull, match="5000 jobs not stored yet"):
+        jobfiles.check_room(tmp_path, spool_dir)
+    for p in list(spool_dir.iterdir())[:10]:  # the worker stored some meanwhile
+        p.unlink()
+    jobfiles.check_room(tmp_path, spool_dir)

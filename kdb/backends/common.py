@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from ..errors import InvalidArgumentError, UnsupportedTypeError
@@ -29,5 +30,6 @@ def label(kernel_re: re.Pattern[str], source: str, fallback: str) -> str:
     >>> label(re.compile(r"void (\\w+)"), "void a() void b()", "program")
     'a,b'
     """
-    names = kernel_re.findall(source)
+    # The first five: a source of many kernels is not scanned to its end for a label.
+    names = [m.group(1) for m in itertools.islice(kernel_re.finditer(source), 5)]
     return ",".join(names[:4]) + (",..." if len(names) > 4 else "") if names else fallback

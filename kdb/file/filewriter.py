@@ -13,7 +13,7 @@ import sqlite3
 import time
 
 from . import codec, fs
-from .. import faults
+from .. import faults, logs
 from ..config import max_size, private_dir
 from .eviction import evict
 from .fileformat import (
@@ -34,6 +34,9 @@ from ..keys import compiler_free_key
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .kernelfile import CompileRecord, Entry, KernelFile
+
+
+log = logs.get("kdb")
 
 
 class _Gone(Exception):
@@ -203,7 +206,8 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
            logs: list[CompileRecord], hits: dict[str, tuple[int, float]],
            counters: dict[str, float], cap: int, now: float) -> int:
     """The body of :meth:`write`, inside its transaction; returns how many entries were
-    too large to store."""
+    not stored: too large, or unsigned where a signed entry of the same key is (a process
+    whose signing key was refused never takes a signed entry from the others)."""
     added = added_raw = added_entries = skipped = 0
     for e in entries:
         kind, blob = codec.encode(e.raw)
@@ -214,8 +218,13 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
                              len(blob), e.name or e.key[:16], cap)
             skipped += 1
             continue
-        old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ?",
-                           (e.key,)).fetchone()
+        old = conn.execute("SELECT stored_size, raw_size, signer, signature FROM kernels "
+                           "WHERE key = ?", (e.key,)).fetchone()
+        if old is not None and old[2] and old[3] and not (e.signer and e.signature):
+            log.debug("kdb: %s keeps its signed entry %s: not replaced by an unsigned one",
+                      f.path, e.key[:16])
+            skipped += 1
+            continue
         added += len(blob) - (old[0] if old else 0)
         added_raw += len(e.raw) - (old[1] if old else 0)
         added_entries += 0 if old else 1

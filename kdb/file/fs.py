@@ -42,6 +42,16 @@ def fs_type(path: str | os.PathLike[str], mounts: str = "/proc/mounts") -> str |
     return kind
 
 
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Bytes a writer that is not root may still use on the file system of ``path``
+    (``statvfs``'s ``f_bavail``), or ``None`` when it cannot be asked."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def network_fs(path: str | os.PathLike[str]) -> str | None:
     """The network file system type under ``path``, or ``None`` if it is local."""
     p = str(Path(path))

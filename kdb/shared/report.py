@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from ..file import migrate
 from . import server as pgserver
+from . import writes
 from ..file.schema import compile_log, counters, kernels, meta
 
 TYPE_CHECKING = False
@@ -73,7 +74,8 @@ def export(tier, arch: str, dest: Path) -> int:
         out.execute("BEGIN")
         with engine.connect() as conn:
             rows = conn.execution_options(yield_per=256).execute(
-                select(*kernels.columns).where(kernels.c.arch == arch))
+                select(*kernels.columns).where(kernels.c.arch == arch,  # not signers' own
+                                               ~kernels.c.key.contains(writes.SLOT)))
             for part in rows.partitions():
                 out.executemany(f"INSERT INTO kernels ({', '.join(cols)}) VALUES "
                                 f"({', '.join('?' * len(cols))})",

@@ -58,7 +58,7 @@ T = TypeVar("T")
 
 _FETCH_COLUMNS = (kernels.c.codec, kernels.c.blob, kernels.c.raw_size, kernels.c.checksum,
                   kernels.c.attributes, kernels.c.compile_seconds, kernels.c.details,
-                  kernels.c.signer, kernels.c.signature)
+                  kernels.c.signer, kernels.c.signature, kernels.c.key)
 
 
 class SharedRow(NamedTuple):
@@ -74,6 +74,7 @@ class SharedRow(NamedTuple):
     details: str
     signer: str | None = None
     signature: bytes | None = None
+    stored_key: str = ""  # its key column: the entry's key, or a signer's slot for it
 
 
 
@@ -246,11 +247,24 @@ class SharedTier(CrossNodeLocks):
     # -- reads ------------------------------------------------------------------------------
 
     def fetch(self, key: str) -> SharedRow | None:
-        """The entry for ``key``, or ``None`` (a miss, or the tier is unavailable)."""
+        """The entry for ``key``, or ``None`` (a miss, or the tier is unavailable). Under a
+        trust policy, when the entry's row is not signed by a trusted key, the row a trusted
+        signer published for it beside (:func:`kdb.shared.writes.slot_key`), if any."""
+        from ..signing import policy as signing
+
+        policy = signing.current()
+        trusted = list(policy.trusted) if policy is not None and policy.verify else []
+        keys = [key, *(writes.slot_key(key, t) for t in trusted)]
+
         def q(engine: Engine) -> SharedRow | None:
             with engine.connect() as conn:
-                row = conn.execute(select(*_FETCH_COLUMNS).where(kernels.c.key == key)).first()
-            return _row(row) if row else None
+                found = [_row(r) for r in conn.execute(
+                    select(*_FETCH_COLUMNS).where(kernels.c.key.in_(keys))).all()]
+            by_key = {r.stored_key: r for r in found if r is not None}
+            main = by_key.get(key)
+            if main is None or not trusted or (main.signer in trusted and main.signature):
+                return main or next((by_key[k] for k in keys if k in by_key), None)
+            return next((by_key[k] for k in keys[1:] if k in by_key), main)
 
         return self._run("looking up a kernel", q, None)
 
@@ -321,7 +335,8 @@ class SharedTier(CrossNodeLocks):
 
 #: The Python types a sound row's columns have (a writer with the table's role can change a
 #: column's type: such a row is a miss, never an error on the hit path).
-_TYPES = (str, bytes, int, str, str, (int, float), str, (str, type(None)), (bytes, type(None)))
+_TYPES = (str, bytes, int, str, str, (int, float), str, (str, type(None)), (bytes, type(None)),
+          str)
 
 
 def _row(values) -> SharedRow | None:

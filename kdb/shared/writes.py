@@ -1,10 +1,14 @@
 """What the shared tier's writes do inside their transaction: publish, drop.
 
 A publish inserts each entry unless its key is there already; under a trust policy
-(:mod:`kdb.signing`), a signed entry first removes an existing one this node would not serve
-(unsigned: no signer, or a NULL or empty signature), so a rogue row cannot keep the tier
-useless for that kernel. A row signed by a key this node does not trust is left alone: other
-nodes may trust it, and two signers would otherwise replace each other's rows for ever. The ``meta`` totals and counters move in the same transaction
+(:mod:`kdb.signing`), a signed entry first removes an existing one no node would serve
+(unsigned: no signer, or a NULL or empty signature). A row signed by another key is never
+replaced (other nodes may trust it: two signers that do not trust each other would replace
+each other's rows for ever); a signed entry whose key such a row holds goes to its signer's
+own row, ``<key>@<signer id>`` (:func:`slot_key`), which a node under a trust policy reads
+when the first row is not signed by a key it trusts. So a row signed by a key nobody trusts
+(a rogue's) never keeps the tier useless for that kernel, and no signer's row is ever
+another's to replace. The ``meta`` totals and counters move in the same transaction
 (:mod:`kdb.shared.usage`). :class:`kdb.shared.tier.SharedTier` runs these under its bounds and
 failover.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import func, or_
+from sqlalchemy import func, or_, select
 from sqlalchemy.engine import Connection
 
 from ..file import codec
@@ -22,6 +26,15 @@ from ..file.kernelfile import CompileRecord, Entry
 from ..file.schema import compile_log, kernels
 from ..keys import compiler_free_key
 from . import usage
+
+
+#: Joins a key and a signer id in a signer's own row (a key is hex: no entry's has one).
+SLOT = "@"
+
+
+def slot_key(key: str, signer: str) -> str:
+    """The key column of ``signer``'s own row for the entry ``key``."""
+    return f"{key}{SLOT}{signer}"
 
 
 def rows(entries: list[Entry]) -> list[dict]:
@@ -56,18 +69,18 @@ def untrusted():
 
 def publish(conn: Connection, new: list[dict], logs: list[CompileRecord] = ()) -> int:
     """Insert ``new`` rows (an existing key is kept, unless :func:`untrusted` and the new row
-    is signed) and log rows; returns the entries added."""
-    from sqlalchemy.dialects.postgresql import insert
-
+    is signed; a signed row whose key another signer holds goes to its own slot) and log
+    rows; returns the entries added."""
     replace = untrusted()
     for row in new:
         if row["signature"] is not None and replace is not None:
             drop(conn, [row["key"]], replace)
     added = added_raw = added_stored = 0
     for row in new:
-        res = conn.execute(insert(kernels).values(**row)
-                           .on_conflict_do_nothing(index_elements=["key"]))
-        if res.rowcount:
+        n = _insert(conn, row)
+        if not n and row["signer"] and row["signature"]:
+            n = _into_slot(conn, row)
+        if n:
             added += 1
             added_raw += row["raw_size"]
             added_stored += row["stored_size"]
@@ -81,6 +94,26 @@ def publish(conn: Connection, new: list[dict], logs: list[CompileRecord] = ()) -
         usage.bump_counters(conn, {"compiles": len(logs),
                                    "compile_seconds": sum(r.seconds for r in logs)})
     return added
+
+
+def _insert(conn: Connection, row: dict) -> int:
+    """1 if ``row`` was inserted, 0 if its key was there (RETURNING: psycopg's rowcount of
+    a single INSERT here is -1, which counted every conflict as an entry added)."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    return int(conn.execute(insert(kernels).values(**row).on_conflict_do_nothing(
+        index_elements=["key"]).returning(kernels.c.key)).first() is not None)
+
+
+def _into_slot(conn: Connection, row: dict) -> int:
+    """``row``'s key is held: by its own signer (kept), else it goes to the signer's slot,
+    replacing what is there (a slot is its signer's build, or nothing worth keeping)."""
+    holder = conn.execute(select(kernels.c.signer).where(kernels.c.key == row["key"])).first()
+    if holder is None or holder[0] == row["signer"]:
+        return 0
+    slot = dict(row, key=slot_key(row["key"], row["signer"]))
+    drop(conn, [slot["key"]])
+    return _insert(conn, slot)
 
 
 def drop(conn: Connection, keys: list[str], where=None) -> int:

@@ -1,13 +1,16 @@
 """A store job's file and its states: queued (``.job``), set aside as slow (``.slow``), being
 stored (``.taken``, ``flock``-ed by its taker), unreadable (``.bad``). One job is one name
 in one spool directory; its suffix is its state, so a rename is a state change that every
-process sees at once and that survives a crash.
+process sees at once and that survives a crash. And the room a job needs: a spool is
+bounded, and never what fills a disk (:func:`check_room`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from ..file import fs
 
 JOB = ".job"
 SLOW = ".slow"
@@ -66,3 +69,52 @@ def remove(path: Path) -> None:
             os.unlink(p)
         except OSError:
             pass
+
+
+# -- room -------------------------------------------------------------------------------------
+
+#: A job is queued only while the file system under the spool keeps this much free: the
+#: store that follows needs room for the binaries, SQLite's WAL and the worker's log, and a
+#: cache must never be what fills a disk.
+MIN_FREE = 32 << 20
+#: ... and while its spool holds fewer jobs than this: a worker that cannot keep up, or
+#: cannot run, never lets them pile up without end (the process stores them itself).
+MAX_JOBS = 5000
+
+
+class SpoolFull(OSError):
+    """The spool, or the disk under it, is full: the job was not queued."""
+
+
+def low_space(user_dir: Path) -> str | None:
+    """Why nothing should be stored under ``user_dir`` now (its disk is nearly full), else
+    None: one ``statvfs``."""
+    free = fs.free_bytes(user_dir)
+    if free is None or free >= MIN_FREE:
+        return None
+    return (f"the file system of {user_dir} has {free / 2**20:.1f} MiB free "
+            f"(kdb leaves {MIN_FREE >> 20} MiB)")
+
+
+#: Jobs each spool held when this process last counted, plus those it queued since.
+_queued: dict[Path, int] = {}
+
+
+def check_room(user_dir: Path, spool: Path) -> None:
+    """Raise :class:`SpoolFull` when the disk is nearly full or the spool holds
+    ``MAX_JOBS``; the spool is listed once, and again only when the count nears the bound."""
+    import errno
+
+    why = low_space(user_dir)
+    if why is not None:
+        raise SpoolFull(errno.ENOSPC, why)
+    n = _queued.get(spool)
+    if n is None or n >= MAX_JOBS:
+        try:
+            n = sum(1 for e in os.scandir(spool) if e.name.endswith(PENDING))
+        except OSError:
+            n = 0
+    if n >= MAX_JOBS:
+        raise SpoolFull(f"{spool} holds {n} jobs not stored yet (is its store worker "
+                        "running? see store-worker.log)")
+    _queued[spool] = n + 1

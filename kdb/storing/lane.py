@@ -36,9 +36,13 @@ def lowest_priority(idle: bool) -> None:
 
 
 def say(text: str) -> None:
-    """One line for ``store-worker.log`` (on stderr: a lane's stdout is its protocol)."""
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kdb store worker {os.getpid()}: {text}",
-          file=sys.stderr, flush=True)
+    """One line for ``store-worker.log`` (on stderr: a lane's stdout is its protocol). A full
+    disk loses the line, never the worker: it goes on storing, or dropping, its jobs."""
+    try:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} kdb store worker {os.getpid()}: {text}",
+              file=sys.stderr, flush=True)
+    except OSError:
+        pass  # kept in stderr's buffer: written with the next line that finds room
 
 
 def about(path: Path) -> str:

@@ -27,13 +27,18 @@ import time
 from pathlib import Path
 
 from .. import lifecycle, logs
-from .jobfiles import (  # noqa: F401 - the job states, named here too
+from .jobfiles import (  # noqa: F401 - the job states and bounds, named here too
     BAD,
     JOB,
+    MAX_JOBS,
+    MIN_FREE,
     PENDING,
     SLOW,
     TAKEN,
+    SpoolFull,
+    check_room,
     exists,
+    low_space,
     remove,
     rename,
     slow_path,
@@ -134,6 +139,7 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
     private_dir(spool)
     if not trusted(spool, ENVIRONMENT):
         raise UntrustedSpool(spool)
+    check_room(Path(user_dir), spool)
     if not (spool / ENVIRONMENT).exists():
         _write_file(spool / ENVIRONMENT, env)
     _counter += 1
@@ -157,8 +163,6 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
 
 
 _orphans_checked: set[Path] = set()
-
-
 def _at_exit() -> None:
     """Claims whose jobs are still queued end with this process; with the shared tier their
     cross-node locks go to a keeper (:mod:`kdb.shared.keeper`) so other nodes still wait for them."""

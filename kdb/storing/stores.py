@@ -112,7 +112,18 @@ class Storing:
         f = self.user_file(arch)
         if not self._user_trusted(f):
             return False
-        return self._shared() is not None or f.usable
+        return self._shared() is not None or (f.usable and not self._disk_full())
+
+    def _disk_full(self) -> bool:
+        """The user file's disk keeps less than ``jobfiles.MIN_FREE``: nothing is stored
+        (one warning), so kdb never fills it, and storing resumes once there is room."""
+        from .jobfiles import low_space
+
+        why = low_space(self.user_dir)
+        if why is not None:
+            faults.fault(f"{why}: kernels are compiled and not stored until there is room",
+                         once=f"disk-full:{self.user_dir}")
+        return why is not None
 
     def _user_trusted(self, f) -> bool:
         """The user file ``f``, its directory and the cache root are this user's alone (a
@@ -159,7 +170,7 @@ class Storing:
         if shared is not None:
             _background().submit(lambda: shared.drop([attrs.key]))
 
-    def _bad_entry(self, tier, attrs: HashAttributes, reason: str) -> None:
+    def _bad_entry(self, tier, attrs: HashAttributes, reason: str, row=None) -> None:
         """A row that failed :func:`~kdb.tiers.verified`: the user's is dropped, the shared
         tier's dropped and published anew, a system file's (immutable) skipped."""
         if tier.name == "user":
@@ -168,7 +179,8 @@ class Storing:
             faults.fault(f"entry {attrs.key[:16]} in the shared tier {tier.describe()} is "
                          f"unusable: {reason}; it is dropped and compiled again",
                          once="bad:shared:" + attrs.key)
-            _background().submit(lambda: tier.drop([attrs.key]))
+            stored = _stored_key(row, attrs.key)
+            _background().submit(lambda: tier.drop([stored]))
         else:
             faults.fault(f"entry {attrs.key[:16]} in {tier.describe()} is unusable: {reason}; "
                          "skipped", once=f"bad:{tier.describe()}")
@@ -188,7 +200,8 @@ class Storing:
             return True
         policy.refused(tier.name, tier.describe(), key, attrs.name, cause, signer)
         if tier.name == "shared" and cause in (signing.BAD_SIGNATURE, signing.BAD_DIGEST):
-            _background().submit(lambda: tier.drop([key]))
+            stored = _stored_key(row, key)
+            _background().submit(lambda: tier.drop([stored]))
         return False
 
     @staticmethod
@@ -222,7 +235,14 @@ class Storing:
             details = None
         self.put_later(attrs, lambda: raw, compile_seconds=row.compile_seconds,
                        details=details, publish=False, signed=signed)
-        _background().submit(lambda: shared.touch(attrs.key))
+        stored = _stored_key(row, attrs.key)
+        _background().submit(lambda: shared.touch(stored))
+
+
+def _stored_key(row, key: str) -> str:
+    """The key column of a fetched row: ``key``, or a signer's own row for it (a shared
+    row published beside another signer's, :func:`kdb.shared.writes.slot_key`)."""
+    return getattr(row, "stored_key", "") or key
 
 
 _USER_TIER = ("loading a binary from it would run code someone else can change",

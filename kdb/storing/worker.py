@@ -255,6 +255,42 @@ class _Lane:
                 self.proc.kill()
 
 
+#: A job file still being written after this long was left by a writer that is stuck.
+PARTIAL_AGE_S = 600.0
+
+
+def _sweep_partial(spool: Path) -> None:
+    """Remove the job files writers left half-written (``.<job>.<pid>.tmp``: killed before
+    the rename that queues them) once their writer is gone: a spool recovers from them."""
+    try:
+        names = [n for n in os.listdir(spool) if n.startswith(".") and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            pid = int(name.rsplit(".", 2)[-2])
+            age = time.time() - os.stat(spool / name).st_mtime
+        except (ValueError, OSError):
+            pid, age = 0, PARTIAL_AGE_S
+        if 0 < pid != os.getpid() and age < PARTIAL_AGE_S and _alive(pid):
+            continue
+        try:
+            os.unlink(spool / name)
+        except OSError:
+            continue
+        _say(f"removed {name}, a job file its writer (process {pid}) left half-written")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
+
+
 def supervise(spool: Path) -> int:
     """Store every job of ``spool`` until it has been empty ``IDLE_EXIT_S``; one worker at
     a time (an ``flock`` on ``worker.lock``)."""
@@ -284,6 +320,7 @@ def supervise(spool: Path) -> int:
         os.close(fd)
         return 0  # another worker has it
     _background_group()
+    _sweep_partial(spool)
     lanes = [_Lane(slow=False), _Lane(slow=True)]
     queue = _Queue(spool)
     idle_since = time.monotonic()

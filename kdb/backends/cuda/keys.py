@@ -44,7 +44,10 @@ RESERVED_OPTIONS = frozenset({
     "--ptx", "-fatbin", "--fatbin", "-c", "--compile", "-E", "--preprocess",
 })
 
-_KERNEL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+# Arguments nest one deep, written as in opencl/keys.py: one way to match, a miss is linear
+# ([^)]* rescanned the rest of the source from every "__launch_bounds__(" left open).
+_KERNEL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^()]*(?:\([^()]*\)[^()]*)*\)"
+                        r"\s*)?void\s+(\w+)")
 _EM_CUDA = 190
 
 

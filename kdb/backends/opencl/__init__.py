@@ -39,6 +39,7 @@ from .keys import (
     plan_for,
     split_options,
 )
+from .poclbin import private_copies
 from .stores import compiled as _compiled
 from .stores import program_spec, store_job, store_later  # noqa: F401 - spool finds store_job here
 from ..common import source_text
@@ -163,7 +164,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
         if all(hits):
             try:
                 raw = _load(ctx, devs, [h.binary for h in hits], text, opt_bytes)
-                return _wrap(raw, wrapper)
+                if raw is not None:  # else built from source below; nothing missed to store
+                    return _wrap(raw, wrapper)
             except (cl.RuntimeError, cl.LogicError) as err:
                 for a, h in zip(attrs, hits):
                     if h.tier in ("user", "shared", "memory"):
@@ -227,8 +229,16 @@ class _StoredProgram(cl._Program):
         return super().get_info(arg)
 
 
-def _load(ctx, devs, binaries: list[bytes], text: str, opt_bytes: bytes) -> cl._Program:
-    raw = _StoredProgram(ctx, devs, binaries)
+def _load(ctx, devs, binaries: list[bytes], text: str, opt_bytes: bytes) -> cl._Program | None:
+    """The program from stored binaries; None when PoCL cannot load them safely."""
+    private = private_copies(binaries)
+    if private is None:
+        logs.warn_once("pocl-uncached-layout", "kdb: PoCL's kernel cache is off "
+                       "(POCL_KERNEL_CACHE) and kdb does not know this PoCL's binary format: "
+                       "programs are built from source, not loaded from kdb (processes "
+                       "loading one binary at once would share and delete one directory)")
+        return None
+    raw = _StoredProgram(ctx, devs, private)
     raw._kdb_source = text
     raw.build(opt_bytes, devs)
     return raw

@@ -39,7 +39,10 @@ ENV_VARS = tuple(sorted((
     "IGC_ExtraOCLOptions", "IGC_ExtraOCLInternalOptions",
 )))
 
-_KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\(.*?\)\)\s*)*void\s+(\w+)")
+# Attribute arguments nest two deep ((reqd_work_group_size(WG(1), 1, 1))), each written as
+# "runs of [^()] between groups": one way to match any text, so a miss backtracks linearly.
+_KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\([^()]*(?:\([^()]*"
+                        r"(?:\([^()]*\)[^()]*)*\)[^()]*)*\)\)\s*)*void\s+(\w+)")
 _HSTR_RE = re.compile(r"HSTR:\s*(\S+)")
 _SAFE_RE = re.compile(r"[^a-z0-9_.+-]+")
 # shlex.split lexes in Python one character at a time (slow on long option strings); with

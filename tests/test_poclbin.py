@@ -1,0 +1,155 @@
+"""PoCL with its kernel cache off (``POCL_KERNEL_CACHE=0``): processes that load the same
+stored binaries at once must not share, and delete, one directory (kdb.backends.opencl.poclbin)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kdb.backends.opencl import poclbin
+
+pytest.importorskip("pyopencl")
+
+#: Each process builds these (all hits once primed), launches each once and exits holding
+#: them: PoCL releases them, and with its cache off deletes their directories, at exit.
+PROGRAM = r"""
+import json, sys
+import numpy as np
+import pyopencl as cl
+import kdb.opencl, kdb.bookkeeping
+plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+ctx = cl.Context(plat.get_devices()[:1])
+queue = cl.CommandQueue(ctx)
+a = np.arange(64, dtype=np.float32)
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+held, ok = [], []
+for i in range(int(sys.argv[1])):
+    prg = kdb.opencl.build(ctx, "__kernel void u%d(__global float *a) "
+                                "{ int g = get_global_id(0); a[g] = a[g] + %d.0f; }" % (i, i))
+    getattr(prg, "u%d" % i)(queue, (64,), None, buf)
+    held.append(prg)
+out = np.empty_like(a)
+cl.enqueue_copy(queue, out, buf)
+ok = bool((out == a + sum(range(int(sys.argv[1])))).all())
+print(json.dumps({"ok": ok, "compiles": len(kdb.bookkeeping.records())}))
+"""
+
+PROCESSES, KERNELS, ROUNDS = 8, 10, 2
+
+
+def _env(tmp_path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "KDB_CACHE_DIR": str(tmp_path / "cache"), "POCL_KERNEL_CACHE": "0",
+           "POCL_CACHE_DIR": str(tmp_path / "pocl-uncached"), **extra}
+    env.pop("KDB_TRACE", None)
+    return env
+
+
+def _run_together(env: dict[str, str], n: int, kernels: int) -> list[tuple[int, dict, str]]:
+    procs = [subprocess.Popen([sys.executable, "-c", PROGRAM, str(kernels)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    done = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a process loading binaries hung")
+        lines = out.strip().splitlines()
+        done.append((p.returncode, json.loads(lines[-1]) if lines else {}, err))
+    return done
+
+
+def test_processes_loading_the_same_binaries_with_pocl_kernel_cache_off_all_finish(tmp_path):
+    """8 processes served the same 10 programs at once, PoCL's cache off and its directory
+    shared (as ``~/.cache/pocl/uncached`` is): each exits 0 with the right results and
+    compiles nothing. PoCL 3.0 aborted 1-6 of 8 (``Can't get stat()``) or failed to link a
+    kernel when each load of one binary used one directory that every release deleted."""
+    env = _env(tmp_path, KDB_STORE_AT_EXIT="wait")
+    [(rc, first, err)] = _run_together(env, 1, KERNELS)  # stores all of them before it exits
+    assert rc == 0 and first["ok"] and first["compiles"] == KERNELS, err[-3000:]
+    for r in range(ROUNDS):
+        for rc, got, err in _run_together(env, PROCESSES, KERNELS):
+            assert rc == 0, (f"round {r + 1}: exit status {rc}", err[-2000:])
+            assert got == {"ok": True, "compiles": 0}, (got, err[-2000:])
+    leftovers = [p.name for p in (tmp_path / "pocl-uncached").iterdir()
+                 if p.name.startswith("_UNCACHED_kdb")]
+    assert not leftovers, leftovers  # every load's directory went with its program
+
+
+def _pocl_binary(version: int) -> bytes:
+    """A PoCL binary header as PoCL writes it (``lib/CL/pocl_binary.c``), then a body."""
+    head = b"poclbin\0" + struct.pack("<QIIQ", 0x1234, version, 1, 0)
+    if version >= 9:
+        head += struct.pack("<I", 1)  # root entries
+    return head + b"JJ/DPMDJEKNCCHEBNNJFHDHFNBEILJJPEFIGKHJJ\0" + b"\x0b\0\0\0/program.bc"
+
+
+@pytest.mark.parametrize("version", [8, 9, 12])
+def test_with_pocl_kernel_cache_off_each_load_names_a_directory_of_its_own(monkeypatch, version):
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
+    binary, other = _pocl_binary(version), b"\x7fELF not PoCL's format"
+    first = poclbin.private_copies([binary, other])
+    second = poclbin.private_copies([binary])
+    offset = 32 if version == 8 else 36
+    names = {b[offset:offset + 41] for b in (first[0], second[0])}
+    assert len(names) == 2 and all(n.startswith(b"_UNCACHED_kdb") and n.endswith(b"\0")
+                                   for n in names), names
+    assert first[1] is other  # not PoCL's: as it is
+    for copy in (first[0], second[0]):  # only the name differs
+        assert copy[:offset] == binary[:offset]
+        assert copy[offset + 41:] == binary[offset + 41:]
+
+
+@pytest.mark.parametrize("value, off", [(None, False), ("1", False), ("1yes", False),
+                                        ("0", True), ("", True), ("true", True)])
+def test_kernel_cache_is_off_as_pocl_reads_the_variable(monkeypatch, value, off):
+    """``pocl_get_bool_option``: set and not starting with "1" is off ("true" too)."""
+    if value is None:
+        monkeypatch.delenv("POCL_KERNEL_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("POCL_KERNEL_CACHE", value)
+    binary = _pocl_binary(8)
+    assert poclbin.kernel_cache_off() is off
+    assert (poclbin.private_copies([binary])[0] is binary) is not off
+
+
+def test_a_binary_of_an_unknown_layout_is_not_loaded_with_the_cache_off(monkeypatch):
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "0")
+    assert poclbin.private_copies([_pocl_binary(99)]) is None
+    monkeypatch.setenv("POCL_KERNEL_CACHE", "1")
+    assert poclbin.private_copies([_pocl_binary(99)]) is not None  # nothing deletes it
+
+
+def test_unknown_layout_builds_from_source_with_one_warning(tmp_path):
+    """A stored PoCL binary whose header this kdb does not know, PoCL's cache off: the
+    program is built from source (right results), one warning says why, nothing breaks."""
+    import kdb
+
+    env = _env(tmp_path, KDB_STORE_AT_EXIT="wait")
+    [(rc, first, err)] = _run_together(env, 1, 2)
+    assert rc == 0 and first["compiles"] == 2, err[-3000:]
+    [user_file] = (tmp_path / "cache" / "v1").glob("*.kdb")
+    conn = sqlite3.connect(user_file)
+    attributes = [r[0] for r in conn.execute("SELECT attributes FROM kernels")]
+    conn.close()
+    db = kdb.KernelDB(cache_dir=tmp_path / "cache", use_system=False)
+    for text in attributes:
+        attrs = kdb.HashAttributes.from_canonical(text)
+        binary = db.get(attrs)
+        assert binary.startswith(poclbin.MAGIC)
+        assert db.put(attrs, binary[:16] + struct.pack("<I", 99) + binary[20:])
+    db.close()
+    time.sleep(0.01)
+    [(rc, got, err)] = _run_together(env, 1, 2)
+    assert rc == 0 and got["ok"], err[-3000:]
+    warned = [ln for ln in err.splitlines() if "does not know this PoCL's binary format" in ln]
+    assert len(warned) == 1, err[-3000:]
