@@ -80,21 +80,26 @@ def private_dir(key: str) -> str:
 
 def _new_root(bases: list[str]) -> None:
     """A private directory in the first of ``bases`` that nobody else can change (a refused
-    one warns once), checked on its descriptor: this user's, 0700, not a link."""
+    one warns once), checked on its descriptor: this user's and private, not a link."""
     from ...file import fs
 
     uid = os.getuid() if hasattr(os, "getuid") else 0
     if _root:
         os.close(_root[2])  # a full one's, or the parent's (inherited by this forked child)
     _root[:] = []
+    failed: OSError | None = None
     for base in bases:
         bad = fs.unsafe_above(os.path.join(base, "kdb-triton"))  # the base and those above
         if bad is not None:
             _refuse(base, *bad)
             continue
         remove_stale(base, uid)
-        path = tempfile.mkdtemp(prefix=f"kdb-triton-{uid}-{os.getpid()}-", dir=base)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            path = tempfile.mkdtemp(prefix=f"kdb-triton-{uid}-{os.getpid()}-", dir=base)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:  # a read-only or full one: the next
+            failed = err
+            continue
         why = fs.stat_problem(os.fstat(fd))
         if why is None:
             _root[:] = [os.getpid(), path, fd, base == tempfile.gettempdir()]
@@ -103,7 +108,7 @@ def _new_root(bases: list[str]) -> None:
         os.close(fd)
         _refuse(path, path, why)
     raise OSError(errno.EACCES, "no directory nobody else can change for Triton's files in "
-                  + ", ".join(bases))
+                  f"{', '.join(bases)}" + (f" ({failed})" if failed else ""))
 
 
 def _refuse(base: str, where: str, why: str) -> None:
