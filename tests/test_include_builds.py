@@ -306,6 +306,55 @@ def test_a_header_edited_while_the_worker_rebuilds_is_not_stored(cache_dir, cl_c
     assert stored(cache_dir) == 0
 
 
+#: A child whose build reads a header saved between kdb's digest and the compiler's read:
+#: the edit is made when the compile starts (a real PoCL compile reads the new header).
+SAVED_WHILE_COMPILING = """
+    import json, logging, sys
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import bookkeeping
+    logging.getLogger("kdb").addHandler(logging.StreamHandler(sys.stderr))
+    real = cl._Program.build
+
+    def build(self, *args, **kwargs):
+        open(HEADER, "w").write("#define K 3\\n")
+        return real(self, *args, **kwargs)
+
+    cl._Program.build = build
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    prg = kdb.opencl.build(ctx, SRC, ["-I", INC])
+    q = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+    prg.k(q, (1,), None, buf)
+    out = np.zeros(1, np.int32)
+    cl.enqueue_copy(q, out, buf)
+    print(json.dumps({"result": int(out[0])}))
+"""
+
+
+@pytest.mark.parametrize("store", ["wait", "detach"])
+def test_a_header_saved_while_the_process_compiles_is_not_stored(store, cache_dir, run_py,
+                                                                 tmp_path):
+    """The key holds the header as it was before the compile; the compiler read it after
+    it was saved. The process (``wait``; ``detach``: its store worker) checks the headers
+    again before it stores, so the binary of ``K 3`` never lands under the key of ``K 2``."""
+    h = write(tmp_path / "inc" / "h.h", "#define K 2\n")
+    src = '#include "h.h"\n' + KERNEL
+    code = f"HEADER = {str(h)!r}\n" + _child(SAVED_WHILE_COMPILING, src, h.parent)
+    first = run_py(code, env={"KDB_STORE_AT_EXIT": store})
+    assert json.loads(first.stdout.splitlines()[-1]) == {"result": 3}  # what it read
+    if store == "wait":
+        assert first.stderr.count("header 'h.h' was edited since the build of k") == 1
+    assert spool.wait(cache_dir / "v1", 120) == 0
+    assert stored(cache_dir) == 0
+
+    h.write_text("#define K 2\n")  # the key of the first build again
+    again = json.loads(run_py(_child(RUN, src, h.parent)).stdout.splitlines()[-1])
+    assert again == {"result": 2, "compiles": 1}  # compiled: not the binary of K 3
+
+
 # -- sources pyopencl accepts --------------------------------------------------------------
 
 LATIN1 = """

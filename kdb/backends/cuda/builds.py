@@ -16,6 +16,7 @@ from ...db import KernelDB, default_db
 from ...errors import BackendUnavailableError, CompileError
 from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
+from .nvcc import NvccIdentity
 from .nvrtc import NvrtcIdentity
 
 log = logs.get("kdb")
@@ -92,8 +93,18 @@ def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
     seconds = time.perf_counter() - start
     rec = db.tiers.record_compile(req.attrs, seconds)
     db.tiers.put_later(req.attrs, lambda: binary, compile_seconds=seconds, details=req.details(),
-                 log=rec)
+                       log=rec, recheck=_recheck(req, db))
     return binary
+
+
+def _recheck(req: _Request, db: KernelDB):
+    """The request's headers as they are when its binary is stored, found as its key found
+    them (the request made again): a header saved while the compiler ran is not stored
+    under the key of the header before it (:func:`kdb.storing.stores.headers_changed`)."""
+    nvcc = req.tool.path if isinstance(req.tool, NvccIdentity) else None
+    kind = "nvrtc" if isinstance(req.tool, NvrtcIdentity) else "nvcc"
+    return lambda: _request(req.text, req.arch, req.options, req.include_dirs, req.output,
+                            nvcc, db.cache_root, req.attrs.name, kind).attrs.headers
 
 
 def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natural name
@@ -120,5 +131,6 @@ def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natura
         best = _stored_builds(db, req)[0]
         served(db, req.attrs, best)
         return best.binary
-    return db.tiers.get_or_compile(req.attrs, lambda: _build(req), details=req.details())
+    return db.tiers.get_or_compile(req.attrs, lambda: _build(req), details=req.details(),
+                                   recheck=_recheck(req, db))
 

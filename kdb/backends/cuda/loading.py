@@ -9,7 +9,7 @@ from ... import config, logs
 from ...db import KernelDB, default_db
 from ...errors import BackendUnavailableError, InvalidArgumentError
 from ..common import source_text
-from .builds import _build, _compile_and_store, _stored_builds
+from .builds import _build, _compile_and_store, _recheck, _stored_builds
 from .keys import _Request, _request
 
 log = logs.get("kdb")
@@ -103,7 +103,8 @@ class SourceModule:
             compiled.append(True)
             return _build(req)
 
-        binary = db.tiers.get_or_compile(req.attrs, build, details=req.details())
+        binary = db.tiers.get_or_compile(req.attrs, build, details=req.details(),
+                                         recheck=_recheck(req, db))
         try:
             self.module = drv.module_from_buffer(binary)
         except getattr(drv, "Error", Exception) as err:

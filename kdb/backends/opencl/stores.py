@@ -15,9 +15,9 @@ import pyopencl as cl
 from ... import config, logs
 from ...claims import Claim
 from ...db import KernelDB
-from ..includes import UncertainIncludes
 from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
+from ...storing.stores import HeaderChangedError, headers_changed
 from .binaries import program_binaries
 from .keys import BACKEND, device_details, headers_of
 
@@ -60,9 +60,12 @@ compiled: dict[tuple, object] = _Recent()
 
 
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
-                 held: dict[str, Claim], forget: tuple = (), program: dict | None = None) -> None:
+                 held: dict[str, Claim], forget: tuple = (), program: dict | None = None,
+                 recheck=None) -> None:
     """Record the compile now; hand the store to the store worker (:mod:`kdb.storing.spool`), or, with
-    ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread."""
+    ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread. ``recheck``
+    gives the build's headers as they are now (:func:`recheck_for`): what this process
+    stores itself is checked against the key with it first."""
     per_device = seconds / max(len(devs), 1)
     ptrs = program.pop("ptrs") if program is not None else []
     recs = [db.tiers.record_compile(a, per_device) for a in attrs]
@@ -88,7 +91,8 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
                 raise LookupError("the program is no longer held; the store worker stores it")
             binaries = program_binaries(held_raw)
             db.tiers.store([(a, binaries[d.int_ptr], per_device, device_details(d))
-                      for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs)
+                            for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
+                           recheck)
 
         if db.tiers.spool(job, claims, store_now):
             return
@@ -112,7 +116,19 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
 
     for d, a, rec in zip(devs, attrs, recs):
         db.tiers.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
-                     details=device_details(d), log=rec, claim=held.pop(a.key, None))
+                           details=device_details(d), log=rec, claim=held.pop(a.key, None),
+                           recheck=recheck)
+
+
+def recheck_for(text: str, opt_bytes: bytes, search) -> object:
+    """The build's headers as they will be found later, by the code its key used
+    (:func:`.keys.headers_of`) and in this working directory (the store may run after a
+    ``chdir``)."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a deleted working directory: "." is what the compiler searched
+        cwd = "."
+    return lambda: headers_of(text, opt_bytes, cwd, search)
 
 
 def _detach() -> bool:
@@ -125,9 +141,10 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
     answers), read its binaries and store each entry with its latency rows.
 
     The rebuild reads the headers as they are now; the key was computed from them as they
-    were at the build. Their digests are taken again, before and after the rebuild, with
-    the code the key used (:func:`.keys.headers_of`): when they differ from an entry's,
-    the job is dropped with an exception that names the header (the worker logs it).
+    were at the build. Their digests are taken again, before the rebuild and right before
+    the store (:meth:`kdb.tiers.Tiers.store`'s ``recheck``), with the code the key used
+    (:func:`.keys.headers_of`): when they differ from an entry's, the job is dropped with a
+    :class:`HeaderChangedError` that names the header (the worker logs it).
     """
     from ...file.kernelfile import CompileRecord
 
@@ -146,41 +163,29 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
     opt_bytes = prog["options"].encode("latin-1")
     keyed = [HashAttributes.from_canonical(e["attributes"], name=e["name"])
              for e in job.entries]
-    _check_headers(prog, opt_bytes, keyed)
+
+    def recheck():
+        return headers_of(prog["source"], opt_bytes, prog.get("cwd") or None)
+
+    why = headers_changed(keyed, recheck)
+    if why is not None:
+        raise HeaderChangedError(f"job dropped: {why} ({_NEXT_RUN})")
     ctx = cl.Context(devs)
     raw = cl._Program(ctx, prog["source"].encode("utf-8", "surrogateescape"))
     raw.build(opt_bytes, devs)
     binaries = program_binaries(raw)
-    _check_headers(prog, opt_bytes, keyed)  # not edited while it built, either
     items = []
     for e, attrs in zip(job.entries, keyed):
         binary = binaries.get(devs[e["device"]].int_ptr)
         if binary:
             items.append((attrs, binary, e["seconds"], e["details"]))
-    db.tiers.store(items, [CompileRecord(*row) for row in job.logs])
+    try:  # not edited while it built, either
+        db.tiers.store(items, [CompileRecord(*row) for row in job.logs], recheck)
+    except HeaderChangedError as err:
+        raise HeaderChangedError(f"job dropped: {err} ({_NEXT_RUN})") from None
     if len(items) < len(job.entries):
         raise LookupError(f"the driver returned no binary for {len(job.entries) - len(items)}"
                           " device(s)")
 
 
-class HeaderChangedError(LookupError):
-    """A header a store job's key was computed from is not what it was at the build."""
-
-
-def _check_headers(prog: dict, opt_bytes: bytes, keyed: list[HashAttributes]) -> None:
-    try:
-        now = dict(headers_of(prog["source"], opt_bytes, prog.get("cwd") or None))
-    except UncertainIncludes as err:
-        raise HeaderChangedError(f"job dropped: what the build reads is no longer certain "
-                                 f"({err})") from None
-    for attrs in keyed:
-        then = dict(attrs.headers)
-        for name in sorted(set(then) | set(now)):
-            if then.get(name) != now.get(name):
-                state = ("is gone" if now.get(name, "missing") == "missing" else
-                         "is new" if then.get(name, "missing") == "missing" else
-                         "was edited")
-                raise HeaderChangedError(
-                    f"job dropped: header {name!r} {state} since the build of "
-                    f"{attrs.name or attrs.key[:12]}, so the binary would not match its key "
-                    "(the next run that builds it stores it)")
+_NEXT_RUN = "the next run that builds it stores it"
