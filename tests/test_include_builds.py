@@ -13,6 +13,7 @@ import logging
 import os
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,36 @@ def test_editing_the_header_changes_the_result(case, cache_dir, cl_ctx, tmp_path
     write(header, "#define K 3\n")
     assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, opts)) == 3  # want 3 got 3
     assert len(bookkeeping.records()) == compiles + 1
+
+
+@pytest.mark.parametrize("swap", ["rewritten, mtime set back", "symlink swapped"])
+def test_a_header_replaced_by_one_of_the_same_size_and_mtime_changes_the_result(
+        swap, cache_dir, cl_ctx, tmp_path, monkeypatch):
+    """Header digests are memoised per process; a header that kept its size and mtime
+    (``cp -p``, ``tar``, ``rsync -t``, a symlink flipped between two checkouts) is still
+    another header."""
+    from kdb.backends import digests
+
+    monkeypatch.setattr(digests, "_SETTLED_S", 0.3)  # memoised 0.3 s after a change, not 2 s
+    inc = tmp_path / "inc"
+    src = '#include "h.h"\n' + KERNEL
+    first = write(inc / ("h.h" if swap == "rewritten, mtime set back" else "a.h"),
+                  "#define K 2\n")
+    was = first.stat()
+    if first.name == "a.h":
+        (inc / "b.h").write_text("#define K 3\n")
+        os.utime(inc / "b.h", ns=(was.st_atime_ns, was.st_mtime_ns))
+        (inc / "h.h").symlink_to("a.h")
+    time.sleep(0.4)
+    for _ in range(2):  # the second build: a hit, its digest from the memo
+        assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, ["-I", str(inc)])) == 2
+    if first.name == "a.h":
+        (inc / "h.tmp").symlink_to("b.h")
+        os.replace(inc / "h.tmp", inc / "h.h")  # atomic: the path never misses
+    else:
+        first.write_text("#define K 3\n")
+        os.utime(first, ns=(was.st_atime_ns, was.st_mtime_ns))
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, ["-I", str(inc)])) == 3
 
 
 def test_an_include_inside_a_comment_does_not_count(cache_dir, cl_ctx, tmp_path, monkeypatch):
