@@ -19,7 +19,7 @@ from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
 from ...storing.stores import HeaderChangedError, headers_changed
 from .binaries import program_binaries
-from .keys import BACKEND, device_details, headers_of
+from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
 
 log = logs.get("kdb")
 
@@ -74,12 +74,14 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
             claim.release()
         return
     if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
+        keyed_env = dict(attrs[0].environment)  # one build: one environment for every key
         job = StoreJob(backend=BACKEND, seconds=seconds, extra={"program": program},
                        entries=[{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
                                  "attributes": a.encoded().decode("utf-8"),
                                  "seconds": per_device, "details": device_details(d)}
                                 for d, a in zip(devs, attrs)],
-                       logs=[list(rec) for rec in recs])
+                       logs=[list(rec) for rec in recs],
+                       environment={k: keyed_env.get(k) for k in ENV_VARS})
         claims = [held.pop(a.key) for a in attrs if a.key in held]
 
         def store_now() -> None:
@@ -140,6 +142,10 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
     """The store worker's half (:mod:`kdb.storing.spool`): build the program again (PoCL's cache
     answers), read its binaries and store each entry with its latency rows.
 
+    The rebuild runs in the environment the keys were computed in: the supervisor starts
+    this process with the job's ``environment`` (:mod:`kdb.storing.worker`), and a job whose
+    keys name other values than this process has is dropped, never stored.
+
     The rebuild reads the headers as they are now; the key was computed from them as they
     were at the build. Their digests are taken again, before the rebuild and right before
     the store (:meth:`kdb.tiers.Tiers.store`'s ``recheck``), with the code the key used
@@ -163,6 +169,7 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
     opt_bytes = prog["options"].encode("latin-1")
     keyed = [HashAttributes.from_canonical(e["attributes"], name=e["name"])
              for e in job.entries]
+    _same_environment(keyed)
 
     def recheck():
         return headers_of(prog["source"], opt_bytes, prog.get("cwd") or None)
@@ -189,3 +196,17 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
 
 
 _NEXT_RUN = "the next run that builds it stores it"
+
+
+def _same_environment(keyed: list[HashAttributes]) -> None:
+    """Raise unless this process has the values of :data:`.keys.ENV_VARS` the keys hold: a
+    rebuild under others would store a binary its key does not describe."""
+    here = dict(environment())
+    for attrs in keyed:
+        then = dict(attrs.environment)
+        for name in ENV_VARS:
+            if then.get(name) != here.get(name):
+                raise LookupError(
+                    f"job dropped: {attrs.name or attrs.key[:12]} was built with {name}="
+                    f"{then.get(name)!r}, the store worker has {here.get(name)!r}, so its "
+                    f"binary would not match its key ({_NEXT_RUN})")
