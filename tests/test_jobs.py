@@ -26,7 +26,8 @@ def test_a_job_carries_its_build_variables_and_never_what_starts_programs():
             "environment": {"POCL_EXTRA_BUILD_FLAGS": "-DN=2", "AMD_OCL_BUILD_OPTIONS": None}}
     job = StoreJob.from_json(StoreJob.from_dict(data).to_json())
     assert job.environment == data["environment"] and "environment" not in job.extra
-    for name in ("LD_PRELOAD", "PYTHONPATH", "PATH", "KDB_CACHE_DIR", "A=B", "", 3):
+    for name in ("LD_PRELOAD", "PYTHONPATH", "PATH", "KDB_CACHE_DIR", "OCL_ICD_VENDORS",
+                 "OPENCL_VENDOR_PATH", "A=B", "", 3):
         with pytest.raises(ValueError, match="environment cannot name"):
             StoreJob.from_dict({**data, "environment": {name: "x"}})
     with pytest.raises(ValueError, match="must be a str or null"):

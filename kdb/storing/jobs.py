@@ -27,8 +27,9 @@ _TYPES = {"kind": (str,), "backend": (str,), "seconds": (int, float, type(None))
           "archs": (dict,), "environment": (dict,)}
 
 #: Variables a job's ``environment`` may not name: they choose the programs and libraries
-#: the worker runs, not what a compiler makes (a spool's ``environment.json`` carries them).
-_NOT_A_BUILD_VARIABLE = ("LD_", "DYLD_", "PYTHON", "PATH", "KDB_")
+#: the worker runs (the dynamic loader's, Python's, the OpenCL ICD loader's), or kdb's own
+#: settings, not what a compiler makes (a spool's ``environment.json`` carries them).
+_NOT_A_BUILD_VARIABLE = ("LD_", "DYLD_", "PYTHON", "PATH", "KDB_", "OCL_", "OPENCL_")
 
 
 def _check_environment(env: dict) -> None:
