@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ... import config, logs
 from ...db import KernelDB, default_db
@@ -97,7 +97,7 @@ def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
     return binary
 
 
-def _recheck(req: _Request, db: KernelDB):
+def _recheck(req: _Request, db: KernelDB) -> Callable[[], tuple]:
     """The request's headers as they are when its binary is stored, found as its key found
     them (the request made again): a header saved while the compiler ran is not stored
     under the key of the header before it (:func:`kdb.storing.stores.headers_changed`)."""

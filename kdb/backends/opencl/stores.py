@@ -9,6 +9,7 @@ Until then the program itself serves repeats in this process (:data:`compiled`).
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import pyopencl as cl
 
@@ -61,7 +62,7 @@ compiled: dict[tuple, object] = _Recent()
 
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
                  held: dict[str, Claim], forget: tuple = (), program: dict | None = None,
-                 recheck=None) -> None:
+                 recheck: Callable[[], tuple] | None = None) -> None:
     """Record the compile now; hand the store to the store worker (:mod:`kdb.storing.spool`), or, with
     ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread. ``recheck``
     gives the build's headers as they are now (:func:`recheck_for`): what this process
@@ -122,7 +123,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
                            recheck=recheck)
 
 
-def recheck_for(text: str, opt_bytes: bytes, search) -> object:
+def recheck_for(text: str, opt_bytes: bytes, search) -> Callable[[], tuple]:
     """The build's headers as they will be found later, by the code its key used
     (:func:`.keys.headers_of`) and in this working directory (the store may run after a
     ``chdir``)."""
