@@ -84,18 +84,25 @@ class KernelDB:
         return hit.binary if hit else None
 
     def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
-                       details: dict[str, Any] | None = None) -> bytes:
+                       details: dict[str, Any] | None = None,
+                       recheck: Callable[[], tuple] | None = None) -> bytes:
         """The stored binary, or ``compile_fn()``'s result, stored in the background.
 
         Another process compiling the same key is waited for (``KDB_WAIT_TIMEOUT``) instead
-        of compiled twice. ``details`` (JSON values) are stored beside the entry."""
+        of compiled twice. ``details`` (JSON values) are stored beside the entry.
+        ``recheck()`` returns ``attrs.headers`` as they are now: called after the compile,
+        right before the store, a difference (a header saved while it compiled) stores
+        nothing."""
         if type(attrs) is not HashAttributes:
             _check_attrs(attrs)
         if not callable(compile_fn):
             raise InvalidArgumentError(
                 f"compile_fn must be a function returning bytes, not {type(compile_fn).__name__}")
         _check_details(details)
-        return self.tiers.get_or_compile(attrs, compile_fn, details=details)
+        if recheck is not None and not callable(recheck):
+            raise InvalidArgumentError(
+                f"recheck must be a function returning the headers, not {type(recheck).__name__}")
+        return self.tiers.get_or_compile(attrs, compile_fn, details=details, recheck=recheck)
 
     def put(self, attrs: HashAttributes, binary: bytes, *, compile_seconds: float = 0.0,
             details: dict[str, Any] | None = None) -> bool:

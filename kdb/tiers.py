@@ -308,8 +308,11 @@ class Tiers(Storing):
     # -- misses ---------------------------------------------------------------------------
 
     def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
-                       details: dict[str, Any] | None = None) -> bytes:
-        """The stored binary, or ``compile_fn()``'s result, stored in the background."""
+                       details: dict[str, Any] | None = None,
+                       recheck: Callable[[], tuple] | None = None) -> bytes:
+        """The stored binary, or ``compile_fn()``'s result, stored in the background (unless
+        ``recheck()``, the headers as they are after the compile, differ from the key's:
+        :func:`kdb.storing.stores.headers_changed`)."""
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         hit = self.lookup(attrs)
         if hit is not None:
@@ -335,7 +338,7 @@ class Tiers(Storing):
             # request from memory instead of waiting on its own claim.
             self._inflight[attrs.key] = binary
         self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec,
-                       claim=got)
+                       claim=got, recheck=recheck)
         return binary
 
     def record_compile(self, attrs: HashAttributes, seconds: float,

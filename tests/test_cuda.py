@@ -199,6 +199,57 @@ def test_header_edit_misses(db, tmp_path):
     assert PTX_5 in ptx and PTX_3 not in ptx
 
 
+#: A child that compiles HEADER_SRC to PTX and says which SCALE the PTX holds; ``SAVE``
+#: runs first (a header saved while the compiler runs, for NVRTC, which runs in-process).
+SAVED_CHILD = """
+import kdb.cuda
+from kdb.backends.cuda import nvrtc
+SAVE
+ptx = kdb.cuda.compile(SRC, "sm_90", include_dirs=[INC], output="ptx", compiler=COMPILER)
+print("5" if PTX_5 in ptx else "3" if PTX_3 in ptx else "?")
+"""
+
+NVRTC_SAVES = """
+real = nvrtc.run
+def run(*args, **kwargs):
+    open(HEADER, "w").write("#define SCALE 5.0f\\n")
+    return real(*args, **kwargs)
+nvrtc.run = run
+"""
+
+
+@pytest.mark.parametrize("compiler", [
+    pytest.param("nvcc", marks=needs_nvcc), pytest.param("nvrtc", marks=needs_nvrtc)])
+def test_a_header_saved_while_the_compiler_runs_is_not_stored(compiler, cache_dir, run_py,
+                                                              tmp_path):
+    """The key holds ``SCALE 3.0f`` (read before the compile); the compiler read
+    ``SCALE 5.0f``. The store checks the headers again and stores nothing, so a process
+    whose header says 3.0f again never gets the PTX of 5.0f. nvcc is a wrapper that saves
+    the header, then runs the real nvcc."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    header = inc / "scale.cuh"
+    header.write_text("#define SCALE 3.0f\n")
+    env = {"KDB_STORE_AT_EXIT": "wait"}
+    save = ""
+    if compiler == "nvcc":
+        wrapper = _wrapper(tmp_path / "bin", f'case "$*" in *-ptx*) printf "#define SCALE '
+                           f'5.0f\\n" > "{header}";; esac\nexec "{NVCC}" "$@"\n')
+        env["PATH"] = f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"
+    else:
+        save = NVRTC_SAVES
+    code = (f"SRC, INC, HEADER = {HEADER_SRC!r}, {str(inc)!r}, {str(header)!r}\n"
+            f"PTX_3, PTX_5, COMPILER = {PTX_3!r}, {PTX_5!r}, {compiler!r}\n" + SAVED_CHILD)
+    first = run_py(code.replace("SAVE", save), env=env)
+    assert first.stdout.split() == ["5"]  # what the compiler read
+    assert "header 'scale.cuh' was edited since the build of scale" in first.stderr
+    header.write_text("#define SCALE 3.0f\n")  # the key of the first compile again
+    db = kdb.KernelDB()
+    assert db.get(kdb.cuda.attributes_for(HEADER_SRC, "sm_90", include_dirs=[inc],
+                                          output="ptx", compiler=compiler)) is None
+    assert run_py(code.replace("SAVE", "")).stdout.split() == ["3"]
+
+
 @needs_nvcc
 def test_option_change_misses(db):
     three = kdb.cuda.compile(SCALE_SRC, "sm_90", ["-DSCALE=3.0f"], output="ptx", db=db)

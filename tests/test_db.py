@@ -86,6 +86,44 @@ def test_get_or_compile_stores_details_beside_the_entry(cache_dir):
     assert attributes == attrs().encoded().decode()
 
 
+def test_a_binary_whose_headers_changed_while_it_compiled_is_not_stored(cache_dir, tmp_path,
+                                                                        caplog):
+    """``recheck`` gives the headers after the compile: the same as the key's, the entry is
+    stored; another digest (a header saved while the compiler ran), nothing is, with one
+    warning naming the header; a recheck that fails stores nothing either."""
+    from kdb.backends.digests import file_digest
+
+    header = tmp_path / "h.h"
+    header.write_text("#define K 2\n")
+
+    def headers():
+        return (("h.h", file_digest(header)),)
+
+    db = KernelDB()
+    keyed = [attrs(source=f"k{i}", headers=headers()) for i in range(4)]
+    db.get_or_compile(keyed[0], Compiler(), recheck=headers)
+    db.flush()
+
+    def saved_while_compiling() -> bytes:
+        header.write_text("#define K 3\n")
+        return BINARY
+
+    with caplog.at_level(logging.DEBUG, logger="kdb"):
+        db.get_or_compile(keyed[1], saved_while_compiling, recheck=headers)
+        db.get_or_compile(keyed[2], saved_while_compiling, recheck=headers)
+        db.get_or_compile(keyed[3], Compiler(), recheck=lambda: 1 / 0)
+        db.flush()
+    assert db.get(keyed[0]) is not None
+    assert [db.get(a) for a in keyed[1:]] == [None] * 3
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+              and "not stored" in r.getMessage()]
+    assert len(warned) == 1 and "header 'h.h' was edited since the build of k" in warned[0]
+    assert sum("not stored: what the build reads is no longer certain" in r.getMessage()
+               for r in caplog.records) == 1
+    with pytest.raises(InvalidArgumentError, match="recheck must be a function"):
+        db.get_or_compile(keyed[0], Compiler(), recheck="h.h")
+
+
 def test_explicit_cache_dir_beats_the_environment(cache_dir, tmp_path):
     other = tmp_path / "explicit"
     KernelDB(cache_dir=other).put(attrs(), BINARY)

@@ -1,4 +1,5 @@
-"""Compiler-library identities: the ELF build ID when there is one, else the content sha256."""
+"""Content digests: compiler-library identities (the ELF build ID when there is one, else the
+content sha256) and headers' digests, never fooled by a file that kept its size and mtime."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from kdb.backends.digests import elf_build_id, library_id
+from kdb.backends.digests import elf_build_id, file_digest, library_id
 
 
 def test_build_id_matches_what_readelf_reports():
@@ -63,3 +65,64 @@ def test_a_memo_someone_else_can_write_is_never_read_nor_written(tmp_path, whose
     assert machine_memo(memo, "nvcc", lib, lambda: {"version": "probed"}) == {"version": "probed"}
     assert {p.name: p.read_bytes() for p in memo.iterdir()} == planted  # nothing written there
     assert "is refused" in caplog.text and str(memo) in caplog.text
+
+
+# -- a file replaced by one of the same size and mtime ------------------------------------
+
+def _same_size_and_mtime(path, text: str, like) -> None:
+    """Write ``text`` to ``path`` and give it ``like``'s mtime (as ``cp -p``, ``tar`` or
+    ``rsync -t`` would)."""
+    st = os.stat(like)
+    path.write_text(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.fixture
+def settled(monkeypatch):
+    """Files count as settled (memoised) SETTLED_S after their last change, not 2 s."""
+    from kdb.backends import digests
+
+    monkeypatch.setattr(digests, "_SETTLED_S", 0.3)
+    return lambda: time.sleep(0.4)
+
+
+def test_a_header_rewritten_with_its_size_and_mtime_kept_is_digested_anew(tmp_path, settled):
+    h = tmp_path / "h.h"
+    h.write_text("#define K 2\n")
+    settled()
+    assert file_digest(h) == _sha(h)  # memoised: settled
+    _same_size_and_mtime(h, "#define K 3\n", h)
+    assert file_digest(h) == _sha(h)
+    settled()
+    assert file_digest(h) == _sha(h)  # memoised again, under its new stamp
+
+
+def test_a_symlink_swapped_between_files_of_the_same_size_and_mtime_is_seen(tmp_path, settled):
+    a, b, h = tmp_path / "a.h", tmp_path / "b.h", tmp_path / "h.h"
+    a.write_text("#define K 2\n")
+    _same_size_and_mtime(b, "#define K 3\n", a)
+    h.symlink_to("a.h")
+    settled()
+    assert file_digest(h) == _sha(a)
+    tmp = tmp_path / "h.tmp"
+    tmp.symlink_to("b.h")
+    os.replace(tmp, h)  # an atomic swap: the path never misses
+    assert file_digest(h) == _sha(b)
+
+
+def test_a_library_replaced_by_one_of_the_same_size_and_mtime_gets_its_own_identity(tmp_path):
+    """The library memo outlives the process (``digests.json``): a library replaced in place
+    (a package upgrade that keeps sizes and mtimes) must not keep the old identity."""
+    memo = tmp_path / "memo"
+    lib = tmp_path / "libfake.so"
+    lib.write_bytes(b"not an ELF file, version 1")
+    first = library_id(lib, memo)
+    new = tmp_path / "libfake.so.new"
+    _same_size_and_mtime(new, "not an ELF file, version 2", lib)
+    os.replace(new, lib)
+    assert library_id(lib, memo) == "sha256:" + _sha(lib) != first
+    assert len(json.loads((memo / "digests.json").read_text())) == 1  # the stale one went
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()

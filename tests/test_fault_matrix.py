@@ -84,15 +84,24 @@ for k, src in enumerate(KERNELS):
     ok.append(a.tolist() == [i * (k + 2) for i in range(16)])
 if HEADER:  # a kernel that includes a header: its result is the header's K
     want = int(open(HEADER).read().split()[-1])
+    real_build = cl._Program.build
+    if EDIT == "during":  # saved after kdb read it, before the compiler does
+        want += 1  # what the compiler reads
+        def build(self, *args, saved="#define K %d\n" % want, **kwargs):
+            with open(HEADER, "w") as f:
+                f.write(saved)
+            return real_build(self, *args, **kwargs)
+        cl._Program.build = build
     prg = cl.Program(ctx, '#include "mx.h"\n__kernel void hk(__global int *a) '
                           '{ a[get_global_id(0)] = K; }').build(
         options=["-I", os.path.dirname(HEADER)])
+    cl._Program.build = real_build
     a = np.zeros(16, np.int32)
     buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, a.nbytes)
     prg.hk(queue, a.shape, None, buf)
     cl.enqueue_copy(queue, a, buf)
     ok.append(a.tolist() == [want] * 16)
-    if EDIT:  # edited after the build, before the store worker stores it
+    if EDIT == "after":  # edited after the build, before the store worker stores it
         with open(HEADER, "w") as f:
             f.write("#define K %d\n" % (want + 1))
 print(json.dumps({"ok": ok, "compiles": len(bookkeeping.records())}))
@@ -181,6 +190,9 @@ class State:
     detach: bool = False
     stored: bool = False
     header: bool = False  # the workload builds a kernel that includes root/inc/mx.h
+    #: When the first process edits that header: "after" its build, or "during" it (after
+    #: kdb digested it, before the compiler reads it).
+    edit: str = "after"
     #: Checks after the workload's processes (the case still open): what the state is about.
     check: Callable[[Case, list[str]], None] | None = None
 
@@ -643,6 +655,18 @@ def _header_edited(case, good):
 HEADER_NAME, HEADER_TEXT = "mx.h", "#define K 2\n"
 
 
+def _header_saved(case, good):
+    """The workload includes a header, which its first process saves while it compiles
+    (``KDB_STORE_AT_EXIT=wait``: it stores itself); the test restores it before the second."""
+    _user_dir(case)
+    (case.root / "inc").mkdir()
+    (case.root / "inc" / HEADER_NAME).write_text(HEADER_TEXT)
+
+
+def _header_named(case: Case, warnings: list[str]) -> None:
+    assert any(f"header {HEADER_NAME!r} was edited" in w for w in warnings), warnings
+
+
 def _drain(case: Case, ignore: set[str], timeout: float = 45) -> None:
     """Wait until the store worker stored every job (but ``ignore``), or none runs to."""
     from kdb.storing import spool
@@ -751,6 +775,8 @@ STATES: dict[str, State] = {
     "full-disk-detach": State(_full_disk_detach, 0, needs="mount", detach=True,
                               check=_nothing_queued),
     "pocl-kernel-cache-off": State(_pocl_uncached, 0, check=_loaded_together),
+    "header-saved-while-compiling": State(_header_saved, 0, header=True, edit="during",
+                                          check=_header_named),
 }
 
 
@@ -833,7 +859,7 @@ def _forge(good: Path, arch: str, env: dict[str, str]) -> None:
     assert got["ok"] == [False, True], (got, proc.stderr[-2000:])  # the forged one served
 
 
-def _workload_code(replace: bool, header: Path | None = None, edit: bool = False,
+def _workload_code(replace: bool, header: Path | None = None, edit: str = "",
                    kernels: list[str] = KERNELS) -> str:
     head = None if header is None else str(header)
     return (f"KERNELS = {kernels!r}\nREPLACE = {replace!r}\nHEADER = {head!r}\n"
@@ -870,7 +896,7 @@ def _commands(case: Case, commands: list[list[str]], name: str) -> list[dict]:
 
 def _workload(case: Case, state: State, pocl: Path, replace: bool = False,
               env: dict[str, str | None] | None = None, header: Path | None = None,
-              edit: bool = False) -> dict:
+              edit: str = "") -> dict:
     proc = _run(case, [sys.executable, "-c", _workload_code(replace, header, edit)],
                 {"POCL_CACHE_DIR": str(pocl), **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -909,7 +935,8 @@ STORED = {"missing", "empty-dir", "zero-byte-file", "table-less-file", "old-revi
 #: States that get a second workload process (every state with KDB_LONG_TESTS=1): those
 #: above, and those where it compiles again and, by default, hands its stores off at exit.
 SECOND_RUN = STORED | {"replaced-under-a-process", "cache-dir-is-a-file", "read-only-mount",
-                       "full-disk", "other-owner", "future-revision", "stores-pending"}
+                       "full-disk", "other-owner", "future-revision", "stores-pending",
+                       "header-saved-while-compiling"}
 
 
 @pytest.mark.parametrize("name", list(STATES))
@@ -977,7 +1004,8 @@ def test_every_command_and_a_workload_survive_the_state(name, template, tmp_path
     case = built()
     try:
         header = case.root / "inc" / HEADER_NAME if state.header else None
-        first = _workload(case, state, pocl, replace=state.replace, header=header, edit=True)
+        first = _workload(case, state, pocl, replace=state.replace, header=header,
+                          edit=state.edit)
         if state.detach:  # what the store worker does with the first process's stores
             _drain(case, {case.facts.get("planted", "")} | set(case.facts.get("malformed", ())))
         if header is not None:

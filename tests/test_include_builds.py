@@ -13,6 +13,7 @@ import logging
 import os
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,36 @@ def test_headers_found_through_pocl_extra_build_flags_are_read(cache_dir, cl_ctx
     kdb.default_db().flush()
     write(header, "#define K 2\n")
     assert result(cl_ctx, kdb.opencl.build(cl_ctx, src)) == 2
+
+
+@pytest.mark.parametrize("swap", ["rewritten, mtime set back", "symlink swapped"])
+def test_a_header_replaced_by_one_of_the_same_size_and_mtime_changes_the_result(
+        swap, cache_dir, cl_ctx, tmp_path, monkeypatch):
+    """Header digests are memoised per process; a header that kept its size and mtime
+    (``cp -p``, ``tar``, ``rsync -t``, a symlink flipped between two checkouts) is still
+    another header."""
+    from kdb.backends import digests
+
+    monkeypatch.setattr(digests, "_SETTLED_S", 0.3)  # memoised 0.3 s after a change, not 2 s
+    inc = tmp_path / "inc"
+    src = '#include "h.h"\n' + KERNEL
+    first = write(inc / ("h.h" if swap == "rewritten, mtime set back" else "a.h"),
+                  "#define K 2\n")
+    was = first.stat()
+    if first.name == "a.h":
+        (inc / "b.h").write_text("#define K 3\n")
+        os.utime(inc / "b.h", ns=(was.st_atime_ns, was.st_mtime_ns))
+        (inc / "h.h").symlink_to("a.h")
+    time.sleep(0.4)
+    for _ in range(2):  # the second build: a hit, its digest from the memo
+        assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, ["-I", str(inc)])) == 2
+    if first.name == "a.h":
+        (inc / "h.tmp").symlink_to("b.h")
+        os.replace(inc / "h.tmp", inc / "h.h")  # atomic: the path never misses
+    else:
+        first.write_text("#define K 3\n")
+        os.utime(first, ns=(was.st_atime_ns, was.st_mtime_ns))
+    assert result(cl_ctx, kdb.opencl.build(cl_ctx, src, ["-I", str(inc)])) == 3
 
 
 def test_an_include_inside_a_comment_does_not_count(cache_dir, cl_ctx, tmp_path, monkeypatch):
@@ -367,6 +398,55 @@ def test_a_header_edited_while_the_worker_rebuilds_is_not_stored(cache_dir, cl_c
         clstore.store_job(db, job)
     db.flush()
     assert stored(cache_dir) == 0
+
+
+#: A child whose build reads a header saved between kdb's digest and the compiler's read:
+#: the edit is made when the compile starts (a real PoCL compile reads the new header).
+SAVED_WHILE_COMPILING = """
+    import json, logging, sys
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import bookkeeping
+    logging.getLogger("kdb").addHandler(logging.StreamHandler(sys.stderr))
+    real = cl._Program.build
+
+    def build(self, *args, **kwargs):
+        open(HEADER, "w").write("#define K 3\\n")
+        return real(self, *args, **kwargs)
+
+    cl._Program.build = build
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    prg = kdb.opencl.build(ctx, SRC, ["-I", INC])
+    q = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+    prg.k(q, (1,), None, buf)
+    out = np.zeros(1, np.int32)
+    cl.enqueue_copy(q, out, buf)
+    print(json.dumps({"result": int(out[0])}))
+"""
+
+
+@pytest.mark.parametrize("store", ["wait", "detach"])
+def test_a_header_saved_while_the_process_compiles_is_not_stored(store, cache_dir, run_py,
+                                                                 tmp_path):
+    """The key holds the header as it was before the compile; the compiler read it after
+    it was saved. The process (``wait``; ``detach``: its store worker) checks the headers
+    again before it stores, so the binary of ``K 3`` never lands under the key of ``K 2``."""
+    h = write(tmp_path / "inc" / "h.h", "#define K 2\n")
+    src = '#include "h.h"\n' + KERNEL
+    code = f"HEADER = {str(h)!r}\n" + _child(SAVED_WHILE_COMPILING, src, h.parent)
+    first = run_py(code, env={"KDB_STORE_AT_EXIT": store})
+    assert json.loads(first.stdout.splitlines()[-1]) == {"result": 3}  # what it read
+    if store == "wait":
+        assert first.stderr.count("header 'h.h' was edited since the build of k") == 1
+    assert spool.wait(cache_dir / "v1", 120) == 0
+    assert stored(cache_dir) == 0
+
+    h.write_text("#define K 2\n")  # the key of the first build again
+    again = json.loads(run_py(_child(RUN, src, h.parent)).stdout.splitlines()[-1])
+    assert again == {"result": 2, "compiles": 1}  # compiled: not the binary of K 3
 
 
 # -- sources pyopencl accepts --------------------------------------------------------------

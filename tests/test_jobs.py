@@ -21,6 +21,19 @@ def test_a_store_job_round_trips_through_json_with_the_back_ends_own_fields():
     assert job.to_dict() == data  # what the back end's store_job receives, unchanged
 
 
+def test_a_job_carries_its_build_variables_and_never_what_starts_programs():
+    data = {"kind": "store", "backend": "opencl", "entries": [],
+            "environment": {"POCL_EXTRA_BUILD_FLAGS": "-DN=2", "AMD_OCL_BUILD_OPTIONS": None}}
+    job = StoreJob.from_json(StoreJob.from_dict(data).to_json())
+    assert job.environment == data["environment"] and "environment" not in job.extra
+    for name in ("LD_PRELOAD", "PYTHONPATH", "PATH", "KDB_CACHE_DIR", "OCL_ICD_VENDORS",
+                 "OPENCL_VENDOR_PATH", "A=B", "", 3):
+        with pytest.raises(ValueError, match="environment cannot name"):
+            StoreJob.from_dict({**data, "environment": {name: "x"}})
+    with pytest.raises(ValueError, match="must be a str or null"):
+        StoreJob.from_dict({**data, "environment": {"IGC_ExtraOCLOptions": 1}})
+
+
 def test_a_bookkeeping_job_carries_only_its_rows():
     job = StoreJob.bookkeeping("/c", {"arch": {"logs": [], "hits": {}, "counters": {"x": 1}}})
     assert job.to_dict() == {"kind": BOOKKEEPING, "cache_dir": "/c",

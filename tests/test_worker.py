@@ -305,3 +305,106 @@ def test_a_worker_run_inside_another_session_leaves_its_autogroup_alone(tmp_path
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True,
                          capture_output=True, text=True, timeout=120).stdout.split()
     assert out == [before] and Path("/proc/self/autogroup").read_text().split()[-1] == before
+
+
+# -- each job is rebuilt in the environment its keys hold (issue 27, item 7) ----------------
+
+#: Build kernel ``NAME`` (it returns the macro N, which POCL_EXTRA_BUILD_FLAGS defines) and
+#: leave its store in the spool; ``SET_AFTER``: a value this process gives the variable once
+#: the build is done (another thread's doing, say), before the job is written.
+BUILD_N = """
+    import os
+    import pyopencl as cl
+    import kdb.opencl, kdb.storing.spool
+    kdb.storing.spool.ensure_worker = lambda spool: None
+    real = cl._Program.build
+
+    def build(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if SET_AFTER is not None:
+            os.environ["POCL_EXTRA_BUILD_FLAGS"] = SET_AFTER
+        return out
+
+    cl._Program.build = build
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    kdb.opencl.build(ctx, "__kernel void NAME(__global int *o) { o[0] = N; }")
+"""
+
+#: Run kernel ``NAME`` once; print its result and how many programs this process compiled.
+RUN_N = """
+    import json
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import bookkeeping
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    prg = kdb.opencl.build(ctx, "__kernel void NAME(__global int *o) { o[0] = N; }")
+    q = cl.CommandQueue(ctx)
+    buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+    getattr(prg, "NAME")(q, (1,), None, buf)
+    out = np.zeros(1, np.int32)
+    cl.enqueue_copy(q, out, buf)
+    print(json.dumps([int(out[0]), len(bookkeeping.records())]))
+"""
+
+
+def _n_child(code: str, name: str, set_after: str | None = None) -> str:
+    return f"SET_AFTER = {set_after!r}\n" + textwrap.dedent(code).replace("NAME", name)
+
+
+def test_a_job_is_rebuilt_with_the_build_variables_its_key_holds(cache_dir, run_py, tmp_path):
+    """PoCL reads POCL_EXTRA_BUILD_FLAGS once per process. Kernel ``two`` was built and keyed
+    with ``-DN=2``, but its job lands in the spool of ``-DN=5`` (the variable changed before
+    the job was written), beside kernel ``five``'s: the worker stores each in a lane of its
+    own environment, so each stored binary computes what its key says."""
+    pocl = {"POCL_CACHE_DIR": str(tmp_path / "pocl"), "KDB_STORE_AT_EXIT": "detach"}
+    run_py(_n_child(BUILD_N, "two", "-DN=5"), env={**pocl, "POCL_EXTRA_BUILD_FLAGS": "-DN=2"})
+    run_py(_n_child(BUILD_N, "five"), env={**pocl, "POCL_EXTRA_BUILD_FLAGS": "-DN=5"})
+    (jobs,) = (cache_dir / "v1" / "spool").iterdir()  # one spool: the environment of -DN=5
+    assert sum(bool(json.loads(p.read_text()).get("entries")) for p in jobs.glob("*.job")) == 2
+    drain(cache_dir)
+    assert stored(cache_dir) == 2, worker_log(cache_dir)
+    for name, n in (("two", 2), ("five", 5)):
+        got = run_py(_n_child(RUN_N, name), env={**pocl, "POCL_EXTRA_BUILD_FLAGS": f"-DN={n}"})
+        assert json.loads(got.stdout.splitlines()[-1]) == [n, 0]  # served, and right
+
+
+def test_a_job_is_rebuilt_without_the_variables_its_key_left_unset(cache_dir, run_py, tmp_path,
+                                                                   monkeypatch):
+    """AMD_OCL_BUILD_OPTIONS does not tell spools apart: jobs keyed with and without it share
+    one, and the worker inherits whatever the process that started it had. Each job is
+    stored from a lane that has exactly its keys' value (a lane with another value would
+    drop it: the lane checks), and none from the worker's own."""
+    pocl = {"POCL_CACHE_DIR": str(tmp_path / "pocl"), "KDB_STORE_AT_EXIT": "detach"}
+    run_py(JOBS.format(n=1), env={**pocl, "AMD_OCL_BUILD_OPTIONS": "-DA"})
+    run_py(JOBS.format(n=1).replace("h{i}", "g{i}"), env=pocl)
+    (jobs,) = (cache_dir / "v1" / "spool").iterdir()
+    envs = [json.loads(p.read_text()).get("environment") for p in sorted(jobs.glob("*.job"))]
+    assert [e["AMD_OCL_BUILD_OPTIONS"] for e in envs if e] == ["-DA", None]
+    monkeypatch.setenv("AMD_OCL_BUILD_OPTIONS", "-DZ")  # the worker's starter has another
+    drain(cache_dir)
+    assert stored(cache_dir) == 2, worker_log(cache_dir)
+    assert "job dropped" not in worker_log(cache_dir)
+
+
+def test_a_lane_whose_environment_differs_from_the_key_drops_the_job(cache_dir, run_py,
+                                                                     tmp_path, monkeypatch):
+    """The lane's own check: a rebuild under other build variables than the key's is never
+    stored (a job from an older kdb, or a lane started by hand)."""
+    import kdb
+    from kdb.backends.opencl import stores
+    from kdb.storing.jobs import StoreJob
+
+    run_py(JOBS.format(n=1), env={"KDB_STORE_AT_EXIT": "detach", "AMD_OCL_BUILD_OPTIONS": "-DA",
+                                  "POCL_CACHE_DIR": str(tmp_path / "pocl")})
+    job = [j for j in (StoreJob.from_dict(spool.read_job(p))
+                       for p in (cache_dir / "v1" / "spool").glob("*/*.job")) if j.entries][0]
+    monkeypatch.setenv("AMD_OCL_BUILD_OPTIONS", "-DZ")
+    db = kdb.KernelDB(use_system=False)
+    with pytest.raises(LookupError, match="built with AMD_OCL_BUILD_OPTIONS='-DA', the store "
+                                          "worker has '-DZ'"):
+        stores.store_job(db, job)
+    db.flush()
+    assert stored(cache_dir) == 0

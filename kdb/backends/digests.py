@@ -1,10 +1,15 @@
-"""Content digests of files, memoized per (path, size, mtime).
+"""Content digests of files, memoized per path and :func:`stamp` (device, inode, size, mtime,
+ctime).
 
-Headers are digested once per process. Compiler libraries (large, slow to hash) are
-digested once per machine: the digest is kept in ``<cache root>/digests.json``
-keyed by path, size and mtime, so a key never depends on an mtime while a warm start never
-re-reads the library. A memo someone else could write is neither read nor written: its
-values would be kernels' keys.
+Headers are digested once per process and version of the file. Compiler libraries (large,
+slow to hash) are digested once per machine: the digest is kept in
+``<cache root>/digests.json`` keyed by path and stamp, so a key never depends on an mtime
+while a warm start never re-reads the library. Size and mtime alone are not enough: a
+header replaced by one of the same size whose mtime was set back (``os.utime``, ``cp -p``,
+``tar``, ``rsync -t``) or a symlink swapped between two such files would keep the old
+digest. A replaced file has another inode, and any change sets the ctime, which only a
+change of the system clock could set back. A memo someone else could write is
+neither read nor written: its values would be kernels' keys.
 """
 
 from __future__ import annotations
@@ -23,9 +28,30 @@ if TYPE_CHECKING:  # typing is slow to import; annotations are strings here
 # hashlib (OpenSSL), json and tempfile load where a file is digested or a memo read or
 # written: a warm start whose sources include no header needs none of them.
 
-_memo: dict[tuple[str, int, int], str] = {}
+_memo: dict[tuple, str] = {}
 _lock = threading.Lock()
 _SETTLED_S = 2.0
+
+
+def stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What tells two versions of a file apart without reading it: ``(device, inode, size,
+    mtime, ctime)``, all in ns where there are ns."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _settled(st: os.stat_result) -> bool:
+    """Whether ``st``'s file last changed long enough ago that a change now would show in its
+    stamp: a file changed moments ago may change again within the file system's timestamp
+    granularity (1-2 s on some) with nothing in its stamp to say so."""
+    return time.time() - max(st.st_mtime, st.st_ctime) > _SETTLED_S
+
+
+def _tag(path: str, st: os.stat_result) -> str:
+    """A machine memo's key: ``path|dev|ino|size|mtime|ctime``."""
+    return "|".join((path, *map(str, stamp(st))))
+
+
+_TAG_FIELDS = 5
 
 
 def _hash_file(path: str) -> str:
@@ -39,16 +65,14 @@ def _hash_file(path: str) -> str:
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file's content, computed once per process per (path, size, mtime)."""
+    """sha256 of a file's content, computed once per process per path and :func:`stamp`."""
     p = os.fspath(path)
     st = os.stat(p)
-    memo = (p, st.st_size, st.st_mtime_ns)
+    memo = (p, *stamp(st))
     digest = _memo.get(memo)
     if digest is None:
         digest = _hash_file(p)
-        # A file written moments ago may be rewritten with the same size inside the file
-        # system's timestamp granularity (1-2 s on some): memoize only settled files.
-        if time.time() - st.st_mtime > _SETTLED_S:
+        if _settled(st):
             _memo[memo] = digest
     return digest
 
@@ -57,12 +81,12 @@ def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
     """Like :func:`file_digest`, but remembered across processes in ``memo_dir``."""
     p = os.path.realpath(os.fspath(path))
     st = os.stat(p)
-    memo = (p, st.st_size, st.st_mtime_ns)
+    memo = (p, *stamp(st))
     digest = _memo.get(memo)
     if digest is not None:
         return digest
     store = memo_dir / "digests.json"
-    tag = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    tag = _tag(p, st)
     import json
 
     with _lock:
@@ -75,6 +99,8 @@ def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
         if not isinstance(digest, str):
             digest = _hash_file(p)
             known = known if isinstance(known, dict) else {}
+            # Older digests of the same file are stale: keep the memo from growing with them.
+            known = {k: v for k, v in known.items() if k.rsplit("|", _TAG_FIELDS)[0] != p}
             known[tag] = digest
             if trusted:
                 _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
@@ -88,12 +114,12 @@ def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
     """A JSON value about a file, computed once per machine, kept in ``<memo_dir>/<name>.json``.
 
     For facts that cost a subprocess (a compiler's ``--version`` output): the value is
-    remembered under the file's path, size and mtime, so a changed file recomputes it;
-    ``valid`` may reject a remembered value whose other inputs changed since.
+    remembered under the file's path and :func:`stamp`, so a changed or replaced file
+    recomputes it; ``valid`` may reject a remembered value whose other inputs changed since.
     """
     p = os.path.realpath(os.fspath(path))
     st = os.stat(p)
-    tag = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    tag = _tag(p, st)
     store = memo_dir / f"{name}.json"
     import json
 
@@ -111,7 +137,7 @@ def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
         return value
     with _lock:
         # Older values for the same file are stale: keep the memo from growing with them.
-        known = {k: v for k, v in known.items() if k.rsplit("|", 2)[0] != p}
+        known = {k: v for k, v in known.items() if k.rsplit("|", _TAG_FIELDS)[0] != p}
         known[tag] = value
         _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
     return value

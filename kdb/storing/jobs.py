@@ -19,26 +19,45 @@ BACKENDS = {"opencl": "kdb.backends.opencl"}
 STORE = "store"
 BOOKKEEPING = "bookkeeping"
 
-_FIELDS = ("kind", "backend", "seconds", "entries", "logs", "cache_dir", "claims_dir", "archs")
+_FIELDS = ("kind", "backend", "seconds", "entries", "logs", "cache_dir", "claims_dir", "archs",
+           "environment")
 #: What each field must be: a job that says otherwise is malformed (the worker sets it aside).
 _TYPES = {"kind": (str,), "backend": (str,), "seconds": (int, float, type(None)),
           "entries": (list,), "logs": (list,), "cache_dir": (str,), "claims_dir": (str,),
-          "archs": (dict,)}
+          "archs": (dict,), "environment": (dict,)}
+
+#: Variables a job's ``environment`` may not name: they choose the programs and libraries
+#: the worker runs (the dynamic loader's, Python's, the OpenCL ICD loader's), or kdb's own
+#: settings, not what a compiler makes (a spool's ``environment.json`` carries them).
+_NOT_A_BUILD_VARIABLE = ("LD_", "DYLD_", "PYTHON", "PATH", "KDB_", "OCL_", "OPENCL_")
+
+
+def _check_environment(env: dict) -> None:
+    """A job's ``environment``: variable names (not those of :data:`_NOT_A_BUILD_VARIABLE`)
+    to a ``str`` value, or ``None`` for unset."""
+    for name, value in env.items():
+        if (not isinstance(name, str) or not name.isidentifier() or not name.isascii()
+                or name.startswith(_NOT_A_BUILD_VARIABLE)):
+            raise ValueError(f"a store job's environment cannot name {name!r:.60}")
+        if value is not None and (not isinstance(value, str) or "\0" in value):
+            raise ValueError(f"a store job's {name} must be a str or null: {value!r:.60}")
 
 
 class StoreJob:
     """One job: ``kind`` (:data:`STORE` or :data:`BOOKKEEPING`), the ``backend`` that redoes
     it, its compile ``seconds``, ``entries`` (key, name, attributes, seconds, details and the
     back end's own fields), latency ``logs`` rows, the ``cache_dir`` and ``claims_dir`` it
-    belongs to, ``archs`` (bookkeeping: arch -> rows) and ``extra``: the back end's data
-    (e.g. ``program``), carried as it is."""
+    belongs to, ``archs`` (bookkeeping: arch -> rows), ``environment`` (every variable the
+    entries' keys consider, to its value or ``None`` for unset: the worker rebuilds in a
+    process that has exactly these) and ``extra``: the back end's data (e.g. ``program``),
+    carried as it is."""
 
     __slots__ = _FIELDS + ("extra",)
 
     def __init__(self, kind: str = STORE, backend: str = "", seconds: float = 0.0,
                  entries: list | None = None, logs: list | None = None, cache_dir: str = "",
                  claims_dir: str = "", archs: dict | None = None,
-                 extra: dict | None = None) -> None:
+                 environment: dict | None = None, extra: dict | None = None) -> None:
         self.kind = kind
         self.backend = backend
         self.seconds = float(seconds or 0.0)
@@ -47,6 +66,7 @@ class StoreJob:
         self.cache_dir = cache_dir
         self.claims_dir = claims_dir
         self.archs = dict(archs or {})
+        self.environment = dict(environment or {})
         self.extra = dict(extra or {})
 
     def __repr__(self) -> str:
@@ -65,9 +85,12 @@ class StoreJob:
         """The job's JSON data (what a back end's ``store_job`` receives)."""
         if self.kind == BOOKKEEPING:
             return {"kind": self.kind, "cache_dir": self.cache_dir, "archs": self.archs}
-        return {**self.extra, "kind": self.kind, "backend": self.backend,
+        data = {**self.extra, "kind": self.kind, "backend": self.backend,
                 "seconds": self.seconds, "entries": self.entries, "logs": self.logs,
                 "cache_dir": self.cache_dir, "claims_dir": self.claims_dir}
+        if self.environment:
+            data["environment"] = self.environment
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> StoreJob:
@@ -83,6 +106,7 @@ class StoreJob:
         for e in known.get("entries", ()):
             if not isinstance(e, dict) or not isinstance(e.get("key", ""), str):
                 raise ValueError(f"a store job's entry is not an object with a str key: {e!r:.60}")
+        _check_environment(known.get("environment", {}))
         extra = {k: v for k, v in data.items() if k not in _FIELDS}
         return cls(**known, extra=extra)
 

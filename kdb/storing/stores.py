@@ -7,11 +7,16 @@ as the worker's batch (:meth:`Storing.store`), and a bad entry dropped
 (:meth:`Storing.discard`). With the shared tier, each is also published there before the
 claim it holds is released. ``Tiers`` inherits these; they use its tiers, its batched
 bookkeeping (``_book``) and its in-memory copies (``_inflight``).
+
+What is stored is what was keyed: a back end whose key holds headers hands each store a
+``recheck`` (the headers as they are now, found as the key found them); right before an
+entry is written they are compared with the key's (:func:`headers_changed`), and a binary
+built while a header changed is not stored.
 """
 
 from __future__ import annotations
 
-from .. import config, faults
+from .. import config, faults, logs
 from ..bookkeeping import Pending
 from ..file.kernelfile import CompileRecord, Entry
 from ..signing import policy as signing
@@ -23,6 +28,47 @@ if TYPE_CHECKING:  # annotations are strings here: the hit path does not import 
     from .. import claims
     from ..keys import HashAttributes
     from .jobs import StoreJob
+
+    #: The headers of a build as they are now (``HashAttributes.headers``' form).
+    Recheck = Callable[[], tuple[tuple[str, str], ...]]
+
+log = logs.get("kdb")
+
+
+class HeaderChangedError(LookupError):
+    """A header a key was computed from is not what the build read: the binary would not
+    match its key, so it is not stored."""
+
+
+def headers_changed(keyed: list[HashAttributes], recheck: Recheck) -> str | None:
+    """Why the binaries of ``keyed`` would not match their keys now that ``recheck()`` gives
+    their headers as they are, or None when every header has the content its key holds.
+
+    Called after the compile: a header saved between the digest and the compiler's read
+    changes the binary, not the key. A ``recheck`` that fails (a header kdb can no longer
+    read or be sure of) counts as a change: a spurious miss costs one compile.
+    """
+    try:
+        now = dict(recheck())
+    except Exception as err:  # noqa: BLE001 - whatever stops the check stops the store
+        return f"what the build reads is no longer certain ({err})"
+    for attrs in keyed:
+        then = dict(attrs.headers)
+        for name in sorted(set(then) | set(now)):
+            if then.get(name) != now.get(name):
+                state = ("is gone" if now.get(name, "missing") == "missing" else
+                         "is new" if then.get(name, "missing") == "missing" else
+                         "was edited")
+                return (f"header {name!r} {state} since the build of "
+                        f"{attrs.name or attrs.key[:12]}, so the binary would not match its key")
+    return None
+
+
+def _not_stored(attrs: HashAttributes, reason: str) -> None:
+    """Say, once per process (and in the debug log each time), that a binary was dropped."""
+    log.debug("kdb: %s %s not stored: %s", attrs.key[:16], attrs.name, reason)
+    logs.warn_once("headers-changed", "kdb: %s; it is not stored (a header changed while it "
+                   "was compiled: the next build stores it)", reason)
 
 
 class Storing:
@@ -47,12 +93,15 @@ class Storing:
     def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
                   log: CompileRecord | None = None, claim: claims.Claim | None = None,
-                  publish: bool = True, signed: tuple | None = None) -> None:
+                  publish: bool = True, signed: tuple | None = None,
+                  recheck: Recheck | None = None) -> None:
         """Store what ``produce()`` returns, on the background thread (None: store nothing).
 
         ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
         user tier, and published to the shared tier unless ``publish`` is false). ``signed``:
         the ``(signer, signature)`` the binary already carries (a copy of a shared entry).
+        ``recheck``: the headers now (:func:`headers_changed`), compared with ``attrs``'
+        right before the entry is written; a change stores nothing.
         """
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         if log is not None:
@@ -66,6 +115,11 @@ class Storing:
             entry = None
             try:
                 raw = produce()
+                why = None if raw is None or recheck is None else headers_changed([attrs], recheck)
+                if why is not None:
+                    raw = None
+                    self._inflight.pop(attrs.key, None)  # nor served from memory any more
+                    _not_stored(attrs, why)
                 if raw is not None:
                     entry = self._entry(attrs, bytes(raw), compile_seconds, details, signed)
                     self._inflight[entry.key] = entry.raw
@@ -135,9 +189,18 @@ class Storing:
             return False
         return f.trusted()
 
-    def store(self, items: list, logs: list[CompileRecord] = ()) -> bool:
+    def store(self, items: list, logs: list[CompileRecord] = (),
+              recheck: Recheck | None = None) -> bool:
         """Store ``(attrs, binary, compile_seconds, details)`` items and latency rows now, in
-        one transaction per arch (the store worker's write); True if written."""
+        one transaction per arch (the store worker's write); True if written.
+
+        ``recheck``: the headers now (:func:`headers_changed`), compared with every item's
+        right before the write; on a change only the latency rows are written, then
+        :class:`HeaderChangedError` says which header.
+        """
+        why = headers_changed([i[0] for i in items], recheck) if items and recheck else None
+        if why is not None:
+            items = []
         by_arch: dict[str, list[Entry]] = {}
         for attrs, binary, seconds, details in items:
             by_arch.setdefault(attrs.arch, []).append(
@@ -152,6 +215,8 @@ class Storing:
             shared = self._shared() if entries else None
             if shared is not None:
                 shared.publish(entries, rows.get(arch, []))
+        if why is not None:
+            raise HeaderChangedError(why)
         return ok
 
     def write_bookkeeping(self, archs: dict[str, dict]) -> None:

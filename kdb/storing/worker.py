@@ -1,7 +1,10 @@
 """The store worker: a supervisor and two lanes that store the jobs of one spool.
 
 Jobs are written by :mod:`kdb.storing.spool`. The supervisor (no OpenCL) runs two child processes
-(lanes) that store them. A job whose store takes far longer than its compile did (pyopencl's
+(lanes) that store them, each in the environment of the job it stores: the spool's, with the
+build variables the job's keys hold set and those they leave unset unset (a lane is started
+again for a job of other values: runtimes read some of them once per process). A job whose
+store takes far longer than its compile did (pyopencl's
 scans) is set aside as *slow*; the second lane stores slow jobs one by one while the first
 goes on, so one costly program never holds up what the next run asks for. Each job's back
 end redoes the build (:func:`kdb.storing.jobs.backend_module`). A lane answers each job with one
@@ -60,7 +63,8 @@ def _background_group() -> None:
 class _Queue:
     """The spool as the supervisor knows it: stems of queued (``normal``), set-aside (``slow``)
     and foreign ``.taken`` jobs; ``jobs``, each read once: stem -> (keys, compile seconds,
-    claims dir), None when gone or malformed; ``wanted``: keys other processes wait for."""
+    claims dir, build environment), None when gone or malformed; ``wanted``: keys other
+    processes wait for."""
 
     def __init__(self, spool: Path) -> None:
         self.spool = spool
@@ -118,7 +122,8 @@ class _Queue:
             try:
                 with open(path, "rb") as f:
                     job = StoreJob.from_json(f.read().decode("utf-8"))
-                got = ([k for k in job.keys if k], job.seconds, job.claims_dir)
+                got = ([k for k in job.keys if k], job.seconds, job.claims_dir,
+                       tuple(sorted(job.environment.items())))
                 if job.claims_dir:
                     self._wants.setdefault(job.claims_dir, set())
             except FileNotFoundError:
@@ -200,21 +205,41 @@ def _clock(pid: int) -> float:
         return time.monotonic()
 
 
+def _lane_environment(build: tuple[tuple[str, str | None], ...]) -> dict[str, str]:
+    """This process's environment (the spool's) with a job's build variables: set to the
+    job's values, or unset where the job's keys had them unset."""
+    env = dict(os.environ)
+    for name, value in build:
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
 class _Lane:
     """A child storing the jobs named on its stdin one by one, and its job now: the normal
-    lane bounds each store's CPU time, the slow lane stores the jobs set aside."""
+    lane bounds each store's CPU time, the slow lane stores the jobs set aside. The child
+    runs in one job environment (``build``); a job of another is stored by a new child (a
+    job that names none, such as bookkeeping, by the child there is)."""
 
     def __init__(self, slow: bool) -> None:
         self.slow, self.proc, self.job = slow, None, None  # job: the Path it is storing
         self.started, self.limit = 0.0, None  # its lane's CPU clock then, and the bound
+        self.build: tuple = ()  # the build variables the child runs with
 
-    def start(self, path: Path, seconds: float) -> None:
+    def start(self, path: Path, seconds: float, build: tuple = ()) -> None:
         import subprocess
 
+        if self.proc is not None and build and self.build != build:
+            self.close()  # idle: it exits at the end of its stdin
+            self.proc = None
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", "--slow-child"
                                           if self.slow else "--child"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, close_fds=True)
+                                         stdout=subprocess.PIPE, close_fds=True,
+                                         env=_lane_environment(build))
+            self.build = build
         self.job, self.started = path, _clock(self.proc.pid)
         self.limit = None if self.slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
         self.proc.stdin.write(os.fsencode(path) + b"\n")
@@ -332,7 +357,8 @@ def supervise(spool: Path) -> int:
             for lane in lanes:
                 path = queue.pick(lane.slow, busy) if lane.job is None else None
                 if path is not None:
-                    lane.start(path, queue.jobs[path.stem][1])
+                    _, seconds, _, build = queue.jobs[path.stem]
+                    lane.start(path, seconds, build)
                     busy.add(path.stem)
             if busy or any(ended) or queue.has_jobs():
                 idle_since = time.monotonic()

@@ -152,8 +152,10 @@ def cached_build(db: KernelDB, req: _Request, build=None) -> bytes:
     if req.uncertain:
         return _uncached(db, req, req.uncertain)
     try:
+        # recheck: a header saved while the compiler ran is not stored under the key of
+        # the header before it (kdb.storing.stores.headers_changed)
         return db.tiers.get_or_compile(req.attrs, build or (lambda: _build(req)),
-                                       details=req.details())
+                                       details=req.details(), recheck=req.headers_now)
     except UnkeyedRead as err:
         logs.warn_once("cuda-includes:unkeyed", "kdb: %s; such CUDA programs are built "
                        "without the cache", err)
@@ -190,7 +192,7 @@ def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
     seconds = time.perf_counter() - start
     rec = db.tiers.record_compile(req.attrs, seconds)
     db.tiers.put_later(req.attrs, lambda: binary, compile_seconds=seconds, details=req.details(),
-                 log=rec)
+                       log=rec, recheck=req.headers_now)
     return binary
 
 

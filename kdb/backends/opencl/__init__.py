@@ -41,7 +41,7 @@ from .keys import (
 )
 from .poclbin import private_copies
 from .stores import compiled as _compiled
-from .stores import program_spec, store_job, store_later  # noqa: F401 - spool finds store_job here
+from .stores import program_spec, recheck_for, store_job, store_later  # noqa: F401 - spool finds store_job here
 from ..common import source_text
 
 trace_log = logs.get("kdb.trace")
@@ -195,7 +195,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     if missed and not db.tiers.disabled:
         _compiled[memory_key] = raw
     store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
-                 seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs))
+                seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs),
+                recheck=recheck_for(text, opt_bytes, plan.search))
     return prg
 
 

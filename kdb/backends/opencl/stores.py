@@ -9,17 +9,18 @@ Until then the program itself serves repeats in this process (:data:`compiled`).
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import pyopencl as cl
 
 from ... import config, logs
 from ...claims import Claim
 from ...db import KernelDB
-from ..includes import UncertainIncludes
 from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
+from ...storing.stores import HeaderChangedError, headers_changed
 from .binaries import program_binaries
-from .keys import BACKEND, device_details, headers_of
+from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
 
 log = logs.get("kdb")
 
@@ -60,9 +61,12 @@ compiled: dict[tuple, object] = _Recent()
 
 
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
-                 held: dict[str, Claim], forget: tuple = (), program: dict | None = None) -> None:
+                 held: dict[str, Claim], forget: tuple = (), program: dict | None = None,
+                 recheck: Callable[[], tuple] | None = None) -> None:
     """Record the compile now; hand the store to the store worker (:mod:`kdb.storing.spool`), or, with
-    ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread."""
+    ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread. ``recheck``
+    gives the build's headers as they are now (:func:`recheck_for`): what this process
+    stores itself is checked against the key with it first."""
     per_device = seconds / max(len(devs), 1)
     ptrs = program.pop("ptrs") if program is not None else []
     recs = [db.tiers.record_compile(a, per_device) for a in attrs]
@@ -71,12 +75,14 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
             claim.release()
         return
     if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
+        keyed_env = dict(attrs[0].environment)  # one build: one environment for every key
         job = StoreJob(backend=BACKEND, seconds=seconds, extra={"program": program},
                        entries=[{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
                                  "attributes": a.encoded().decode("utf-8"),
                                  "seconds": per_device, "details": device_details(d)}
                                 for d, a in zip(devs, attrs)],
-                       logs=[list(rec) for rec in recs])
+                       logs=[list(rec) for rec in recs],
+                       environment={k: keyed_env.get(k) for k in ENV_VARS})
         claims = [held.pop(a.key) for a in attrs if a.key in held]
 
         def store_now() -> None:
@@ -88,7 +94,8 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
                 raise LookupError("the program is no longer held; the store worker stores it")
             binaries = program_binaries(held_raw)
             db.tiers.store([(a, binaries[d.int_ptr], per_device, device_details(d))
-                      for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs)
+                            for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
+                           recheck)
 
         if db.tiers.spool(job, claims, store_now):
             return
@@ -112,7 +119,19 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
 
     for d, a, rec in zip(devs, attrs, recs):
         db.tiers.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
-                     details=device_details(d), log=rec, claim=held.pop(a.key, None))
+                           details=device_details(d), log=rec, claim=held.pop(a.key, None),
+                           recheck=recheck)
+
+
+def recheck_for(text: str, opt_bytes: bytes, search) -> Callable[[], tuple]:
+    """The build's headers as they will be found later, by the code its key used
+    (:func:`.keys.headers_of`) and in this working directory (the store may run after a
+    ``chdir``)."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a deleted working directory: "." is what the compiler searched
+        cwd = "."
+    return lambda: headers_of(text, opt_bytes, cwd, search)
 
 
 def _detach() -> bool:
@@ -124,10 +143,15 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
     """The store worker's half (:mod:`kdb.storing.spool`): build the program again (PoCL's cache
     answers), read its binaries and store each entry with its latency rows.
 
+    The rebuild runs in the environment the keys were computed in: the supervisor starts
+    this process with the job's ``environment`` (:mod:`kdb.storing.worker`), and a job whose
+    keys name other values than this process has is dropped, never stored.
+
     The rebuild reads the headers as they are now; the key was computed from them as they
-    were at the build. Their digests are taken again, before and after the rebuild, with
-    the code the key used (:func:`.keys.headers_of`): when they differ from an entry's,
-    the job is dropped with an exception that names the header (the worker logs it).
+    were at the build. Their digests are taken again, before the rebuild and right before
+    the store (:meth:`kdb.tiers.Tiers.store`'s ``recheck``), with the code the key used
+    (:func:`.keys.headers_of`): when they differ from an entry's, the job is dropped with a
+    :class:`HeaderChangedError` that names the header (the worker logs it).
     """
     from ...file.kernelfile import CompileRecord
 
@@ -146,42 +170,45 @@ def store_job(db: KernelDB, job: StoreJob) -> None:
     opt_bytes = prog["options"].encode("latin-1")
     keyed = [HashAttributes.from_canonical(e["attributes"], name=e["name"])
              for e in job.entries]
-    _check_headers(prog, opt_bytes, keyed)
+    _same_environment(keyed)
+
+    def recheck():
+        return headers_of(prog["source"], opt_bytes, prog.get("cwd") or None,
+                          environment=keyed[0].environment if keyed else ())
+
+    why = headers_changed(keyed, recheck)
+    if why is not None:
+        raise HeaderChangedError(f"job dropped: {why} ({_NEXT_RUN})")
     ctx = cl.Context(devs)
     raw = cl._Program(ctx, prog["source"].encode("utf-8", "surrogateescape"))
     raw.build(opt_bytes, devs)
     binaries = program_binaries(raw)
-    _check_headers(prog, opt_bytes, keyed)  # not edited while it built, either
     items = []
     for e, attrs in zip(job.entries, keyed):
         binary = binaries.get(devs[e["device"]].int_ptr)
         if binary:
             items.append((attrs, binary, e["seconds"], e["details"]))
-    db.tiers.store(items, [CompileRecord(*row) for row in job.logs])
+    try:  # not edited while it built, either
+        db.tiers.store(items, [CompileRecord(*row) for row in job.logs], recheck)
+    except HeaderChangedError as err:
+        raise HeaderChangedError(f"job dropped: {err} ({_NEXT_RUN})") from None
     if len(items) < len(job.entries):
         raise LookupError(f"the driver returned no binary for {len(job.entries) - len(items)}"
                           " device(s)")
 
 
-class HeaderChangedError(LookupError):
-    """A header a store job's key was computed from is not what it was at the build."""
+_NEXT_RUN = "the next run that builds it stores it"
 
 
-def _check_headers(prog: dict, opt_bytes: bytes, keyed: list[HashAttributes]) -> None:
-    try:
-        now = dict(headers_of(prog["source"], opt_bytes, prog.get("cwd") or None,
-                              environment=keyed[0].environment if keyed else ()))
-    except UncertainIncludes as err:
-        raise HeaderChangedError(f"job dropped: what the build reads is no longer certain "
-                                 f"({err})") from None
+def _same_environment(keyed: list[HashAttributes]) -> None:
+    """Raise unless this process has the values of :data:`.keys.ENV_VARS` the keys hold: a
+    rebuild under others would store a binary its key does not describe."""
+    here = dict(environment())
     for attrs in keyed:
-        then = dict(attrs.headers)
-        for name in sorted(set(then) | set(now)):
-            if then.get(name) != now.get(name):
-                state = ("is gone" if now.get(name, "missing") == "missing" else
-                         "is new" if then.get(name, "missing") == "missing" else
-                         "was edited")
-                raise HeaderChangedError(
-                    f"job dropped: header {name!r} {state} since the build of "
-                    f"{attrs.name or attrs.key[:12]}, so the binary would not match its key "
-                    "(the next run that builds it stores it)")
+        then = dict(attrs.environment)
+        for name in ENV_VARS:
+            if then.get(name) != here.get(name):
+                raise LookupError(
+                    f"job dropped: {attrs.name or attrs.key[:12]} was built with {name}="
+                    f"{then.get(name)!r}, the store worker has {here.get(name)!r}, so its "
+                    f"binary would not match its key ({_NEXT_RUN})")
