@@ -500,3 +500,36 @@ def test_kdb_trace_names_the_reason_for_each_uncached_build(cache_dir, run_py, t
     assert json.loads(out.stdout.splitlines()[-1])["result"] == 2
     assert out.stderr.count("not cached: #include 'HDR' names its header by a macro") == 2
     assert out.stderr.count("such programs are built without the cache") == 1
+
+
+def test_a_program_built_after_the_build_variables_changed_is_not_stored_under_them(
+        cache_dir, run_py):
+    """PoCL reads POCL_EXTRA_BUILD_FLAGS at a process's first build only: a program built
+    after the variable changed was built with its first value, so its binary is not the
+    one its key (holding the new value) names. Such a program is not stored here."""
+    code = """
+        import os, numpy as np, pyopencl as cl, kdb.opencl
+        ctx = cl.Context([d for p in cl.get_platforms() if 'Portable' in p.name
+                          for d in p.get_devices()][:1])
+        def run(src):
+            prg = kdb.opencl.build(ctx, src)
+            q = cl.CommandQueue(ctx)
+            buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+            prg.k(q, (1,), None, buf)
+            out = np.zeros(1, np.int32)
+            cl.enqueue_copy(q, out, buf)
+            return int(out[0])
+        first = "__kernel void k(__global int *o) { o[0] = N; }"
+        second = "__kernel void k(__global int *o) { o[0] = N + 0; }"
+        if os.environ.get("PHASE") == "one":
+            print(run(first))
+            os.environ["POCL_EXTRA_BUILD_FLAGS"] = "-DN=5"
+            print(run(second))
+        else:
+            print(run(second))
+    """
+    env = {"KDB_STORE_AT_EXIT": "wait", "POCL_EXTRA_BUILD_FLAGS": "-DN=2"}
+    one = run_py(code, env={**env, "PHASE": "one"}).stdout.split()
+    assert one[0] == "2"  # one[1] is what this PoCL made of the change (2 here: read once)
+    two = run_py(code, env={**env, "PHASE": "two", "POCL_EXTRA_BUILD_FLAGS": "-DN=5"})
+    assert two.stdout.split() == ["5"]

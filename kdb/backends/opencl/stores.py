@@ -60,6 +60,21 @@ class _Recent(dict):
 compiled: dict[tuple, object] = _Recent()
 
 
+#: The build variables of this process's first stored build: PoCL reads some of them
+#: (``POCL_EXTRA_BUILD_FLAGS``) once, at its first build, so a program built after they
+#: changed was built with the first values, whatever its key says.
+_first_environment: list[tuple] = []
+
+
+def _built_as_keyed(attrs: HashAttributes) -> bool:
+    """Whether this process's driver built with the variables ``attrs`` holds: true unless
+    they changed since its first stored build (the store worker rebuilds such a job in the
+    key's own variables; this process stores nothing of it)."""
+    if not _first_environment:
+        _first_environment.append(attrs.environment)
+    return _first_environment[0] == attrs.environment
+
+
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
                  held: dict[str, Claim], forget: tuple = (), program: dict | None = None,
                  recheck: Callable[[], tuple] | None = None) -> None:
@@ -74,6 +89,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
         for claim in held.values():
             claim.release()
         return
+    in_process = _built_as_keyed(attrs[0])
     if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
         keyed_env = dict(attrs[0].environment)  # one build: one environment for every key
         job = StoreJob(backend=BACKEND, seconds=seconds, extra={"program": program},
@@ -92,6 +108,9 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
             held_raw = compiled.get(forget)
             if held_raw is None:
                 raise LookupError("the program is no longer held; the store worker stores it")
+            if not in_process:
+                raise LookupError("the program was built under this process's first build "
+                                  "variables, not its key's; the store worker stores it")
             binaries = program_binaries(held_raw)
             db.tiers.store([(a, binaries[d.int_ptr], per_device, device_details(d))
                             for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
@@ -105,6 +124,9 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
     def produce_for(ptr: int):
         def produce() -> bytes | None:
             nonlocal binaries
+            if not in_process:
+                log.debug("kdb: not stored: built under the process's first build variables")
+                return None
             if binaries is None:
                 try:
                     binaries = program_binaries(raw)
