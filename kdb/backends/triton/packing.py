@@ -16,7 +16,7 @@ import importlib.util
 import re
 import sys
 
-from ...errors import CompileError, InvalidArgumentError
+from ...errors import BackendUnavailableError, CompileError, InvalidArgumentError
 from . import install
 from .cache import storing_into
 from .targets import target
@@ -59,9 +59,16 @@ def kernel_of(module_path: str, function: str):
 def attrs_for(fn, signature: dict[str, str], specialization: dict[str, str], gpu) -> dict:
     """The ``attrs`` Triton's JIT passes for a launch whose arguments specialize as given:
     every argument by position, its attribute key parsed by the target's backend."""
+    import triton
     from triton.compiler import make_backend
 
     backend = make_backend(gpu)
+    if not hasattr(backend, "parse_attr"):  # Triton 3.2 keys a launch by AttrsDescriptor
+        raise BackendUnavailableError(
+            f"kdb pack compiles a manifest's Triton kernels with Triton 3.3 or newer, as a "
+            f"launch keys them; this is Triton {triton.__version__}. Upgrade Triton (pip "
+            f"install 'triton>=3.3'), or pack the kernels a run compiled: kdb pack --from-log "
+            f"(or --from-db)")
     return {(i,): backend.parse_attr(specialization.get(
                 name, "D" if signature.get(name, "").startswith("*") else ""))
             for i, name in enumerate(fn.arg_names)}
