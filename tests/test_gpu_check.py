@@ -50,6 +50,8 @@ def test_the_dry_run_installs_from_the_carried_wheels_and_serves_without_a_gpu(p
     assert fig["triton_sm_90"]["binaries_equal"]
     served = fig["pack_served_without_compiler"]
     assert served["compiler_here"].startswith("none") and served["kdb"] == {"hits.system": 1}
+    keys = fig["pack_keys_are_launch_keys"]  # a pack that launches would not find is no pack
+    assert keys["compiles"] == 0 and keys["kdb"] == {"hits.system": 3}
 
 
 def test_every_gpu_part_says_it_was_not_run(prepared):

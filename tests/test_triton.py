@@ -45,6 +45,13 @@ def scale(x_ptr, out_ptr, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * FACTOR, mask=mask)
+
+
+@triton.jit
+def axpy(x_ptr, out_ptr, n, a, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * a, mask=mask)
 '''
 
 #: Defined in the programs below: an ASTSource as the Triton installed takes it.
@@ -95,7 +102,7 @@ def jit_source(fn, target, sig, consts):
               "instrumentation_mode": knobs.compilation.instrumentation_mode}
         if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):  # Triton 3.9 passes it
             kw["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
-    args = [Buffer(1 << (20 + i)) if t.startswith("*") else 1000
+    args = [Buffer(1 << (20 + i)) if t.startswith("*") else 0.5 if t == "fp32" else 1000
             for i, t in enumerate(t for t in sig.values() if t != "constexpr")]
     bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(
         *args, **consts, **kw)
@@ -164,7 +171,9 @@ target = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
 SIG = {"add": {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
                "BLOCK": "constexpr"},
        "scale": {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "FACTOR": "constexpr",
-                 "BLOCK": "constexpr"}}
+                 "BLOCK": "constexpr"},
+       "axpy": {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "a": "fp32",
+                "BLOCK": "constexpr"}}
 binaries = []
 for spec in sys.argv[1:]:
     name, _, block = spec.partition("/")
@@ -374,6 +383,15 @@ function = "scale"
 signature = { x_ptr = "*fp32", out_ptr = "*fp32", n = "i32", FACTOR = "constexpr", BLOCK = "constexpr" }
 constexprs = { FACTOR = 3, BLOCK = 64 }
 arches = ["sm_90", "gfx942"]
+
+[[kernel]]
+name = "axpy_64"
+backend = "triton"
+file = "kernels.py"
+function = "axpy"
+signature = { x_ptr = "*fp32", out_ptr = "*fp32", n = "i32", a = "fp32", BLOCK = "constexpr" }
+constexprs = { BLOCK = 64 }
+arches = ["sm_90", "gfx942"]
 '''
 
 ARCHES = ["sm_80", "sm_90", "gfx90a", "gfx942"]
@@ -430,13 +448,14 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
     fresh = {k: v for k, v in triton_env.items() if k != "PYTHONPATH"}
     for target in (NVIDIA, "hip:gfx942:64"):
         for plain in ("", "1"):  # kdb.triton.compile; plain triton.compile under KDB_AUTO
-            proc = subprocess.run([str(python), str(tmp_path / "app.py"), "add", "scale"],
+            proc = subprocess.run([str(python), str(tmp_path / "app.py"), "add", "scale",
+                                   "axpy"],
                                   env={**fresh, "TARGET": target, "PLAIN": plain,
                                        "KDB_AUTO": plain, "JIT": "1"}, capture_output=True,
                                   text=True, timeout=600)
             assert proc.returncode == 0, proc.stderr[-3000:]
             got = json.loads(proc.stdout.splitlines()[-1])
-            assert got["hits"] == [True, True], (target, plain, proc.stderr[-2000:])
+            assert got["hits"] == [True, True, True], (target, plain, proc.stderr[-2000:])
     assert entries(cache_dir, "sm_90") == [] and entries(cache_dir, "gfx942") == []
     assert kernel_files(tmp_path / "tc") == []
 

@@ -384,6 +384,7 @@ def prepare(args, check: Check) -> dict:
     log(f"kdb pack for {', '.join(arches)} (no GPU)")
     built = work / "packs"
     got["packs"] = build_packs(tpy, arches, built, Path(check.fresh("pack")))
+    got["packs"].update(python=tpy, dir=str(built))
     for old in packs.glob("*"):
         old.unlink()
     for whl in built.glob("kdb_system_sm_*.whl"):  # NVIDIA's travel; AMD's stay here
@@ -432,7 +433,20 @@ def dry_run(args, check: Check) -> dict:
             got["cuda"][compiler] = {"error": str(err)[-600:]}
     got["pack_served_without_compiler"] = serve_from_pack(check, sys.executable, python,
                                                           args.carry / "packs", "sm_90")
+    got["pack_keys_are_launch_keys"] = launch_keys(check)
     return got
+
+
+def launch_keys(check: Check) -> dict:
+    """The packed Triton kernels keyed as their launches in child.py key them, with the
+    pack's own Triton (the GPU machine's): each must be a system hit, or the pack would be
+    compiled again on the GPU."""
+    packs = check.data["parts"]["prepare"]["figures"]["packs"]
+    env = {**base_env(), "KDB_SYSTEM_DB_PATH": packs["dir"],
+           "KDB_CACHE_DIR": check.fresh("keys-kdb"), "TRITON_CACHE_DIR": check.fresh("keys-tc")}
+    got = run_child(check, packs["python"], ["jit-keys", "sm_90"], env)
+    return {"triton": got.get("triton"), "kernels": got.get("kernels"),
+            "compiles": got.get("compiles"), "kdb": got.get("kdb")}
 
 
 def bare_env(env: dict[str, str]) -> dict[str, str]:

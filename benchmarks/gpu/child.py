@@ -7,7 +7,8 @@ is right against a reference, and the seconds of each phase. Whether kdb is on i
 environment's business (``KDB_AUTO=1``), never this file's: the same code runs in every arm.
 
 Workloads: ``triton [NAMES]`` (kernels.py, launched through torch), ``triton-target ARCH``
-(the same kernels compiled for an explicit target, no GPU), ``inductor`` (a small model's
+(the same kernels compiled for an explicit target, no GPU), ``jit-keys ARCH`` (the packed
+kernels keyed as their launches key them, no GPU), ``inductor`` (a small model's
 first training step under ``torch.compile``), ``cuda COMPILER ARCH`` (``kdb.cuda.compile``,
 loaded and launched through CuPy, else cuda-core), ``cuda-serve ARCH FILE`` (the cubin kdb
 serves, written to FILE), ``cuda-launch FILE``, ``opencl`` (pyopencl on the NVIDIA driver).
@@ -196,6 +197,50 @@ def triton_target_workload(arch: str) -> None:
     phase("kernels", t)
     REPORT["binaries"] = sizes
     REPORT["ok"] = {"binaries": all(sizes)}
+    REPORT["triton"] = triton.__version__
+
+
+def jit_keys_workload(arch: str) -> None:
+    """No GPU: each packed kernel compiled as ``kernel[grid](...)`` in ``triton_workload``
+    keys it (Triton's own binder and argument packing on stand-ins for the tensors, as
+    tests/test_triton.py does), so that a pack that would miss on the GPU is seen here.
+    Triton internals: needs ``JITFunction._pack_args`` (Triton 3.4 on)."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    count_triton_compiles()
+    import kernels
+
+    class Tensor:  # what Triton's binder reads of a torch tensor
+        def __init__(self, ptr):
+            self.ptr, self.dtype = ptr, tl.float32
+
+        def data_ptr(self):
+            return self.ptr
+
+    t = [Tensor(1 << (20 + i)) for i in range(4)]
+    launches = {"add": (kernels.add, [t[0], t[1], t[2], 1 << 20], {"BLOCK": 1024}),
+                "softmax": (kernels.softmax, [t[0], t[1], 781, 781, 781], {"BLOCK": 1024}),
+                "layer_norm": (kernels.layer_norm, [*t, 1000, 1000, 1e-5], {"BLOCK": 1024})}
+    target = GPUTarget("cuda", int(arch[3:]), 32)
+    backend = make_backend(target)
+    knobs = triton.knobs
+    kw = {"debug": knobs.runtime.debug,
+          "instrumentation_mode": knobs.compilation.instrumentation_mode}
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
+        kw["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    for name, (fn, args, consts) in launches.items():
+        bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(
+            *args, **consts, **kw)
+        options, sig, constexprs, attrs = fn._pack_args(backend, {**kw, **consts}, bound, spec,
+                                                        opts)
+        import kdb.triton
+
+        kdb.triton.compile(ASTSource(fn, sig, constexprs, attrs), target, options.__dict__)
+    REPORT["kernels"] = list(launches)
     REPORT["triton"] = triton.__version__
 
 
@@ -392,6 +437,8 @@ def main(argv: list[str]) -> None:
             triton_workload(args or ["add", "softmax", "layer_norm", "matmul"])
         elif what == "triton-target":
             triton_target_workload(args[0])
+        elif what == "jit-keys":
+            jit_keys_workload(args[0])
         elif what == "inductor":
             inductor_workload()
         elif what == "cuda":
