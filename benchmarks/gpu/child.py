@@ -204,7 +204,7 @@ def jit_keys_workload(arch: str) -> None:
     """No GPU: each packed kernel compiled as ``kernel[grid](...)`` in ``triton_workload``
     keys it (Triton's own binder and argument packing on stand-ins for the tensors, as
     tests/test_triton.py does), so that a pack that would miss on the GPU is seen here.
-    Triton internals: needs ``JITFunction._pack_args`` (Triton 3.4 on)."""
+    Triton internals: needs ``JITFunction._pack_args`` (Triton 3.5 on)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -228,10 +228,10 @@ def jit_keys_workload(arch: str) -> None:
     target = GPUTarget("cuda", int(arch[3:]), 32)
     backend = make_backend(target)
     knobs = triton.knobs
-    kw = {"debug": knobs.runtime.debug,
-          "instrumentation_mode": knobs.compilation.instrumentation_mode}
-    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):
-        kw["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    kw = {"debug": knobs.runtime.debug}  # and what this Triton's JITFunction.run adds
+    for name in ("instrumentation_mode", "fpsan_homomorphic_casts"):
+        if hasattr(knobs.compilation, name):
+            kw[name] = getattr(knobs.compilation, name)
     for name, (fn, args, consts) in launches.items():
         bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(
             *args, **consts, **kw)

@@ -88,21 +88,28 @@ def launch_source(fn, signature: dict[str, str], constexprs: dict, specializatio
             f"Triton {triton.__version__} keys a launch for {gpu.arch} by asking torch whether "
             f"each tensor is within 2 GB ({err}): install torch (a CPU wheel does) where you "
             f"pack for it, or pack what a run compiled: kdb pack --from-log") from err
-    if hasattr(fn, "_pack_args"):  # Triton 3.4 on: what JITFunction.run calls
+    if hasattr(fn, "_pack_args"):  # Triton 3.5 on: what JITFunction.run calls
         options, sig, consts, attrs = fn._pack_args(backend, {**kwargs, **constexprs}, bound,
                                                     spec, opts)
-    else:  # Triton 3.3: the same steps, inside JITFunction.run
-        from triton._utils import find_paths_if, get_iterable_path
-
-        options = backend.parse_options({**kwargs, **constexprs})
-        sigvals = [x[0] for x in spec]
-        sig = dict(zip([p.name for p in fn.params], sigvals))
-        consts = {path: get_iterable_path(list(bound.values()), path)
-                  for path in find_paths_if(sigvals, lambda _, v: v == "constexpr")}
-        attrvals = [x[1] for x in spec]
-        attrs = {k: backend.parse_attr(get_iterable_path(attrvals, k))
-                 for k in find_paths_if(attrvals, lambda _, x: isinstance(x, str))}
+    else:
+        options, sig, consts, attrs = _pack_args_3_3(fn, backend, {**kwargs, **constexprs},
+                                                     bound, spec)
     return ASTSource(fn, sig, consts, attrs), options.__dict__
+
+
+def _pack_args_3_3(fn, backend, kwargs: dict, bound, spec) -> tuple:
+    """Triton 3.3's and 3.4's JITFunction.run do inline what 3.5 moved into ``_pack_args``."""
+    from triton._utils import find_paths_if, get_iterable_path
+
+    options = backend.parse_options(kwargs)
+    sigvals = [x[0] for x in spec]
+    sig = dict(zip([p.name for p in fn.params], sigvals))
+    consts = {path: get_iterable_path(list(bound.values()), path)
+              for path in find_paths_if(sigvals, lambda _, v: v == "constexpr")}
+    attrvals = [x[1] for x in spec]
+    attrs = {k: backend.parse_attr(get_iterable_path(attrvals, k))
+             for k in find_paths_if(attrvals, lambda _, x: isinstance(x, str))}
+    return options, sig, consts, attrs
 
 
 def _run_options() -> dict:
@@ -114,7 +121,7 @@ def _run_options() -> dict:
     knobs = getattr(triton, "knobs", None)
     if knobs is None:  # Triton 3.3
         return {"debug": os.environ.get("TRITON_DEBUG", "0") == "1"}
-    got = {"debug": knobs.runtime.debug}
+    got = {"debug": knobs.runtime.debug}  # 3.4 and 3.5: debug alone
     for name in ("instrumentation_mode", "fpsan_homomorphic_casts"):
         if hasattr(knobs.compilation, name):  # 3.6 passes the first, 3.9 both
             got[name] = getattr(knobs.compilation, name)
