@@ -847,24 +847,19 @@ def gpu_half(args, check: Check) -> None:
     major, minor = info["capability"]
     g = Gpu(check, machine, python, f"sm_{major}{minor}", args.carry)
     plain_digests: dict = {}
-    with check.part("triton", needs=40) as rec:
-        if rec is not None:
-            plain_digests = part_triton(g, rec)
-    with check.part("cuda", needs=20) as rec:
-        if rec is not None:
-            part_cuda(g, rec)
-    with check.part("pack", needs=30) as rec:
-        if rec is not None:
-            part_pack(g, rec, plain_digests)
-    with check.part("inductor", needs=90) as rec:
-        if rec is not None:
-            part_inductor(g, rec)
-    with check.part("opencl", needs=25) as rec:
-        if rec is not None:
-            part_opencl(g, rec, inst.get("pyopencl"))
-    with check.part("timing", needs=60) as rec:
-        if rec is not None:
-            part_timing(g, rec, args.pairs)
+    runs = [("triton", 40, lambda rec: plain_digests.update(part_triton(g, rec))),
+            ("cuda", 20, lambda rec: part_cuda(g, rec)),
+            ("pack", 30, lambda rec: part_pack(g, rec, plain_digests)),
+            ("inductor", 90, lambda rec: part_inductor(g, rec)),
+            ("opencl", 25, lambda rec: part_opencl(g, rec, inst.get("pyopencl"))),
+            ("timing", 60, lambda rec: part_timing(g, rec, args.pairs))]
+    for name, needs, body in runs:
+        if args.only and name not in args.only:
+            parts[name] = {"status": "skipped", "reason": "not asked for (--only)"}
+            continue
+        with check.part(name, needs=needs) as rec:
+            if rec is not None:
+                body(rec)
 
 
 def verdict(data: dict) -> str:
@@ -913,6 +908,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds for the whole check (default: 450 on the GPU machine, 1800 "
                     "for --no-gpu)")
     ap.add_argument("--pairs", type=int, default=5, help="rounds of the timing part")
+    ap.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
+                    help="run these parts alone (comma-separated: triton, cuda, pack, "
+                    "inductor, opencl, timing), to rerun one that failed")
     ap.add_argument("--python", default=sys.executable,
                     help="the python whose packages the check uses (default: this one)")
     args = ap.parse_args(argv)
