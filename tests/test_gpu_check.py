@@ -56,7 +56,7 @@ def test_the_dry_run_installs_from_the_carried_wheels_and_serves_without_a_gpu(p
 
 def test_every_gpu_part_says_it_was_not_run(prepared):
     _, stdout, data = prepared
-    for name in ("triton", "cuda", "pack", "inductor", "opencl", "timing"):
+    for name in ("triton", "cuda", "pycuda", "pack", "inductor", "opencl", "timing"):
         assert data["parts"][name] == {"status": "skipped", "reason": "not run: no GPU"}
     assert data["verdict"].startswith("kdb GPU check: PREPARED, GPU half not run: no GPU")
     assert data["verdict"] in stdout

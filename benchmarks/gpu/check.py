@@ -54,6 +54,9 @@ CARRY_PATH = "benchmarks/gpu/carry"
 COMMAND = 'PYTHONUNBUFFERED=1 python3 benchmarks/gpu/check.py --out "$OUT"'
 #: Seconds to give the device's command: the budget, the last part's overrun, the JSON.
 RUN_TIMEOUT = 540
+#: The GPU machine's Python (its python3 is 3.12): pycuda ships no wheels, so one is built
+#: here for it, against this machine's CUDA headers.
+DEVICE_PYTHON = "3.12"
 #: Left out of the carried wheels: the GPU machine's python has them.
 ON_THE_MACHINE = ("numpy",)
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64",
@@ -210,6 +213,13 @@ def install_kdb(machine_python: str, wheels: Path, root: Path) -> dict:
             got["pyopencl"] = "installed"
         except RuntimeError as err:
             got["pyopencl"] = f"not installed: {str(err)[-400:]}"
+    got["pycuda"] = None
+    if list(wheels.glob("pycuda-*.whl")):
+        try:  # only for the Python it was built for
+            run([*pip, "pycuda"], timeout=300)
+            got["pycuda"] = "installed"
+        except RuntimeError as err:
+            got["pycuda"] = f"not installed: {str(err)[-400:]}"
     code = "import json, kdb; print(json.dumps({'kdb': kdb.__version__, 'file': kdb.__file__}))"
     got.update(json.loads(run([python, "-c", code], timeout=60, cwd=root).stdout))
     bare = run([python, "-c", "import kdb, importlib.util as u; print(u.find_spec('nvidia') "
@@ -362,6 +372,67 @@ def _json_or_text(text: str):
         return text.strip()[-2000:]
 
 
+def build_pycuda(dest: Path, work: Path) -> dict:
+    """A pycuda wheel for the GPU machine's Python, built here from pycuda's source (it
+    ships none, and building it there would take most of the check's budget): against
+    this machine's CUDA headers, linked to a stand-in ``libcuda.so.1`` whose symbols the
+    driver there provides. Skipped, saying why, where there is no such Python or toolkit."""
+    python = _python(DEVICE_PYTHON)
+    cuda = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda")
+    if python is None:
+        return {"built": False, "reason": f"no python{DEVICE_PYTHON} here to build it with"}
+    if not (cuda / "include" / "cuda.h").is_file():
+        return {"built": False, "reason": f"no CUDA toolkit headers at {cuda} (set CUDA_HOME)"}
+    out = work / "pycuda"
+    tag = f"cp{DEVICE_PYTHON.replace('.', '')}"
+    have = sorted((out / "dist").glob(f"pycuda-*-{tag}-*.whl"))
+    if not have:
+        log(f"building a pycuda wheel for CPython {DEVICE_PYTHON} (once; minutes)")
+        _build_pycuda(python, cuda, out)
+        have = sorted((out / "dist").glob(f"pycuda-*-{tag}-*.whl"))
+    for old in dest.glob("pycuda-*.whl"):
+        old.unlink()
+    shutil.copy2(have[-1], dest / have[-1].name)
+    return {"built": True, "wheel": have[-1].name, "bytes": have[-1].stat().st_size,
+            "python": DEVICE_PYTHON}
+
+
+def _python(version: str) -> str | None:
+    """A working ``python<version>``: on PATH, else one pyenv installed (its shim on PATH
+    fails unless that version is selected)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    found = [shutil.which(f"python{version}"),
+             *(str(d / "bin" / f"python{version}")
+               for d in sorted(pyenv.glob(f"{version}.*"), reverse=True))]
+    for candidate in filter(None, found):
+        if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+def _build_pycuda(python: str, cuda: Path, out: Path) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "stub").mkdir(parents=True)
+    (out / "stub" / "stub.c").write_text("void cuInit(void) {}\n", encoding="utf-8")
+    run(["gcc", "-shared", "-fPIC", "-o", out / "stub" / "libcuda.so",
+         "-Wl,-soname,libcuda.so.1", out / "stub" / "stub.c"], timeout=120)
+    run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+         ":all:", "--no-build-isolation", "-d", out, "pycuda"], timeout=600)
+    sdist = sorted(out.glob("pycuda-*.tar.gz"))[-1]
+    run(["tar", "xzf", sdist, "-C", out], timeout=120)
+    src = out / sdist.name[:-len(".tar.gz")]
+    run([python, "-m", "venv", out / "venv"], timeout=300)
+    vpy = out / "venv" / "bin" / "python"
+    run([vpy, "-m", "pip", "install", "--quiet", "numpy", "setuptools", "wheel"], timeout=900)
+    run([vpy, "configure.py", f"--cuda-root={cuda}", f"--cudadrv-lib-dir={out / 'stub'}"],
+        cwd=src, timeout=120)
+    conf = (src / "siteconf.py").read_text(encoding="utf-8")
+    (src / "siteconf.py").write_text(conf.replace("CUDA_ENABLE_CURAND = True",
+                                                  "CUDA_ENABLE_CURAND = False"), encoding="utf-8")
+    run([vpy, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
+         out / "dist", "."], cwd=src, timeout=1800)
+
+
 def tree_bytes() -> int:
     """What the device machine copies of the working tree: tracked files, and untracked
     files git does not ignore."""
@@ -392,6 +463,11 @@ def prepare(args, check: Check) -> dict:
         if old != kdb_wheel:
             old.unlink()
     download_wheels(wheels, pythons, reqs)
+    try:
+        got["pycuda"] = ({"built": False, "reason": "--quick"} if args.quick
+                         else build_pycuda(wheels, work))
+    except RuntimeError as err:
+        got["pycuda"] = {"built": False, "reason": f"the build failed: {str(err)[-600:]}"}
     got["wheels"] = {"pythons": list(pythons), "requirements": reqs,
                      "files": sorted(p.name for p in wheels.glob("*.whl")),
                      "bytes": dir_bytes(wheels), "left_out": list(ON_THE_MACHINE)}
@@ -453,6 +529,28 @@ def dry_run(args, check: Check) -> dict:
     got["pack_served_without_compiler"] = serve_from_pack(check, sys.executable, python,
                                                           args.carry / "packs", "sm_90")
     got["pack_keys_are_launch_keys"] = launch_keys(check)
+    if not args.quick:
+        got[f"install_for_python_{DEVICE_PYTHON}"] = install_for_device_python(args, check)
+    return got
+
+
+def install_for_device_python(args, check: Check) -> dict:
+    """The install as the GPU machine's Python (3.12) does it, numpy its only package
+    beforehand as there: kdb, pyopencl and pycuda from the carried wheels alone. pycuda's
+    driver module cannot load here (no libcuda.so.1 without a GPU driver): that is said."""
+    python = _python(DEVICE_PYTHON)
+    if python is None:
+        return {"skipped": f"no python{DEVICE_PYTHON} here"}
+    root = Path(check.fresh("py312"))
+    run([python, "-m", "venv", root / "machine"], timeout=300)
+    machine = str(root / "machine" / "bin" / "python")
+    run([machine, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "numpy"],
+        timeout=900)
+    got = install_kdb(machine, args.carry / "wheels", root)
+    load = subprocess.run([got["python"], "-c", "import pycuda.driver"], capture_output=True,
+                          text=True, cwd=root)
+    got["import_pycuda_driver"] = "ok" if load.returncode == 0 else \
+        (load.stderr.strip().splitlines() or ["?"])[-1][:300]
     return got
 
 
@@ -610,6 +708,30 @@ def part_cuda(g: Gpu, rec: dict) -> None:
                             f"{compiler}: saxpy right")
         g.check.fail_unless(rec, counts[0].get("compiles") == 1 and
                             not counts[1].get("compiles"), f"{compiler}: compiles 1 then 0")
+
+
+def part_pycuda(g: Gpu, rec: dict, pycuda: str | None) -> None:
+    """kdb.cuda.SourceModule, the drop-in for pycuda's, against pycuda's own: the same saxpy
+    loaded and launched; kdb compiles once, then a second process compiles nothing."""
+    if pycuda != "installed":
+        raise Skip(f"pycuda is not installed in the venv ({pycuda or 'no wheel was carried'});"
+                   " the cuda part loads its cubins through CuPy instead")
+    c = g.check
+    plain = g.child(["pycuda", "plain"], {**base_env(), "XDG_CACHE_HOME": c.fresh("xdg")})
+    cache = c.fresh("kdb-pycuda")
+    env = {**base_env(), "KDB_CACHE_DIR": cache, "KDB_STORE_AT_EXIT": "wait",
+           "XDG_CACHE_HOME": c.fresh("xdg")}
+    pair = [g.child(["pycuda", "kdb"], env) for _ in range(2)]
+    counts = [p.get("kdb") or {} for p in pair]
+    rec["figures"].update(loader=pair[0].get("loader"), kdb=counts,
+                          compile_s={"pycuda": plain["phases"].get("compile"),
+                                     "kdb first": pair[0]["phases"].get("compile"),
+                                     "kdb second": pair[1]["phases"].get("compile")})
+    c.fail_unless(rec, all(all(p["ok"].values()) for p in (plain, *pair)), "saxpy right")
+    c.fail_unless(rec, counts[0].get("compiles") == 1 and not counts[1].get("compiles"),
+                  "kdb's SourceModule compiles 1 then 0")
+    c.fail_unless(rec, plain.get("digests") == pair[0].get("digests") == pair[1].get("digests"),
+                  "the same bits as pycuda's own SourceModule")
 
 
 def part_pack(g: Gpu, rec: dict, plain_digests: dict) -> None:
@@ -822,7 +944,7 @@ def gpu_half(args, check: Check) -> None:
                 raise Skip(f"nothing carried in {wheels}: run `check.py --no-gpu` where the "
                            f"package registry is reachable, and carry {CARRY_PATH}")
             rec["figures"] = install_kdb(machine, wheels, Path(check.fresh("venv")))
-    names = ("triton", "cuda", "pack", "inductor", "opencl", "timing")
+    names = ("triton", "cuda", "pycuda", "pack", "inductor", "opencl", "timing")
     inst = parts["install"].get("figures") or {}
     if parts["install"]["status"] != "pass":
         for n in names:
@@ -849,6 +971,7 @@ def gpu_half(args, check: Check) -> None:
     plain_digests: dict = {}
     runs = [("triton", 40, lambda rec: plain_digests.update(part_triton(g, rec))),
             ("cuda", 20, lambda rec: part_cuda(g, rec)),
+            ("pycuda", 15, lambda rec: part_pycuda(g, rec, inst.get("pycuda"))),
             ("pack", 30, lambda rec: part_pack(g, rec, plain_digests)),
             ("inductor", 90, lambda rec: part_inductor(g, rec)),
             ("opencl", 25, lambda rec: part_opencl(g, rec, inst.get("pyopencl"))),
@@ -909,8 +1032,8 @@ def main(argv: list[str] | None = None) -> int:
                     "for --no-gpu)")
     ap.add_argument("--pairs", type=int, default=5, help="rounds of the timing part")
     ap.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
-                    help="run these parts alone (comma-separated: triton, cuda, pack, "
-                    "inductor, opencl, timing), to rerun one that failed")
+                    help="run these parts alone (comma-separated: triton, cuda, pycuda, "
+                    "pack, inductor, opencl, timing), to rerun one that failed")
     ap.add_argument("--python", default=sys.executable,
                     help="the python whose packages the check uses (default: this one)")
     args = ap.parse_args(argv)
@@ -928,7 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
                 if data["parts"]["prepare"]["status"] != "pass":
                     raise Skip("nothing was prepared")
                 rec["figures"] = dry_run(args, check)
-            for name in ("triton", "cuda", "pack", "inductor", "opencl", "timing"):
+            for name in ("triton", "cuda", "pycuda", "pack", "inductor", "opencl", "timing"):
                 data["parts"][name] = {"status": "skipped", "reason": NO_GPU}
         else:
             gpu_half(args, check)

@@ -11,7 +11,8 @@ Workloads: ``triton [NAMES]`` (kernels.py, launched through torch), ``triton-tar
 kernels keyed as their launches key them, no GPU), ``inductor`` (a small model's
 first training step under ``torch.compile``), ``cuda COMPILER ARCH`` (``kdb.cuda.compile``,
 loaded and launched through CuPy, else cuda-core), ``cuda-serve ARCH FILE`` (the cubin kdb
-serves, written to FILE), ``cuda-launch FILE``, ``opencl`` (pyopencl on the NVIDIA driver).
+serves, written to FILE), ``cuda-launch FILE``, ``pycuda kdb|plain`` (saxpy through kdb's or pycuda's SourceModule),
+``opencl`` (pyopencl on the NVIDIA driver).
 """
 
 from __future__ import annotations
@@ -386,6 +387,31 @@ def cuda_launch_workload(path: str) -> None:
     launch_cubin(cubin)
 
 
+def pycuda_workload(mode: str) -> None:
+    """saxpy through ``SourceModule``: kdb's (``mode`` "kdb") or pycuda's own ("plain"), in a
+    context pycuda.autoinit makes; launched and checked."""
+    t = time.perf_counter()
+    import numpy as np
+    import pycuda.autoinit  # noqa: F401 - the context
+    import pycuda.driver as drv
+
+    if mode == "kdb":
+        from kdb.cuda import SourceModule
+    else:
+        from pycuda.compiler import SourceModule
+    t = phase("import", t)
+    mod = SourceModule(cuda_source())
+    t = phase("compile", t)
+    x = np.arange(N, dtype=np.float32)
+    y = np.ones(N, dtype=np.float32)
+    mod.get_function("saxpy")(np.float32(2.0), drv.In(x), drv.InOut(y), np.int32(N),
+                              block=(256, 1, 1), grid=((N + 255) // 256, 1))
+    phase("launch", t)
+    REPORT["ok"] = {"saxpy": bool(np.array_equal(y, 2.0 * np.arange(N, dtype=np.float32) + 1))}
+    REPORT["digests"] = {"saxpy": digest(y.tobytes())}
+    REPORT["loader"] = f"pycuda {__import__('pycuda').VERSION_TEXT} ({mode} SourceModule)"
+
+
 # -- OpenCL on the NVIDIA driver --------------------------------------------------------------
 
 OPENCL = ("__kernel void k%d(__global float *a, __global const float *b) {"
@@ -447,6 +473,8 @@ def main(argv: list[str]) -> None:
             cuda_serve_workload(*args[:3])
         elif what == "cuda-launch":
             cuda_launch_workload(args[0])
+        elif what == "pycuda":
+            pycuda_workload(args[0])
         elif what == "opencl":
             opencl_workload()
         else:
