@@ -24,10 +24,10 @@ MANIFESTS = TRITON >= (3, 3)
 needs_manifests = pytest.mark.skipif(
     not MANIFESTS, reason=f"Triton {triton.__version__}: kdb pack's manifest kernels need 3.3")
 #: Before 3.5, Triton's wheels do not bundle ROCm's linker, which their AMD targets need.
-AMD = TRITON >= (3, 5) or os.path.exists("/opt/rocm/llvm/bin/ld.lld") \
+AMD_LINKER = TRITON >= (3, 5) or os.path.exists("/opt/rocm/llvm/bin/ld.lld") \
     or bool(os.environ.get("TRITON_HIP_LLD_PATH"))
 needs_amd = pytest.mark.skipif(
-    not AMD, reason=f"Triton {triton.__version__} compiles for AMD only with ROCm's linker "
+    not AMD_LINKER, reason=f"Triton {triton.__version__} compiles for AMD only with ROCm's linker "
                     "installed (/opt/rocm/llvm/bin/ld.lld)")
 
 KERNELS = '''
@@ -439,7 +439,7 @@ def pack(tmp_path, env, out: Path, arches=ARCHES) -> subprocess.CompletedProcess
 @needs_manifests
 def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
         tmp_path, triton_env, cache_dir):
-    amd = AMD and amd_launches_keyed(tmp_path)
+    amd = AMD_LINKER and amd_launches_keyed(tmp_path)
     arches = ARCHES if amd else [a for a in ARCHES if a.startswith("sm_")]
     pack(tmp_path, {**triton_env, "KDB_CACHE_DIR": str(tmp_path / "pack-a")}, tmp_path / "a",
          arches)
