@@ -13,7 +13,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from .fileformat import HEAD, REVISIONS, revision_of
+from .fileformat import COMPACT_FROM, HEAD, REVISIONS, at_least, revision_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -
     from .fileformat import sqlite_uri
 
     uri = sqlite_uri(path, "mode=rwc" if create else "mode=rw")
+    before = _revision_at(uri)
     engine = create_engine("sqlite://", poolclass=NullPool,
                            creator=lambda: sqlite3.connect(uri, uri=True,
                                                            check_same_thread=False))
@@ -113,6 +114,29 @@ def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -
             command.upgrade(alembic_config(connection=conn), revision)
     finally:
         engine.dispose()
+    if before is not None and not at_least(before, COMPACT_FROM) and revision == "head":
+        _vacuum(uri)
+
+
+def _revision_at(uri: str) -> str | None:
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        return revision_of(conn)
+    finally:
+        conn.close()
+
+
+def _vacuum(uri: str) -> None:
+    """Give back the pages the whole-text attributes held (revision 0006 rewrote every
+    entry): the file shrinks to what it stores. Once per file, by its writer, after the
+    upgrade's own transaction; a failure leaves a sound, larger file."""
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    try:
+        conn.execute("VACUUM")
+    except sqlite3.Error:
+        pass
+    finally:
+        conn.close()
 
 
 def _no_pysqlite_transactions(dbapi_conn, _record) -> None:
