@@ -18,6 +18,9 @@ down_revision = "0005"
 branch_labels = None
 depends_on = None
 
+#: The indexes of ``kernels`` before this revision: (name, column).
+_INDEXES = (("ix_kernels_last_access", "last_access"), ("ix_kernels_name", "name"),
+            ("ix_kernels_compiler_free_key", "compiler_free_key"))
 #: Entries read and rewritten per statement (bounds the memory of a large shared tier).
 _CHUNK = 200
 
@@ -35,6 +38,10 @@ def upgrade() -> None:
         sa.Column("body", sa.LargeBinary, nullable=False),
         sa.Column("size", sa.Integer, nullable=False),
     )
+    # SQLite's batch mode copies the table and makes its indexes again in no fixed order; a
+    # pack must be the same bytes every time, so they are made again here, in this order.
+    for name, _ in _INDEXES:
+        op.drop_index(name, table_name="kernels")
     with op.batch_alter_table("kernels") as batch:
         batch.add_column(sa.Column("attrs", sa.LargeBinary, nullable=True))
         batch.add_column(sa.Column("source", sa.Text, nullable=True))
@@ -44,7 +51,8 @@ def upgrade() -> None:
         batch.alter_column("attrs", existing_type=sa.LargeBinary, nullable=False)
         batch.alter_column("attributes_sha256", existing_type=sa.Text, nullable=False)
         batch.drop_column("attributes")
-        batch.create_index("ix_kernels_source", ["source"])
+    for name, column in (*_INDEXES, ("ix_kernels_source", "source")):
+        op.create_index(name, "kernels", [column])
 
 
 def _pack_every_entry(bind) -> None:
@@ -83,10 +91,13 @@ def downgrade() -> None:
         text = compact.unpack(attrs, source, body)
         bind.execute(_kernels.update().where(_kernels.c.key == key)
                      .values(attributes=text if text is not None else ""))
+    for name, _ in (*_INDEXES, ("ix_kernels_source", None)):
+        op.drop_index(name, table_name="kernels")
     with op.batch_alter_table("kernels") as batch:
-        batch.drop_index("ix_kernels_source")
         batch.drop_column("attributes_sha256")
         batch.drop_column("source")
         batch.drop_column("attrs")
         batch.alter_column("attributes", existing_type=sa.Text, nullable=False)
+    for name, column in _INDEXES:
+        op.create_index(name, "kernels", [column])
     op.drop_table("sources")
