@@ -23,6 +23,7 @@ from kdb.file import codec, compact, migrate
 from kdb.pack.systemfile import write_system_db
 from kdb.signing import policy as signing
 from conftest import attributes_of, sql
+from test_shared import pg, shared_url  # noqa: F401 - the PostgreSQL fixtures, used by name
 from test_signing import key_id, keys, signer  # noqa: F401 - the key pairs' fixture
 
 ARCH = "c1"
@@ -317,13 +318,10 @@ def _downgrade(path: Path, rev: str) -> None:
 # -- the shared tier -------------------------------------------------------------------------
 
 def test_a_shared_tier_at_0005_is_upgraded_and_serves_its_signed_entries(
-        request, tmp_path, keys, monkeypatch):  # noqa: F811
-    pytest.importorskip("psycopg")
-    from test_shared import pg, shared_url  # noqa: F401 - fixtures, asked for by name below
-
-    pg_server = request.getfixturevalue("pg")
-    url = request.getfixturevalue("shared_url")
+        pg, shared_url, tmp_path, keys, monkeypatch):  # noqa: F811
     from kdb.shared.tier import SharedTier, create_engine, upgrade
+
+    pg_server, url = pg, shared_url
 
     engine = create_engine(url)
     try:
