@@ -23,19 +23,8 @@ from .. import faults
 from . import compact, fs
 from ..config import BUSY_TIMEOUT_S
 from .rows import CompileRecord, Entry, Row
-from .fileformat import (
-    COMPACT_FROM,
-    DAMAGE,
-    HEAD,
-    at_least,
-    classify,
-    identity,
-    journal_of,
-    move_aside,
-    sqlite_uri,
-    status_of,
-    wal_size,
-)
+from .fileformat import (COMPACT_FROM, DAMAGE, HEAD, at_least, classify, identity, journal_of,
+                         move_aside, sqlite_uri, status_of, wal_size)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here
@@ -49,10 +38,8 @@ _FETCH = (
     "SELECT codec, blob, raw_size, checksum, NULL, compile_seconds, attributes_sha256 "
     "FROM kernels WHERE key = ?"
 )
-_FETCH_WHOLE = (
-    "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
+_FETCH_WHOLE = "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds " \
     "FROM kernels WHERE key = ?"
-)
 
 _SIGNATURE = "SELECT signer, signature FROM kernels WHERE key = ?"
 
@@ -292,8 +279,9 @@ class KernelFile:
         except DAMAGE as err:
             if "no such table" in str(err):
                 return None  # a file the writer has created but not migrated yet
-            if "no such column" in str(err) and again:
-                self._revised()  # another process upgraded it since this one checked it
+            if "no such column" in str(err) and again:  # another process upgraded it
+                self.close()
+                self.checked = False  # check its revision again
                 return self.fetch(key, again=False)
             if "locked" in str(err) or "busy" in str(err):
                 faults.fault(f"{self.filename} is locked ({err}); treating as a miss",
@@ -307,11 +295,6 @@ class KernelFile:
         if row[5].__class__ is not float:  # a damaged row's column may hold any type
             row = (*row[:5], float(row[5]) if isinstance(row[5], int) else 0.0)
         return Row(*row)
-
-    def _revised(self) -> None:
-        """Check the file's revision again on the next read: a writer changed its schema."""
-        self.close()
-        self.checked = False
 
     def signature(self, key: str) -> tuple[str | None, bytes | None]:
         """``(signer, signature)`` of ``key``'s entry, asked only under a trust policy; a file
@@ -332,8 +315,7 @@ class KernelFile:
             return []
         attributes, join = compact.columns(self.compact)
         try:
-            if self.compact:
-                compact.register(conn)
+            compact.register(conn)
             rows = conn.execute(_FETCH_ANY.format(attributes=attributes, join=join),
                                 (free_key,)).fetchall()
         except DAMAGE as err:
