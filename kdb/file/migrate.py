@@ -119,9 +119,16 @@ def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -
 
 
 def _revision_at(uri: str) -> str | None:
-    conn = sqlite3.connect(uri, uri=True)
+    """The file's revision before an upgrade; None where it cannot tell (the upgrade's own
+    connection then reports what is wrong)."""
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error:
+        return None
     try:
         return revision_of(conn)
+    except sqlite3.Error:
+        return None
     finally:
         conn.close()
 
