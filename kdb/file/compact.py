@@ -84,11 +84,8 @@ def pack(text: str) -> Packed:
     rest, literal = split(text)
     if literal is None:
         return Packed(compress(rest), None, None, 0, sha256_hex(text))
-    raw = literal.encode("utf-8", "surrogateescape")
-    import hashlib
-
-    return Packed(compress(rest), hashlib.sha256(raw).hexdigest(), compress(literal), len(raw),
-                  sha256_hex(text))
+    size = len(literal.encode("utf-8", "surrogateescape"))
+    return Packed(compress(rest), sha256_hex(literal), compress(literal), size, sha256_hex(text))
 
 
 def unpack(attrs: object, source: object = None, body: object = None) -> str | None:

@@ -42,7 +42,7 @@ def _source_columns(conn: sqlite3.Connection, schema: str) -> tuple[str, str]:
     cols = _COLUMNS if "signature" in have else _COLUMNS.replace("signer, signature",
                                                                  "NULL, NULL")
     attributes, join = compact.columns("attrs" in have, "s", schema)
-    return cols.replace("attributes", attributes).replace("key,", "s.key,", 1), join
+    return cols.replace("attributes", attributes), join
 
 
 @dataclass
