@@ -102,7 +102,9 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
     name = entry["name"] if entry else records[0]["name"]
     arch = entry["arch"] if entry else records[0]["arch"]
     backend = entry["backend"] if entry else records[0]["backend"]
-    target = json.loads(entry["attributes"]) if entry else None
+    target = _json_or_text(entry["attributes"]) if entry else None
+    if not isinstance(target, dict):
+        target = None  # attributes that do not decode (a lost source): nothing to compare
 
     candidates: dict[str, dict] = {}
     near_where = "key != ? AND (name = ? OR (backend = ? AND arch = ?))"
