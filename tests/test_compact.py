@@ -53,6 +53,7 @@ def file_at_0005(path: Path, items, sign=None) -> Path:
     from kdb.keys import compiler_free_key
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    sql(path, "PRAGMA journal_mode=WAL")  # as kdb makes a user file
     migrate.upgrade_sqlite(path, "0005")
     for a, raw in items:
         kind, blob = codec.encode(raw)
@@ -179,6 +180,21 @@ def test_a_user_file_at_0005_is_read_as_it_is_and_upgraded_in_place_by_its_write
     assert explained["entry"]["attributes"]["source"] == SHARED
     assert explained["nearest"][0]["differs"] == {"build_options": "this: -DN=0; other: -DN=1"} \
         or "build_options" in explained["nearest"][0]["differs"]
+
+
+def test_the_upgrade_leaves_no_wal_the_size_of_the_file(cache_dir):
+    """VACUUM writes the whole file through the -wal, which keeps its size while another
+    process has the file open, unless the upgrade truncates it."""
+    items = [(attrs(i), os.urandom(30000)) for i in range(30)]
+    path = file_at_0005(cache_dir / "v1" / f"{ARCH}.kdb", items)
+    other = sqlite3.connect(path)  # another process that has the file open
+    other.execute("SELECT count(*) FROM kernels").fetchall()
+    try:
+        assert KernelDB(use_system=False).put(attrs(99), binary(99)) is True
+        assert revision(path) == migrate.HEAD
+        assert Path(f"{path}-wal").stat().st_size < path.stat().st_size / 4
+    finally:
+        other.close()
 
 
 def test_a_system_file_at_0005_is_served_as_it_is(tmp_path, keys, monkeypatch):  # noqa: F811

@@ -136,10 +136,13 @@ def _revision_at(uri: str) -> str | None:
 def _vacuum(uri: str) -> None:
     """Give back the pages the whole-text attributes held (revision 0006 rewrote every
     entry): the file shrinks to what it stores. Once per file, by its writer, after the
-    upgrade's own transaction; a failure leaves a sound, larger file."""
+    upgrade's own transaction; a failure leaves a sound, larger file. In WAL mode a VACUUM
+    writes the whole file through the ``-wal``, which keeps that size until truncated: the
+    checkpoint truncates it (a reader still in it keeps it for now; the next one does)."""
     conn = sqlite3.connect(uri, uri=True, isolation_level=None)
     try:
         conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     except sqlite3.Error:
         pass
     finally:
