@@ -497,6 +497,79 @@ def _zstd_levels(ws: Workspace, o: Outcome, user_file: Path) -> None:
             t.add(str(level), "decode", (time.perf_counter() - start) / len(frames))
 
 
+SIZE_SCRIPT = Path(__file__).resolve().parent / "_size_workload.py"
+
+
+def _compact_size(ws: Workspace, o: Outcome) -> list[Check]:
+    """A file of what a pyopencl program builds (``_size_workload.py``: the demo's programs,
+    pyopencl's scans, one source under four options) against its compressed binaries: the
+    user file, its pack, and the same entries as revision 0005 stored them. The fixed
+    overhead, an empty file at this revision (a page per table and index), is left out."""
+    from kdb.file import migrate
+    from kdb.pack.systemfile import write_system_db
+
+    cache = ws.path / "size"
+    ws.log("scale: building the size table's file (a pyopencl program's builds)")
+    command([PYTHON, str(SIZE_SCRIPT)], ws.env(KDB_CACHE_DIR=cache,
+                                               POCL_CACHE_DIR=ws.path / "size-pocl"), 1800)
+    [user] = kdb_files(cache)
+    conn = sqlite3.connect(user)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    empty = ws.path / "size-empty.kdb"
+    migrate.upgrade_sqlite(empty)
+    packed = write_system_db(ws.path / "size-sys" / user.name, user.stem, [user]).path
+    old = ws.path / "size-0005.kdb"
+    shutil.copyfile(user, old)
+    _downgrade(old, "0005")
+    t = o.table(f"size: file bytes against its compressed binaries, less an empty file "
+                f"({empty.stat().st_size // KB} KiB)", None,
+                [Metric("entries", "entries", unit="n"), Metric("sources", "sources", unit="n"),
+                 Metric("stored", "compressed binaries", unit="B"),
+                 Metric("file", "file bytes", unit="B"),
+                 Metric("ratio", "(file - empty) / compressed binaries", unit="x")])
+    ratios = {}
+    for arm, label, path in (("user", "user file", user), ("system", "its pack", packed),
+                             ("0005", "user file as revision 0005 stored it", old)):
+        c = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            n, stored = c.execute("SELECT count(*), sum(stored_size) FROM kernels").fetchone()
+            has = {r[1] for r in c.execute("PRAGMA table_info(kernels)")}
+            distinct = c.execute("SELECT count(DISTINCT source) FROM kernels").fetchone()[0] \
+                if "source" in has else c.execute(
+                    "SELECT count(DISTINCT json_extract(attributes, '$.source')) FROM kernels"
+                ).fetchone()[0]
+        finally:
+            c.close()
+        t.arm(arm, label)
+        ratios[arm] = (path.stat().st_size - empty.stat().st_size) / stored
+        for k, v in (("entries", n), ("sources", distinct), ("stored", stored),
+                     ("file", path.stat().st_size), ("ratio", ratios[arm])):
+            t.add(arm, k, v)
+    o.info["size_empty_file_bytes"] = empty.stat().st_size
+    return [at_most("size: user file vs its compressed binaries (less an empty file)",
+                    ratios["user"], 1.15),
+            at_most("size: system file (kdb pack) vs its compressed binaries (less an empty "
+                    "file)", ratios["system"], 1.15)]
+
+
+def _downgrade(path: Path, rev: str) -> None:
+    """An upgraded file taken back to ``rev`` with alembic, then vacuumed."""
+    from alembic import command as alembic
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    from kdb.file import migrate
+
+    engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    with engine.begin() as conn:
+        alembic.downgrade(migrate.alembic_config(connection=conn), rev)
+    engine.dispose()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("VACUUM")
+    conn.close()
+
+
 def scale(ws: Workspace, o: Outcome) -> None:
     sizes = (100, 1000) if ws.opts.quick else (1000, 10_000, 100_000)
     runs = ws.opts.n(3)
@@ -569,6 +642,7 @@ def scale(ws: Workspace, o: Outcome) -> None:
                      ("stored_raw", stored / raw if raw else None)):
             size_t.add(arm, k, v)
     _zstd_levels(ws, o, primed.user_file)
+    compact_checks = _compact_size(ws, o)
     big = str(sizes[-1])
     o.checks += [
         at_most(f"scale: hit with {sizes[-1]:,} entries vs {sizes[0]:,}", t.ratio(big, "hit"), 1.5),
@@ -576,6 +650,7 @@ def scale(ws: Workspace, o: Outcome) -> None:
                 "(no scan: ~1x)", t.ratio(big, "stats"), 1.5),
         at_most("size: user file vs raw bytes of real PoCL binaries",
                 size_t.median("pocl", "file_raw"), 0.6),
+        *compact_checks,
     ]
 
 

@@ -41,6 +41,38 @@ def sql(path, query: str, params=()) -> list[tuple]:
         conn.close()
 
 
+def attributes_of(path, where: str = "1", params=()) -> list[tuple[str, str, str]]:
+    """``(key, name, whole canonical attributes text)`` of a tier file's entries that match
+    ``where``, at any schema revision (from 0006 they are stored compressed, each source
+    once: kdb.file.compact)."""
+    import sqlite3
+
+    from kdb.file import compact
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        compact.register(conn)
+        cols = {r[1] for r in conn.execute("PRAGMA table_info(kernels)")}
+        expr, join = compact.columns("attrs" in cols)
+        return conn.execute(f"SELECT kernels.key, kernels.name, {expr} FROM kernels{join} "
+                            f"WHERE {where} ORDER BY kernels.name", params).fetchall()
+    finally:
+        conn.close()
+
+
+def set_attributes(path, key: str, text: str) -> None:
+    """Store ``text`` as the attributes of ``key``'s entry, as a writer would (its digest
+    computed from it): a row whose attributes may not be its key's input."""
+    from kdb.file import compact
+
+    packed = compact.pack(text)
+    if packed.source is not None:
+        sql(path, "INSERT OR IGNORE INTO sources (digest, body, size) VALUES (?, ?, ?)",
+            (packed.source, packed.body, packed.size))
+    sql(path, "UPDATE kernels SET attrs = ?, source = ?, attributes_sha256 = ? WHERE key = ?",
+        (packed.attrs, packed.source, packed.sha256, key))
+
+
 @pytest.fixture(autouse=True)
 def _fresh_process_state():
     """Forget once-per-process warnings and this process's compile log between tests."""

@@ -544,12 +544,16 @@ def _system_binary(path: Path, compiler: str, src: str) -> bytes:
 
     from kdb.file import codec
 
+    from conftest import attributes_of
+
     conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
     try:
-        rows = conn.execute("SELECT codec, blob, raw_size, checksum, attributes FROM kernels")
-        for kind, blob, raw, digest, attributes in rows:
+        for key, _, attributes in attributes_of(path):
             data = json.loads(attributes)
             if data["source"] == src and f"{compiler}_version" in dict(data["compiler"]):
+                kind, blob, raw, digest = conn.execute(
+                    "SELECT codec, blob, raw_size, checksum FROM kernels WHERE key = ?",
+                    (key,)).fetchone()
                 return codec.decode(kind, blob, raw, digest)
     finally:
         conn.close()

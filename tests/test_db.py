@@ -11,7 +11,7 @@ import pytest
 
 import kdb
 from kdb import CacheFaultError, HashAttributes, InvalidArgumentError, KernelDB
-from conftest import sql
+from conftest import attributes_of, set_attributes, sql
 
 NOSYS = "no system kernel database"
 BINARY = b"\x7fELF pretend kernel binary " * 300  # compressible, like real binaries
@@ -81,8 +81,9 @@ def test_get_or_compile_stores_details_beside_the_entry(cache_dir):
     db = KernelDB()
     db.get_or_compile(attrs(), Compiler(), details={"device": "cpu", "host": "here"})
     db.flush()
-    [(details, attributes)] = sql(user_path(cache_dir), "SELECT details, attributes FROM kernels")
+    [(details,)] = sql(user_path(cache_dir), "SELECT details FROM kernels")
     assert details == '{"device": "cpu", "host": "here"}'
+    [(_, _, attributes)] = attributes_of(user_path(cache_dir))
     assert attributes == attrs().encoded().decode()
 
 
@@ -193,8 +194,7 @@ def test_corrupt_entry_never_returns_bytes_even_repeatedly(cache_dir):
 def test_stored_attributes_that_differ_are_a_collision_miss(cache_dir, caplog):
     a, b = attrs(), attrs(source="__kernel void impostor() {}")
     KernelDB().put(a, BINARY)
-    sql(user_path(cache_dir), "UPDATE kernels SET attributes = ? WHERE key = ?",
-        (b.encoded().decode(), a.key))
+    set_attributes(user_path(cache_dir), a.key, b.encoded().decode())
     db = KernelDB()
     with caplog.at_level(logging.WARNING, logger="kdb"):
         assert db.get(a) is None

@@ -328,6 +328,27 @@ def _old_revision(case, good):
     _sql(case.user_file, "PRAGMA journal_mode=WAL")
 
 
+def _entries_at_0005(case, good):
+    """The sound file as kdb at revision 0005 left it, entries and all (whole attributes
+    text): read as it is, upgraded in place (compact attributes) by its next write."""
+    from test_compact import _downgrade
+
+    _downgrade(_copy_good(case, good), "0005")
+
+
+def _upgraded_in_place(case: Case, warnings: list[str]) -> None:
+    from conftest import sql
+
+    assert sql(case.user_file, "SELECT version_num FROM alembic_version") == [(migrate.HEAD,)]
+    assert sql(case.user_file, "SELECT count(*) FROM sources")[0][0] > 0
+
+
+def _lost_sources(case, good):
+    """A file whose entries name sources its table lacks (a hand edit): a hit reads a digest
+    and goes on; `kdb verify` names the entries and `--repair` drops them."""
+    _sql(_copy_good(case, good), "DELETE FROM sources")
+
+
 def _cache_is_file(case, good):
     (case.root / "file").write_text("not a directory")
     case.env["KDB_CACHE_DIR"] = str(case.root / "file")
@@ -746,6 +767,8 @@ STATES: dict[str, State] = {
     "group-writable-dir": State(_group_writable_dir, 1),
     "wal-mode-system-file": State(_wal_system, 1),
     "old-revision": State(_old_revision, 0),
+    "entries-at-revision-0005": State(_entries_at_0005, 0, check=_upgraded_in_place),
+    "lost-sources": State(_lost_sources, 1),
     "cache-dir-is-a-file": State(_cache_is_file, 0),
     "cache-dir-is-dev-null": State(_cache_is_devnull, 0),
     "read-only-dir": State(_read_only_dir, 0, needs="setpriv"),

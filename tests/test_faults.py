@@ -25,7 +25,7 @@ import pytest
 from kdb import HashAttributes, KernelDB, config
 from kdb.file import codec, fs, migrate
 from kdb.admin import integrity, maintenance
-from conftest import sql
+from conftest import set_attributes, sql
 
 LONG = os.environ.get("KDB_LONG_TESTS") == "1"
 
@@ -659,10 +659,14 @@ def _key_of(name: str) -> str:
 BAD_ENTRIES = {
     "checksum": ("UPDATE kernels SET blob = substr(blob, 1, 50) WHERE key = ?",
                  "checksum mismatch"),
-    "attributes": ("UPDATE kernels SET attributes = '{not json' WHERE key = ?",
-                   "attributes are not JSON"),
-    "key": ("UPDATE kernels SET attributes = replace(attributes, 'void', 'VOID') "
-            "WHERE key = ?", "key is not the sha256"),
+    "attributes": ("UPDATE kernels SET attrs = CAST('{not json' AS BLOB), source = NULL "
+                   "WHERE key = ?", "attributes are not JSON"),
+    "key": (lambda path, key: set_attributes(path, key, attrs("other").encoded().decode()),
+            "key is not the sha256"),
+    "digest": ("UPDATE kernels SET attributes_sha256 = 'f00d' WHERE key = ?",
+               "attributes_sha256 is not the sha256"),
+    "source": ("UPDATE sources SET body = CAST('\"x\"' AS BLOB) WHERE digest = "
+               "(SELECT source FROM kernels WHERE key = ?)", "key is not the sha256"),
     "arch": ("UPDATE kernels SET arch = 'sm_90' WHERE key = ?", "built for arch 'sm_90'"),
     "stored size": ("UPDATE kernels SET stored_size = stored_size + 1 WHERE key = ?",
                     "stored_size"),
@@ -674,7 +678,10 @@ def test_verify_finds_every_bad_entry_and_repair_drops_exactly_those(cache_dir):
     path = cache_dir / "v1" / "a1.kdb"
     names = sorted(good)
     for name, (update, _) in zip(names, BAD_ENTRIES.values()):
-        sql(path, update, (_key_of(name),))
+        if callable(update):
+            update(path, _key_of(name))
+        else:
+            sql(path, update, (_key_of(name),))
     sql(path, "UPDATE meta SET value = '999' WHERE name = 'raw_bytes'")
     result = _verify()
     assert result.exit_code == 1

@@ -103,11 +103,17 @@ def test_alembic_sees_no_difference_at_head(tmp_path):
     engine.dispose()
 
 
-def test_the_hot_path_reads_columns_the_schema_has():
+def test_the_hot_path_reads_columns_the_schema_has(tmp_path):
     from kdb.file import schema, kernelfile as store
 
     selected = store._FETCH.split("SELECT ", 1)[1].split(" FROM", 1)[0].split(", ")
-    assert set(selected) <= {c.name for c in schema.kernels.columns}
+    assert set(selected) - {"NULL"} <= {c.name for c in schema.kernels.columns}
+    assert "attributes" not in selected  # a hit never reads the attributes themselves
+    # A file before revision 0006 is read with the whole text, as it is.
+    old = tmp_path / "old.kdb"
+    migrate.upgrade_sqlite(old, "0005")
+    whole = store._FETCH_WHOLE.split("SELECT ", 1)[1].split(" FROM", 1)[0].split(", ")
+    assert set(whole) <= {r[0] for r in sql(old, "SELECT name FROM pragma_table_info('kernels')")}
 
 
 def test_every_revision_downgrades_and_upgrades_again(tmp_path):

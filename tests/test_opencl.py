@@ -31,6 +31,7 @@ from kdb.storing import background
 from kdb.file import codec
 from kdb import bookkeeping  # noqa: E402
 from kdb.backends.opencl import internal_options  # noqa: E402
+from conftest import attributes_of  # noqa: E402
 
 #: Two kernels, so kernel lookup by name is exercised; N comes from the build options.
 SRC = """
@@ -321,7 +322,7 @@ def test_stored_key_holds_no_path_and_hits_from_another_include_dir(cache_dir, c
     kdb.opencl.build(cl_ctx, HDR_SRC, ["-I", str(dirs[0])])
     flush()
     (row,) = kernel_rows(cache_dir, arch(cl_ctx))
-    text = row["attributes"]
+    [(_, _, text)] = attributes_of(cache_dir / "v1" / f"{arch(cl_ctx)}.kdb")
     for local in _machine_local_strings(tmp_path, str(cache_dir)):
         assert local not in text, local
     # The device's marketing name and the host stay out of the key, but are kept beside it.

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import REPO, run_checked
+from conftest import REPO, attributes_of, run_checked
 from kdb import HashAttributes, KernelDB, bookkeeping
 from kdb.demo import runs as demo
 from kdb.file import discovery, migrate
@@ -62,11 +62,7 @@ def keys_in(path: Path) -> set[str]:
 
 def rows_of(path: Path) -> list[tuple[str, str, str]]:
     """(key, name, attributes) of every entry."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-    try:
-        return conn.execute("SELECT key, name, attributes FROM kernels ORDER BY name").fetchall()
-    finally:
-        conn.close()
+    return attributes_of(path)
 
 
 def sha256(path: Path) -> str:

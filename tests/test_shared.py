@@ -858,6 +858,8 @@ def test_the_least_recently_used_entries_go_first(shared_url, pg, tmp_path, monk
     assert {attrs(i).key for i in (0, 1, 2, 8)} <= left
     assert len(left) <= 4
     assert {attrs(i).key for i in (3, 4, 5, 6, 7)}.isdisjoint(left)
+    # Each entry's source went with it (revision 0006 keeps a source while an entry names it).
+    assert pg.sql("SELECT count(*) FROM sources", shared_url.rsplit("/", 1)[1]) == [(len(left),)]
 
 
 def test_a_recent_entry_is_never_evicted(shared_url, pg, tmp_path, monkeypatch):

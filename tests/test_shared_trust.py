@@ -106,7 +106,12 @@ def test_a_rogue_writer_never_gets_its_bytes_loaded_by_a_node_with_trusted_keys(
            (codec_, blob, raw_size, stored_size, checksum))
     # k2: signed with the rogue's own key, under the CI key's id.
     codec_, blob, raw_size, stored_size, checksum = planted["k2"]
-    key2, attributes2 = pg.sql("SELECT key, attributes FROM kernels WHERE name='k2'", db)[0]
+    from kdb.file import compact
+
+    key2, attrs2, source2, body2 = pg.sql(
+        "SELECT key, attrs, source, (SELECT body FROM sources WHERE digest = source) "
+        "FROM kernels WHERE name='k2'", db)[0]
+    attributes2 = compact.unpack(attrs2, source2, body2)
     _, forged = rogue.sign(key2, attributes2, checksum)
     pg.sql("UPDATE kernels SET codec=%s, blob=%s, raw_size=%s, stored_size=%s, checksum=%s, "
            "signer=%s, signature=%s WHERE name='k2'", db,

@@ -22,6 +22,7 @@ from kdb.cli import cli
 from kdb.file import codec
 from kdb.pack.systemfile import write_system_db
 from kdb.signing import keyfiles, policy as signing
+from conftest import attributes_of
 
 ARCH = "sig1"
 
@@ -321,8 +322,9 @@ def test_a_revoked_key_a_tampered_signature_a_colliding_key_id_and_a_swapped_bin
     # The rogue signs with its own key and labels the signature with the ci key's id.
     collide = signed_copy("collide")
     f = collide / f"{ARCH}.kdb"
-    key, attributes, checksum = sqlite3.connect(f).execute(
-        "SELECT key, attributes, checksum FROM kernels WHERE name='k1'").fetchone()
+    [(key, _, attributes)] = attributes_of(f, "name = 'k1'")
+    [(checksum,)] = sqlite3.connect(f).execute(
+        "SELECT checksum FROM kernels WHERE name='k1'").fetchall()
     _, forged = signer(keys["rogue"]).sign(key, attributes, checksum)
     tamper(f, "UPDATE kernels SET signer = ?, signature = ? WHERE key = ?", (ci_id, forged, key))
     assert served_from(tmp_path, collide, 1) is None
@@ -350,8 +352,9 @@ def test_a_signature_column_of_another_type_counts_as_unsigned_and_a_pack_leaves
     """SQLite columns are typed by the row: a damaged source whose signature holds text is
     not a crash of `kdb pack --sign`, and not a verified entry."""
     src = user_file_with(tmp_path / "build", 2)
-    key, attributes, checksum = sqlite3.connect(src).execute(
-        "SELECT key, attributes, checksum FROM kernels WHERE name = 'k0'").fetchone()
+    [(key, _, attributes)] = attributes_of(src, "name = 'k0'")
+    [(checksum,)] = sqlite3.connect(src).execute(
+        "SELECT checksum FROM kernels WHERE name = 'k0'").fetchall()
     who, sig = signer(keys["ci"]).sign(key, attributes, checksum)
     conn = sqlite3.connect(src)
     with conn:

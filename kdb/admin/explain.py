@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from ..file import compact
 from ..file.fileformat import DAMAGE
 from ..keys import differences
 from .report import log_record
@@ -22,7 +23,7 @@ from .tierfiles import has_column, read_rows, reading, tier_files
 log = logging.getLogger("kdb")
 
 _HEX_RE = re.compile(r"[0-9a-f]{4,64}\Z")
-_ENTRY_COLS = "key, name, arch, backend, attributes, {details}, created, last_access, hits"
+_ENTRY_COLS = "key, name, arch, backend, {attributes}, {details}, created, last_access, hits"
 
 
 def _match_sql(query: str) -> tuple[str, tuple]:
@@ -37,8 +38,9 @@ def _match_sql(query: str) -> tuple[str, tuple]:
 def _entry_rows(conn: sqlite3.Connection, where: str, params: tuple, tier: str, path: Path,
                 limit: int | None = None) -> list[dict]:
     details = "details" if has_column(conn, "kernels", "details") else "'{}'"
-    sql = f"SELECT {_ENTRY_COLS.format(details=details)} FROM kernels WHERE {where} " \
-          "ORDER BY last_access DESC"
+    attributes, join = compact.columns(has_column(conn, "kernels", "attrs"))
+    sql = f"SELECT {_ENTRY_COLS.format(attributes=attributes, details=details)} " \
+          f"FROM kernels{join} WHERE {where} ORDER BY last_access DESC"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     out = []
@@ -100,7 +102,9 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
     name = entry["name"] if entry else records[0]["name"]
     arch = entry["arch"] if entry else records[0]["arch"]
     backend = entry["backend"] if entry else records[0]["backend"]
-    target = json.loads(entry["attributes"]) if entry else None
+    target = _json_or_text(entry["attributes"]) if entry else None
+    if not isinstance(target, dict):
+        target = None  # attributes that do not decode (a lost source): nothing to compare
 
     candidates: dict[str, dict] = {}
     near_where = "key != ? AND (name = ? OR (backend = ? AND arch = ?))"

@@ -18,6 +18,7 @@ from ..file import discovery
 from . import integrity
 from ..errors import InvalidArgumentError
 from ..file.fileformat import (
+    COMPACT_FROM,
     DAMAGE,
     HEAD,
     TOTALS_FROM,
@@ -237,6 +238,10 @@ def repair_file(path: Path, result: dict[str, Any]) -> list[str]:
                 conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
             if bad:
                 done.append(f"dropped {len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}")
+            if at_least(result["revision"], COMPACT_FROM):
+                unused = conn.execute("DELETE " + integrity.UNUSED_SOURCES).rowcount
+                if unused:
+                    done.append(f"dropped {unused} unused source{'s' * (unused != 1)}")
             if at_least(result["revision"], TOTALS_FROM):
                 count, raw, stored = conn.execute(
                     "SELECT count(*), coalesce(sum(raw_size), 0), "

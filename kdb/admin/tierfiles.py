@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import config
-from ..file import discovery
+from ..file import compact, discovery
 from ..errors import InvalidArgumentError
 from ..file.fileformat import sqlite_uri, wal_size
 
@@ -52,6 +52,7 @@ def reading(path: Path, tier: str) -> Iterator[sqlite3.Connection]:
     # A damaged row's text may not be UTF-8: read it as it is, so that the row (not the file)
     # is reported, and a repair drops it.
     conn.text_factory = _lenient_text
+    compact.register(conn)  # whole attributes of a file at revision 0006 or later, in SQL
     try:
         yield conn
     finally:

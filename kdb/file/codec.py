@@ -25,6 +25,9 @@ RAW = "raw"
 LEVEL = 3
 FAST_LEVEL = -1
 FAST_SLACK = 1.05
+#: The level of stored attributes and sources (:mod:`kdb.file.compact`): text, written once
+#: and read by reports only, so it is compressed harder than binaries.
+TEXT_LEVEL = 9
 _FRAME_CHECKSUM_FLAG = 0x04  # bit 2 of a zstd frame's header descriptor (byte 4)
 
 _local = threading.local()

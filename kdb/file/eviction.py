@@ -38,12 +38,27 @@ def evict(conn: sqlite3.Connection, target: int, keep=frozenset()) -> tuple[int,
 
 
 def remove(conn: sqlite3.Connection, rows: list[tuple[str, int, int]]) -> tuple[int, int]:
-    """Delete ``(key, stored_size, raw_size)`` rows and keep the running totals true."""
+    """Delete ``(key, stored_size, raw_size)`` rows, and the sources they leave unused, and
+    keep the running totals true."""
+    sources = []
     for key, _, _ in rows:
-        conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
+        sources += [r[0] for r in conn.execute("DELETE FROM kernels WHERE key = ? RETURNING source",
+                                               (key,))]
+    drop_unused_sources(conn, sources)
     freed = sum(r[1] for r in rows)
     if rows:
         bump_meta(conn, "stored_bytes", -freed)
         bump_meta(conn, "raw_bytes", -sum(r[2] for r in rows))
         bump_meta(conn, "entries", -len(rows))
     return len(rows), freed
+
+
+def drop_unused_sources(conn: sqlite3.Connection, digests) -> int:
+    """Inside a write transaction: delete the ``sources`` rows of ``digests`` that no entry
+    names any more (after entries were deleted or replaced); returns how many went."""
+    gone = 0
+    for digest in set(digests) - {None}:
+        gone += conn.execute("DELETE FROM sources WHERE digest = ? AND NOT EXISTS "
+                             "(SELECT 1 FROM kernels WHERE source = ?)",
+                             (digest, digest)).rowcount
+    return gone

@@ -14,7 +14,7 @@ import time
 from collections import namedtuple
 
 #: Every revision this kdb knows, oldest first; a test pins it to the alembic scripts.
-REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005")
+REVISIONS: tuple[str, ...] = ("0001", "0002", "0003", "0004", "0005", "0006")
 HEAD = REVISIONS[-1]
 #: The oldest revision whose ``kernels`` columns a hit reads (:data:`kdb.file.kernelfile._FETCH`):
 #: a reader serves every revision from here on as it is; only the writer upgrades.
@@ -23,6 +23,10 @@ READABLE_FROM = "0001"
 TOTALS_FROM = "0003"
 #: The first revision whose entries can carry a signature (``signer``, ``signature``).
 SIGNED_FROM = "0005"
+#: The first revision that stores attributes compressed, each source once in ``sources``
+#: (:mod:`kdb.file.compact`), and checks ``attributes_sha256`` on a hit; before it, the whole
+#: text is in ``attributes``, and a hit compares it.
+COMPACT_FROM = "0006"
 
 #: What a damaged file raises. Python's sqlite3 decodes SQLite's error message as UTF-8, and
 #: the message of a damaged schema quotes bytes of the file: UnicodeDecodeError, not an Error.
@@ -30,7 +34,8 @@ DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError)
 
 #: Tables each revision has (a file that lacks one is damaged, not merely old).
 _TABLES = {"0001": ("kernels", "meta")}
-_ALL_TABLES = ("kernels", "meta", "compile_log", "counters")
+_BEFORE_COMPACT = ("kernels", "meta", "compile_log", "counters")
+_ALL_TABLES = (*_BEFORE_COMPACT, "sources")
 
 
 def revision_of(conn: sqlite3.Connection) -> str | None:
@@ -74,7 +79,7 @@ def status_of(rev: str | None, empty: bool = False) -> Status:
     """Classify a revision (``empty``: the file has no tables at all).
 
     >>> status_of("9999").what
-    'schema revision 9999 is newer than this kdb (0005)'
+    'schema revision 9999 is newer than this kdb (0006)'
     >>> status_of(None, empty=True).kind, status_of(None).kind, status_of(HEAD).kind
     ('empty', 'foreign', 'current')
     """
@@ -107,7 +112,7 @@ def missing_tables(conn: sqlite3.Connection, rev: str | None) -> list[str]:
     """Tables a file at a known revision ``rev`` should have and lacks."""
     if rev not in REVISIONS:
         return []
-    need = _TABLES.get(rev, _ALL_TABLES)
+    need = _TABLES.get(rev) or (_ALL_TABLES if at_least(rev, COMPACT_FROM) else _BEFORE_COMPACT)
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     return [t for t in need if t not in have]
 

@@ -12,10 +12,10 @@ import os
 import sqlite3
 import time
 
-from . import codec, fs
+from . import codec, compact, fs
 from .. import faults, logs
 from ..config import max_size, private_dir
-from .eviction import evict
+from .eviction import drop_unused_sources, evict
 from .fileformat import (
     DAMAGE,
     HEAD,
@@ -132,6 +132,7 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
             keeper.close()
     f.close()
     f.checked = True
+    f.compact = True  # at the head revision now
     return f.connection()
 
 def _check_there(f: KernelFile, ident: tuple[int, int] | None,
@@ -218,9 +219,9 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
                              len(blob), e.name or e.key[:16], cap)
             skipped += 1
             continue
-        old = conn.execute("SELECT stored_size, raw_size, signer, signature FROM kernels "
-                           "WHERE key = ?", (e.key,)).fetchone()
-        if old is not None and old[2] and old[3] and not (e.signer and e.signature):
+        old = conn.execute("SELECT stored_size, raw_size, source, signer, signature "
+                           "FROM kernels WHERE key = ?", (e.key,)).fetchone()
+        if old is not None and old[3] and old[4] and not (e.signer and e.signature):
             log.debug("kdb: %s keeps its signed entry %s: not replaced by an unsigned one",
                       f.path, e.key[:16])
             skipped += 1
@@ -228,16 +229,23 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
         added += len(blob) - (old[0] if old else 0)
         added_raw += len(e.raw) - (old[1] if old else 0)
         added_entries += 0 if old else 1
+        packed = compact.pack(e.attributes)
+        if packed.source is not None:
+            conn.execute("INSERT OR IGNORE INTO sources (digest, body, size) VALUES (?, ?, ?)",
+                         (packed.source, packed.body, packed.size))
         conn.execute(
-            "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attributes, "
-            "details, codec, dict_id, blob, raw_size, stored_size, checksum, "
-            "compile_seconds, created, last_access, hits, compiler_free_key, signer, "
-            "signature) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
-            (e.key, e.arch, e.backend, e.name, e.attributes,
+            "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attrs, source, "
+            "attributes_sha256, details, codec, dict_id, blob, raw_size, stored_size, "
+            "checksum, compile_seconds, created, last_access, hits, compiler_free_key, "
+            "signer, signature) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+            (e.key, e.arch, e.backend, e.name, packed.attrs, packed.source, packed.sha256,
              _json_text(e.details), kind, blob, len(e.raw),
              len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
              compiler_free_key(e.attributes), e.signer, e.signature),
         )
+        if old and old[2] != packed.source:  # a damaged entry replaced: its source may go
+            drop_unused_sources(conn, [old[2]])
     # Running totals, kept in the same transaction, so size checks never scan.
     for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),
                         ("entries", added_entries)):

@@ -20,20 +20,11 @@ import stat
 import threading
 
 from .. import faults
-from . import fs
+from . import compact, fs
 from ..config import BUSY_TIMEOUT_S
 from .rows import CompileRecord, Entry, Row
-from .fileformat import (
-    DAMAGE,
-    HEAD,
-    classify,
-    identity,
-    journal_of,
-    move_aside,
-    sqlite_uri,
-    status_of,
-    wal_size,
-)
+from .fileformat import (COMPACT_FROM, DAMAGE, HEAD, at_least, classify, identity, journal_of,
+                         move_aside, sqlite_uri, status_of, wal_size)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here
@@ -41,16 +32,20 @@ if TYPE_CHECKING:  # annotations are strings here
 
 __all__ = ["CompileRecord", "Entry", "KernelFile", "Row", "sqlite_uri"]
 
+#: What a hit reads (:class:`Row`): from revision 0006, the sha256 of the stored attributes;
+#: before it (:data:`_FETCH_WHOLE`), the whole text.
 _FETCH = (
-    "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds "
+    "SELECT codec, blob, raw_size, checksum, NULL, compile_seconds, attributes_sha256 "
     "FROM kernels WHERE key = ?"
 )
+_FETCH_WHOLE = "SELECT codec, blob, raw_size, checksum, attributes, compile_seconds " \
+    "FROM kernels WHERE key = ?"
 
 _SIGNATURE = "SELECT signer, signature FROM kernels WHERE key = ?"
 
 _FETCH_ANY = (
-    "SELECT key, codec, blob, raw_size, checksum, attributes, compile_seconds "
-    "FROM kernels WHERE compiler_free_key = ?"
+    "SELECT key, codec, blob, raw_size, checksum, {attributes}, compile_seconds "
+    "FROM kernels{join} WHERE compiler_free_key = ?"
 )
 
 
@@ -66,6 +61,7 @@ class KernelFile:
         self.readonly = readonly
         self.usable = True  # False once the file proved unusable in this process
         self.checked = False  # its revision was checked in this process (the writer resets it)
+        self.compact = True  # at revision 0006 or later (kdb.file.compact): set by the check
         self._local = threading.local()
         self._lock = threading.Lock()
 
@@ -195,6 +191,8 @@ class KernelFile:
             if self.tier == "system" and not self._wal_ok():
                 return False
             status = classify(conn)  # raises DAMAGE for a file missing its tables
+            # An empty file gets its tables from this kdb's writer, at the head revision.
+            self.compact = status.revision is None or at_least(status.revision, COMPACT_FROM)
             if status.readable or (status.kind == "empty" and self.tier == "user"):
                 self.checked = True  # empty: reads miss until the writer creates its tables
                 return True
@@ -281,15 +279,19 @@ class KernelFile:
 
     # -- reads (hot path) -------------------------------------------------------------------
 
-    def fetch(self, key: str) -> Row | None:
+    def fetch(self, key: str, again: bool = True) -> Row | None:
         conn = self.connection()
         if conn is None:
             return None
         try:
-            row = conn.execute(_FETCH, (key,)).fetchone()
+            row = conn.execute(_FETCH if self.compact else _FETCH_WHOLE, (key,)).fetchone()
         except DAMAGE as err:
             if "no such table" in str(err):
                 return None  # a file the writer has created but not migrated yet
+            if "no such column" in str(err) and again:  # another process upgraded it
+                self.close()
+                self.checked = False  # check its revision again
+                return self.fetch(key, again=False)
             if "locked" in str(err) or "busy" in str(err):
                 faults.fault(f"{self.filename} is locked ({err}); treating as a miss",
                              once="locked")
@@ -320,8 +322,11 @@ class KernelFile:
         conn = self.connection()
         if conn is None:
             return []
+        attributes, join = compact.columns(self.compact)
         try:
-            rows = conn.execute(_FETCH_ANY, (free_key,)).fetchall()
+            compact.register(conn)
+            rows = conn.execute(_FETCH_ANY.format(attributes=attributes, join=join),
+                                (free_key,)).fetchall()
         except DAMAGE as err:
             if "no such" in str(err):  # an older revision, or a file not migrated yet
                 return []

@@ -13,7 +13,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from .fileformat import HEAD, REVISIONS, revision_of
+from .fileformat import COMPACT_FROM, HEAD, REVISIONS, at_least, revision_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -
     from .fileformat import sqlite_uri
 
     uri = sqlite_uri(path, "mode=rwc" if create else "mode=rw")
+    before = _revision_at(uri)
     engine = create_engine("sqlite://", poolclass=NullPool,
                            creator=lambda: sqlite3.connect(uri, uri=True,
                                                            check_same_thread=False))
@@ -113,6 +114,39 @@ def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -
             command.upgrade(alembic_config(connection=conn), revision)
     finally:
         engine.dispose()
+    if before is not None and not at_least(before, COMPACT_FROM) and revision == "head":
+        _vacuum(uri)
+
+
+def _revision_at(uri: str) -> str | None:
+    """The file's revision before an upgrade; None where it cannot tell (the upgrade's own
+    connection then reports what is wrong)."""
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        return revision_of(conn)
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+
+
+def _vacuum(uri: str) -> None:
+    """Give back the pages the whole-text attributes held (revision 0006 rewrote every
+    entry): the file shrinks to what it stores. Once per file, by its writer, after the
+    upgrade's own transaction; a failure leaves a sound, larger file. In WAL mode a VACUUM
+    writes the whole file through the ``-wal``, which keeps that size until truncated: the
+    checkpoint truncates it (a reader still in it keeps it for now; the next one does)."""
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    try:
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.Error:
+        pass
+    finally:
+        conn.close()
 
 
 def _no_pysqlite_transactions(dbapi_conn, _record) -> None:

@@ -6,8 +6,13 @@ from __future__ import annotations
 from collections import namedtuple
 
 
-class Row(namedtuple("Row", "codec blob raw_size checksum attributes compile_seconds")):
-    """What a hit needs from a stored entry (the columns :class:`~kdb.file.kernelfile.KernelFile` reads on a hit)."""
+class Row(namedtuple("Row", "codec blob raw_size checksum attributes compile_seconds "
+                       "attributes_sha256", defaults=(None,))):
+    """What a hit needs from a stored entry (the columns :class:`~kdb.file.kernelfile.KernelFile`
+    reads on a hit). From schema revision 0006 a hit reads ``attributes_sha256`` (the sha256
+    of the stored attributes) and ``attributes`` is None, unless the reader asked for the
+    text (:meth:`~kdb.file.kernelfile.KernelFile.fetch_any_compiler`); before 0006 it reads
+    the whole text in ``attributes``, and ``attributes_sha256`` is None."""
 
     __slots__ = ()
 

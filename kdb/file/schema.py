@@ -10,9 +10,11 @@ from sqlalchemy import Column, Float, Index, Integer, LargeBinary, MetaData, Tab
 
 metadata = MetaData()
 
-#: One row per compiled binary. ``attributes`` is the canonical JSON of the hash attributes,
-#: checked on every hit; ``details`` holds machine-local facts (device name, driver, paths)
-#: that must never enter the key.
+#: One row per compiled binary. The canonical JSON of the hash attributes (the key's input)
+#: is stored compressed with its source cut out into ``sources`` (revision 0006,
+#: :mod:`kdb.file.compact`; before, whole in a text column ``attributes``); a hit compares
+#: ``attributes_sha256`` with its key. ``details`` holds machine-local facts (device name,
+#: driver, paths) that must never enter the key.
 kernels = Table(
     "kernels",
     metadata,
@@ -20,7 +22,6 @@ kernels = Table(
     Column("arch", Text, nullable=False),
     Column("backend", Text, nullable=False),
     Column("name", Text, nullable=False, server_default=""),
-    Column("attributes", Text, nullable=False),
     Column("details", Text, nullable=False, server_default="{}"),
     Column("codec", Text, nullable=False),
     Column("dict_id", Integer, nullable=True),
@@ -39,9 +40,29 @@ kernels = Table(
     # Ed25519 signature over the key, the attributes and the checksum; NULL when unsigned.
     Column("signer", Text, nullable=True),
     Column("signature", LargeBinary, nullable=True),
+    # The attributes as stored (revision 0006, kdb.file.compact): ``attrs`` compressed with
+    # the source's literal cut out, ``source`` the sha256 of that literal (its row in
+    # ``sources``; NULL when nothing was cut out), ``attributes_sha256`` the sha256 of the
+    # whole text, computed by the writer from what it stored (the hit's collision check).
+    Column("attrs", LargeBinary, nullable=False),
+    Column("source", Text, nullable=True),
+    Column("attributes_sha256", Text, nullable=False),
     Index("ix_kernels_last_access", "last_access"),
     Index("ix_kernels_name", "name"),
     Index("ix_kernels_compiler_free_key", "compiler_free_key"),
+    Index("ix_kernels_source", "source"),
+)
+
+#: Each source once (revision 0006): the JSON string literal of a program's source as it
+#: appears in canonical attributes, keyed by its sha256, compressed (``size``: its bytes).
+#: A row lives as long as an entry names it; whoever deletes entries deletes the sources
+#: they leave unused (:func:`kdb.file.eviction.drop_unused_sources`).
+sources = Table(
+    "sources",
+    metadata,
+    Column("digest", Text, primary_key=True),
+    Column("body", LargeBinary, nullable=False),
+    Column("size", Integer, nullable=False),
 )
 
 #: Facts about the file: format version, arch, kdb version, running total of stored bytes.

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..file import codec, fileformat, migrate
+from ..file import codec, compact, fileformat, migrate
 from .. import config
 from ..errors import PackError
 from ..file.fileformat import sqlite_uri
@@ -26,7 +26,23 @@ from ..file.kernelfile import KernelFile
 _COLUMNS = ("key, arch, backend, name, attributes, details, codec, dict_id, blob, raw_size, "
             "stored_size, checksum, compile_seconds, created, last_access, hits, signer, "
             "signature")
-_UNSIGNED_COLUMNS = _COLUMNS.replace("signer, signature", "NULL, NULL")
+#: The entries read from the sources, each with its whole attributes text (a file at
+#: revision 0006 or later stores them compressed: kdb.file.compact).
+_INCOMING = ("CREATE TEMP TABLE incoming (key TEXT, arch TEXT, backend TEXT, name TEXT, "
+             "attributes TEXT, details TEXT, codec TEXT, dict_id INTEGER, blob BLOB, "
+             "raw_size INTEGER, stored_size INTEGER, checksum TEXT, compile_seconds REAL, "
+             "created REAL, last_access REAL, hits INTEGER, signer TEXT, signature BLOB)")
+
+
+def _source_columns(conn: sqlite3.Connection, schema: str) -> tuple[str, str]:
+    """``(columns, join)`` that read :data:`_COLUMNS` from the attached ``schema``'s kernels
+    (aliased ``s``) at whatever revision it is: NULL for a signature before 0005, the whole
+    attributes text from 0006's compressed columns."""
+    have = {r[1] for r in conn.execute(f"PRAGMA {schema}.table_info(kernels)")}
+    cols = _COLUMNS if "signature" in have else _COLUMNS.replace("signer, signature",
+                                                                 "NULL, NULL")
+    attributes, join = compact.columns("attrs" in have, "s", schema)
+    return cols.replace("attributes", attributes), join
 
 
 @dataclass
@@ -84,18 +100,16 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
         conn = sqlite3.connect(sqlite_uri(tmp), uri=True, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=DELETE")
-            conn.execute(f"CREATE TEMP TABLE incoming AS SELECT {_COLUMNS} FROM main.kernels "
-                         "WHERE 0")
+            compact.register(conn)
+            conn.execute(_INCOMING)
             conn.execute("CREATE INDEX temp.ix_incoming_key ON incoming (key)")
             with fileformat.transaction(conn):
                 for n, src in enumerate(sources):
                     if not Path(src).is_file():
                         raise PackError(f"source database {src} does not exist")
                     conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
-                    signed = any(r[1] == "signature" for r in conn.execute(
-                        f"PRAGMA src{n}.table_info(kernels)"))
-                    cols = _COLUMNS if signed else _UNSIGNED_COLUMNS
-                    new = (f"INSERT INTO incoming SELECT {cols} FROM src{n}.kernels AS s "
+                    cols, join = _source_columns(conn, f"src{n}")
+                    new = (f"INSERT INTO incoming SELECT {cols} FROM src{n}.kernels AS s{join} "
                            "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
                            "WHERE i.key = s.key)")
                     if keys is None:
@@ -118,8 +132,7 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
                         if why is not None:
                             refused.append((entry["name"] or entry["key"][:16], why))
                             continue
-                    conn.execute(f"INSERT INTO kernels ({', '.join(entry)}) VALUES "
-                                 f"({', '.join('?' * len(entry))})", tuple(entry.values()))
+                    _insert(conn, entry)
                 missing = [] if keys is None else sorted(
                     set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
                 count, raw, stored = conn.execute(
@@ -149,6 +162,17 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored,
                       missing=missing, refused=refused,
                       signed_by=sign.signer_id if sign is not None else None)
+
+
+def _insert(conn: sqlite3.Connection, entry: dict) -> None:
+    """Write one entry, its attributes stored as revision 0006 does, each source once."""
+    packed = compact.pack(entry.pop("attributes"))
+    if packed.source is not None:
+        conn.execute("INSERT OR IGNORE INTO sources (digest, body, size) VALUES (?, ?, ?)",
+                     (packed.source, packed.body, packed.size))
+    entry.update(attrs=packed.attrs, source=packed.source, attributes_sha256=packed.sha256)
+    conn.execute(f"INSERT INTO kernels ({', '.join(entry)}) VALUES "
+                 f"({', '.join('?' * len(entry))})", tuple(entry.values()))
 
 
 def _sign(entry: dict, sign, vouch) -> str | None:

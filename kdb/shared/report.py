@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 from ..file import migrate
 from . import server as pgserver
 from . import writes
-from ..file.schema import compile_log, counters, kernels, meta
+from ..file.schema import compile_log, counters, kernels, meta, sources
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -81,6 +81,12 @@ def export(tier, arch: str, dest: Path) -> int:
                                 f"({', '.join('?' * len(cols))})",
                                 [tuple(r) for r in part])
                 n += len(part)
+            named = select(kernels.c.source).where(kernels.c.arch == arch)
+            for part in conn.execution_options(yield_per=64).execute(
+                    select(sources.c.digest, sources.c.body, sources.c.size)
+                    .where(sources.c.digest.in_(named))).partitions():
+                out.executemany("INSERT INTO sources (digest, body, size) VALUES (?, ?, ?)",
+                                [tuple(r) for r in part])
             logged = conn.execute(select(*(compile_log.c[c] for c in log_cols)).where(
                 compile_log.c.arch == arch)).all()
         out.executemany(f"INSERT INTO compile_log ({', '.join(log_cols)}) VALUES "

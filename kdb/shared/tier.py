@@ -57,24 +57,25 @@ log = logging.getLogger("kdb")
 T = TypeVar("T")
 
 _FETCH_COLUMNS = (kernels.c.codec, kernels.c.blob, kernels.c.raw_size, kernels.c.checksum,
-                  kernels.c.attributes, kernels.c.compile_seconds, kernels.c.details,
+                  kernels.c.attributes_sha256, kernels.c.compile_seconds, kernels.c.details,
                   kernels.c.signer, kernels.c.signature, kernels.c.key)
 
 
 class SharedRow(NamedTuple):
     """What a hit needs from a shared entry (as :class:`kdb.file.kernelfile.Row`, plus
-    ``details`` and who signed it)."""
+    ``details`` and who signed it): the sha256 of the stored attributes, never their text."""
 
     codec: str
     blob: bytes
     raw_size: int
     checksum: str
-    attributes: str
+    attributes_sha256: str
     compile_seconds: float
     details: str
     signer: str | None = None
     signature: bytes | None = None
     stored_key: str = ""  # its key column: the entry's key, or a signer's slot for it
+    attributes: None = None
 
 
 

@@ -20,7 +20,7 @@ import time
 from sqlalchemy import BigInteger, Text, bindparam, cast, func, select
 from sqlalchemy.engine import Connection
 
-from ..file.schema import counters, kernels, meta
+from ..file.schema import counters, kernels, meta, sources
 from .server import lock_id
 
 #: Held (for one transaction) by the writer that evicts (salted per namespace).
@@ -52,6 +52,30 @@ def bump_counters(conn: Connection, deltas: dict[str, float]) -> None:
         stmt = insert(counters).values(name=name, value=delta)
         conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={
             "value": counters.c.value + stmt.excluded.value}))
+
+
+def lock_sources(conn: Connection, digests) -> list[str]:
+    """Lock the ``sources`` rows of ``digests`` (sorted: two writers never wait on each other
+    in a cycle) until the transaction ends; returns the digests, sorted.
+
+    A publisher locks the source of what it inserts before the entry (an upsert), a deleter
+    those of what it deletes before the entries: so :func:`drop_unused_sources`, a later
+    statement that sees every commit before it, never deletes a source whose entry another
+    node is inserting."""
+    held = sorted({d for d in digests if d is not None})
+    if held:
+        conn.execute(select(sources.c.digest).where(sources.c.digest.in_(held))
+                     .order_by(sources.c.digest).with_for_update()).all()
+    return held
+
+
+def drop_unused_sources(conn: Connection, digests: list[str]) -> int:
+    """Delete the sources of ``digests`` (locked by :func:`lock_sources`) that no entry names
+    any more; returns how many went."""
+    if not digests:
+        return 0
+    unused = ~select(kernels.c.key).where(kernels.c.source == sources.c.digest).exists()
+    return conn.execute(sources.delete().where(sources.c.digest.in_(digests), unused)).rowcount
 
 
 def stored_bytes(conn: Connection) -> int:
@@ -102,7 +126,10 @@ def evict(conn: Connection, cap: int, namespace: str | None = None) -> int | Non
         if len(batch) < EVICT_BATCH:
             break
     if picked:
+        held = lock_sources(conn, conn.execute(select(kernels.c.source).where(
+            kernels.c.key.in_(picked))).scalars())
         conn.execute(kernels.delete().where(kernels.c.key.in_(picked)))
+        drop_unused_sources(conn, held)
         bump_meta(conn, {"entries": -len(picked), "raw_bytes": -freed_raw,
                          "stored_bytes": -freed})
         bump_counters(conn, {"evictions": len(picked)})

@@ -21,9 +21,9 @@ import time
 from sqlalchemy import func, or_, select
 from sqlalchemy.engine import Connection
 
-from ..file import codec
+from ..file import codec, compact
 from ..file.kernelfile import CompileRecord, Entry
-from ..file.schema import compile_log, kernels
+from ..file.schema import compile_log, kernels, sources
 from ..keys import compiler_free_key
 from . import usage
 
@@ -39,13 +39,16 @@ def slot_key(key: str, signer: str) -> str:
 
 def rows(entries: list[Entry]) -> list[dict]:
     """The ``kernels`` rows for ``entries`` (compressed and checksummed outside any
-    transaction)."""
+    transaction); each holds its packed attributes under ``_packed`` too, for the source's
+    row (:func:`publish` writes it, never as a column)."""
     now = time.time()
     out = []
     for e in entries:
         kind, blob = codec.encode(e.raw)
+        packed = compact.pack(e.attributes)
         out.append(dict(key=e.key, arch=e.arch, backend=e.backend, name=e.name,
-                        attributes=e.attributes,
+                        attrs=packed.attrs, source=packed.source,
+                        attributes_sha256=packed.sha256, _packed=packed,
                         details=json.dumps(e.details or {}, sort_keys=True), codec=kind,
                         dict_id=None, blob=blob, raw_size=len(e.raw), stored_size=len(blob),
                         checksum=codec.checksum(e.raw), compile_seconds=e.compile_seconds,
@@ -75,6 +78,7 @@ def publish(conn: Connection, new: list[dict], logs: list[CompileRecord] = ()) -
     for row in new:
         if row["signature"] is not None and replace is not None:
             drop(conn, [row["key"]], replace)
+    _upsert_sources(conn, [row["_packed"] for row in new])
     added = added_raw = added_stored = 0
     for row in new:
         n = _insert(conn, row)
@@ -101,7 +105,8 @@ def _insert(conn: Connection, row: dict) -> int:
     a single INSERT here is -1, which counted every conflict as an entry added)."""
     from sqlalchemy.dialects.postgresql import insert
 
-    return int(conn.execute(insert(kernels).values(**row).on_conflict_do_nothing(
+    values = {k: v for k, v in row.items() if k != "_packed"}  # the source's, not a column
+    return int(conn.execute(insert(kernels).values(**values).on_conflict_do_nothing(
         index_elements=["key"]).returning(kernels.c.key)).first() is not None)
 
 
@@ -116,14 +121,30 @@ def _into_slot(conn: Connection, row: dict) -> int:
     return _insert(conn, slot)
 
 
+def _upsert_sources(conn: Connection, packed: list) -> None:
+    """Insert the sources the new entries name, or lock those there already (a no-op update,
+    in digest order): a deleter waits for this transaction before it judges them unused
+    (:func:`kdb.shared.usage.lock_sources`)."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    rows = {p.source: p for p in packed if p.source is not None}
+    for digest in sorted(rows):
+        stmt = insert(sources).values(digest=digest, body=rows[digest].body,
+                                      size=rows[digest].size)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["digest"],
+                                                set_={"size": stmt.excluded.size}))
+
+
 def drop(conn: Connection, keys: list[str], where=None) -> int:
-    """Delete the entries of ``keys`` (only those matching ``where`` if given), keeping the
-    ``meta`` totals; returns how many went."""
+    """Delete the entries of ``keys`` (only those matching ``where`` if given), and the
+    sources they leave unused, keeping the ``meta`` totals; returns how many went."""
     cond = kernels.c.key.in_(keys)
     if where is not None:
         cond = cond & where
+    held = usage.lock_sources(conn, conn.execute(select(kernels.c.source).where(cond)).scalars())
     gone = conn.execute(kernels.delete().where(cond).returning(
         kernels.c.raw_size, kernels.c.stored_size)).all()
+    usage.drop_unused_sources(conn, held)
     if gone:
         usage.bump_meta(conn, {"entries": -len(gone), "raw_bytes": -sum(r[0] for r in gone),
                                "stored_bytes": -sum(r[1] for r in gone)})

@@ -260,7 +260,10 @@ class Storing:
             return True
         key = attrs.key
         signer, signature = tier.signature(key, row)
-        cause = policy.check(key, row.attributes, raw, row.checksum, signer, signature)
+        # Over the requested attributes: verified() found them to be the stored ones, and a
+        # signature that covers them proves its signer vouched for exactly these.
+        cause = policy.check(key, attrs.encoded().decode("utf-8"), raw, row.checksum, signer,
+                             signature)
         if cause is None:
             return True
         policy.refused(tier.name, tier.describe(), key, attrs.name, cause, signer)
