@@ -90,11 +90,9 @@ def verified(row, attrs: HashAttributes) -> tuple[bytes | None, str | None]:
     """``(binary, None)`` for a sound row, ``(None, reason)`` for a corrupt or colliding one.
 
     The checksum is the codec's (:func:`kdb.file.codec.decode`). The collision check compares
-    what was stored with what was requested: from schema revision 0006 the sha256 of the
-    stored canonical attributes, computed by their writer, with the key (the sha256 of the
-    requested ones), so an entry whose attributes are not its key's input (a writer's bug, a
-    hand-made or mixed-up row) is never served, at no cost to the hit (docs/tiers.md,
-    "Compact files", says why a digest is enough); before 0006 the whole text.
+    what was stored with what was requested: from revision 0006 the sha256 of the stored
+    canonical attributes with the key (the requested ones' sha256), so a row whose attributes
+    are not its key's input is never served (docs/tiers.md, "Compact files"); before, the text.
     """
     raw = decode(row.codec, row.blob, row.raw_size, row.checksum)
     if raw is None:

@@ -141,9 +141,8 @@ class KernelFile:
         that lies below a directory others can change (a fault, once); True when nobody else
         can change the file or what its path leads to (:func:`kdb.file.fs.unsafe_chain`).
 
-        Judged by path, not on a descriptor of the file: closing any descriptor of a SQLite
-        file drops every lock this process holds on it (sqlite.org/howtocorrupt.html, 2.2),
-        and with every directory on the way unwritable by others, the path is the file."""
+        By path, not a descriptor: closing any descriptor of a SQLite file drops this
+        process's locks on it (sqlite.org/howtocorrupt.html, 2.2)."""
         system = self.tier == "system"
         bad = fs.unsafe_chain([self.filename, self.directory], system)
         if bad is None:
