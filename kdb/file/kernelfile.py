@@ -43,10 +43,8 @@ _FETCH_WHOLE = "SELECT codec, blob, raw_size, checksum, attributes, compile_seco
 
 _SIGNATURE = "SELECT signer, signature FROM kernels WHERE key = ?"
 
-_FETCH_ANY = (
-    "SELECT key, codec, blob, raw_size, checksum, {attributes}, compile_seconds "
-    "FROM kernels{join} WHERE compiler_free_key = ?"
-)
+_FETCH_ANY = ("SELECT key, codec, blob, raw_size, checksum, {attributes}, compile_seconds "
+              "FROM kernels{join} WHERE compiler_free_key = ?")
 
 
 class KernelFile:
