@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import struct
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import time
 import pytest
 
 from kdb.backends.opencl import poclbin
+
+from conftest import attributes_of
 
 pytest.importorskip("pyopencl")
 
@@ -138,9 +139,7 @@ def test_unknown_layout_builds_from_source_with_one_warning(tmp_path):
     [(rc, first, err)] = _run_together(env, 1, 2)
     assert rc == 0 and first["compiles"] == 2, err[-3000:]
     [user_file] = (tmp_path / "cache" / "v1").glob("*.kdb")
-    conn = sqlite3.connect(user_file)
-    attributes = [r[0] for r in conn.execute("SELECT attributes FROM kernels")]
-    conn.close()
+    attributes = [text for _, _, text in attributes_of(user_file)]
     db = kdb.KernelDB(cache_dir=tmp_path / "cache", use_system=False)
     for text in attributes:
         attrs = kdb.HashAttributes.from_canonical(text)
