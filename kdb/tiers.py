@@ -304,9 +304,12 @@ class Tiers(Storing):
         if find is None:
             def find() -> Hit | None:
                 return self._first_hit(attrs, published, claims.held(attrs.key))
+        # A cold cache: while it waits, this process makes the user file the holder's
+        # store needs (its creation was on every waiter's path, with nothing else to do).
+        idle = None if os.path.exists(user.filename) else user.ensure
         return waiting.claim_or_wait(self.user_dir / "claims", attrs.key,
                                      attrs.name or attrs.key[:16], find,
-                                     config.wait_timeout(), shared)
+                                     config.wait_timeout(), shared, idle)
 
     # -- misses ---------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ compilers use), and by what it is doing (its lock file's state, :mod:`kdb.claims
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +34,9 @@ log = logs.get("kdb")
 
 #: Seconds a holder that makes no progress is waited for beyond what its compile takes.
 STALL_S = 2.0
+#: Another node's heartbeat is its word: a node is waited for at most this many times
+#: ``KDB_WAIT_TIMEOUT`` of wall time, whatever it says.
+NODE_WALL = 10
 
 
 def pending_wait(compile_seconds: float) -> float:
@@ -101,7 +105,7 @@ class Watch:
 
 
 def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any],
-                  timeout: float, shared=None):
+                  timeout: float, shared=None, idle: Callable[[], None] | None = None):
     """After a miss: claim ``key`` for compiling, or wait while another process compiles it.
 
     Polls with bounded back-off: this node's claim first, then (with ``shared``, the shared
@@ -114,10 +118,11 @@ def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any]
     however loaded the machine. A process that holds this node's claim while another node
     compiles the key waits for the shared entry (its claim says ``waiting``, so this node's
     other processes wait with it), and when that node is given up on compiles it with that
-    claim.
+    claim. ``idle()`` runs once, on a thread of its own, when this process starts waiting
+    for another (work the holder's store needs done, done by a process with nothing to do).
     """
     try:
-        return _wait(directory, key, label, find, timeout, shared)
+        return _wait(directory, key, label, find, timeout, shared, idle)
     finally:
         if shared is not None:
             shared.unwant(key)
@@ -132,7 +137,7 @@ LOOK_S = 0.25
 FIND_S = 1.0
 
 
-def _wait(directory, key, label, find, timeout, shared):
+def _wait(directory, key, label, find, timeout, shared, idle=None):
     delay, claim, watch = 0.002, None, Watch(timeout)
     found_at = looked_at = -1e9
     while True:
@@ -169,8 +174,19 @@ def _wait(directory, key, label, find, timeout, shared):
             verdict = _look(directory, key, label, claim, shared, watch)
             if verdict is not None:
                 return verdict[0]
+            if idle is not None and claim is None:
+                threading.Thread(target=_quietly, args=(idle,), name="kdb-idle",
+                                 daemon=True).start()
+                idle = None
         time.sleep(delay)
         delay = min(delay * 2, POLL_S)
+
+
+def _quietly(work: Callable[[], None]) -> None:
+    try:
+        work()
+    except Exception as err:  # noqa: BLE001 - a head start only: the holder does it anyway
+        log.debug("kdb: preparing while waiting failed: %s", err)
 
 
 def _look(directory, key, label, claim, shared, watch):
@@ -191,6 +207,8 @@ def _look(directory, key, label, claim, shared, watch):
         shared.want(key)
         ident, seen = shared.holder_progress(key)
         verdict = watch.verdict(ident, COMPILING, 0.0, 0.0, seen)
+        if verdict is None and time.monotonic() - watch.began >= NODE_WALL * watch.timeout:
+            verdict = (f"its heartbeat went on past {NODE_WALL} x KDB_WAIT_TIMEOUT", True)
         who = "another node"
     if verdict is None:
         return None
