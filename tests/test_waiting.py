@@ -205,6 +205,132 @@ def test_a_stopped_holder_is_given_up_on_after_a_compile_time_and_2_s(tmp_path):
         _stop(waiter)
 
 
+# -- a holder others follow stores what it compiled since before it exits ------------------
+
+STEP = """
+    import json, os, sys, time
+    import pyopencl as cl
+    plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    import kdb.opencl
+    from kdb import bookkeeping
+    work = sys.argv[1]
+    src = "__kernel void k%d(__global float *a) { a[get_global_id(0)] += %d.0f; }"
+
+    def after(name):
+        while not os.path.exists(os.path.join(work, name)):
+            time.sleep(0.005)
+
+    def build(i, done):
+        kdb.opencl.build(ctx, src % (i, i), name=f"k{i}")
+        open(os.path.join(work, done), "w").close()
+"""
+
+LEADER = STEP + """
+    build(0, "leader-k0")
+    after("go-leader-k1")
+    build(1, "leader-k1")  # and exits at once
+"""
+
+FOLLOWER = STEP + """
+    after("go-follower-k0")
+    build(0, "follower-k0")  # waits for the leader, which stores k0 for it
+    after("go-follower-k1")
+    build(1, "follower-k1")  # the leader has exited by now
+    print(json.dumps({"compiles": [r.name for r in bookkeeping.records()]}), flush=True)
+"""
+
+
+def test_a_followed_holder_stores_what_it_compiled_since_before_it_exits(tmp_path):
+    """Ranks in step: the leader compiles the last kernel and exits before the others ask
+    for it. They followed it (waited for k0), so it stores k1 before it goes; else, with the
+    store worker behind (here it cannot run at all), each of them compiled k1 again."""
+    import fcntl
+
+    from kdb.config import private_dir
+    from kdb.storing import spool
+
+    import pyopencl  # noqa: F401 - sets PYOPENCL_HOME, a variable of the children's spool
+
+    work = tmp_path / "work"
+    work.mkdir()
+    base = {**os.environ, "KDB_CACHE_DIR": str(tmp_path / "cache"),
+            "KDB_STORE_AT_EXIT": "detach", "KDB_WAIT_TIMEOUT": "120"}
+    env_leader = {**base, "POCL_CACHE_DIR": str(tmp_path / "pocl-leader")}
+    sdir = private_dir(spool.spool_dir(tmp_path / "cache" / "v1", env_leader))
+    held = os.open(sdir / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # no store worker for the leader's jobs
+    leader = _start(LEADER, str(work), env=env_leader)
+    follower = _start(FOLLOWER, str(work), env={**base, "POCL_CACHE_DIR": str(tmp_path / "pf")})
+    try:
+        _wait_for(work / "leader-k0", leader)
+        (work / "go-follower-k0").touch()
+        _wait_for(work / "follower-k0", follower)
+        (work / "go-leader-k1").touch()
+        _, err = leader.communicate(timeout=120)
+        assert leader.returncode == 0, err
+        (work / "go-follower-k1").touch()
+        out, err = follower.communicate(timeout=120)
+        assert follower.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == {"compiles": []}
+    finally:
+        os.close(held)
+        _stop(leader)
+        _stop(follower)
+
+
+HOLDS_ON = STEP + """
+    build(0, "holder-k0")
+    time.sleep(120)  # alive, the program in hand, its store job queued
+"""
+
+ASKS = STEP + """
+    after("go-asker")
+    build(0, "asker-k0")
+    print(json.dumps({"compiles": [r.name for r in bookkeeping.records()]}), flush=True)
+"""
+
+
+def test_a_holder_stores_a_wanted_entry_that_a_starved_lane_took(tmp_path):
+    """A store worker's lane took the job first and gets no CPU (played here by this test,
+    holding the job's flock): the holder, alive with the program in hand, stores the entry
+    for the process that waits anyway; it used to leave it to the lane."""
+    import fcntl
+
+    from kdb.config import private_dir
+    from kdb.storing import jobfiles, spool
+
+    import pyopencl  # noqa: F401 - sets PYOPENCL_HOME, a variable of the children's spool
+
+    work = tmp_path / "work"
+    work.mkdir()
+    base = {**os.environ, "KDB_CACHE_DIR": str(tmp_path / "cache"),
+            "KDB_STORE_AT_EXIT": "detach", "KDB_WAIT_TIMEOUT": "120"}
+    env_holder = {**base, "POCL_CACHE_DIR": str(tmp_path / "pocl-holder")}
+    sdir = private_dir(spool.spool_dir(tmp_path / "cache" / "v1", env_holder))
+    held = os.open(sdir / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # no real worker
+    holder = _start(HOLDS_ON, str(work), env=env_holder)
+    asker = _start(ASKS, str(work), env={**base, "POCL_CACHE_DIR": str(tmp_path / "pa")})
+    lane = None
+    try:
+        _wait_for(work / "holder-k0", holder)
+        [job] = [p for p in sdir.iterdir() if p.suffix == jobfiles.JOB]
+        lane = jobfiles.take(job)  # the lane's flock and rename: it "stores" it, never done
+        assert lane is not None
+        (work / "go-asker").touch()
+        out, err = asker.communicate(timeout=120)
+        assert asker.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == {"compiles": []}
+        assert "waited" not in err
+    finally:
+        if lane is not None:
+            os.close(lane)
+        os.close(held)
+        _stop(holder)
+        _stop(asker)
+
+
 # -- many processes: exactly one compile each, on a quiet or a loaded machine ------------------
 
 def _lockstep(tmp_path: Path, procs: int, kernels: int, env: dict[str, str]) -> int:

@@ -44,24 +44,27 @@ def hold(path: Path, claims: list, seconds: float,
 
 #: Seconds an exiting process spends at most storing entries other processes want.
 EXIT_STORE_S = 10.0
-#: Whether another process has waited for an entry of this one (it follows this one).
-_followed = False
+#: The most entries an exiting process stores for its followers before they ask.
+EXIT_AHEAD = 4
+#: When the newest job another process waited for was written (``time.time_ns()``; 0: none):
+#: that process follows this one, and wants what this one compiled since next.
+_followed = 0
 
 
 def _at_exit() -> None:
     """Claims whose jobs are still queued end with this process. Entries another process
     waits for are stored first, from the programs in hand; then, when other processes have
-    followed this one (ranks building the same kernels a step behind), the rest, newest
-    first: they want them next, and would compile them again once this process is gone.
-    With the shared tier the remaining claims' cross-node locks go to a keeper
-    (:mod:`kdb.shared.keeper`) so other nodes still wait for them."""
+    followed this one (ranks building the same kernels a step behind), the few compiled
+    since they last asked, newest first: they want them next, and would compile them again
+    once this process is gone. With the shared tier the remaining claims' cross-node locks
+    go to a keeper (:mod:`kdb.shared.keeper`) so other nodes still wait for them."""
     deadline = time.monotonic() + EXIT_STORE_S
     if _store_lock.acquire(timeout=EXIT_STORE_S):  # a store the watcher has begun ends first
         try:
             held = [(p, c) for p, c in list(_claims) if exists(p)]
             wanted = [p for p, c in held if c.wanted]
-            rest = [p for p, _ in reversed(held)] if _followed else []
-            for path in dict.fromkeys(wanted + rest):
+            ahead = [p for p, _ in reversed(held) if _born(p) > _followed > 0][:EXIT_AHEAD]
+            for path in dict.fromkeys(wanted + ahead):
                 if time.monotonic() < deadline:
                     _store_wanted(path, [c for p, c in list(_claims) if p == path])
         finally:
@@ -77,6 +80,14 @@ def _at_exit() -> None:
 
         for tier, items in tiers.values():
             keeper.hand_over(tier, items)
+
+
+def _born(path: Path) -> int:
+    """When the job ``path`` was written (``time.time_ns()``, its name's first part)."""
+    try:
+        return int(path.name.split("-", 1)[0])
+    except ValueError:
+        return 0
 
 
 _exit_registered = False
@@ -116,7 +127,7 @@ def _watch_claims() -> None:
             if not exists(path):
                 _drop_claim(path, claim)
             elif claim.wanted:
-                _followed = True
+                _followed = max(_followed, _born(path))
                 with _store_lock:
                     _store_wanted(path, [c for p, c in held if p == path])
 
@@ -164,7 +175,7 @@ def _drop_claim(path: Path, claim) -> None:
 
 def _after_fork() -> None:
     global _watcher, _claims_lock, _store_lock, _followed
-    _followed = False
+    _followed = 0
     _claims.clear()  # the parent's: it releases them
     _store_now.clear()
     _watcher = None
