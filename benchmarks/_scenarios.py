@@ -20,7 +20,6 @@ from _fixtures import floor_bins, kdb_primed, pocl_copy, regular_install, system
 from _harness import (
     PYTHON,
     BenchError,
-    Check,
     Metric,
     Outcome,
     Proc,
@@ -34,10 +33,10 @@ from _harness import (
     file_bytes,
     kdb_files,
     median,
-    spawn,
     wait_for_worker,
 )
 from _adopt import adopt
+from _many import many
 from _triton import triton
 from _trust import trust
 from _uncached import uncached
@@ -341,67 +340,7 @@ def hit(ws: Workspace, o: Outcome) -> None:
     ]
 
 
-# -- 4. many processes ----------------------------------------------------------------------
-
-def many(ws: Workspace, o: Outcome) -> None:
-    n_k = ws.opts.kernels
-    n_p = 2 if ws.opts.quick else 8
-    runs = ws.opts.n(2)
-    o.title = (f"Many processes: {n_p} processes start together on a cold cache, the same "
-               f"{n_k} kernels each (median of {runs} runs)")
-    metrics = [Metric("wall", "wall, all done"), Metric("proc", "process, median"),
-               Metric("builds", "source builds", unit="n"),
-               Metric("log", "compile_log rows", unit="n", ratio=False),
-               Metric("stored", "stored", unit="n", ratio=False),
-               Metric("failed", "failed procs", unit="n", ratio=False)]
-    t = o.table(f"{n_p} concurrent processes, each its own fresh POCL_CACHE_DIR", "nocache",
-                metrics, note="kdb: one shared, empty KDB_CACHE_DIR; source builds = compiles "
-                              "kdb recorded (kdb.bookkeeping) summed over the processes")
-    t.arm("nocache", "no kdb (plain pyopencl)")
-    t.arm("kdb", "kdb, shared empty cache")
-    errors: list[str] = []
-    for r in range(runs):
-        for arm in ("nocache", "kdb"):
-            ws.log(f"many: {arm}, run {r + 1}/{runs}")
-            cache = ws.fresh("kdb-many")
-            mode = "kdb" if arm == "kdb" else "pyopencl"
-            t0 = None
-            running = []
-            for _ in range(n_p):
-                env = ws.env(KDB_CACHE_DIR=cache, POCL_CACHE_DIR=ws.fresh("pocl-many"),
-                             KDB_STORE_AT_EXIT="detach")
-                running.append(spawn("opencl", {"mode": mode, "workload": "kernels",
-                                                "kernels": n_k}, env))
-            t0 = running[0].t_spawn
-            procs = [rp.wait(check=False) for rp in running]
-            t.add(arm, "wall", max(p.t_exit for p in procs) - t0)
-            t.add(arm, "proc", median(p.wall for p in procs))
-            failed = [p for p in procs if p.rc != 0]
-            t.add(arm, "failed", len(failed))
-            for p in failed:
-                errors.append(f"{arm} run {r + 1}: exit {p.rc}: "
-                              f"{p.stderr.strip().splitlines()[-1:] or ''}")
-            ok = [p for p in procs if p.rc == 0]
-            if arm == "kdb":
-                t.add(arm, "builds", sum(p.data.get("compiles") or 0 for p in ok))
-                wait_for_worker(cache)  # the last stores run after the processes exited
-                files = kdb_files(cache)
-                t.add(arm, "log", sum(count_rows(f, "compile_log") for f in files))
-                t.add(arm, "stored", sum(count_rows(f, "kernels") for f in files))
-            else:
-                t.add(arm, "builds", n_k * len(ok))
-    o.notes += errors
-    builds = t.median("kdb", "builds")
-    if builds is not None and builds > n_k:
-        o.notes.append(f"{builds:g} source builds for {n_k} kernels: processes that missed "
-                       "the same key at once each compiled it (no single-flight).")
-    failed = (t.median("kdb", "failed") or 0) + (t.median("nocache", "failed") or 0)
-    o.checks += [
-        Check(f"many processes: source builds by {n_p} processes, {n_k} kernels", f"== {n_k}",
-              builds, None if builds is None else builds == n_k),
-        Check("many processes: failed processes", "== 0", failed, failed == 0),
-    ]
-
+# -- 4. many processes: benchmarks/_many.py -------------------------------------------------
 
 # -- 5. scale -------------------------------------------------------------------------------
 

@@ -254,8 +254,10 @@ class Tiers(Storing):
             log.debug("kdb: miss %s %s", attrs.key[:16], attrs.name)
         return hit
 
-    def _first_hit(self, attrs: HashAttributes, tiers) -> Hit | None:
-        """The one loop over tiers: fetch, verify, count, answer (a bad row is dropped)."""
+    def _first_hit(self, attrs: HashAttributes, tiers, claim=None) -> Hit | None:
+        """The one loop over tiers: fetch, verify, count, answer (a bad row is dropped).
+        ``claim``: this process's claim on the key, released once a shared hit's copy is in
+        the user tier (this node's other processes then read it there)."""
         key = attrs.key
         policy = signing.current()
         for tier in tiers:
@@ -274,7 +276,7 @@ class Tiers(Storing):
             where = tier.describe()
             log.debug("kdb: hit %s %s in %s", key[:16], attrs.name, where)
             if name == "shared":
-                self._copy_to_user(tier, attrs, raw, row, tier.signature(key, row))
+                self._copy_to_user(tier, attrs, raw, row, tier.signature(key, row), claim)
             return Hit(raw, name, where, row.compile_seconds)
         return None
 
@@ -290,9 +292,10 @@ class Tiers(Storing):
         :class:`~kdb.claims.Claim` (this process compiles; pass it to :meth:`put_later`,
         which releases it once stored), or ``None`` when coordination is unavailable or the
         wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway). The waiting policy is
-        :func:`kdb.claims.claim_or_wait`'s.
+        :func:`kdb.claims.waiting.claim_or_wait`'s.
         """
         from . import claims  # a miss: the hit path never needs it
+        from .claims import waiting
 
         if self.disabled or claims.held_here(attrs.key):
             return None  # this process compiled it and is storing it: never wait on oneself
@@ -305,10 +308,13 @@ class Tiers(Storing):
         published = (FileTier(user),) if shared is None else (FileTier(user), shared)
         if find is None:
             def find() -> Hit | None:
-                return self._first_hit(attrs, published)
-        return claims.claim_or_wait(self.user_dir / "claims", attrs.key,
-                                    attrs.name or attrs.key[:16], find,
-                                    config.wait_timeout(), shared)
+                return self._first_hit(attrs, published, claims.held(attrs.key))
+        # A cold cache: while it waits, this process makes the user file the holder's
+        # store needs (its creation was on every waiter's path, with nothing else to do).
+        idle = None if os.path.exists(user.filename) else user.ensure
+        return waiting.claim_or_wait(self.user_dir / "claims", attrs.key,
+                                     attrs.name or attrs.key[:16], find,
+                                     config.wait_timeout(), shared, idle)
 
     # -- misses ---------------------------------------------------------------------------
 

@@ -41,16 +41,16 @@ def test_a_failing_exit_hook_does_not_stop_the_others():
 
 
 def test_kdb_registers_its_hooks_in_the_documented_phases():
-    from kdb.storing import background, spool
+    from kdb.storing import background, holding
     from kdb import bookkeeping  # noqa: F401 - they register
 
-    spool._register_exit() if not spool._exit_registered else None
+    holding._register_exit() if not holding._exit_registered else None
     phases = {}
     for phase, hook in lifecycle._exit_hooks:
         phases.setdefault(hook.__module__, set()).add(phase)
     assert lifecycle.BOOKKEEPING in phases["kdb.bookkeeping"]
     assert phases["kdb.storing.background"] == {lifecycle.STORES}
-    assert phases["kdb.storing.spool"] == {lifecycle.STORES}
+    assert phases["kdb.storing.holding"] == {lifecycle.STORES}
     assert lifecycle.SUMMARY in phases["kdb.bookkeeping"]
     assert lifecycle.REPORT in phases["kdb.bookkeeping"]
 

@@ -489,6 +489,42 @@ def test_from_log_packs_exactly_the_logged_kernels_and_from_db_all(cache_dir, cl
         assert keys_in(out / f"{arch}.kdb") == logged | {extra.key}, source
 
 
+def test_from_db_stores_what_the_store_worker_has_not_yet_at_its_own_priority(
+        cache_dir, arch, tmp_path):
+    """The store worker gets only CPU nothing else wants: on a busy machine `kdb pack
+    --from-db` waited 7.5 minutes for it (issue 28). Here no worker can run at all (its lock
+    is held): the pack stores the queued programs itself, in seconds, and says so."""
+    import fcntl
+    import time
+
+    from kdb import config
+    from kdb.storing import spool
+
+    env = {**os.environ, "KDB_CACHE_DIR": str(cache_dir), "KDB_STORE_AT_EXIT": "detach",
+           "POCL_CACHE_DIR": str(tmp_path / "pocl")}
+    sdir = config.private_dir(spool.spool_dir(cache_dir / "v1", env))
+    held = os.open(sdir / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # the worker that would store them never runs
+    try:
+        code = ("import pyopencl as cl, kdb.opencl\n"
+                "plat = [p for p in cl.get_platforms() if 'Portable' in p.name][0]\n"
+                "ctx = cl.Context(plat.get_devices()[:1])\n"
+                f"kdb.opencl.build(ctx, {SCALE!r}, name='scale')\n"
+                f"kdb.opencl.build(ctx, {ADD!r}, ['-DN=1'], name='add')\n")
+        run_checked([sys.executable, "-c", code], tmp_path, env)
+        assert len(spool.jobs(cache_dir / "v1")) == 3  # and its bookkeeping: no user file yet
+        start = time.monotonic()
+        result = invoke("--cache-dir", cache_dir, "pack", "--arch", arch, "--from-db",
+                        "--out", tmp_path / "out")
+        took = time.monotonic() - start
+    finally:
+        os.close(held)
+    assert result.exit_code == 0, result.output
+    assert len(keys_in(tmp_path / "out" / f"{arch}.kdb")) == 2
+    assert "storing 3 job(s) the store worker has not run yet" in result.stderr
+    assert took < 60 and spool.jobs(cache_dir / "v1") == []
+
+
 def test_from_db_errors_are_clear(cache_dir, arch, tmp_path):
     result = invoke("pack", "--arch", arch, "--from-db", tmp_path / "nothing", "--out", tmp_path)
     assert result.exit_code == 1 and "no database for arch" in result.stderr

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -450,6 +451,59 @@ def test_claim_waits_for_the_other_node_and_takes_its_entry(shared_url, cache_di
     got = db.tiers.claim_or_wait(attrs(3))
     t.join()
     assert got.tier == "shared" and got.binary == BINARY
+
+
+def _holder_on_another_node(tmp_path: Path, seconds: float):
+    """A process of node A holding attrs(0)'s claims (this node's and the cross-node lock)
+    while it works for ``seconds`` at a third of a CPU; then it publishes and lets go."""
+    from test_waiting import SLOW_HOLDER, _start, _wait_for
+
+    ready = tmp_path / "held"
+    code = SLOW_HOLDER.replace('source="__kernel void k0() {}"', 'source="kernel 0"')
+    code = code.replace("KernelDB(use_system=False)", "KernelDB()")  # with the shared tier
+    proc = _start(code, str(ready), str(seconds), env={"KDB_CACHE_DIR": str(tmp_path / "node-a")})
+    _wait_for(ready, proc)
+    return proc
+
+
+def test_a_node_that_makes_progress_is_waited_for_past_the_wall_clock_bound(
+        shared_url, cache_dir, tmp_path, monkeypatch):
+    """Node A's holder works 4 s at a third of a CPU; node B waits with KDB_WAIT_TIMEOUT=2:
+    A's heartbeat (its CPU time, in its lock session's application_name) shows progress."""
+    from test_waiting import _stop
+
+    monkeypatch.setenv("KDB_WAIT_TIMEOUT", "2")
+    proc = _holder_on_another_node(tmp_path, 4)
+    try:
+        start = time.monotonic()
+        got = KernelDB().tiers.claim_or_wait(attrs(0))
+        assert time.monotonic() - start > 2.5, got
+        assert got.tier == "shared" and got.binary == b"slow" * 20, got
+    finally:
+        _stop(proc)
+
+
+def test_a_stopped_node_is_given_up_on_after_a_compile_time_and_2_s(shared_url, cache_dir,
+                                                                   tmp_path, caplog):
+    """Node A's holder is stopped (its session stays open, its lock held): node B compiles
+    after its heartbeat has stood still for 2 s, not after KDB_WAIT_TIMEOUT (60 s)."""
+    from test_waiting import _stop
+
+    from kdb.claims import Claim
+
+    proc = _holder_on_another_node(tmp_path, 60)
+    try:
+        time.sleep(1.0)  # its heartbeat has beaten
+        os.kill(proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="kdb"):
+            got = KernelDB().tiers.claim_or_wait(attrs(0))
+        assert isinstance(got, Claim) and got.cross_node is None  # this node's claim only
+        assert time.monotonic() - start < 2.0 + 2.0, time.monotonic() - start
+        assert "another node" in caplog.text and "made no progress" in caplog.text
+        got.release()
+    finally:
+        _stop(proc)
 
 
 def test_server_refusing_warns_once_and_compiles_locally(cache_dir, monkeypatch, caplog):

@@ -2,7 +2,7 @@
 shared tier) and its start-up latency log.
 
 A run may have compiled kernels whose binaries the store worker has not stored yet, so a
-pack from a local user tier first waits for them (:func:`wait_for_stores`).
+pack from a local user tier first stores them, at its own priority (:func:`wait_for_stores`).
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ PENDING_WAIT_S = 900.0
 
 
 def wait_for_stores(source: str | os.PathLike[str] | None, on_step: Step | None) -> None:
-    """Before copying from a local user tier: let the store worker finish the entries a
-    run just compiled (their binaries may not be stored yet), saying so on the way."""
+    """Before copying from a local user tier: store the entries a run just compiled whose
+    binaries are not stored yet, saying so on the way. Not by waiting for the store worker:
+    it runs at the lowest priority, and on a busy machine that took minutes."""
     from ..storing import spool
 
     if source is None:
@@ -97,10 +98,10 @@ def wait_for_stores(source: str | os.PathLike[str] | None, on_step: Step | None)
 
     def say(left: int) -> None:
         if on_step and left:
-            on_step("*", f"waiting for the store worker: {left} compiled program(s) not stored "
-                         "yet")
+            on_step("*", f"storing {left} job(s) the store worker has not run yet (here, at "
+                         "this command's priority, not the worker's idle one)")
 
-    left = spool.wait(user_dir, PENDING_WAIT_S, say)
+    left = spool.wait(user_dir, PENDING_WAIT_S, say, hurry=True)
     if left and on_step:
         on_step("*", f"{left} program(s) still not stored after {PENDING_WAIT_S:.0f} s: packing "
                      "without them")

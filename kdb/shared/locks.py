@@ -7,6 +7,12 @@ its locks). A process of another node that finds the lock taken holds a shared l
 key's "want" id while it polls, and the holder, seeing that id taken, publishes at once
 instead of waiting for its process to go quiet. :class:`CrossNodeLocks` is the part of
 :class:`kdb.shared.tier.SharedTier` that does this (it uses the tier's engine and fault handling).
+
+A waiting node tells a slow holder from a stuck one by the holder's heartbeat: while it holds
+compile locks, a holder writes its CPU time (:mod:`kdb.progress`) into its lock session's
+``application_name`` every :data:`BEAT_S`, which ``pg_stat_activity`` shows every session of
+the database. It stops when the holder is stopped; its CPU time stops growing when the
+holder is stuck (:class:`kdb.claims.waiting.Watch` judges both).
 """
 
 from __future__ import annotations
@@ -18,11 +24,22 @@ from typing import Any
 from sqlalchemy import text
 
 from .. import claims
+from ..claims import progress
 from . import server as pgserver
 from .server import lock_id
 
 #: Seconds between two checks of whether another node waits for a key this process holds.
 WANT_CHECK_S = 0.2
+#: Seconds between two heartbeats of a holder, and between two reads of another's.
+BEAT_S = 0.5
+#: How a heartbeat's ``application_name`` starts: ``kdb-holder <pid> <start> <cpu seconds>``.
+BEAT = "kdb-holder"
+
+_HOLDER_SQL = (  # the session that holds an advisory lock (bigint: classid, objid, objsubid 1)
+    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid::bigint = :hi "
+    "AND l.objid::bigint = :lo AND l.database = (SELECT oid FROM pg_database "
+    "WHERE datname = current_database()) LIMIT 1")
 
 
 def compile_id(key: str, namespace: str | None = None) -> int:
@@ -38,7 +55,7 @@ def want_id(key: str, namespace: str | None = None) -> int:
 class CrossNodeLocks:
     """Advisory locks on a connection of their own; mixed into :class:`kdb.shared.tier.SharedTier`,
     whose ``engine()``, ``failed()``, ``namespace`` and lock state (``_locker``, ``_held``,
-    ``_wants``, ``_checked``) it uses."""
+    ``_wants``, ``_checked``, ``_beater``, ``_beats``) it uses."""
 
     def _on_locker(self, doing: str, sql: str, params: dict[str, Any]) -> Any:
         """One statement on this process's lock connection; ``None`` when unavailable."""
@@ -79,6 +96,50 @@ class CrossNodeLocks:
                               {"k": compile_id(key, self.namespace)})
         if got:
             self._held.add(key)
+            self._beat()
+        return got
+
+    def _beat(self) -> None:
+        """Start the heartbeat thread unless it runs: it beats while this process holds locks."""
+        import threading
+
+        thread = self._beater
+        if thread is not None and thread.is_alive() and self._pid == os.getpid():
+            return
+        self._beater = threading.Thread(target=self._beating, name="kdb-heartbeat", daemon=True)
+        self._beater.start()
+
+    def _beating(self) -> None:
+        pid = os.getpid()
+        while self._held and self._pid == pid:
+            seen = progress.sample(pid, progress.start_time())
+            cpu = seen.cpu if seen is not None else time.process_time()
+            self._on_locker("beating", "SELECT set_config('application_name', :v, false)",
+                            {"v": f"{BEAT} {pid} {progress.start_time()} {cpu:.2f}"})
+            time.sleep(BEAT_S)
+
+    def holder_progress(self, key: str) -> tuple[tuple, progress.Sample | None]:
+        """Who holds the compile lock of ``key`` on another node, and its CPU time: ``(ident,
+        sample)``; the sample is ``None`` when the holder sends no heartbeat (a keeper, an
+        older kdb) or the server cannot say (read at most every :data:`BEAT_S`)."""
+        now = time.monotonic()
+        cache = self._beats
+        last = cache.get(key)
+        if last is not None and now - last[0] < BEAT_S:
+            return last[1]
+        k = compile_id(key, self.namespace) & 0xFFFFFFFFFFFFFFFF
+        name = self._on_locker("reading a holder's heartbeat", _HOLDER_SQL,
+                               {"hi": k >> 32, "lo": k & 0xFFFFFFFF})
+        parts = str(name or "").split()
+        try:
+            if parts[0] != BEAT:
+                raise ValueError(parts[0])
+            got = (("node", int(parts[1]), int(parts[2])), progress.Sample(float(parts[3])))
+        except (IndexError, ValueError):
+            got = (("node", key), None)
+        cache[key] = (now, got)
+        if len(cache) > 256:
+            cache.clear()
         return got
 
     def unlock(self, key: str) -> None:

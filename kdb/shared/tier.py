@@ -104,6 +104,8 @@ class SharedTier(CrossNodeLocks):
         self._held: set[str] = set()  # keys whose compile lock this process holds
         self._wants: set[str] = set()  # keys this process waits for (want id held shared)
         self._checked: dict[str, tuple[float, bool]] = {}
+        self._beater = None  # the heartbeat thread (:mod:`kdb.shared.locks`)
+        self._beats: dict[str, tuple] = {}  # other nodes' heartbeats, as last read
         self._touches = usage.Touches()  # hits to write in one batch
 
     #: The tier's name (:mod:`kdb.tiers`).
@@ -167,6 +169,8 @@ class SharedTier(CrossNodeLocks):
         self._held.clear()
         self._wants.clear()
         self._checked.clear()
+        self._beater = None
+        self._beats.clear()
         self._ready = False
         self._pid = os.getpid()
 

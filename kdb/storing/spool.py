@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
-from .. import lifecycle, logs
+from .. import lifecycle
 from .jobfiles import (  # noqa: F401 - the job states and bounds, named here too
     BAD,
     JOB,
@@ -53,7 +52,6 @@ if TYPE_CHECKING:
 
     from .jobs import StoreJob
 
-log = logs.get("kdb")
 
 #: Spool directories live in ``<user dir>/spool/<environment digest>/``.
 SPOOL = "spool"
@@ -114,8 +112,6 @@ def environment_digest(env: dict | None = None) -> str:
 
 _counter = 0
 _worker_checked: dict[Path, float] = {}
-#: Claims kept until their job is stored (another process may still wait for the entry).
-_claims: list[tuple[Path, object]] = []
 _last_sweep = 0.0
 
 
@@ -123,9 +119,9 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
            store_now: Callable[[], None] | None = None) -> Path:
     """Write ``job`` to the spool and make sure a worker runs; returns the job's path.
 
-    ``claims`` (:class:`kdb.claims.Claim`) are marked pending and released once the job is
-    stored, or when this process exits. ``store_now`` stores the job in this process; it is
-    called (on a watcher thread) when another process waits for one of the claimed keys.
+    ``claims`` (:class:`kdb.claims.Claim`) are marked pending and held until the job is
+    stored, or this process exits (:mod:`kdb.storing.holding`). ``store_now`` stores the
+    job in this process, when another process waits for one of the claimed keys.
     Raises ``OSError`` when the spool cannot be written, :class:`UntrustedSpool` (after its
     warning) when a directory on its way is not this user's alone.
     """
@@ -146,14 +142,10 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
     name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
     path = spool / (name + JOB)
     _write_file(path, job.to_dict())
-    with _claims_lock:
-        for claim in claims or ():
-            claim.mark_pending(job.seconds)
-            _claims.append((path, claim))
-        if claims and store_now is not None:
-            _store_now[path] = store_now
     if claims:
-        _watch()
+        from . import holding
+
+        holding.hold(path, claims, job.seconds, store_now)
     ensure_worker(spool)
     if Path(user_dir) not in _orphans_checked:
         _orphans_checked.add(Path(user_dir))
@@ -163,29 +155,6 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
 
 
 _orphans_checked: set[Path] = set()
-def _at_exit() -> None:
-    """Claims whose jobs are still queued end with this process; with the shared tier their
-    cross-node locks go to a keeper (:mod:`kdb.shared.keeper`) so other nodes still wait for them."""
-    pending = [(p, c) for p, c in _claims if exists(p)]
-    tiers: dict[int, tuple[object, list]] = {}
-    for path, claim in pending:
-        tier = claim.cross_node  # the shared tier whose lock this claim also holds
-        if tier is not None:
-            tiers.setdefault(id(tier), (tier, []))[1].append((claim.key, str(path)))
-    if tiers:
-        from ..shared import keeper
-
-        for tier, items in tiers.values():
-            keeper.hand_over(tier, items)
-
-
-_exit_registered = False
-
-
-def _register_exit() -> None:
-    global _exit_registered
-    _exit_registered = True
-    lifecycle.on_exit(lifecycle.STORES, _at_exit)
 
 
 def _write_file(path: Path, data: dict) -> None:
@@ -202,60 +171,6 @@ def _write_file(path: Path, data: dict) -> None:
         except OSError:
             pass
         raise
-
-
-_claims_lock = threading.Lock()
-_store_now: dict[Path, Callable[[], None]] = {}
-_watcher: threading.Thread | None = None
-
-
-def _watch() -> None:
-    """Start the thread that releases the claims of stored jobs and stores wanted ones."""
-    global _watcher
-    if not _exit_registered:
-        _register_exit()
-    if _watcher is None or not _watcher.is_alive():
-        _watcher = threading.Thread(target=_watch_claims, name="kdb-claims", daemon=True)
-        _watcher.start()
-
-
-def _watch_claims() -> None:
-    while True:
-        time.sleep(0.05)
-        with _claims_lock:
-            held = list(_claims)
-        if not held:
-            return
-        for path, claim in held:
-            if not exists(path):
-                _drop_claim(path, claim)
-            elif claim.wanted:
-                with _claims_lock:
-                    store = _store_now.pop(path, None)
-                fd = take(path) if store is not None else None
-                if fd is None:
-                    continue  # the worker has it (it takes wanted jobs first)
-                try:
-                    store()
-                    remove(path)
-                except Exception as err:  # noqa: BLE001 - the worker will store it instead
-                    log.debug("kdb: storing a wanted entry in this process failed: %s", err)
-                    rename(taken_path(path), path)
-                finally:
-                    os.close(fd)
-                for other_path, other in [h for h in held if h[0] == path]:
-                    _drop_claim(other_path, other)
-
-
-def _drop_claim(path: Path, claim) -> None:
-    with _claims_lock:
-        try:
-            _claims.remove((path, claim))
-        except ValueError:
-            return
-        if not any(p == path for p, _ in _claims):
-            _store_now.pop(path, None)
-    claim.release()
 
 
 def worker_running(spool: Path) -> bool:
@@ -306,11 +221,6 @@ def spool_dir(user_dir: Path, environ=None) -> Path:
 
 
 def _after_fork() -> None:
-    global _watcher, _claims_lock
-    _claims.clear()  # the parent's: it releases them
-    _store_now.clear()
-    _watcher = None
-    _claims_lock = threading.Lock()
     _worker_checked.clear()
     _orphans_checked.clear()
 
@@ -373,24 +283,47 @@ def pending_log_rows(user_dir: Path) -> list[list]:
     return rows
 
 
-def wait(user_dir: Path, timeout: float, progress=None) -> int:
+def wait(user_dir: Path, timeout: float, progress=None, hurry: bool = False) -> int:
     """Wait until the spools under ``user_dir`` this process can store (:func:`runnable`)
     are empty or ``timeout`` passed (starting a worker where none runs); returns how many
-    of their jobs are left. ``progress(left)`` is called when the count changes."""
+    of their jobs are left. ``progress(left)`` is called when the count changes. With
+    ``hurry``, the jobs are stored by a child of this process at its priority
+    (``python -m kdb.storing.worker --hurry``), not left to the worker's idle-priority lanes."""
     deadline = time.monotonic() + timeout
     last = None
     ours: dict[Path, bool] = {}  # spools this process can store (not refused, its Python)
-    while True:
-        left = [p for p in jobs(user_dir) if _memo(ours, p.parent)]
-        if len(left) != last and progress is not None:
-            progress(len(left))
-        last = len(left)
-        if not left or time.monotonic() >= deadline:
-            return len(left)
-        for spool in {p.parent for p in left}:
-            _worker_checked.pop(spool, None)
-            ensure_worker(spool)
-        time.sleep(0.1)
+    helpers: dict[Path, object] = {}
+    try:
+        while True:
+            left = [p for p in jobs(user_dir) if _memo(ours, p.parent)]
+            if len(left) != last and progress is not None:
+                progress(len(left))
+            last = len(left)
+            if not left or time.monotonic() >= deadline:
+                return len(left)
+            for spool in {p.parent for p in left}:
+                _worker_checked.pop(spool, None)
+                ensure_worker(spool)
+                if hurry and (spool not in helpers or helpers[spool].poll() is not None):
+                    helpers[spool] = _hurry(spool)
+            time.sleep(0.1)
+    finally:
+        for proc in helpers.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def _hurry(spool: Path):
+    """Start a child that stores every job of ``spool`` now (its output goes to the log)."""
+    import subprocess
+
+    out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o600)
+    with os.fdopen(out_fd, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", "--hurry", str(spool)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
+                                cwd="/")
 
 
 def _memo(ours: dict[Path, bool], spool: Path) -> bool:

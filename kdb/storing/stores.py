@@ -111,8 +111,14 @@ class Storing:
                 claim.release()
             return
 
+        if claim is not None:  # compiled: waiters now judge the holder by its store
+            claim.mark_pending(compile_seconds)
+            claim.handed = True  # released by the store, not by whoever holds it now
+
         def job() -> None:
             entry = None
+            if claim is not None:
+                claim.mark_storing()
             try:
                 raw = produce()
                 why = None if raw is None or recheck is None else headers_changed([attrs], recheck)
@@ -124,7 +130,8 @@ class Storing:
                     entry = self._entry(attrs, bytes(raw), compile_seconds, details, signed)
                     self._inflight[entry.key] = entry.raw
                     self._book.add_entry(attrs.arch, entry)
-                self._book.write(attrs.arch)
+                if entry is not None or log is not None or claim is not None:
+                    self._book.write(attrs.arch)  # else nothing of this job's to write
                 shared = self._shared() if publish and entry is not None else None
                 if shared is not None:  # shared tier: published before the claim is released
                     shared.publish([entry], [log] if log is not None else [])
@@ -291,9 +298,10 @@ class Storing:
                      details=details, signer=signer, signature=signature)
 
     def _copy_to_user(self, shared, attrs: HashAttributes, raw: bytes, row,
-                      signed: tuple | None = None) -> None:
+                      signed: tuple | None = None, claim: claims.Claim | None = None) -> None:
         """A shared hit: served from memory until copied into the user tier (with the
-        signature it carries); counted there."""
+        signature it carries); counted there. ``claim`` (this node's, held while another
+        node compiled the key) is released once the copy is written."""
         self._inflight[attrs.key] = raw
         try:
             import json
@@ -301,8 +309,15 @@ class Storing:
             details = json.loads(row.details)
         except ValueError:
             details = None
-        self.put_later(attrs, lambda: raw, compile_seconds=row.compile_seconds,
-                       details=details, publish=False, signed=signed)
+        user = self.user_file(attrs.arch)
+
+        def produce() -> bytes | None:
+            if claim is None and user.fetch(attrs.key) is not None:
+                return None  # another process of this node copied it first
+            return raw
+
+        self.put_later(attrs, produce, compile_seconds=row.compile_seconds,
+                       details=details, publish=False, signed=signed, claim=claim)
         stored = _stored_key(row, attrs.key)
         _background().submit(lambda: shared.touch(stored))
 

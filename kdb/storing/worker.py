@@ -14,6 +14,7 @@ reaches ``store-worker.log`` with the job and why. A job that cannot be read is 
 
     python -m kdb.storing.worker DIR           # the supervisor for one spool directory
     python -m kdb.storing.worker --child       # a lane: stores the jobs named on stdin (--slow-child)
+    python -m kdb.storing.worker --hurry DIR   # store every job of DIR now (kdb pack waits)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from .jobfiles import BAD, JOB, SLOW, TAKEN, remove, rename, slow_path, taken_path
+from .jobfiles import BAD, JOB, SLOW, TAKEN, remove, rename, slow_path, take, taken_path
 from .jobs import StoreJob
 from .lane import about as _about
 from .lane import lowest_priority as _lowest_priority
@@ -323,21 +324,8 @@ def supervise(spool: Path) -> int:
     import select
 
     _lowest_priority(idle=False)
-    from .trust import trusted
-
-    if not trusted(spool, ENVIRONMENT):  # its variables (LD_*...) would be applied, its jobs run
-        _say(f"{spool} is not this user's alone; nothing stored (see the warning above)")
+    if not _inherit(spool):
         return 1
-    env = read_job(spool / ENVIRONMENT)
-    if env is not None:  # the environment the jobs were written in, for the lanes' rebuilds
-        try:
-            variables = {str(k): str(v) for k, v in env.get("variables", [])}
-        except (AttributeError, TypeError, ValueError):
-            _say(f"{spool / ENVIRONMENT} is malformed; remove {spool} to start afresh")
-            return 1
-        for k in [k for k in os.environ if inherited(k)]:
-            del os.environ[k]
-        os.environ.update(variables)
     fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -376,6 +364,70 @@ def supervise(spool: Path) -> int:
     return supervise(spool) if queue.has_jobs() and not worker_running(spool) else 0
 
 
+def _inherit(spool: Path) -> bool:
+    """Take the environment the spool's jobs were written in (``environment.json``), for the
+    rebuilds; False (said in the log) when the spool is not this user's alone or malformed."""
+    from .trust import trusted
+
+    if not trusted(spool, ENVIRONMENT):  # its variables (LD_*...) would be applied, its jobs run
+        _say(f"{spool} is not this user's alone; nothing stored (see the warning above)")
+        return False
+    env = read_job(spool / ENVIRONMENT)
+    if env is not None:
+        try:
+            variables = {str(k): str(v) for k, v in env.get("variables", [])}
+        except (AttributeError, TypeError, ValueError):
+            _say(f"{spool / ENVIRONMENT} is malformed; remove {spool} to start afresh")
+            return False
+        for k in [k for k in os.environ if inherited(k)]:
+            del os.environ[k]
+        os.environ.update(variables)
+    return True
+
+
+#: Seconds a job another process took (``.taken``) is left to it before a hurry stores it too.
+TAKEN_GRACE_S = 2.0
+
+
+def hurry(spool: Path) -> int:
+    """Store every job of ``spool`` now, at the priority of the process that asks (``kdb pack``
+    waits for them; the worker gives its lanes only the CPU nothing else wants, and cannot
+    raise their priority again). Jobs are taken one by one beside the worker's lanes; one a
+    lane still holds after :data:`TAKEN_GRACE_S` is stored here as well (storing is
+    idempotent) and removed, so a starved lane never holds the caller up."""
+    from .lane import store_job
+
+    if not _inherit(spool):
+        return 1
+    dbs: dict = {}
+    first_seen: dict[str, float] = {}
+    while True:
+        try:
+            names = sorted(n for n in os.listdir(spool) if n.endswith((JOB, SLOW, TAKEN)))
+        except OSError:
+            names = []
+        if not names:
+            break
+        now = time.monotonic()
+        for name in names:
+            path = spool / name
+            fd = take(path) if not name.endswith(TAKEN) else None
+            if fd is None and (not name.endswith(TAKEN)
+                               or now - first_seen.setdefault(name, now) < TAKEN_GRACE_S):
+                continue
+            try:
+                store_job(taken_path(path) if fd is not None else path, dbs)
+            except Exception as err:  # noqa: BLE001 - report, drop the job, go on
+                _say(f"could not store {_about(path)}: {type(err).__name__}: {err}")
+            remove(path)
+            if fd is not None:
+                os.close(fd)
+        time.sleep(0.05)
+    for db in dbs.values():
+        db.close()
+    return 0
+
+
 def main(argv: list[str]) -> int:
     auto_hook = sys.modules.get("_kdb_auto")  # KDB_AUTO=1 inherited: never adopt in here
     if auto_hook is not None:
@@ -384,6 +436,8 @@ def main(argv: list[str]) -> int:
         from .lane import serve
 
         return serve(slow=argv[0] == "--slow-child")
+    if argv[:1] == ["--hurry"] and len(argv) == 2:
+        return hurry(Path(argv[1]))
     return supervise(Path(argv[0]))
 
 

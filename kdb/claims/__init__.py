@@ -6,14 +6,18 @@ an exclusive ``flock`` on ``<user dir>/claims/<key>.lock``, taken without blocki
 kernel releases it when the holder exits or dies, so a crashed compiler's claim never
 outlives it, and taking one costs no database write (no schema needed on a cold machine).
 
-The lock file says what its holder is doing (:func:`holder`): ``compiling``, or
-``pending`` once the compile is done and only its store is queued (:mod:`kdb.storing.spool`). A
-waiter waits for a running compile (bounded by ``KDB_WAIT_TIMEOUT``, with back-off), but
-for a pending store only :func:`pending_wait`: a few times what the compile took. A waiter
-marks its demand with ``<key>.want``; a holder that still has the program stores that entry
-at once itself (:mod:`kdb.storing.spool`), and the store worker takes wanted entries first. Claims
-end with their holder, so nobody ever waits for the store of a process that has exited. On a network file system
-``flock`` may not coordinate across nodes; there the shared tier's locks are the answer.
+The lock file says what its holder is doing (:func:`holder`): ``compiling``; ``pending``
+once the compile is done and only its store is queued (:mod:`kdb.storing.spool`);
+``storing`` while it stores the entry; ``waiting`` while another node compiles the key
+(the shared tier). A waiter marks its demand with ``<key>.want``; a holder that still has
+the program stores that entry at once itself, and the store worker takes wanted entries
+first. How long a waiter waits is :mod:`kdb.claims.waiting`'s: as long as the holder makes
+progress (:mod:`kdb.claims.progress`). Claims end with their holder, so nobody ever waits
+for the store of a process that has exited. On a network file system ``flock`` may not
+coordinate across nodes; there the shared tier's locks are the answer.
+
+This wing imports only the base layer (``faults``, ``lifecycle``, ``logs``, ``config``) and
+its own modules; the shared tier reaches it, never the other way round.
 """
 
 from __future__ import annotations
@@ -23,18 +27,21 @@ import threading
 import time
 from pathlib import Path
 
-from . import faults, lifecycle, logs
-from .config import private_dir
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable
+from .. import lifecycle, logs
+from ..config import private_dir
+from . import progress
 
 log = logs.get("kdb")
 
-#: What a holder writes into its lock file: state, pid, compile seconds, wall-clock time.
+#: What a holder writes into its lock file: state, pid, seconds (a compile's, or what one is
+#: expected to take), wall-clock time, and when the process started (:func:`progress.start_time`).
 COMPILING = "compiling"
 PENDING = "pending"
+STORING = "storing"
+WAITING = "waiting"
+
+#: The longest compile this process has done: what a compile may take on this machine now.
+_longest = 0.0
 
 _held: dict[str, "Claim"] = {}
 _lock = threading.Lock()
@@ -50,6 +57,11 @@ class Claim:
         #: The shared tier's cross-node locks when this claim also holds the key's lock there
         #: (:meth:`kdb.shared.locks.CrossNodeLocks.adopt`): asked about waiters, released with it.
         self.cross_node = None
+        #: The compile's seconds, once done, and what the lock file says now.
+        self.seconds = 0.0
+        self.state = COMPILING
+        #: Handed to a store that releases it once done (:meth:`kdb.tiers.Tiers.put_later`).
+        self.handed = False
 
     def __repr__(self) -> str:
         return f"Claim({self.key[:16]})"
@@ -63,9 +75,21 @@ class Claim:
         return self.cross_node is not None and self.cross_node.wanted(self.key)
 
     def mark_pending(self, seconds: float) -> None:
-        """The compile is done (in ``seconds``) and its store is queued: waiters now wait at
-        most about that long before building the program themselves."""
+        """The compile is done (in ``seconds``) and its store is queued: a waiter now waits
+        while storing it costs less than building it (:func:`pending_wait`)."""
+        global _longest
+        _longest = max(_longest, seconds)
+        self.seconds, self.state = seconds, PENDING
         _write_state(self._fd, PENDING, seconds)
+
+    def mark_storing(self) -> None:
+        """The holder stores the entry now (for a waiter, or its process went quiet)."""
+        self.mark(STORING)
+
+    def mark(self, state: str) -> None:
+        """Say what the holder does now (:data:`STORING`, :data:`WAITING`, :data:`COMPILING`)."""
+        self.state = state
+        _write_state(self._fd, state, self.seconds if state != COMPILING else _longest)
 
     def release(self) -> None:
         """Give the key up (after the entry was published, or when compiling failed)."""
@@ -85,19 +109,24 @@ class Claim:
 
 
 class Holder:
-    """What another process's lock file says: ``state`` (``compiling``, ``pending`` or ``""``
-    when unreadable), its ``pid``, the compile's ``seconds`` and ``since`` (wall clock)."""
+    """What another process's lock file says: ``state`` (one of the states above, or ``""``
+    when unreadable), its ``pid``, ``seconds`` (the compile's, or what one is expected to
+    take while compiling), ``since`` (wall clock) and ``start`` (:func:`progress.start_time`,
+    0 when not written)."""
 
-    __slots__ = ("state", "pid", "seconds", "since")
+    __slots__ = ("state", "pid", "seconds", "since", "start")
 
-    def __init__(self, state: str, pid: int, seconds: float, since: float) -> None:
+    def __init__(self, state: str, pid: int, seconds: float, since: float,
+                 start: int = 0) -> None:
         self.state, self.pid, self.seconds, self.since = state, pid, seconds, since
+        self.start = start
 
 
 def _write_state(fd: int | None, state: str, seconds: float = 0.0) -> None:
     if fd is None:
         return
-    text = f"{state} {os.getpid()} {seconds:.6f} {time.time():.3f}\n".encode("ascii")
+    text = (f"{state} {os.getpid()} {seconds:.6f} {time.time():.3f} "
+            f"{progress.start_time()}\n").encode("ascii")
     try:
         os.pwrite(fd, text.ljust(64), 0)  # one write of a fixed size: never read half-changed
     except OSError:
@@ -109,7 +138,8 @@ def holder(directory: Path, key: str) -> Holder:
     try:
         with open(directory / f"{key}.lock", "rb") as f:
             parts = f.read(64).split()
-        return Holder(parts[0].decode("ascii"), int(parts[1]), float(parts[2]), float(parts[3]))
+        return Holder(parts[0].decode("ascii"), int(parts[1]), float(parts[2]), float(parts[3]),
+                      int(parts[4]) if len(parts) > 4 else 0)
     except (OSError, IndexError, ValueError, UnicodeDecodeError):
         return Holder("", 0, 0.0, 0.0)
 
@@ -142,7 +172,7 @@ def try_claim(directory: Path, key: str) -> Claim | None:
         except FileNotFoundError:
             same = False
         if same:
-            _write_state(fd, COMPILING)
+            _write_state(fd, COMPILING, _longest)
             claim = Claim(directory, key, fd)
             with _lock:
                 _held[key] = claim
@@ -154,6 +184,12 @@ def held_here(key: str) -> bool:
     """Whether this process holds the claim on ``key`` (its store is still pending)."""
     with _lock:
         return key in _held
+
+
+def held(key: str) -> Claim | None:
+    """This process's claim on ``key``, if it holds one."""
+    with _lock:
+        return _held.get(key)
 
 
 def want(directory: Path, key: str) -> None:
@@ -172,95 +208,14 @@ def any_wanted() -> bool:
     return any(c.wanted for c in held)
 
 
-def pending_wait(compile_seconds: float) -> float:
-    """How long a waiter waits for an entry whose compile is done and whose store is queued:
-    the holder stores a wanted entry at once from the program in hand (reading binaries costs
-    about what the compile did), so a few times the compile, and at least 2 s."""
-    return max(4.0 * compile_seconds, 2.0)
+def longest() -> float:
+    """The longest compile this process has done (0 before the first)."""
+    return _longest
 
 
 def wanted(directory: Path, key: str) -> bool:
     """Whether a process waits for ``key`` (the store worker takes such entries first)."""
     return os.path.exists(os.path.join(directory, f"{key}.want"))
-
-
-# -- single flight: claim, or wait for the holder ----------------------------------------------
-
-#: Pids of claim holders this process waited for in vain (stopped, or stuck in a driver).
-_given_up: set[int] = set()
-
-
-def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any],
-                  timeout: float, shared=None):
-    """After a miss: claim ``key`` for compiling, or wait while another process compiles it.
-
-    Polls with bounded back-off: this node's claim first, then (with ``shared``, the shared
-    tier) the cross-node lock; ``find()`` looks for the entry another process may have
-    published meanwhile. Returns what ``find()`` found, a :class:`Claim` (this process
-    compiles; with ``shared`` it also holds the cross-node lock), or ``None`` (compile
-    without coordination: the directory is unusable, or the wait is over).
-
-    A waiter waits for a compile that is running, up to ``timeout`` seconds; for an entry
-    whose compile is done and whose store is only queued (:mod:`kdb.storing.spool`), at most
-    :func:`pending_wait`, since building the program itself costs about that. A holder that
-    made no progress within the bound is given up on for the rest of the process. A process
-    that holds this node's claim while another node compiles the key waits for the shared
-    entry, and past the bound compiles it with that claim.
-    """
-    deadline = time.monotonic() + timeout
-    try:
-        return _wait(directory, key, label, find, timeout, deadline, shared)
-    finally:
-        if shared is not None:
-            shared.unwant(key)
-
-
-def _wait(directory, key, label, find, timeout, deadline, shared):
-    delay = 0.002
-    claim = None
-    while True:
-        try:
-            claim = claim or try_claim(directory, key)
-        except OSError as err:
-            # Same once-key as the user file's write faults: a read-only cache warns once.
-            user_dir = directory.parent
-            faults.fault(f"cannot write to the kernel cache {user_dir} ({err}): kernels "
-                         "are compiled but may not be stored, and processes may compile the "
-                         "same kernel. Make it writable or set KDB_CACHE_DIR to a writable "
-                         "directory.", once=str(user_dir))
-            return None
-        # Shared tier: with the local claim, take the cross-node lock too (None: no server).
-        locked = shared.try_lock(key) if shared and claim else None
-        # Even with the claim: the holder may have published just before releasing it.
-        hit = find()
-        if hit is not None:
-            if locked:
-                shared.unlock(key)
-            if claim is not None:
-                claim.release()
-            return hit
-        if claim is not None and locked is not False:
-            return shared.adopt(claim) if locked else claim
-        if claim is None:
-            held_by = holder(directory, key)
-            if held_by.pid in _given_up:
-                return None  # it made no progress before: do not wait for it again
-            want(directory, key)
-            if (held_by.state == PENDING
-                    and time.time() - held_by.since >= pending_wait(held_by.seconds)):
-                return None  # its store did not come: building it costs no more
-        else:  # this node's claim is ours, another node compiles it: ask it to hurry
-            shared.want(key)
-        if time.monotonic() >= deadline:
-            if claim is None and held_by.pid:
-                _given_up.add(held_by.pid)
-            log.warning("kdb: waited %.0f s for another process (pid %s) to compile %s; "
-                        "compiling it here, and not waiting for that process again "
-                        "(KDB_WAIT_TIMEOUT)", timeout,
-                        held_by.pid if claim is None and held_by.pid else "unknown", label)
-            return claim  # ours if this node's claim is: its other processes wait for us
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 # -- leftovers ----------------------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""Whether another process is getting anywhere: its CPU time and run state, read from ``/proc``.
+
+A process that waits for another's compile (:mod:`kdb.claims`) must tell a holder that is slow
+from one that is stuck. The wall clock cannot: on a loaded machine a compile takes many times
+its usual time, and a waiter that gives up then compiles the same program in the same
+crowd. The CPU time the holder (and the compilers it runs as child processes) has used can:
+it grows while the holder works, however slowly the machine lets it, and stands still while
+the holder is stopped (``SIGSTOP``), dead-locked, or gone. ``man 5 proc`` describes the fields.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: How many processes of a holder's tree (it, its children, theirs) are read at most.
+MAX_TREE = 32
+
+_start: int | None = None
+_hz: float | None = None
+
+
+class Sample:
+    """A process tree at one moment: ``cpu`` (CPU seconds used by the process and its live
+    and reaped descendants), ``stopped`` (the process is stopped or traced) and ``running``
+    (one of them is running or waiting for a CPU)."""
+
+    __slots__ = ("cpu", "stopped", "running")
+
+    def __init__(self, cpu: float, stopped: bool = False, running: bool = False) -> None:
+        self.cpu, self.stopped, self.running = cpu, stopped, running
+
+
+def hz() -> float:
+    """Clock ticks a second (``/proc`` counts CPU time in them)."""
+    global _hz
+    if _hz is None:
+        try:
+            _hz = float(os.sysconf("SC_CLK_TCK"))
+        except (ValueError, OSError, AttributeError):
+            _hz = 100.0
+    return _hz
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``state`` first)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_time(pid: int | None = None) -> int:
+    """When process ``pid`` (default: this one) started, in clock ticks since boot; 0 when
+    unknown. With the pid it names a process: a pid reused by another process, or one of
+    another pid namespace, does not match."""
+    global _start
+    if pid is None:
+        if _start is None:
+            fields = _stat(os.getpid())
+            _start = int(fields[19]) if fields else 0
+        return _start
+    fields = _stat(pid)
+    return int(fields[19]) if fields else 0
+
+
+def sample(pid: int, start: int) -> Sample | None:
+    """The process ``pid`` that started at ``start`` (:func:`start_time`), with its descendants;
+    ``None`` when it cannot be seen from here (no ``/proc``, another pid namespace, exited)."""
+    fields = _stat(pid)
+    if not start or fields is None or int(fields[19]) != start:
+        return None
+    state = fields[0]
+    cpu = sum(int(x) for x in fields[11:15])  # utime, stime, and its reaped children's
+    running = state == b"R"
+    seen, todo = 1, _children(pid)
+    while todo and seen < MAX_TREE:
+        child = todo.pop()
+        seen += 1
+        got = _stat(child)
+        if got is None:
+            continue
+        cpu += sum(int(x) for x in got[11:15])
+        running = running or got[0] == b"R"
+        todo += _children(child)
+    return Sample(cpu / hz(), state in (b"T", b"t"), running)
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of every thread of ``pid`` (a compiler it runs: nvcc, ptxas)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out

@@ -1,0 +1,224 @@
+"""How long a process waits for another that compiles the same key: while it makes progress.
+
+The wall clock cannot tell a slow holder from a stuck one: on a loaded machine a compile
+takes many times its usual time, and a waiter that gives up then compiles the same program
+in the same crowd, so single flight gave way exactly when it mattered most. A waiter here
+judges the holder by its progress (:mod:`kdb.claims.progress`: the CPU time it and its
+compilers use), and by what it is doing (its lock file's state, :mod:`kdb.claims`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from .. import faults, logs
+from . import (
+    COMPILING,
+    PENDING,
+    STORING,
+    WAITING,
+    holder,
+    longest,
+    progress,
+    try_claim,
+    want,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+log = logs.get("kdb")
+
+#: Seconds a holder that makes no progress is waited for beyond what its compile takes.
+STALL_S = 2.0
+#: Another node's heartbeat is its word: a node is waited for at most this many times
+#: ``KDB_WAIT_TIMEOUT`` of wall time, whatever it says.
+NODE_WALL = 10
+
+
+def pending_wait(compile_seconds: float) -> float:
+    """How much of its CPU time a holder may spend on storing an entry a waiter wants before
+    the waiter builds the program itself: the holder stores it from the program in hand
+    (reading binaries costs about what the compile did), so a few times the compile, and at
+    least 2 s. CPU time, not wall: on a loaded machine both stretch alike."""
+    return max(4.0 * compile_seconds, 2.0)
+
+
+# -- single flight: claim, or wait for the holder ----------------------------------------------
+
+#: Pids of claim holders this process waited for in vain (stopped, or stuck in a driver).
+_given_up: set[int] = set()
+
+
+class Watch:
+    """Whether to go on waiting for one holder: what the waiter has seen of it so far.
+
+    A holder is waited for while it makes progress: its CPU time (with its compilers') grows,
+    or it is running, or (``waiting``) it is alive and not stopped while another node compiles.
+    A holder that made none for its compile time plus :data:`STALL_S` (stopped, dead-locked)
+    is given up on, as is one that spent ``timeout`` seconds of CPU time on one step (it
+    spins); one storing an entry, once that has cost more CPU than the compile would
+    (:func:`pending_wait`). A holder this process cannot see (another pid namespace, no
+    ``/proc``, a node without a heartbeat) is judged by the wall clock: ``timeout`` for a
+    compile, :func:`pending_wait` for a store.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.ident: tuple | None = None
+        self.began = self.moved = 0.0
+        self.cpu0 = self.cpu = 0.0
+
+    def verdict(self, ident: tuple, state: str, seconds: float, since: float,
+                seen: progress.Sample | None) -> tuple[str, bool] | None:
+        """``(why, stuck)`` to stop waiting (``stuck``: do not wait for this holder again),
+        or ``None`` to go on. ``ident`` names the holder and what it does (a new one starts
+        afresh), ``seen`` is its :func:`progress.sample` (``None``: it cannot be seen)."""
+        now = time.monotonic()
+        if ident != self.ident:
+            self.ident, self.began, self.moved = ident, now, now
+            self.cpu0 = self.cpu = seen.cpu if seen is not None else 0.0
+        if seen is None:
+            if state in (PENDING, STORING) and time.time() - since >= pending_wait(seconds):
+                return "its store did not come", False
+            if now - self.began >= self.timeout:
+                return f"waited {now - self.began:.0f} s (KDB_WAIT_TIMEOUT)", True
+            return None
+        alive = not seen.stopped and (seen.running or state == WAITING)
+        if seen.cpu > self.cpu or alive:
+            self.moved = now
+        self.cpu = max(self.cpu, seen.cpu)
+        stall = min(max(seconds, longest()) + STALL_S, self.timeout)
+        if now - self.moved >= stall:
+            what = "was stopped" if seen.stopped else "made no progress"
+            return (f"it {what} for {now - self.moved:.1f} s (its compile time + "
+                    f"{STALL_S:g} s, at most KDB_WAIT_TIMEOUT)"), True
+        used = self.cpu - self.cpu0
+        if state in (PENDING, STORING) and used >= pending_wait(seconds):
+            return f"storing it cost {used:.1f} s of CPU time, more than compiling it", False
+        if used >= self.timeout:
+            return f"it used {used:.0f} s of CPU time on it (KDB_WAIT_TIMEOUT)", True
+        return None
+
+
+def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any],
+                  timeout: float, shared=None, idle: Callable[[], None] | None = None):
+    """After a miss: claim ``key`` for compiling, or wait while another process compiles it.
+
+    Polls with bounded back-off: this node's claim first, then (with ``shared``, the shared
+    tier) the cross-node lock; ``find()`` looks for the entry another process may have
+    published meanwhile. Returns what ``find()`` found, a :class:`Claim` (this process
+    compiles; with ``shared`` it also holds the cross-node lock), or ``None`` (compile
+    without coordination: the directory is unusable, or the holder was given up on).
+
+    How long a holder is waited for is :class:`Watch`'s: as long as it makes progress,
+    however loaded the machine. A process that holds this node's claim while another node
+    compiles the key waits for the shared entry (its claim says ``waiting``, so this node's
+    other processes wait with it), and when that node is given up on compiles it with that
+    claim. ``idle()`` runs once, on a thread of its own, when this process starts waiting
+    for another (work the holder's store needs done, done by a process with nothing to do).
+    """
+    try:
+        return _wait(directory, key, label, find, timeout, shared, idle)
+    finally:
+        if shared is not None:
+            shared.unwant(key)
+
+
+#: Seconds between two polls at most; between two looks at the holder (its progress, its
+#: state); between two looks for the entry while another process of this node holds the
+#: claim (a holder publishes before it lets go: a claim that comes free is the usual sign,
+#: and polls that query the tiers take CPU time from the very holder they wait for).
+POLL_S = 0.1
+LOOK_S = 0.25
+FIND_S = 1.0
+
+
+def _wait(directory, key, label, find, timeout, shared, idle=None):
+    delay, claim, watch = 0.002, None, Watch(timeout)
+    found_at = looked_at = -1e9
+    while True:
+        try:
+            claim = claim or try_claim(directory, key)
+        except OSError as err:
+            # Same once-key as the user file's write faults: a read-only cache warns once.
+            user_dir = directory.parent
+            faults.fault(f"cannot write to the kernel cache {user_dir} ({err}): kernels "
+                         "are compiled but may not be stored, and processes may compile the "
+                         "same kernel. Make it writable or set KDB_CACHE_DIR to a writable "
+                         "directory.", once=str(user_dir))
+            return None
+        now = time.monotonic()
+        every = FIND_S if claim is None else LOOK_S if claim.state == WAITING else 0.0
+        if now - found_at >= every:
+            found_at = now
+            # Shared tier: with the local claim, take the cross-node lock too (None: no server).
+            locked = shared.try_lock(key) if shared and claim else None
+            # Even with the claim: the holder may have published just before releasing it.
+            hit = find()
+            if hit is not None:
+                if locked:
+                    shared.unlock(key)
+                if claim is not None and not claim.handed:
+                    claim.release()
+                return hit
+            if claim is not None and locked is not False:
+                if claim.state != COMPILING:
+                    claim.mark(COMPILING)
+                return shared.adopt(claim) if locked else claim
+        if now - looked_at >= LOOK_S:
+            looked_at = now
+            verdict = _look(directory, key, label, claim, shared, watch)
+            if verdict is not None:
+                return verdict[0]
+            if idle is not None and claim is None:
+                threading.Thread(target=_quietly, args=(idle,), name="kdb-idle",
+                                 daemon=True).start()
+                idle = None
+        time.sleep(delay)
+        delay = min(delay * 2, POLL_S)
+
+
+def _quietly(work: Callable[[], None]) -> None:
+    try:
+        work()
+    except Exception as err:  # noqa: BLE001 - a head start only: the holder does it anyway
+        log.debug("kdb: preparing while waiting failed: %s", err)
+
+
+def _look(directory, key, label, claim, shared, watch):
+    """Look at the holder: ``None`` to go on waiting, or ``(what to return,)`` once it is
+    given up on (``None``, or this node's claim when another node was)."""
+    if claim is None:
+        held_by = holder(directory, key)
+        if held_by.pid in _given_up:
+            return (None,)  # it made no progress before: do not wait for it again
+        want(directory, key)
+        ident = (held_by.pid, held_by.start, held_by.state, held_by.since)
+        seen = progress.sample(held_by.pid, held_by.start) if held_by.pid else None
+        verdict = watch.verdict(ident, held_by.state, held_by.seconds, held_by.since, seen)
+        who = f"another process (pid {held_by.pid or 'unknown'})"
+    else:  # this node's claim is ours, another node compiles it: ask it to hurry
+        if claim.state != WAITING:
+            claim.mark(WAITING)  # this node's other processes wait with us
+        shared.want(key)
+        ident, seen = shared.holder_progress(key)
+        verdict = watch.verdict(ident, COMPILING, 0.0, 0.0, seen)
+        if verdict is None and time.monotonic() - watch.began >= NODE_WALL * watch.timeout:
+            verdict = (f"its heartbeat went on past {NODE_WALL} x KDB_WAIT_TIMEOUT", True)
+        who = "another node"
+    if verdict is None:
+        return None
+    why, stuck = verdict
+    if stuck and claim is None and held_by.pid:
+        _given_up.add(held_by.pid)
+    (log.warning if stuck else log.debug)(
+        "kdb: waited %.1f s for %s to compile %s, and %s; compiling it here%s",
+        time.monotonic() - watch.began, who, label, why,
+        ", and not waiting for that process again" if stuck and claim is None else "")
+    if claim is not None:
+        claim.mark(COMPILING)
+    return (claim,)  # ours if this node's claim is: its other processes wait for us
