@@ -1,30 +1,25 @@
 """Tiers: the places a binary may be found, the one check of a hit, and the policy over them.
 
-A tier answers four questions, whatever it is made of:
+What every tier has, whatever it is made of:
 
-- ``name``: ``"system"``, ``"user"`` or ``"shared"`` (what a :class:`kdb.Hit` and the
-  counters call it);
+- ``name``: ``"system"``, ``"user"`` or ``"shared"`` (as :class:`kdb.Hit` and the counters
+  call it); ``describe()``: where it is, for messages (a path, or a masked server URL);
 - ``fetch(key)``: the stored row (:class:`kdb.file.kernelfile.Row`'s columns) or ``None``;
 - ``publish(entries, logs)``: store entries and start-up latency rows;
 - ``drop(keys)``: remove entries that proved bad;
-- ``signature(key, row)``: ``(signer, signature)`` of an entry, asked only under a trust
-  policy (:mod:`kdb.signing`);
-- ``describe()``: where it is, for messages (a path, or a server with its password masked).
+- ``signature(key, row)``: ``(signer, signature)``, asked only under a trust policy.
 
 :class:`FileTier` adapts a system or user :class:`~kdb.file.kernelfile.KernelFile`;
-:class:`kdb.shared.tier.SharedTier` is the shared one (imported only when ``KDB_SHARED_URL`` is
-set). Every tier's rows pass through :func:`verified`, so a corrupt or colliding entry is
-refused the same way wherever it came from.
+:class:`kdb.shared.tier.SharedTier` is the shared one (imported only with ``KDB_SHARED_URL``).
+Every row passes through :func:`verified`: a corrupt or colliding entry is refused the same
+way wherever it came from.
 
-:class:`Tiers` is the policy over one database's tiers: a hit is :meth:`Tiers.lookup` read top
-to bottom (key, one loop over the tiers, each row verified, a counter bumped in memory by
-:mod:`kdb.bookkeeping`; no lock, no write, no SQLAlchemy). A miss claims the key or waits for
-the process that compiles it (:mod:`kdb.claims`) and compiles outside any transaction; how the
-result reaches the writable tiers is the store side, :mod:`kdb.storing.stores`, which ``Tiers``
-inherits. Back ends and the store worker reach it as ``KernelDB.tiers``; a program calls
-:class:`kdb.KernelDB`, the public surface.
+:class:`Tiers` is the policy: a hit is :meth:`Tiers.lookup` read top to bottom (key, one loop
+over the tiers, each row verified, a counter bumped in memory; no lock, no write, no
+SQLAlchemy). A miss claims the key or waits for its compiler (:mod:`kdb.claims`); the store
+side is :mod:`kdb.storing.stores`, which ``Tiers`` inherits. Back ends and the store worker
+reach it as ``KernelDB.tiers``; a program calls :class:`kdb.KernelDB`.
 """
-
 from __future__ import annotations
 
 import os
@@ -158,7 +153,6 @@ class Tiers(Storing):
                  system_path: str | os.PathLike[str] | list | None = None, *,
                  disabled: bool | None = None, trace: bool | None = None,
                  use_system: bool = True) -> None:
-        # Kept as str: a hit needs no pathlib (the properties below give Paths to callers).
         self._cache_root = config.cache_root_str(cache_dir)
         self._user_dir = os.path.join(self._cache_root, f"v{config.FORMAT_MAJOR}")
         self._system_dirs = config.system_dirs_str(system_path)

@@ -78,7 +78,6 @@ class SharedRow(NamedTuple):
     attributes: None = None
 
 
-
 class SharedTier(CrossNodeLocks):
     """One shared database as this process sees it: engine, locks, and whether it is up.
 

@@ -8,9 +8,12 @@ bounded, and never what fills a disk (:func:`check_room`).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 from ..file import fs
+from ..lifecycle import alive
 
 JOB = ".job"
 SLOW = ".slow"
@@ -118,3 +121,29 @@ def check_room(user_dir: Path, spool: Path) -> None:
         raise SpoolFull(f"{spool} holds {n} jobs not stored yet (is its store worker "
                         "running? see store-worker.log)")
     _queued[spool] = n + 1
+
+
+#: A job file still being written after this long was left by a writer that is stuck.
+PARTIAL_AGE_S = 600.0
+
+
+def sweep_partial(spool: Path, say: Callable[[str], None]) -> None:
+    """Remove the job files writers left half-written (``.<job>.<pid>.tmp``: killed before
+    the rename that queues them) once their writer is gone: a spool recovers from them."""
+    try:
+        names = [n for n in os.listdir(spool) if n.startswith(".") and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            pid = int(name.rsplit(".", 2)[-2])
+            age = time.time() - os.stat(spool / name).st_mtime
+        except (ValueError, OSError):
+            pid, age = 0, PARTIAL_AGE_S
+        if 0 < pid != os.getpid() and age < PARTIAL_AGE_S and alive(pid):
+            continue
+        try:
+            os.unlink(spool / name)
+        except OSError:
+            continue
+        say(f"removed {name}, a job file its writer (process {pid}) left half-written")

@@ -102,3 +102,17 @@ def _stored_already(db: KernelDB, job: StoreJob) -> bool:
     attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
              for e in job.entries]
     return bool(attrs) and all(db.tiers.user_file(a.arch).fetch(a.key) is not None for a in attrs)
+
+
+def background_group() -> None:
+    """The lowest weight for the autogroup of the worker's own session (autogroup scheduling
+    shares the CPU between sessions whatever their nice); never for a session it joined."""
+    if os.getsid(0) != os.getpid():
+        return
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write("19")
+    except FileNotFoundError:
+        pass  # a kernel without autogroup scheduling
+    except OSError as err:
+        say(f"could not give the worker's session the lowest autogroup weight: {err}")

@@ -24,9 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from .jobfiles import BAD, JOB, SLOW, TAKEN, remove, rename, slow_path, take, taken_path
+from .jobfiles import (BAD, JOB, SLOW, TAKEN, remove, rename, slow_path, sweep_partial, take,
+                       taken_path)
 from .jobs import StoreJob
 from .lane import about as _about
+from .lane import background_group as _background_group
 from .lane import lowest_priority as _lowest_priority
 from .lane import say as _say
 from .spool import ENVIRONMENT, LOCK, inherited, read_job, worker_running
@@ -45,20 +47,6 @@ SLOW_MIN_S = 5.0
 #: ``SCAN_S`` (else every ``RESCAN_S``): a long queue costs the supervisor little per job.
 SCAN_S = 0.25
 RESCAN_S = 2.0
-
-
-def _background_group() -> None:
-    """The lowest weight for the autogroup of the worker's own session (autogroup scheduling
-    shares the CPU between sessions whatever their nice); never for a session it joined."""
-    if os.getsid(0) != os.getpid():
-        return
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write("19")
-    except FileNotFoundError:
-        pass  # a kernel without autogroup scheduling
-    except OSError as err:
-        _say(f"could not give the worker's session the lowest autogroup weight: {err}")
 
 
 class _Queue:
@@ -281,42 +269,6 @@ class _Lane:
                 self.proc.kill()
 
 
-#: A job file still being written after this long was left by a writer that is stuck.
-PARTIAL_AGE_S = 600.0
-
-
-def _sweep_partial(spool: Path) -> None:
-    """Remove the job files writers left half-written (``.<job>.<pid>.tmp``: killed before
-    the rename that queues them) once their writer is gone: a spool recovers from them."""
-    try:
-        names = [n for n in os.listdir(spool) if n.startswith(".") and n.endswith(".tmp")]
-    except OSError:
-        return
-    for name in names:
-        try:
-            pid = int(name.rsplit(".", 2)[-2])
-            age = time.time() - os.stat(spool / name).st_mtime
-        except (ValueError, OSError):
-            pid, age = 0, PARTIAL_AGE_S
-        if 0 < pid != os.getpid() and age < PARTIAL_AGE_S and _alive(pid):
-            continue
-        try:
-            os.unlink(spool / name)
-        except OSError:
-            continue
-        _say(f"removed {name}, a job file its writer (process {pid}) left half-written")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: alive
-    return True
-
-
 def supervise(spool: Path) -> int:
     """Store every job of ``spool`` until it has been empty ``IDLE_EXIT_S``; one worker at
     a time (an ``flock`` on ``worker.lock``)."""
@@ -333,7 +285,7 @@ def supervise(spool: Path) -> int:
         os.close(fd)
         return 0  # another worker has it
     _background_group()
-    _sweep_partial(spool)
+    sweep_partial(spool, _say)
     lanes = [_Lane(slow=False), _Lane(slow=True)]
     queue = _Queue(spool)
     idle_since = time.monotonic()
