@@ -29,6 +29,12 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 
 
+def stored_entries(cache_dir) -> int:
+    """Entries in the user tier of a ``KDB_CACHE_DIR`` (0 where no user file exists yet)."""
+    files = list((Path(cache_dir) / "v1").glob("*.kdb"))
+    return sum(sql(f, "SELECT count(*) FROM kernels")[0][0] for f in files)
+
+
 def sql(path, query: str, params=()) -> list[tuple]:
     """Run one statement on a SQLite file with a fresh connection (committed) and return rows."""
     import sqlite3

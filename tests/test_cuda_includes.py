@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import kdb.cuda
 from kdb import BackendUnavailableError
 from kdb.backends import cuda as backend
 from kdb.backends.cuda import keys as cuda_keys
+from conftest import stored_entries as stored
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -38,17 +38,6 @@ needs_nvrtc = pytest.mark.skipif(
 KERNEL = "__global__ void scale(float *a) { a[threadIdx.x] *= SCALE; }\n"
 #: PTX spells float constants as their IEEE bits: 3.0f, 5.0f.
 PTX = {3: b"0f40400000", 5: b"0f40A00000"}
-
-
-def stored(cache_dir: Path) -> int:
-    files = list((cache_dir / "v1").glob("*.kdb"))
-    if not files:
-        return 0
-    conn = sqlite3.connect(files[0])
-    try:
-        return conn.execute("SELECT count(*) FROM kernels").fetchone()[0]
-    finally:
-        conn.close()
 
 
 @pytest.fixture

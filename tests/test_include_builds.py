@@ -28,6 +28,7 @@ from kdb.storing import spool  # noqa: E402
 from kdb.storing.jobs import StoreJob  # noqa: E402
 from kdb.backends.opencl import stores as clstore  # noqa: E402
 from kdb.errors import CompileError  # noqa: E402
+from conftest import stored_entries as stored  # noqa: E402
 
 KERNEL = "__kernel void k(__global int *o) { o[0] = K; }\n"
 
@@ -40,19 +41,6 @@ def result(ctx, prg) -> int:
     cl.enqueue_copy(q, out, buf)
     q.finish()
     return int(out[0])
-
-
-def stored(cache_dir: Path) -> int:
-    import sqlite3
-
-    files = list((cache_dir / "v1").glob("*.kdb"))
-    if not files:
-        return 0
-    conn = sqlite3.connect(files[0])
-    try:
-        return conn.execute("SELECT count(*) FROM kernels").fetchone()[0]
-    finally:
-        conn.close()
 
 
 def write(path: Path, text: str) -> Path:
