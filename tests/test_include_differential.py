@@ -236,6 +236,18 @@ def _kdb_cuda(lay: Layout, monkeypatch):
     return None if req.uncertain else (req, set(req.header_files))
 
 
+def _cuda_layouts(tmp_path, monkeypatch, default: int):
+    """``(root, layout, kdb's request, the files its key holds)`` for each drawn CUDA case
+    kdb is sure of, with the working directory and variables as the case has them."""
+    for seed in _cases(default):
+        root = tmp_path / str(seed)
+        lay = draw(seed, root, cuda=True)
+        monkeypatch.chdir(lay.cwd)
+        got = _kdb_cuda(lay, monkeypatch)
+        if got is not None:
+            yield (root, lay, *got)
+
+
 def _deps(cmd: list[str], tmp: Path, env: dict[str, str]) -> set[tuple[int, int]]:
     proc = subprocess.run(cmd, cwd=tmp, capture_output=True, env={**os.environ, **env})
     from kdb.backends.cuda.builds import dependency_paths
@@ -250,14 +262,7 @@ def _deps(cmd: list[str], tmp: Path, env: dict[str, str]) -> set[tuple[int, int]
 def test_nvccs_preprocessor_reads_nothing_the_cuda_key_does_not_hold(tmp_path, monkeypatch):
     """``cpp -M`` with the include options kdb hands nvcc, in a directory of its own as
     nvcc runs; CPATH as nvcc's environment has it."""
-    for seed in _cases(400):
-        root = tmp_path / str(seed)
-        lay = draw(seed, root, cuda=True)
-        monkeypatch.chdir(lay.cwd)
-        got = _kdb_cuda(lay, monkeypatch)
-        if got is None:
-            continue
-        req, held = got
+    for root, lay, req, held in _cuda_layouts(tmp_path, monkeypatch, 400):
         build = root / "build"
         build.mkdir()
         (build / "kernel.cu").write_text(lay.source)
@@ -273,14 +278,7 @@ def test_nvccs_preprocessor_reads_nothing_the_cuda_key_does_not_hold(tmp_path, m
 def test_nvcc_reads_nothing_the_cuda_key_does_not_hold(tmp_path, monkeypatch):
     """The caller's own options, handed to nvcc unchanged (``nvcc -M``, run in the
     working directory so relative paths mean what the caller meant)."""
-    for seed in _cases(12):
-        root = tmp_path / str(seed)
-        lay = draw(seed, root, cuda=True)
-        monkeypatch.chdir(lay.cwd)
-        got = _kdb_cuda(lay, monkeypatch)
-        if got is None:
-            continue
-        _, held = got
+    for _, lay, _, held in _cuda_layouts(tmp_path, monkeypatch, 12):
         (lay.cwd / "kdb_main.cu").write_text(lay.source)
         held |= _idents([lay.cwd / "kdb_main.cu"])
         missed = _deps([NVCC, "-M", "-arch=sm_90", *lay.options, "kdb_main.cu"], lay.cwd,
