@@ -393,6 +393,28 @@ def test_kdb_lists_and_explains_triton_entries(tmp_path, triton_env, cache_dir):
     assert ls.returncode == 0 and "add" in ls.stdout and "triton" in ls.stdout, ls.stderr
 
 
+def test_a_kernel_stored_by_another_python_is_a_miss_that_says_so(tmp_path, triton_env,
+                                                                   cache_dir):
+    """Triton's key digests its compiled extension, built per Python version, so a pack built
+    on CPython 3.11 misses on 3.12 (the GPU check met it): the Python is in the compiler
+    identity, and ``kdb explain`` names it instead of a bare miss."""
+    other = "import sys, runpy; sys.implementation.cache_tag = 'cpython-399'; " \
+        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-c", other, str(tmp_path / "app.py"), "add"],
+                          env={**triton_env, "PYTHONDONTWRITEBYTECODE": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert entries(cache_dir, "sm_90") == [("triton", "add")]
+    again, _ = run_app(tmp_path, triton_env, "add")
+    assert again["hits"] == [False]
+    kdb = Path(sys.executable).with_name("kdb")
+    why = subprocess.run([kdb, "explain", "add", "--json"], env=triton_env, capture_output=True,
+                         text=True, timeout=120)
+    assert why.returncode == 0, why.stderr
+    text = why.stdout
+    assert "compiler" in text and "cpython-399" in text, text
+
+
 def test_the_private_files_are_removed_at_exit_or_after_a_kill(tmp_path, triton_env):
     from kdb.backends.triton import groups
 

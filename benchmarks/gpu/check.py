@@ -308,21 +308,28 @@ def _prune_abi3(dest: Path) -> None:
 
 
 def triton_python(version: str, kdb_wheel: Path, work: Path) -> str:
-    """A python whose Triton is ``version`` (a pack serves only the Triton that built it):
-    this one if it has it, else a venv under ``work`` (about 1 GB, made once)."""
+    """A python whose Triton is ``version`` on the device's Python version (a pack serves
+    only the Triton that built it, and Triton's key digests its compiled extension, which
+    is per Python version): this one if it is both, else a venv under ``work`` (about 1 GB,
+    made once)."""
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
     try:
         import triton
 
-        if triton.__version__ == version:
+        if triton.__version__ == version and mine == DEVICE_PYTHON:
             return sys.executable
     except ImportError:
         pass
-    venv = work / f"triton-{version}"
+    base = sys.executable if mine == DEVICE_PYTHON else _python(DEVICE_PYTHON)
+    if base is None:
+        raise RuntimeError(f"no python{DEVICE_PYTHON} here: the packs must be built on the "
+                           f"GPU machine's Python ({DEVICE_PYTHON}); install it (pyenv)")
+    venv = work / f"triton-{version}-py{DEVICE_PYTHON}"
     stamp = venv / ".ready"
     if not stamp.exists():
         log(f"making a venv with Triton {version} for the packs (once): {venv}")
         shutil.rmtree(venv, ignore_errors=True)
-        run([sys.executable, "-m", "venv", venv], timeout=300)
+        run([base, "-m", "venv", venv], timeout=300)
         run([venv / "bin" / "python", "-m", "pip", "install", "--quiet",
              "--disable-pip-version-check", f"{kdb_wheel}[cuda]", f"triton=={version}"],
             timeout=1800)
@@ -331,6 +338,37 @@ def triton_python(version: str, kdb_wheel: Path, work: Path) -> str:
         run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-deps",
              "--force-reinstall", "--disable-pip-version-check", kdb_wheel], timeout=600)
     return str(venv / "bin" / "python")
+
+
+#: What Triton's cache key is made of, per python: a pack built here hits there only where
+#: each is the same (printed as short digests; ``backend`` holds ptxas's version).
+TRITON_IDENTITY = """
+import hashlib, json, os, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+try:
+    from triton.runtime.cache import triton_key
+except ImportError:
+    from triton.compiler.compiler import triton_key
+short = lambda text: hashlib.sha256(text.encode()).hexdigest()[:16]
+arch = int(sys.argv[1])
+backend = make_backend(GPUTarget("cuda", arch, 32))
+print(json.dumps({"triton": triton.__version__, "python": sys.implementation.cache_tag,
+                  "triton_key": short(triton_key()), "backend": short(backend.hash()),
+                  "options": short(backend.parse_options({}).hash()),
+                  "ptxas": [l for l in backend.hash().splitlines() if "release" in l][:1],
+                  "variables": sorted(k for k in os.environ if k.startswith("TRITON_"))}))
+"""
+
+
+def triton_identity(python: str, arch: str) -> dict:
+    """The parts of Triton's cache key in ``python`` for ``arch`` (``sm_90``), to say why a
+    pack built elsewhere misses."""
+    try:
+        got = run([python, "-c", TRITON_IDENTITY, arch.removeprefix("sm_")], timeout=300)
+        return json.loads(got.stdout.splitlines()[-1])
+    except (RuntimeError, ValueError, IndexError) as err:
+        return {"error": str(err)[-400:]}
 
 
 def build_packs(python: str, arches: tuple[str, ...], out: Path, scratch: Path) -> dict:
@@ -478,7 +516,8 @@ def prepare(args, check: Check) -> dict:
     log(f"kdb pack for {', '.join(nvidia)} with Triton {version or 'as installed'} (no GPU)")
     built = work / "packs"
     got["packs"] = build_packs(tpy, nvidia, built / "nvidia", Path(check.fresh("pack")))
-    got["packs"].update(python=tpy, dir=str(built / "nvidia"), device_triton=DEVICE_TRITON)
+    got["packs"].update(python=tpy, dir=str(built / "nvidia"), device_triton=DEVICE_TRITON,
+                        identity=triton_identity(tpy, "sm_90"))
     for old in packs.glob("*"):
         old.unlink()
     for whl in (built / "nvidia").glob("kdb_system_sm_*.whl"):  # these travel
@@ -752,6 +791,11 @@ def part_pack(g: Gpu, rec: dict, plain_digests: dict) -> None:
         want = {k: plain_digests.get(k) for k in PACKED_KERNELS}
         f["triton"]["bitwise_equal_to_no_kdb"] = first.get("digests") == want \
             if all(want.values()) else "no run without kdb to compare with"
+        packed = (g.check.data.get("prepared") or {}).get("pack_identity") or {}
+        here = triton_identity(g.python, g.arch)
+        f["triton_identity"] = {"pack": packed, "here": here,
+                                "differs": sorted(k for k in here if k != "variables"
+                                                  and packed.get(k) != here.get(k))}
         g.check.fail_unless(rec, compiles(first) == 0, "first start with the pack compiles 0")
         g.check.fail_unless(rec, f["triton"]["bitwise_equal_to_no_kdb"] is not False,
                             "the pack's kernels give the bits of the same kernels without kdb")
@@ -956,6 +1000,7 @@ def gpu_half(args, check: Check) -> None:
         pf = prepared["parts"]["prepare"]["figures"]
         check.data["prepared"] = {"at": prepared.get("started"), "host": prepared.get("host"),
                                   "pack_triton": pf["packs"]["triton"],
+                                  "pack_identity": pf["packs"].get("identity"),
                                   "pythons": pf["wheels"]["pythons"]}
     except (OSError, ValueError, KeyError, TypeError):
         check.data["prepared"] = None

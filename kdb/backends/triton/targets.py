@@ -88,8 +88,13 @@ def known_archs(tiers) -> list[str]:
 
 
 def compiler_identity() -> tuple[tuple[str, str], ...]:
-    """Triton's version (its cache key already digests its code, the backend's tools and the
-    target)."""
+    """Triton's version and the Python it runs on. Triton's cache key already digests its
+    code, the backend's tools and the target, and with them its compiled extension, which is
+    built per Python version: the same Triton on CPython 3.11 and 3.12 gives every kernel
+    another key. Named here, a pack built on the wrong Python is a miss that says why
+    (``kdb explain``, the start-up log), not a silent one."""
+    import sys
+
     import triton
 
-    return (("triton", triton.__version__),)
+    return (("triton", triton.__version__), ("python", sys.implementation.cache_tag))
