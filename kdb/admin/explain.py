@@ -69,33 +69,9 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
         raise InvalidArgumentError("give a key prefix or a kernel name (see `kdb ls`)")
     where, params = _match_sql(query)
     files = tier_files(user_dir, None, None)
-    found: list[dict] = []
-    logs: list[dict] = []
-    for t, path, _ in files:
-        try:
-            with reading(path, t) as conn:
-                found += _entry_rows(conn, where, params, t, path)
-                if t == "user":
-                    logs += [log_record(r) for r in read_rows(
-                        conn, "SELECT at, key, name, arch, backend, seconds, missed, reason, "
-                        f"pid FROM compile_log WHERE {where} ORDER BY at DESC", params)]
-        except DAMAGE as err:
-            log.warning("kdb: %s skipped: %s", path, err)
+    found, logs = _matches(files, where, params)
     keys = {e["key"] for e in found} | {r["key"] for r in logs}
-    if not keys:
-        raise InvalidArgumentError(
-            f"no stored entry or compile record matches {query!r}; `kdb ls` lists the keys "
-            "and names, `kdb log` the compiles")
-    by_key = [k for k in keys if k.startswith(query.lower())]
-    if by_key:
-        if len(by_key) > 1:
-            raise InvalidArgumentError(
-                f"key prefix {query!r} is ambiguous ({len(by_key)} keys: "
-                + ", ".join(sorted(k[:16] for k in by_key)[:5]) + "); give more digits")
-        key = by_key[0]
-    else:  # a name: the latest compile of it, else the latest stored entry
-        logs.sort(key=lambda r: r["at"], reverse=True)
-        key = logs[0]["key"] if logs else max(found, key=lambda e: e["created"])["key"]
+    key = _chosen_key(query, keys, found, logs)
     mine = [e for e in found if e["key"] == key]
     records = sorted((r for r in logs if r["key"] == key), key=lambda r: r["at"], reverse=True)
     entry = mine[0] if mine else None
@@ -105,32 +81,8 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
     target = _json_or_text(entry["attributes"]) if entry else None
     if not isinstance(target, dict):
         target = None  # attributes that do not decode (a lost source): nothing to compare
-
-    candidates: dict[str, dict] = {}
-    near_where = "key != ? AND (name = ? OR (backend = ? AND arch = ?))"
-    for t, path, _ in files:
-        try:
-            with reading(path, t) as conn:
-                for e in _entry_rows(conn, near_where, (key, name, backend, arch), t, path,
-                                     limit=1000):
-                    candidates.setdefault(e["key"], e)
-        except DAMAGE:
-            continue  # reported above
-    ranked = []
-    builds = [] if target is None else [(key, mine[0]["tier"], target.get("compiler") or [])]
-    for e in candidates.values():
-        attrs = _json_or_text(e.pop("attributes"))
-        if target is not None and isinstance(attrs, dict):
-            diff = differences(target, attrs)
-            if diff == ["compiler"]:
-                builds.append((e["key"], e["tier"], attrs.get("compiler") or []))
-            e["differs"] = {k: describe_difference(k, target.get(k), attrs.get(k))
-                            for k in diff}
-        else:
-            e["differs"] = None
-        ranked.append(e)
-    ranked.sort(key=lambda e: (len(e["differs"]) if e["differs"] is not None else 10**6,
-                               e["name"] != name, -e["created"]))
+    ranked, builds = _nearest(files, (key, name, backend, arch), target,
+                              mine[0]["tier"] if mine else "")
     if entry is not None:
         entry = dict(entry)
         entry["attributes"] = _json_or_text(entry["attributes"])
@@ -149,6 +101,75 @@ def explain(user_dir: Path, query: str, nearest: int = 5) -> dict[str, Any]:
         "without_compiler": _without_compiler(backend, builds),
         "other_matches": sorted(keys - {key}),
     }
+
+
+def _matches(files: list, where: str, params: tuple) -> tuple[list[dict], list[dict]]:
+    """The stored entries the query matches in every tier, and the user tier's compile
+    records of them; a damaged file is skipped with a warning."""
+    found: list[dict] = []
+    logs: list[dict] = []
+    for t, path, _ in files:
+        try:
+            with reading(path, t) as conn:
+                found += _entry_rows(conn, where, params, t, path)
+                if t == "user":
+                    logs += [log_record(r) for r in read_rows(
+                        conn, "SELECT at, key, name, arch, backend, seconds, missed, reason, "
+                        f"pid FROM compile_log WHERE {where} ORDER BY at DESC", params)]
+        except DAMAGE as err:
+            log.warning("kdb: %s skipped: %s", path, err)
+    return found, logs
+
+
+def _chosen_key(query: str, keys: set[str], found: list[dict], logs: list[dict]) -> str:
+    """The one key the query names: a unique key prefix, else the name's latest compile,
+    else its latest stored entry."""
+    if not keys:
+        raise InvalidArgumentError(
+            f"no stored entry or compile record matches {query!r}; `kdb ls` lists the keys "
+            "and names, `kdb log` the compiles")
+    by_key = [k for k in keys if k.startswith(query.lower())]
+    if len(by_key) > 1:
+        raise InvalidArgumentError(
+            f"key prefix {query!r} is ambiguous ({len(by_key)} keys: "
+            + ", ".join(sorted(k[:16] for k in by_key)[:5]) + "); give more digits")
+    if by_key:
+        return by_key[0]
+    logs.sort(key=lambda r: r["at"], reverse=True)
+    return logs[0]["key"] if logs else max(found, key=lambda e: e["created"])["key"]
+
+
+def _nearest(files: list, kernel: tuple[str, str, str, str], target: dict | None,
+             tier: str) -> tuple[list[dict], list[tuple[str, str, list]]]:
+    """The entries sharing the kernel's name, or its back end and arch, ranked by how few
+    attributes differ; and the builds that differ from it only in the compiler."""
+    key, name, backend, arch = kernel
+    candidates: dict[str, dict] = {}
+    near_where = "key != ? AND (name = ? OR (backend = ? AND arch = ?))"
+    for t, path, _ in files:
+        try:
+            with reading(path, t) as conn:
+                for e in _entry_rows(conn, near_where, (key, name, backend, arch), t, path,
+                                     limit=1000):
+                    candidates.setdefault(e["key"], e)
+        except DAMAGE:
+            continue  # reported by _matches
+    ranked = []
+    builds = [] if target is None else [(key, tier, target.get("compiler") or [])]
+    for e in candidates.values():
+        attrs = _json_or_text(e.pop("attributes"))
+        if target is not None and isinstance(attrs, dict):
+            diff = differences(target, attrs)
+            if diff == ["compiler"]:
+                builds.append((e["key"], e["tier"], attrs.get("compiler") or []))
+            e["differs"] = {k: describe_difference(k, target.get(k), attrs.get(k))
+                            for k in diff}
+        else:
+            e["differs"] = None
+        ranked.append(e)
+    ranked.sort(key=lambda e: (len(e["differs"]) if e["differs"] is not None else 10**6,
+                               e["name"] != name, -e["created"]))
+    return ranked, builds
 
 
 def _without_compiler(backend: str, builds: list[tuple[str, str, list]]) -> dict | None:

@@ -182,10 +182,6 @@ def _wal_problem(path: Path) -> list[str]:
 
 def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) -> None:
     """Decode every entry and compare the running totals with what the file holds."""
-    import hashlib
-
-    from ..file.codec import decode
-
     missing = missing_tables(conn, out["revision"])
     if missing:
         out["problems"].append("missing table(s): " + ", ".join(missing))
@@ -194,7 +190,8 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
     from ..signing import policy as signing
 
     policy = signing.current()
-    check_signatures = policy is not None and policy.covers(out["tier"])
+    if policy is None or not policy.covers(out["tier"]):
+        policy = None
     signed_cols = ("signer, signature" if at_least(out["revision"], SIGNED_FROM)
                    else "NULL, NULL")
     packed = at_least(out["revision"], COMPACT_FROM)
@@ -202,36 +199,14 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
     compact.register(conn)
     signers: dict[str, int] = {}
     count = raw_total = stored_total = 0
-    for key, name, row_arch, kind, blob, raw_size, stored_size, digest, attributes, signer, \
-            signature, attributes_sha256 in conn.execute(_VERIFY_SQL.format(
-                signed=signed_cols, attributes=attributes, join=join,
-                digest="kernels.attributes_sha256" if packed else "NULL")):
+    for row in conn.execute(_VERIFY_SQL.format(
+            signed=signed_cols, attributes=attributes, join=join,
+            digest="kernels.attributes_sha256" if packed else "NULL")):
+        key, name, _, _, _, raw_size, stored_size, _, _, signer, signature, _ = row
         count += 1
         raw_total += raw_size if isinstance(raw_size, int) else 0
         stored_total += stored_size if isinstance(stored_size, int) else 0
-        why = ""
-        if attributes is None and packed:
-            why = "attributes do not decode (damaged, or their source is missing)"
-        elif not all(isinstance(v, t) for v, t in ((key, str), (name, str), (row_arch, str),
-                                                    (attributes, str), (stored_size, int))):
-            why = "damaged row (a column holds a value of the wrong type)"
-        elif (raw := decode(kind, blob, raw_size, digest, thorough=True)) is None:
-            why = "checksum mismatch (the blob does not decode to its checksum)"
-        elif not _is_json(attributes):
-            why = "attributes are not JSON"
-        elif hashlib.sha256(attributes.encode("utf-8", "surrogateescape")).hexdigest() != key:
-            why = "key is not the sha256 of the stored attributes"
-        elif packed and attributes_sha256 != key:
-            why = "attributes_sha256 is not the sha256 of the stored attributes"
-        elif row_arch != arch:
-            why = f"built for arch {row_arch!r}, found in the file of {arch!r}"
-        elif stored_size != len(blob):
-            why = f"stored_size {stored_size} but the blob has {len(blob)} bytes"
-        elif check_signatures and (cause := policy.check(
-                key, attributes, raw, digest, signer if isinstance(signer, str) else None,
-                signature if isinstance(signature, bytes) else None)) is not None:
-            why = (f"not served under the trust policy: {cause}"
-                   + (f" (signer {signer})" if signer else ""))
+        why = _entry_problem(row, arch, packed, policy)
         if isinstance(signer, str) and signature:
             signers[signer] = signers.get(signer, 0) + 1
         if why:
@@ -243,7 +218,7 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
         out["notes"].append(
             "signatures: " + (", ".join(f"{n} by key {k}" for k, n in sorted(signers.items()))
                               or "none") + (f"; {unsigned} unsigned" if unsigned and signers else "")
-            + ("; checked against " + signing.ENV_TRUSTED_KEYS if check_signatures else
+            + ("; checked against " + signing.ENV_TRUSTED_KEYS if policy is not None else
                "; not checked (no trust policy covers this tier)"))
     if at_least(out["revision"], TOTALS_FROM):
         meta = {k: v for k, v in read_rows(conn, "SELECT name, value FROM meta WHERE name IN "
@@ -257,6 +232,40 @@ def _verify_entries(conn: sqlite3.Connection, arch: str, out: dict[str, Any]) ->
         unused = int(conn.execute("SELECT count(*) " + UNUSED_SOURCES).fetchone()[0])
         if unused:
             out["problems"].append(f"{unused} source{'s' * (unused != 1)} no entry uses")
+
+
+def _entry_problem(row: tuple, arch: str, packed: bool, policy) -> str:
+    """What is wrong with one entry (its blob, attributes, key, arch, signature under
+    ``policy`` where one covers the tier), or ``""``."""
+    import hashlib
+
+    from ..file.codec import decode
+
+    key, name, row_arch, kind, blob, raw_size, stored_size, digest, attributes, signer, \
+        signature, attributes_sha256 = row
+    if attributes is None and packed:
+        return "attributes do not decode (damaged, or their source is missing)"
+    if not all(isinstance(v, t) for v, t in ((key, str), (name, str), (row_arch, str),
+                                              (attributes, str), (stored_size, int))):
+        return "damaged row (a column holds a value of the wrong type)"
+    if (raw := decode(kind, blob, raw_size, digest, thorough=True)) is None:
+        return "checksum mismatch (the blob does not decode to its checksum)"
+    if not _is_json(attributes):
+        return "attributes are not JSON"
+    if hashlib.sha256(attributes.encode("utf-8", "surrogateescape")).hexdigest() != key:
+        return "key is not the sha256 of the stored attributes"
+    if packed and attributes_sha256 != key:
+        return "attributes_sha256 is not the sha256 of the stored attributes"
+    if row_arch != arch:
+        return f"built for arch {row_arch!r}, found in the file of {arch!r}"
+    if stored_size != len(blob):
+        return f"stored_size {stored_size} but the blob has {len(blob)} bytes"
+    if policy is not None and (cause := policy.check(
+            key, attributes, raw, digest, signer if isinstance(signer, str) else None,
+            signature if isinstance(signature, bytes) else None)) is not None:
+        return (f"not served under the trust policy: {cause}"
+                + (f" (signer {signer})" if signer else ""))
+    return ""
 
 
 def _is_json(text: Any) -> bool:

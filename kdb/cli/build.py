@@ -180,26 +180,46 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
         progress.close()
     failed = [(r.arch, name, log) for r in results for name, log in r.failures]
     if as_json:
-        emit_json([{"arch": r.arch, "file": str(r.path), "entries": r.entries,
-                     "raw_bytes": r.raw_bytes, "stored_bytes": r.stored_bytes,
-                     "file_size": r.file_size, "wheel": str(r.wheel) if r.wheel else None,
-                     "wheel_size": r.wheel.stat().st_size if r.wheel else None,
-                     "seconds": r.seconds, "missing_keys": r.missing,
-                     "signed_by": r.signed_by,
-                     "refused": [{"kernel": n, "reason": why} for n, why in r.refused],
-                     "failures": [{"kernel": n, "reason": why} for n, why in r.failures]}
-                    for r in results])
+        emit_json([_pack_json(r) for r in results])
     else:
-        table(["ARCH", "FILE", "ENTRIES", "RAW", "STORED", "FILE SIZE", "WHEEL", "WHEEL SIZE",
-                "SECONDS"],
-               [[r.arch, r.path.name, r.entries, human_bytes(r.raw_bytes), human_bytes(r.stored_bytes),
-                 human_bytes(r.file_size), r.wheel.name if r.wheel else "-",
-                 human_bytes(r.wheel.stat().st_size) if r.wheel else "-", f"{r.seconds:.1f}"]
-                for r in results])
-        click.echo(f"written to {out_dir}")
-        if pkg_version is None:
-            click.echo("no --version given: no wheels built; put the directory in "
-                       f"{config.ENV_SYSTEM_DB_PATH} to use the files")
+        _pack_table(results, out_dir, pkg_version)
+    _pack_warnings(results, as_json)
+    for arch, name, why in failed:
+        click.echo(f"FAILED: kernel {name!r} ({arch}): "
+                   + "\n  | ".join(why.rstrip().splitlines()), err=True)
+    if failed:
+        click.echo(f"error: {len(failed)} kernel(s) could not be packed and were left out: "
+                   + ", ".join(f"{n} ({a})" for a, n, _ in failed), err=True)
+        ctx.exit(1)
+
+
+def _pack_json(r) -> dict:
+    return {"arch": r.arch, "file": str(r.path), "entries": r.entries,
+            "raw_bytes": r.raw_bytes, "stored_bytes": r.stored_bytes,
+            "file_size": r.file_size, "wheel": str(r.wheel) if r.wheel else None,
+            "wheel_size": r.wheel.stat().st_size if r.wheel else None,
+            "seconds": r.seconds, "missing_keys": r.missing,
+            "signed_by": r.signed_by,
+            "refused": [{"kernel": n, "reason": why} for n, why in r.refused],
+            "failures": [{"kernel": n, "reason": why} for n, why in r.failures]}
+
+
+def _pack_table(results: list, out_dir: Path, pkg_version: str | None) -> None:
+    table(["ARCH", "FILE", "ENTRIES", "RAW", "STORED", "FILE SIZE", "WHEEL", "WHEEL SIZE",
+            "SECONDS"],
+          [[r.arch, r.path.name, r.entries, human_bytes(r.raw_bytes), human_bytes(r.stored_bytes),
+            human_bytes(r.file_size), r.wheel.name if r.wheel else "-",
+            human_bytes(r.wheel.stat().st_size) if r.wheel else "-", f"{r.seconds:.1f}"]
+           for r in results])
+    click.echo(f"written to {out_dir}")
+    if pkg_version is None:
+        click.echo("no --version given: no wheels built; put the directory in "
+                   f"{config.ENV_SYSTEM_DB_PATH} to use the files")
+
+
+def _pack_warnings(results: list, as_json: bool) -> None:
+    """Who signed, and the entries left out: refused by the trust policy, or logged with
+    no stored binary."""
     for r in results:
         if r.signed_by and not as_json:
             click.echo(f"{r.arch}: {r.entries} entries signed by key {r.signed_by}")
@@ -211,13 +231,6 @@ def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
             click.echo(f"warning: {r.arch}: {len(r.missing)} logged kernel(s) have no stored "
                        "binary and were left out: " + ", ".join(k[:12] for k in r.missing),
                        err=True)
-    for arch, name, why in failed:
-        click.echo(f"FAILED: kernel {name!r} ({arch}): "
-                   + "\n  | ".join(why.rstrip().splitlines()), err=True)
-    if failed:
-        click.echo(f"error: {len(failed)} kernel(s) could not be packed and were left out: "
-                   + ", ".join(f"{n} ({a})" for a, n, _ in failed), err=True)
-        ctx.exit(1)
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True,

@@ -140,7 +140,32 @@ def _demo(programs: list[DemoProgram], json_out: str | os.PathLike[str] | None, 
     print(f"kdb cache: {cache}{origin}")
     print("PoCL's own cache: a fresh, empty POCL_CACHE_DIR for each run, so it helps neither "
           "run\n")
+    runs, failures, warned_cold = _both_runs(programs, cache, work)
+    speedup = _compare(runs, failures, cache)
+    if runs:
+        _summary(runs, speedup, len(programs), warned_cold)
+    if json_out is not None:
+        doc = {
+            "programs": [{"name": p.name, "file": p.file, "options": list(p.options),
+                          "kind": p.kind} for p in programs],
+            "cache_dir": str(cache), "cache_temporary": temporary,
+            "pocl_cache": "fresh empty POCL_CACHE_DIR per run",
+            "runs": {label: f for label, f in runs},
+            "build_speedup": speedup,
+            "missing_system_db_warning_cold": warned_cold,
+            "ok": not failures, "failures": failures,
+        }
+        Path(json_out).write_text(json.dumps(doc, indent=2))
+        print(f"figures written to {json_out}")
+    for msg in failures:
+        print(f"FAILED: {msg}", file=sys.stderr)
+    return 1 if failures else 0
 
+
+def _both_runs(programs: list[DemoProgram], cache: Path,
+               work: Path) -> tuple[list[tuple[str, dict[str, Any]]], list[str], bool]:
+    """The cold and the warm run, each a fresh process with a fresh PoCL cache: their
+    figures, what went wrong, and whether the cold run warned of no system database."""
     runs: list[tuple[str, dict[str, Any]]] = []
     failures: list[str] = []
     shown: set[str] = set()
@@ -164,59 +189,49 @@ def _demo(programs: list[DemoProgram], json_out: str | os.PathLike[str] | None, 
                 failures.append(f"{label} run: {r['name']} is wrong: {r['problem']}")
         if rc != 0 and figures["ok"]:
             failures.append(f"{label} run exited with code {rc}")
+    return runs, failures, warned_cold
 
-    speedup = None
-    if len(runs) == 2:
-        cold, warm = runs[0][1], runs[1][1]
-        if warm["build_s"] > 0:
-            speedup = cold["build_s"] / warm["build_s"]
-        if warm["compiles"]:
-            disabled = config.flag(config.ENV_DISABLE_CACHE)
-            failures.append(f"the warm run compiled {warm['compiles']} program(s) "
-                            f"({', '.join(warm['compiled'])}); expected none"
-                            + (" (KDB_DISABLE_CACHE is set)" if disabled else ""))
-        if cold["compiles"] != cold["kernels"]:
-            print(f"note: the cold run was not cold: {cold['kernels'] - cold['compiles']} of "
-                  f"{cold['kernels']} programs were already in {cache} or a system database")
 
-    if runs:
-        print()
-        print(_table(runs, speedup))
-        print()
-        f = runs[0][1]
-        print(f"device: {f['device']} ({f['platform']}), arch {f['arch']}")
-        print(f"user file: {f['user_file']}")
-        if speedup is not None and runs[0][1]["compiles"] == len(programs):
-            print(f"warm build phase {speedup:.1f}x faster than cold: "
-                  f"{runs[0][1]['build_s']:.3f} s -> {runs[1][1]['build_s']:.3f} s for "
-                  f"{len(programs)} programs")
-        if len(runs) > 1:
-            print("kdb stores binaries in the background, after the start-up burst: the cold "
-                  "run then spent\n  "
-                  f"{runs[0][1]['store_wait_s']:.3f} s at its end reading them back from PoCL "
-                  "and storing them; read after\n  the launches, they carry the "
-                  "work-group code PoCL compiled, so the warm run's launches skip its JIT")
-        if not warned_cold:
-            print("note: the cold run gave no missing-system-db warning "
-                  "(a system database for this arch was found, or kdb's warnings are silenced)")
+def _compare(runs: list[tuple[str, dict[str, Any]]], failures: list[str],
+             cache: Path) -> float | None:
+    """The warm build phase's speed-up over the cold one; a warm run that compiled is a
+    failure, a cold run that was not cold a note."""
+    if len(runs) != 2:
+        return None
+    cold, warm = runs[0][1], runs[1][1]
+    speedup = cold["build_s"] / warm["build_s"] if warm["build_s"] > 0 else None
+    if warm["compiles"]:
+        disabled = config.flag(config.ENV_DISABLE_CACHE)
+        failures.append(f"the warm run compiled {warm['compiles']} program(s) "
+                        f"({', '.join(warm['compiled'])}); expected none"
+                        + (" (KDB_DISABLE_CACHE is set)" if disabled else ""))
+    if cold["compiles"] != cold["kernels"]:
+        print(f"note: the cold run was not cold: {cold['kernels'] - cold['compiles']} of "
+              f"{cold['kernels']} programs were already in {cache} or a system database")
+    return speedup
 
-    if json_out is not None:
-        doc = {
-            "programs": [{"name": p.name, "file": p.file, "options": list(p.options),
-                          "kind": p.kind} for p in programs],
-            "cache_dir": str(cache), "cache_temporary": temporary,
-            "pocl_cache": "fresh empty POCL_CACHE_DIR per run",
-            "runs": {label: f for label, f in runs},
-            "build_speedup": speedup,
-            "missing_system_db_warning_cold": warned_cold,
-            "ok": not failures, "failures": failures,
-        }
-        Path(json_out).write_text(json.dumps(doc, indent=2))
-        print(f"figures written to {json_out}")
 
-    for msg in failures:
-        print(f"FAILED: {msg}", file=sys.stderr)
-    return 1 if failures else 0
+def _summary(runs: list[tuple[str, dict[str, Any]]], speedup: float | None, programs: int,
+             warned_cold: bool) -> None:
+    print()
+    print(_table(runs, speedup))
+    print()
+    f = runs[0][1]
+    print(f"device: {f['device']} ({f['platform']}), arch {f['arch']}")
+    print(f"user file: {f['user_file']}")
+    if speedup is not None and runs[0][1]["compiles"] == programs:
+        print(f"warm build phase {speedup:.1f}x faster than cold: "
+              f"{runs[0][1]['build_s']:.3f} s -> {runs[1][1]['build_s']:.3f} s for "
+              f"{programs} programs")
+    if len(runs) > 1:
+        print("kdb stores binaries in the background, after the start-up burst: the cold "
+              "run then spent\n  "
+              f"{runs[0][1]['store_wait_s']:.3f} s at its end reading them back from PoCL "
+              "and storing them; read after\n  the launches, they carry the "
+              "work-group code PoCL compiled, so the warm run's launches skip its JIT")
+    if not warned_cold:
+        print("note: the cold run gave no missing-system-db warning "
+              "(a system database for this arch was found, or kdb's warnings are silenced)")
 
 
 def _cli(argv: Sequence[str] | None = None) -> int:

@@ -102,26 +102,10 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         with tempfile.TemporaryDirectory(prefix="kdb-pack-") as work:
             if specs is not None:
                 step(arch, "compiling the manifest's kernels")
-                src, failures = compile_manifest(specs, arch, Path(work), keep_going=keep_going,
-                                                 progress=progress)
-                if failures and not keep_going:
-                    name, why = failures[0]
-                    raise PackError(f"kernel {name!r} could not be packed for {arch} (fix it, "
-                                    f"or pass --keep-going to pack the others): {why}")
-                if failures and len(failures) == len(applicable(specs, arch)):
-                    raise PackError(f"no kernel could be packed for {arch} ("
-                                    + ", ".join(n for n, _ in failures) + "); the first, "
-                                    f"{failures[0][0]!r}: {failures[0][1]}")
+                src, failures = _compiled(specs, arch, Path(work), keep_going, progress)
                 keys = None
             else:
-                src = user_db_file(from_db, arch, work_dir=Path(work))
-                shown = shown_source(from_db) or src  # the shared tier: its URL, password masked
-                check_source(src, shown)
-                keys = log_keys(src) if from_log else None
-                if from_log and not keys:
-                    raise PackError(f"the start-up latency log of {shown} is empty for {arch}")
-                step(arch, f"copying {'the logged kernels' if from_log else 'the entries'} "
-                           f"of {shown}")
+                src, keys = _copied(from_db, arch, Path(work), from_log, step)
             step(arch, f"writing {out / f'{arch}.kdb'}")
             result = write_system_db(out / f"{arch}.kdb", arch, [src], keys,
                                      keep_compile_seconds=specs is None, sign=signer,
@@ -133,6 +117,37 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         result.seconds = time.perf_counter() - start
         results.append(result)
     return results
+
+
+def _compiled(specs: list, arch: str, work: Path, keep_going: bool,
+              progress: Progress | None) -> tuple[Path, list[tuple[str, str]]]:
+    """The manifest's kernels for ``arch`` compiled into a file under ``work``; a failure
+    stops the pack unless ``keep_going`` (and some kernel for ``arch`` was packed)."""
+    src, failures = compile_manifest(specs, arch, work, keep_going=keep_going,
+                                     progress=progress)
+    if failures and not keep_going:
+        name, why = failures[0]
+        raise PackError(f"kernel {name!r} could not be packed for {arch} (fix it, "
+                        f"or pass --keep-going to pack the others): {why}")
+    if failures and len(failures) == len(applicable(specs, arch)):
+        raise PackError(f"no kernel could be packed for {arch} ("
+                        + ", ".join(n for n, _ in failures) + "); the first, "
+                        f"{failures[0][0]!r}: {failures[0][1]}")
+    return src, failures
+
+
+def _copied(from_db, arch: str, work: Path, from_log: bool,
+            step: Step) -> tuple[Path, set[str] | None]:
+    """The user database (or the shared tier's copy under ``work``) to pack ``arch`` from,
+    and with ``from_log`` the keys its start-up latency log names."""
+    src = user_db_file(from_db, arch, work_dir=work)
+    shown = shown_source(from_db) or src  # the shared tier: its URL, password masked
+    check_source(src, shown)
+    keys = log_keys(src) if from_log else None
+    if from_log and not keys:
+        raise PackError(f"the start-up latency log of {shown} is empty for {arch}")
+    step(arch, f"copying {'the logged kernels' if from_log else 'the entries'} of {shown}")
+    return src, keys
 
 
 def _signing(sign: str | os.PathLike[str] | None, copying: bool):

@@ -74,18 +74,8 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
     A kernel is built with exactly the option list a framework passes at run time
     (``options``, then ``defines``, then ``-I`` dirs), so that the keys match its lookups.
     """
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidArgumentError(f"manifest {path} does not exist") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InvalidArgumentError(f"manifest {path} is not valid TOML: {err}") from err
+    data = _read_toml(path)
     base = path.resolve().parent
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict) or set(defaults) - {"options", "include_dirs", "backend",
@@ -111,49 +101,66 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         if name in names:
             raise InvalidArgumentError(f"{where}: duplicate kernel name {name!r}")
         names.add(name)
-        if ("file" in k) == ("source" in k):
-            raise InvalidArgumentError(f"{where} ({name}): give exactly one of 'file' or 'source'")
-        if "file" in k:
-            src_path = base / k["file"]
-            try:
-                source = src_path.read_text(encoding="utf-8")
-            except OSError as err:
-                raise InvalidArgumentError(
-                    f"{where} ({name}): cannot read {src_path}: {err}") from err
-        else:
-            source = k["source"]
-        options = [*_strings(defaults.get("options", []), where, "defaults.options"),
-                   *_strings(k.get("options", []), where, "options")]
-        defines = k.get("defines", {})
-        if not isinstance(defines, dict):
-            raise InvalidArgumentError(f"{where} ({name}): 'defines' must be a table")
-        options += [f"-D{key}={_define(v)}" for key, v in defines.items()]
-        dirs = [str((base / d).resolve()) for d in
-                (*_strings(defaults.get("include_dirs", []), where, "defaults.include_dirs"),
-                 *_strings(k.get("include_dirs", []), where, "include_dirs"))]
-        try:
-            arches = tuple(config.check_arch(a)
-                           for a in _strings(k.get("arches", []), where, "arches"))
-        except InvalidArgumentError as err:
-            raise InvalidArgumentError(f"{where} ({name}): {err}") from err
-        backend = k.get("backend", defaults.get("backend", "opencl"))
-        if backend not in ("opencl", "cuda", "triton"):
-            raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
-                                       "packs; use 'opencl', 'cuda' or 'triton'")
-        if backend == "triton":
-            specs.append(_triton_spec(k, name, source, base, arches, where))
-            continue
-        if set(k) & {"function", "signature", "constexprs", "specialization"}:
-            raise InvalidArgumentError(f"{where} ({name}): 'function', 'signature', "
-                                       "'constexprs' and 'specialization' are for Triton "
-                                       "kernels only")
-        compiler = k.get("compiler", defaults.get("compiler") if backend == "cuda" else None)
-        if compiler is not None and (backend != "cuda" or compiler not in ("nvcc", "nvrtc")):
-            raise InvalidArgumentError(f"{where} ({name}): compiler {compiler!r}: CUDA kernels "
-                                       "take 'nvcc' or 'nvrtc'; other back ends none")
-        specs.append(KernelSpec(name, source, tuple(options), tuple(dirs), backend, arches,
-                                compiler))
+        specs.append(_spec(k, name, base, defaults, where))
     return specs
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidArgumentError(f"manifest {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InvalidArgumentError(f"manifest {path} is not valid TOML: {err}") from err
+
+
+def _spec(k: dict, name: str, base: Path, defaults: dict, where: str) -> KernelSpec:
+    """One ``[[kernel]]`` table, checked, with the defaults applied."""
+    if ("file" in k) == ("source" in k):
+        raise InvalidArgumentError(f"{where} ({name}): give exactly one of 'file' or 'source'")
+    if "file" in k:
+        src_path = base / k["file"]
+        try:
+            source = src_path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise InvalidArgumentError(
+                f"{where} ({name}): cannot read {src_path}: {err}") from err
+    else:
+        source = k["source"]
+    options = [*_strings(defaults.get("options", []), where, "defaults.options"),
+               *_strings(k.get("options", []), where, "options")]
+    defines = k.get("defines", {})
+    if not isinstance(defines, dict):
+        raise InvalidArgumentError(f"{where} ({name}): 'defines' must be a table")
+    options += [f"-D{key}={_define(v)}" for key, v in defines.items()]
+    dirs = [str((base / d).resolve()) for d in
+            (*_strings(defaults.get("include_dirs", []), where, "defaults.include_dirs"),
+             *_strings(k.get("include_dirs", []), where, "include_dirs"))]
+    try:
+        arches = tuple(config.check_arch(a)
+                       for a in _strings(k.get("arches", []), where, "arches"))
+    except InvalidArgumentError as err:
+        raise InvalidArgumentError(f"{where} ({name}): {err}") from err
+    backend = k.get("backend", defaults.get("backend", "opencl"))
+    if backend not in ("opencl", "cuda", "triton"):
+        raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
+                                   "packs; use 'opencl', 'cuda' or 'triton'")
+    if backend == "triton":
+        return _triton_spec(k, name, source, base, arches, where)
+    if set(k) & {"function", "signature", "constexprs", "specialization"}:
+        raise InvalidArgumentError(f"{where} ({name}): 'function', 'signature', "
+                                   "'constexprs' and 'specialization' are for Triton "
+                                   "kernels only")
+    compiler = k.get("compiler", defaults.get("compiler") if backend == "cuda" else None)
+    if compiler is not None and (backend != "cuda" or compiler not in ("nvcc", "nvrtc")):
+        raise InvalidArgumentError(f"{where} ({name}): compiler {compiler!r}: CUDA kernels "
+                                   "take 'nvcc' or 'nvrtc'; other back ends none")
+    return KernelSpec(name, source, tuple(options), tuple(dirs), backend, arches, compiler)
 
 
 def _triton_spec(k: dict, name: str, source: str, base: Path, arches: tuple[str, ...],

@@ -84,7 +84,6 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     a policy entries copied from elsewhere must verify under first; one that does not is
     left out and listed in the result's ``refused``.
     """
-    from ..keys import compiler_free_key
     from .wheel import source_date_epoch
 
     config.check_arch(arch)
@@ -104,44 +103,9 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
             conn.execute(_INCOMING)
             conn.execute("CREATE INDEX temp.ix_incoming_key ON incoming (key)")
             with fileformat.transaction(conn):
-                for n, src in enumerate(sources):
-                    if not Path(src).is_file():
-                        raise PackError(f"source database {src} does not exist")
-                    conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
-                    cols, join = _source_columns(conn, f"src{n}")
-                    new = (f"INSERT INTO incoming SELECT {cols} FROM src{n}.kernels AS s{join} "
-                           "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
-                           "WHERE i.key = s.key)")
-                    if keys is None:
-                        conn.execute(new, (arch,))
-                    else:
-                        for key in sorted(keys):
-                            conn.execute(new + " AND key = ?", (arch, key))
-                rows = conn.execute(f"SELECT {_COLUMNS} FROM incoming ORDER BY key").fetchall()
-                at = _COLUMNS.replace(" ", "").split(",")
-                refused: list[tuple[str, str]] = []
-                for row in rows:
-                    entry = dict(zip(at, row))
-                    entry.update(created=stamp, last_access=stamp, hits=0,
-                                 details=_portable_details(entry["details"]),
-                                 compiler_free_key=compiler_free_key(entry["attributes"]))
-                    if not keep_compile_seconds:
-                        entry["compile_seconds"] = 0.0
-                    if sign is not None or vouch is not None:
-                        why = _sign(entry, sign, vouch)
-                        if why is not None:
-                            refused.append((entry["name"] or entry["key"][:16], why))
-                            continue
-                    _insert(conn, entry)
-                missing = [] if keys is None else sorted(
-                    set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
-                count, raw, stored = conn.execute(
-                    "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
-                    "FROM kernels").fetchone()
-                # Sorted: a reproducible pack depends on the rows' insertion order.
-                fileformat.set_meta(conn, sorted([
-                    ("arch", arch), ("stored_bytes", str(stored)), ("raw_bytes", str(raw)),
-                    ("entries", str(count)), *fileformat.file_facts(created=int(stamp))]))
+                _gather(conn, arch, sources, keys)
+                refused = _copy_entries(conn, stamp, keep_compile_seconds, sign, vouch)
+                missing, count, raw, stored = _totals(conn, arch, keys, stamp)
             conn.execute("DROP TABLE temp.incoming")
             for n, _ in enumerate(sources):
                 conn.execute(f"DETACH DATABASE src{n}")
@@ -162,6 +126,65 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
     return PackResult(arch, dest, entries=count, raw_bytes=raw, stored_bytes=stored,
                       missing=missing, refused=refused,
                       signed_by=sign.signer_id if sign is not None else None)
+
+
+def _gather(conn: sqlite3.Connection, arch: str, sources: Iterable[Path],
+            keys: set[str] | None) -> None:
+    """Each source's ``arch`` entries (only ``keys`` if given) into the temporary
+    ``incoming`` table; the first source that holds a key gives it."""
+    for n, src in enumerate(sources):
+        if not Path(src).is_file():
+            raise PackError(f"source database {src} does not exist")
+        conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
+        cols, join = _source_columns(conn, f"src{n}")
+        new = (f"INSERT INTO incoming SELECT {cols} FROM src{n}.kernels AS s{join} "
+               "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
+               "WHERE i.key = s.key)")
+        if keys is None:
+            conn.execute(new, (arch,))
+        else:
+            for key in sorted(keys):
+                conn.execute(new + " AND key = ?", (arch, key))
+
+
+def _copy_entries(conn: sqlite3.Connection, stamp: float, keep_compile_seconds: bool,
+                  sign, vouch) -> list[tuple[str, str]]:
+    """The incoming entries, sorted by key, made portable (times, hits, host) and signed,
+    into the pack; returns the ones ``vouch`` refused, with why."""
+    from ..keys import compiler_free_key
+
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM incoming ORDER BY key").fetchall()
+    at = _COLUMNS.replace(" ", "").split(",")
+    refused: list[tuple[str, str]] = []
+    for row in rows:
+        entry = dict(zip(at, row))
+        entry.update(created=stamp, last_access=stamp, hits=0,
+                     details=_portable_details(entry["details"]),
+                     compiler_free_key=compiler_free_key(entry["attributes"]))
+        if not keep_compile_seconds:
+            entry["compile_seconds"] = 0.0
+        if sign is not None or vouch is not None:
+            why = _sign(entry, sign, vouch)
+            if why is not None:
+                refused.append((entry["name"] or entry["key"][:16], why))
+                continue
+        _insert(conn, entry)
+    return refused
+
+
+def _totals(conn: sqlite3.Connection, arch: str, keys: set[str] | None,
+            stamp: float) -> tuple[list[str], int, int, int]:
+    """The keys asked for and not found, the entry count and byte totals, also written to
+    the file's metadata (sorted: a reproducible pack depends on the rows' order)."""
+    missing = [] if keys is None else sorted(
+        set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
+    count, raw, stored = conn.execute(
+        "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
+        "FROM kernels").fetchone()
+    fileformat.set_meta(conn, sorted([
+        ("arch", arch), ("stored_bytes", str(stored)), ("raw_bytes", str(raw)),
+        ("entries", str(count)), *fileformat.file_facts(created=int(stamp))]))
+    return missing, count, raw, stored
 
 
 def _insert(conn: sqlite3.Connection, entry: dict) -> None:
