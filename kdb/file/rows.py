@@ -1,5 +1,6 @@
 """The shapes of what a tier file holds and is given: a row a hit reads, an entry to write,
-a start-up latency record. Plain named tuples (the hit path builds a :class:`Row` per hit)."""
+a start-up latency record, and what a lookup answers (:class:`Hit`). Plain named tuples (the
+hit path builds a :class:`Row` per hit)."""
 
 from __future__ import annotations
 
@@ -28,5 +29,13 @@ class Entry(namedtuple("Entry", "key arch backend name attributes raw compile_se
 class CompileRecord(namedtuple("CompileRecord",
                                "key name arch backend seconds missed reason at pid")):
     """One row of the start-up latency log."""
+
+    __slots__ = ()
+
+
+class Hit(namedtuple("Hit", "binary tier path compile_seconds")):
+    """A binary found in a tier: ``binary`` (bytes), ``tier`` ("memory", "system", "user" or
+    "shared"), ``path`` (the file or server it came from) and ``compile_seconds`` (what
+    compiling it cost when it was stored)."""
 
     __slots__ = ()
