@@ -1,15 +1,7 @@
 """Tiers: the places a binary may be found, the one check of a hit, and the policy over them.
 
-What every tier has, whatever it is made of:
-
-- ``name``: ``"system"``, ``"user"`` or ``"shared"`` (as :class:`kdb.Hit` and the counters
-  call it); ``describe()``: where it is, for messages (a path, or a masked server URL);
-- ``fetch(key)``: the stored row (:class:`kdb.file.kernelfile.Row`'s columns) or ``None``;
-- ``publish(entries, logs)``: store entries and start-up latency rows;
-- ``drop(keys)``: remove entries that proved bad;
-- ``signature(key, row)``: ``(signer, signature)``, asked only under a trust policy.
-
-:class:`FileTier` adapts a system or user :class:`~kdb.file.kernelfile.KernelFile`;
+:class:`~kdb.file.rows.Tier` is what every tier does, whatever it is made of: :class:`FileTier`
+adapts a system or user :class:`~kdb.file.kernelfile.KernelFile`;
 :class:`kdb.shared.tier.SharedTier` is the shared one (imported only with ``KDB_SHARED_URL``).
 Every row passes through :func:`verified`: a corrupt or colliding entry is refused the same
 way wherever it came from.
@@ -32,14 +24,14 @@ from .bookkeeping import Book, add
 from .file import discovery
 from .file.codec import decode
 from .file.kernelfile import KernelFile
-from .file.rows import Hit
+from .file.rows import Hit, Tier  # noqa: F401 - kdb.tiers names both
 from .signing import policy as signing
 from .storing import stores
 from .storing.stores import Storing
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here
-    from typing import Any, Callable, Iterator
+    from typing import Any, Callable, Iterable, Iterator
 
     from . import claims
     from .keys import HashAttributes
@@ -54,7 +46,8 @@ COLLISION = "key collision (stored attributes differ)"
 
 
 class FileTier:
-    """A system or user file as a tier (a thin adapter: the file does the work)."""
+    """A system or user file as a :class:`~kdb.file.rows.Tier` (a thin adapter: the file
+    does the work)."""
 
     __slots__ = ("file", "name")
 
@@ -71,8 +64,11 @@ class FileTier:
     def publish(self, entries: list[Entry], logs: list[CompileRecord] = ()) -> bool:
         return self.file.write(list(entries), list(logs), {}, {})
 
-    def drop(self, keys) -> int:
+    def drop(self, keys: Iterable[str]) -> int:
         return self.file.delete(list(keys))
+
+    def touch(self, key: str) -> None:
+        """Nothing here: a file's hits are counted with its bookkeeping (:class:`Book`)."""
 
     def signature(self, key: str, row: Row) -> tuple[str | None, bytes | None]:
         return self.file.signature(key)
