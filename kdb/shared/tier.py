@@ -180,7 +180,7 @@ class SharedTier(CrossNodeLocks):
 
     def failed(self, err: BaseException, doing: str) -> None:
         """A fault talking to the server: warn once, skip the tier for a while, go local."""
-        retry = config.seconds(config.ENV_SHARED_RETRY, config.SHARED_RETRY_S)
+        retry = config.read(config.ENV_SHARED_RETRY)
         with self._lock:
             self._down_until = time.monotonic() + retry
             self._last_error = self.reason(err)
