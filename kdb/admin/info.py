@@ -188,6 +188,6 @@ def trust_status() -> dict[str, Any]:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__

@@ -289,7 +289,7 @@ def upgrade(conn: Connection, revision: str = "head", namespace: str | None = No
 def _describe(conn: Connection) -> None:
     from sqlalchemy.dialects.postgresql import insert
 
-    from .. import __version__
+    from .._version import __version__
 
     with conn.begin():
         for name, value in (("tier", "shared"), ("format", str(config.FORMAT_MAJOR)),
