@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ._version import __version__
 
-TYPE_CHECKING = False  # typing is slow to import: annotations only
+TYPE_CHECKING = False  # `import kdb` alone loads no typing (a hit does: zstandard imports it)
 from .errors import (
     BackendUnavailableError,
     CacheFaultError,

@@ -21,11 +21,11 @@ import os
 from pathlib import Path
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from . import config, lifecycle, logs
 from .file.kernelfile import CompileRecord
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
@@ -284,7 +284,6 @@ def write_run_report(directory: str | os.PathLike[str] | None = None):
     if not directory or not got:
         return None
     import json
-    from pathlib import Path
 
     path = Path(directory) / f"{os.getpid()}-{time.time_ns()}.json"
     tmp = path.with_suffix(".tmp")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import bookkeeping, config, faults, logs
 from .bookkeeping import Book, add
@@ -29,7 +30,6 @@ from .signing import policy as signing
 from .storing import stores
 from .storing.stores import Storing
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here
     from typing import Any, Callable, Iterable, Iterator
 

@@ -73,8 +73,6 @@ class SystemSource(namedtuple("SystemSource", "arch filename origin problem", de
 
     @property
     def path(self) -> Path:
-        from pathlib import Path  # for callers; the hit path reads ``filename``
-
         return Path(self.filename)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from typing import TYPE_CHECKING
 
 from . import codec, compact, fs
 from .. import faults, logs
@@ -31,7 +32,6 @@ from .fileformat import (
 )
 from ..keys import compiler_free_key
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .kernelfile import CompileRecord, Entry, KernelFile
 
@@ -156,7 +156,7 @@ def _journal_mode(f: KernelFile) -> str:
     kind = fs.network_fs(f.path.parent)
     if kind is None:
         return "WAL"
-    faults.warn_once(
+    logs.warn_once(
         "netfs:" + str(f.path.parent),
         "kdb: the kernel cache %s is on a network file system (%s), where SQLite's WAL "
         "does not work: kdb uses a rollback journal there, and concurrent jobs may wait "
@@ -213,7 +213,7 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
     for e in entries:
         kind, blob = codec.encode(e.raw)
         if cap and len(blob) > cap:
-            faults.warn_once(f"toobig:{f.path}",
+            logs.warn_once(f"toobig:{f.path}",
                              "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
                              "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
                              len(blob), e.name or e.key[:16], cap)

@@ -5,9 +5,8 @@ path builds a :class:`Row` per hit); and :class:`Tier`, what every tier does wit
 from __future__ import annotations
 
 from collections import namedtuple
-from typing import Protocol, runtime_checkable  # typing: loaded on a hit anyway (zstandard)
+from typing import TYPE_CHECKING, Protocol, runtime_checkable  # a hit loads typing anyway
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable
 

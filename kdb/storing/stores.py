@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from .. import config, faults, logs
 from ..bookkeeping import Pending
@@ -28,8 +29,7 @@ from ..file.kernelfile import CompileRecord, Entry
 from ..file.rows import Hit
 from ..signing import policy as signing
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations are strings here: the hit path does not import typing
+if TYPE_CHECKING:  # annotations are strings here
     from typing import Any, Callable
 
     from .. import claims
