@@ -100,7 +100,8 @@ def verified(row, attrs: HashAttributes) -> tuple[bytes | None, str | None]:
 class _UserFiles(dict):
     """The user tier's files by arch, each made on first use (it may not exist on disk yet).
     :class:`Tiers` owns them; its :class:`~kdb.bookkeeping.Book` gets ``__getitem__``, a
-    callable that holds this map and not the ``Tiers`` (a book outlives nothing)."""
+    callable that holds this map and not the ``Tiers`` (a book stays in a module list until
+    its ``Tiers`` is collected, which a reference back would prevent)."""
 
     def __init__(self, user_dir: Path) -> None:
         super().__init__()
