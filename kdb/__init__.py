@@ -15,11 +15,9 @@ Submodules load on first use (``import kdb`` stays cheap): ``kdb.opencl`` for py
 
 from __future__ import annotations
 
-#: kdb's version, written once: pyproject.toml reads it from here, and every file kdb writes
-#: records it (set before any import below: a submodule may ask for it while this runs).
-__version__ = "0.1.0"
+from ._version import __version__
 
-TYPE_CHECKING = False  # typing is slow to import: annotations only
+TYPE_CHECKING = False  # `import kdb` alone loads no typing (a hit does: zstandard imports it)
 from .errors import (
     BackendUnavailableError,
     CacheFaultError,

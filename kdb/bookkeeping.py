@@ -21,15 +21,15 @@ import os
 from pathlib import Path
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from . import config, lifecycle, logs
-from .file.kernelfile import CompileRecord, KernelFile
+from .file.kernelfile import CompileRecord
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-    from .file.kernelfile import Entry
+    from .file.kernelfile import Entry, KernelFile
 
 log = logs.get("kdb")
 
@@ -70,19 +70,17 @@ class Pending:
 
 
 class Book:
-    """One KernelDB's pending bookkeeping, per arch, and the user files it goes to.
+    """One KernelDB's pending bookkeeping, per arch, and the one writer of it.
 
-    ``files`` and ``inflight`` are the KernelDB's own maps (opened user files; binaries
-    served from memory until stored), shared, not copied. ``hand_over``, once set (the
+    ``user_file(arch)`` gives the user file to write to: the :class:`kdb.tiers.Tiers` that
+    owns the files hands it over, a callable that holds no reference to the ``Tiers`` (a book
+    lives in a module list until its ``Tiers`` is collected). ``hand_over``, once set (the
     KernelDB handed stores to the store worker), takes at exit the bookkeeping of archs
     whose user file does not exist yet, so that no exit creates and migrates one.
     """
 
-    def __init__(self, user_dir: str, files: dict[str, KernelFile], inflight: dict[str, bytes],
-                 disabled: bool) -> None:
-        self.user_dir = user_dir
-        self.files = files
-        self.inflight = inflight
+    def __init__(self, user_file: Callable[[str], KernelFile], disabled: bool) -> None:
+        self.user_file = user_file
         self.disabled = disabled
         self.hand_over: Callable[[dict[str, dict]], None] | None = None
         self.lock = threading.Lock()
@@ -128,14 +126,6 @@ class Book:
 
     # -- the one writer ---------------------------------------------------------------------
 
-    def user_file(self, arch: str) -> KernelFile:
-        f = self.files.get(arch)
-        if f is None:
-            config.check_arch(arch)
-            f = self.files[arch] = KernelFile(os.path.join(self.user_dir, f"{arch}.kdb"),
-                                              tier="user", readonly=False)
-        return f
-
     def write_pending(self, arch: str, p: Pending | None) -> bool:
         """Write ``p`` to ``arch``'s user file in one transaction; False if nothing was."""
         if p is None or p.empty() or self.disabled:
@@ -143,10 +133,7 @@ class Book:
         f = self.user_file(arch)
         if not p.worth_creating_a_file() and not Path(f.filename).exists():
             return False
-        written = f.write(p.entries, p.logs, p.hits, p.counters)
-        for e in p.entries:
-            self.inflight.pop(e.key, None)
-        return written
+        return f.write(p.entries, p.logs, p.hits, p.counters)
 
     def write(self, arch: str) -> bool:
         """Write what is pending for ``arch`` (the background thread, or a flush)."""
@@ -185,7 +172,7 @@ class Book:
         if self.hand_over is not None and not self.disabled:
             try:
                 archs = [a for a in list(self.pending)
-                         if not Path(os.path.join(self.user_dir, f"{a}.kdb")).exists()]
+                         if not Path(self.user_file(a).filename).exists()]
                 book = self.take_json(archs)
                 if book:
                     self.hand_over(book)
@@ -297,7 +284,6 @@ def write_run_report(directory: str | os.PathLike[str] | None = None):
     if not directory or not got:
         return None
     import json
-    from pathlib import Path
 
     path = Path(directory) / f"{os.getpid()}-{time.time_ns()}.json"
     tmp = path.with_suffix(".tmp")

@@ -1,13 +1,17 @@
 """Every setting kdb reads: explicit argument, then environment variable, then default.
 
-Values are read when used, never at import, so a test's ``monkeypatch.setenv`` or a
-framework's ``os.environ[...] = ...`` before the first lookup takes effect.
+:data:`SETTINGS` is the one table of them (name, default, parser, what a bad value does);
+the readers, :func:`check_settings`, :func:`problems`, ``kdb info`` and
+docs/configuration.md come from it. Values are read when used, never at import, so a test's
+``monkeypatch.setenv`` or a framework's ``os.environ[...] = ...`` before the first lookup
+takes effect.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections import namedtuple
 from pathlib import Path
 
 from .errors import ConfigError, UnsafeArchError
@@ -28,7 +32,6 @@ ENV_SHARED_RETRY = "KDB_SHARED_RETRY"
 ENV_SHARED_MAX_SIZE = "KDB_SHARED_MAX_SIZE"
 ENV_SHARED_NAMESPACE = "KDB_SHARED_NAMESPACE"
 ENV_STRICT = "KDB_STRICT"
-# Signed entries (kdb.signing.policy): keys trusted, user tier covered too, key to sign with.
 ENV_TRUSTED_KEYS = "KDB_TRUSTED_KEYS"
 ENV_REQUIRE_SIGNED = "KDB_REQUIRE_SIGNED"
 ENV_SIGNING_KEY = "KDB_SIGNING_KEY"
@@ -39,23 +42,11 @@ ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
 ENV_LOCK_TIMEOUT = "KDB_LOCK_TIMEOUT"
 ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
 ENV_NVRTC = "KDB_NVRTC"  # the libnvrtc.so kdb.cuda loads (else the nvidia-cuda-nvrtc wheel)
-#: ``1``: every Python process started with it adopts pyopencl and pycuda (``kdb-auto.pth``
-#: reads it at start-up through ``_kdb_auto``, which repeats the name to stay off kdb).
-ENV_AUTO = "KDB_AUTO"
-#: Directory where each process that used kdb leaves its counts at exit (``kdb run``, pytest).
+ENV_AUTO = "KDB_AUTO"  # read at start-up by _kdb_auto, which repeats the name to stay off kdb
 ENV_RUN_REPORT = "KDB_RUN_REPORT"
 
 #: Seconds a writer waits on a locked user database before giving up (and warning).
 BUSY_TIMEOUT_S = 5.0
-STORE_TIMEOUT_S = 120.0  # an exiting process finishing its background stores
-WAIT_TIMEOUT_S = 60.0  # a process waiting for another that compiles the same kernel
-
-#: Seconds a process waits for another's upgrade lock on a user file before going on without it.
-LOCK_TIMEOUT_S = 10.0
-
-#: The shared tier's bounds: seconds to connect, seconds a statement may run, and seconds
-#: between attempts to reach a server that failed (kdb uses its local tiers meanwhile).
-SHARED_CONNECT_TIMEOUT_S, SHARED_STATEMENT_TIMEOUT_S, SHARED_RETRY_S = 3.0, 5.0, 30.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -83,15 +74,6 @@ MAX_SECONDS = 86400.0
 MAX_SIZE_LIMIT = 1 << 62
 
 
-def _bad_setting(name: str, raw: str, problem: str, used: str) -> None:
-    """One warning per bad ``KDB_*`` variable and value, naming what is used instead (the
-    command line refuses them: :func:`problems`)."""
-    from . import logs
-
-    logs.warn_once(f"config:{name}={raw}", "kdb: %s=%s %s; using %s instead", name,
-                     _short(raw), problem, used)
-
-
 def parse_flag(name: str, raw: str) -> bool:
     """A boolean variable's value; :class:`ConfigError` if it is not one.
 
@@ -101,25 +83,7 @@ def parse_flag(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in _TRUE or value in _FALSE:
         return value in _TRUE
-    raise ConfigError(f"{name}={raw!r} is not a boolean; set it to 1 or 0")
-
-
-#: A bad boolean's fallback where the default is not safe, and what the warning says of it.
-_FLAG_FALLBACK = {ENV_DISABLE_CACHE: (True, "1 (the cache is turned off)"),
-                  ENV_REQUIRE_SIGNED: (True, "1 (every tier must verify: the safe side)")}
-
-
-def flag(name: str, explicit: bool | None = None) -> bool:
-    """A boolean setting: ``explicit`` if given, else the variable ``name`` (``1``/``0``...)."""
-    if explicit is not None:
-        return bool(explicit)
-    raw = os.environ.get(name, "")
-    try:
-        return parse_flag(name, raw)
-    except ConfigError:
-        used, shown = _FLAG_FALLBACK.get(name, (False, "0 (the default)"))
-        _bad_setting(name, raw, "is not a boolean (1 or 0)", shown)
-        return used
+    raise ConfigError(f"{name}={_short(raw)} is not a boolean; set it to 1 or 0")
 
 
 def parse_seconds(name: str, raw: str) -> float:
@@ -131,26 +95,11 @@ def parse_seconds(name: str, raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+        raise ConfigError(f"{name}={_short(raw)} is not a number of seconds") from None
     if not 0 <= value <= MAX_SECONDS:  # NaN fails both comparisons
-        raise ConfigError(f"{name}={raw!r} must be a number of seconds from 0 to "
+        raise ConfigError(f"{name}={_short(raw)} must be a number of seconds from 0 to "
                           f"{MAX_SECONDS:g}")
     return value
-
-
-def seconds(name: str, default: float, explicit: float | None = None) -> float:
-    """A duration setting in seconds: ``explicit``, else the variable ``name``, else default."""
-    if explicit is not None:
-        return float(explicit)
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return parse_seconds(name, raw)
-    except ConfigError:
-        _bad_setting(name, raw, f"is not a number of seconds from 0 to {MAX_SECONDS:g}",
-                     f"{default:g} s (the default)")
-        return default
 
 
 #: Default cap of the user tier, per file (like Intel's and CUDA's caches).
@@ -196,31 +145,12 @@ def parse_size(text: str) -> int:
     return got
 
 
-def max_size(explicit: int | str | None = None) -> int:
-    """The user tier's cap in bytes (``KDB_CACHE_MAX_SIZE``); 0 means no cap."""
-    if explicit is not None:
-        return explicit if isinstance(explicit, int) else parse_size(explicit)
-    raw = os.environ.get(ENV_CACHE_MAX_SIZE, "").strip()
-    if not raw:
-        return MAX_SIZE_DEFAULT
+def parse_size_setting(name: str, raw: str) -> int:
+    """:func:`parse_size` of the variable ``name``, whose messages name it."""
     got = _size_or_reason(raw)
     if isinstance(got, str):
-        _bad_setting(ENV_CACHE_MAX_SIZE, raw, f"{got} (use bytes or a suffix such as 500M "
-                     "or 2G; 0 = no cap)", "1G (the default)")
-        return MAX_SIZE_DEFAULT
-    return got
-
-
-def shared_max_size() -> int:
-    """The shared tier's cap in stored bytes (``KDB_SHARED_MAX_SIZE``); 0 (the default): none."""
-    raw = os.environ.get(ENV_SHARED_MAX_SIZE, "").strip()
-    if not raw:
-        return 0
-    got = _size_or_reason(raw)
-    if isinstance(got, str):
-        _bad_setting(ENV_SHARED_MAX_SIZE, raw, f"{got} (use bytes or a suffix such as 50G; "
-                     "0 = no cap)", "0 (no cap)")
-        return 0
+        raise ConfigError(f"{name}={_short(raw)} {got}; use bytes or a suffix such as 500M or "
+                          "2G (0 = no cap)")
     return got
 
 
@@ -240,16 +170,6 @@ def parse_namespace(raw: str) -> str | None:
     return value or None
 
 
-def shared_namespace() -> str | None:
-    """``KDB_SHARED_NAMESPACE``, checked where the tier connects: a bad name turns it off."""
-    return os.environ.get(ENV_SHARED_NAMESPACE, "").strip() or None
-
-
-def store_timeout(explicit: float | None = None) -> float:
-    """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
-    return seconds(ENV_STORE_TIMEOUT, STORE_TIMEOUT_S, explicit)
-
-
 #: What an exiting process does with stores it has not started (``KDB_STORE_AT_EXIT``).
 STORE_AT_EXIT = ("detach", "wait")
 
@@ -263,39 +183,139 @@ def parse_store_at_exit(raw: str) -> str:
     return value
 
 
+# -- the table ---------------------------------------------------------------------------------
+
+class Setting(namedtuple("Setting", "name default shown parse fallback bad")):
+    """A row of :data:`SETTINGS`: the variable, its ``default`` (unset or blank) and how the
+    docs and ``kdb info`` show it (``shown``), ``parse(name, text)`` (raises ConfigError;
+    None: the text as written), the value a bad one reads as (``fallback``) and what a bad
+    value does, in words (``bad``)."""
+
+    __slots__ = ()
+
+
+#: A bad value's fallback where no value is safe: :func:`read` returns the text unparsed and
+#: the code that uses it refuses it (a bad namespace turns the shared tier off).
+CHECKED_WHERE_USED = object()
+
+
+def _flag(name: str, *, bad_means: bool = False, said: str = "0 (the default)") -> Setting:
+    return Setting(name, False, "off", parse_flag, bad_means, said)
+
+
+def _duration(name: str, default: float) -> Setting:
+    return Setting(name, default, f"{default:g}", parse_seconds, default,
+                   f"{default:g} s (the default)")
+
+
+def _text(name: str, shown: str, bad: str = "") -> Setting:
+    return Setting(name, None, shown, None, None, bad)
+
+
+#: Every variable kdb reads, in the order docs/configuration.md lists them (a test holds the
+#: page to it): the readers, :func:`check_settings`, :func:`problems` and ``kdb info`` use it.
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    _text(ENV_AUTO, "unset (off)", "off, with one warning"),  # _kdb_auto checks it
+    _text(ENV_CACHE_DIR, "$XDG_CACHE_HOME/kdb"),
+    _text(ENV_SYSTEM_DB_PATH, "none"),
+    _flag(ENV_DISABLE_CACHE, bad_means=True, said="1 (the cache is turned off)"),
+    Setting(ENV_CACHE_MAX_SIZE, MAX_SIZE_DEFAULT, "1G", parse_size_setting, MAX_SIZE_DEFAULT,
+            "1G (the default)"),
+    _flag(ENV_STRICT),
+    _flag(ENV_TRACE),
+    _text(ENV_NVCC, "$CUDA_HOME/bin/nvcc, else nvcc on PATH"),
+    _text(ENV_NVRTC, "the nvidia-cuda-nvrtc wheel, else $CUDA_HOME/lib64"),
+    _text("SOURCE_DATE_EPOCH", "0 (1980-01-01 in zips)", "kdb pack refuses it"),
+    _duration(ENV_WAIT_TIMEOUT, 60.0),  # waiting for another that compiles the same kernel
+    _duration(ENV_LOCK_TIMEOUT, 10.0),  # waiting for another's upgrade lock on a user file
+    Setting(ENV_STORE_AT_EXIT, STORE_AT_EXIT[0], STORE_AT_EXIT[0],
+            lambda _, raw: parse_store_at_exit(raw), "wait", "'wait' (storing before exit)"),
+    _duration(ENV_STORE_TIMEOUT, 120.0),  # an exiting process finishing its background stores
+    _text(ENV_SHARED_URL, "none (off)", "the shared tier is off, with one warning"),
+    _duration(ENV_SHARED_CONNECT_TIMEOUT, 3.0),
+    _duration(ENV_SHARED_STATEMENT_TIMEOUT, 5.0),  # one statement, or a lock wait
+    _duration(ENV_SHARED_RETRY, 30.0),  # between attempts to reach a server that failed
+    Setting(ENV_SHARED_MAX_SIZE, 0, "0 (no cap)", parse_size_setting, 0, "0 (no cap)"),
+    Setting(ENV_SHARED_NAMESPACE, None, "unset (one namespace for every node)",
+            lambda _, raw: parse_namespace(raw), CHECKED_WHERE_USED,
+            "the shared tier is off, with one warning"),
+    _text(ENV_TRUSTED_KEYS, "unset (nothing checked)", "a key file others can write is "
+          "refused, with one warning"),
+    _flag(ENV_REQUIRE_SIGNED, bad_means=True, said="1 (every tier must verify: the safe side)"),
+    _text(ENV_SIGNING_KEY, "unset", "a key others can read is refused: nothing is signed"),
+    _text(ENV_RUN_REPORT, "unset"),
+)}
+
+
+def read(name: str):
+    """The value of the setting ``name`` (a row of :data:`SETTINGS`) from the environment:
+    its default when unset or blank; a value kdb cannot use warns once (the command line
+    refuses it: :func:`problems`) and reads as the row's fallback."""
+    row = SETTINGS[name]
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return row.default
+    if row.parse is None or row.fallback is CHECKED_WHERE_USED:
+        return raw
+    try:
+        return row.parse(name, raw)
+    except ConfigError as err:
+        from . import logs
+
+        logs.warn_once(f"config:{name}={raw}", "kdb: %s; using %s instead", err, row.bad)
+        return row.fallback
+
+
+def flag(name: str, explicit: bool | None = None) -> bool:
+    """A boolean setting: ``explicit`` if given, else the variable ``name`` (``1``/``0``...)."""
+    return read(name) if explicit is None else bool(explicit)
+
+
+def max_size(explicit: int | str | None = None) -> int:
+    """The user tier's cap in bytes (``KDB_CACHE_MAX_SIZE``); 0 means no cap."""
+    if explicit is not None:
+        return explicit if isinstance(explicit, int) else parse_size(explicit)
+    return read(ENV_CACHE_MAX_SIZE)
+
+
+def shared_max_size() -> int:
+    """The shared tier's cap in stored bytes (``KDB_SHARED_MAX_SIZE``); 0 (the default): none."""
+    return read(ENV_SHARED_MAX_SIZE)
+
+
+def shared_namespace() -> str | None:
+    """``KDB_SHARED_NAMESPACE``, checked where the tier connects: a bad name turns it off."""
+    return read(ENV_SHARED_NAMESPACE)
+
+
+def store_timeout(explicit: float | None = None) -> float:
+    """Seconds an exiting process spends finishing background stores (``KDB_STORE_TIMEOUT``)."""
+    return read(ENV_STORE_TIMEOUT) if explicit is None else float(explicit)
+
+
 def store_at_exit(explicit: str | None = None) -> str:
     """``detach``: OpenCL stores go to the store worker (:mod:`kdb.storing.spool`) as they happen;
     ``wait``: the process stores them itself, before exit within ``KDB_STORE_TIMEOUT``.
     A bad value falls back to ``wait``, which needs nothing but this process."""
-    if explicit is not None:
-        return parse_store_at_exit(explicit)
-    raw = os.environ.get(ENV_STORE_AT_EXIT, "")
-    try:
-        return parse_store_at_exit(raw)
-    except ConfigError:
-        _bad_setting(ENV_STORE_AT_EXIT, raw, f"is not one of {', '.join(STORE_AT_EXIT)}",
-                     "'wait' (storing before exit)")
-        return "wait"
+    return read(ENV_STORE_AT_EXIT) if explicit is None else parse_store_at_exit(explicit)
 
 
 def wait_timeout(explicit: float | None = None) -> float:
     """Seconds a process waits for another that compiles the same kernel (``KDB_WAIT_TIMEOUT``)."""
-    return seconds(ENV_WAIT_TIMEOUT, WAIT_TIMEOUT_S, explicit)
+    return read(ENV_WAIT_TIMEOUT) if explicit is None else float(explicit)
 
 
 def lock_timeout(explicit: float | None = None) -> float:
     """Seconds a process waits for another's schema upgrade of a file (``KDB_LOCK_TIMEOUT``)."""
-    return seconds(ENV_LOCK_TIMEOUT, LOCK_TIMEOUT_S, explicit)
+    return read(ENV_LOCK_TIMEOUT) if explicit is None else float(explicit)
 
 
 def check_settings() -> None:
-    """Read every setting the store worker will read, so a bad value warns here, in the
-    program that set it, as the others do: the worker's log is where nobody looks."""
-    max_size(), store_at_exit(), store_timeout(), wait_timeout(), lock_timeout()
-    flag(ENV_DISABLE_CACHE), flag(ENV_STRICT), flag(ENV_TRACE)
-    seconds(ENV_SHARED_CONNECT_TIMEOUT, SHARED_CONNECT_TIMEOUT_S)
-    seconds(ENV_SHARED_STATEMENT_TIMEOUT, SHARED_STATEMENT_TIMEOUT_S)
-    seconds(ENV_SHARED_RETRY, SHARED_RETRY_S)
+    """Read every setting that falls back on a bad value, so that one the store worker will
+    read warns here, in the program that set it: the worker's log is where nobody looks."""
+    for row in SETTINGS.values():
+        if row.parse is not None and row.fallback is not CHECKED_WHERE_USED:
+            read(row.name)
 
 
 def problems(environ: dict[str, str] | None = None) -> list[str]:
@@ -307,24 +327,13 @@ def problems(environ: dict[str, str] | None = None) -> list[str]:
     """
     env = os.environ if environ is None else environ
     out = []
-    checks = [(n, lambda n, v: parse_flag(n, v)) for n in (ENV_DISABLE_CACHE, ENV_STRICT,
-                                                            ENV_TRACE, ENV_REQUIRE_SIGNED)]
-    checks += [(n, parse_seconds) for n in (ENV_WAIT_TIMEOUT, ENV_STORE_TIMEOUT, ENV_LOCK_TIMEOUT,
-                                             ENV_SHARED_CONNECT_TIMEOUT,
-                                             ENV_SHARED_STATEMENT_TIMEOUT, ENV_SHARED_RETRY)]
-    checks += [(ENV_STORE_AT_EXIT, lambda n, v: parse_store_at_exit(v)),
-               (ENV_CACHE_MAX_SIZE, lambda n, v: parse_size(v)),
-               (ENV_SHARED_MAX_SIZE, lambda n, v: parse_size(v)),
-               (ENV_SHARED_NAMESPACE, lambda n, v: parse_namespace(v))]
-    for name, check in checks:
-        raw = env.get(name)
-        if raw is None or (not raw.strip() and name != ENV_STORE_AT_EXIT):
-            continue
-        try:
-            check(name, raw.strip() if check is parse_seconds else raw)
-        except ConfigError as err:
-            text = str(err)
-            out.append(text if name in text else f"{name}: {text}")
+    for row in SETTINGS.values():
+        raw = (env.get(row.name) or "").strip()
+        if raw and row.parse is not None:
+            try:
+                row.parse(row.name, raw)
+            except ConfigError as err:
+                out.append(str(err))
     return out
 
 
@@ -334,52 +343,37 @@ def shared_url(explicit: str | None = None) -> str | None:
     return url.strip() or None
 
 
-def cache_root_str(explicit: str | os.PathLike[str] | None = None) -> str:
-    """:func:`cache_root` as a str (the hit path's), absolute: the store worker runs in ``/``."""
+def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The user tier's root directory (``KDB_CACHE_DIR``, else the platform's user cache),
+    absolute: the store worker runs in ``/``."""
     env = os.environ.get(ENV_CACHE_DIR)
     if explicit is not None or env:
-        root = str(Path(env if explicit is None else explicit).expanduser())
+        root = Path(env if explicit is None else explicit).expanduser()
     elif sys.platform == "darwin":
-        root = os.path.join(home(), "Library", "Caches", "kdb")
+        root = Path(home(), "Library", "Caches", "kdb")
     elif sys.platform == "win32":
-        fallback = os.path.join(home(), "AppData", "Local")
-        root = str(Path(os.environ.get("LOCALAPPDATA", fallback), "kdb"))
+        root = Path(os.environ.get("LOCALAPPDATA", os.path.join(home(), "AppData", "Local")),
+                    "kdb")
     else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache")
-        root = str(Path(base, "kdb"))
+        root = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(home(), ".cache"), "kdb")
     try:  # a deleted working directory leaves a relative root as it is
-        return root if os.path.isabs(root) else str(Path(os.getcwd(), root))
+        return root if root.is_absolute() else Path(os.getcwd(), root)
     except OSError:
         return root
 
 
-def user_dir_str(explicit: str | os.PathLike[str] | None = None) -> str:
-    """:func:`user_dir` as a str (what the hit path uses)."""
-    return os.path.join(cache_root_str(explicit), f"v{FORMAT_MAJOR}")
-
-
-def system_dirs_str(explicit: str | os.PathLike[str] | list | tuple | None = None) -> list[str]:
-    """:func:`system_dirs` as strs (what the hit path uses)."""
-    if explicit is None:
-        explicit = os.environ.get(ENV_SYSTEM_DB_PATH, "")
-    parts = ([p for p in str(explicit).split(os.pathsep) if p]
-             if isinstance(explicit, (str, os.PathLike)) else [str(p) for p in explicit])
-    return [str(Path(p).expanduser()) for p in parts]
-
-
-def cache_root(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The user tier's root directory (``KDB_CACHE_DIR``, else the platform's user cache)."""
-    return Path(cache_root_str(explicit))
-
-
 def user_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     """Directory of the user tier's files, versioned by the on-disk format's major version."""
-    return Path(user_dir_str(explicit))
+    return cache_root(explicit) / f"v{FORMAT_MAJOR}"
 
 
 def system_dirs(explicit: str | os.PathLike[str] | list | tuple | None = None) -> list[Path]:
     """Extra directories searched for ``<arch>.kdb`` (``KDB_SYSTEM_DB_PATH``, os.pathsep list)."""
-    return [Path(p) for p in system_dirs_str(explicit)]
+    if explicit is None:
+        explicit = os.environ.get(ENV_SYSTEM_DB_PATH, "")
+    parts = ([p for p in str(explicit).split(os.pathsep) if p]
+             if isinstance(explicit, (str, os.PathLike)) else [str(p) for p in explicit])
+    return [Path(p).expanduser() for p in parts]
 
 
 #: Create a directory and any missing parents with mode 0700 (:func:`kdb.dirs.make_private_dir`).

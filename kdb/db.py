@@ -12,13 +12,13 @@ background store where nobody would see it. The work is done by :class:`kdb.tier
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from . import config
 from .errors import InvalidArgumentError
 from .keys import HashAttributes
 from .tiers import Hit, Tiers
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here
     from pathlib import Path
     from typing import Any, Callable

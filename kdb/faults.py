@@ -2,16 +2,16 @@
 
 The cache never breaks the program that uses it; a corrupt or locked file costs a
 recompile. ``KDB_STRICT=1`` turns each fault into :class:`~kdb.errors.CacheFaultError`
-for test suites and CI that want to see them.
+for test suites and CI that want to see them. A warning that is no fault (strict mode lets it
+pass) is :func:`kdb.logs.warn_once`.
 """
 
 from __future__ import annotations
 
 from . import config, logs
 from .errors import CacheFaultError
-from .logs import warn_once
 
-__all__ = ["fault", "warn_once", "reset"]
+__all__ = ["fault", "reset"]
 
 log = logs.get("kdb")
 

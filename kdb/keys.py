@@ -31,8 +31,8 @@ from .config import check_arch
 from .errors import InvalidArgumentError, UnsupportedTypeError
 
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing is slow to import; annotations are strings here
+TYPE_CHECKING = False  # `import kdb` loads this module, and no typing (a hit does)
+if TYPE_CHECKING:  # annotations are strings here
     from typing import Any, Iterable
 
 #: Bump when the encoding below changes: every key changes with it.

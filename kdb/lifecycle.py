@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import atexit
 import os
+from typing import TYPE_CHECKING
 
 from . import logs
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 

@@ -1,49 +1,41 @@
 """Tiers: the places a binary may be found, the one check of a hit, and the policy over them.
 
-What every tier has, whatever it is made of:
-
-- ``name``: ``"system"``, ``"user"`` or ``"shared"`` (as :class:`kdb.Hit` and the counters
-  call it); ``describe()``: where it is, for messages (a path, or a masked server URL);
-- ``fetch(key)``: the stored row (:class:`kdb.file.kernelfile.Row`'s columns) or ``None``;
-- ``publish(entries, logs)``: store entries and start-up latency rows;
-- ``drop(keys)``: remove entries that proved bad;
-- ``signature(key, row)``: ``(signer, signature)``, asked only under a trust policy.
-
-:class:`FileTier` adapts a system or user :class:`~kdb.file.kernelfile.KernelFile`;
+:class:`~kdb.file.rows.Tier` is what every tier does, whatever it is made of: :class:`FileTier`
+adapts a system or user :class:`~kdb.file.kernelfile.KernelFile`;
 :class:`kdb.shared.tier.SharedTier` is the shared one (imported only with ``KDB_SHARED_URL``).
 Every row passes through :func:`verified`: a corrupt or colliding entry is refused the same
 way wherever it came from.
 
-:class:`Tiers` is the policy: a hit is :meth:`Tiers.lookup` read top to bottom (key, one loop
-over the tiers, each row verified, a counter bumped in memory; no lock, no write, no
-SQLAlchemy). A miss claims the key or waits for its compiler (:mod:`kdb.claims`); the store
-side is :mod:`kdb.storing.stores`, which ``Tiers`` inherits. Back ends and the store worker
-reach it as ``KernelDB.tiers``; a program calls :class:`kdb.KernelDB`.
+:class:`Tiers` owns the tiers (the user files, the system files found, the binaries served from
+memory until stored) and the hit policy: a hit is :meth:`Tiers.lookup` read top to bottom (one
+loop over the tiers, each row verified, trusted, a lower tier's hit copied up, a counter bumped
+in memory; no lock, no write, no SQLAlchemy). A miss claims the key or waits for its compiler
+(:mod:`kdb.claims`); the store side is :mod:`kdb.storing.stores`, which ``Tiers`` inherits.
+Back ends and the store worker reach it as ``KernelDB.tiers``; a program calls
+:class:`kdb.KernelDB`.
 """
 from __future__ import annotations
 
 import os
-import sys
-import time
-from collections import namedtuple
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import bookkeeping, config, faults, logs
 from .bookkeeping import Book, add
-from .errors import InvalidArgumentError
 from .file import discovery
 from .file.codec import decode
-from .file.kernelfile import CompileRecord, KernelFile
+from .file.kernelfile import KernelFile
+from .file.rows import Hit, Tier  # noqa: F401 - kdb.tiers names both
 from .signing import policy as signing
-from .storing.stores import _BACKGROUND, Storing, _background
+from .storing import stores
+from .storing.stores import Storing
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here
-    from typing import Any, Callable, Iterator
+    from typing import Any, Callable, Iterable, Iterator
 
     from . import claims
     from .keys import HashAttributes
-    from .file.kernelfile import Entry, Row
+    from .file.kernelfile import CompileRecord, Entry, Row
 
 log = logs.get("kdb")
 trace_log = logs.get("kdb.trace")
@@ -54,7 +46,8 @@ COLLISION = "key collision (stored attributes differ)"
 
 
 class FileTier:
-    """A system or user file as a tier (a thin adapter: the file does the work)."""
+    """A system or user file as a :class:`~kdb.file.rows.Tier` (a thin adapter: the file
+    does the work)."""
 
     __slots__ = ("file", "name")
 
@@ -71,8 +64,11 @@ class FileTier:
     def publish(self, entries: list[Entry], logs: list[CompileRecord] = ()) -> bool:
         return self.file.write(list(entries), list(logs), {}, {})
 
-    def drop(self, keys) -> int:
+    def drop(self, keys: Iterable[str]) -> int:
         return self.file.delete(list(keys))
+
+    def touch(self, key: str) -> None:
+        """Nothing here: a file's hits are counted with its bookkeeping (:class:`Book`)."""
 
     def signature(self, key: str, row: Row) -> tuple[str | None, bytes | None]:
         return self.file.signature(key)
@@ -101,73 +97,55 @@ def verified(row, attrs: HashAttributes) -> tuple[bytes | None, str | None]:
     return raw, None
 
 
-def system_files(arch: str, dirs: list[str | Path], memo_dir: str | Path, user_dir: str | Path,
-                 use_system: bool = True) -> list[KernelFile]:
-    """The read-only system files for ``arch`` (:mod:`kdb.file.discovery`); none warns once per
-    process and arch, saying what that costs and how to fix it."""
-    config.check_arch(arch)
-    if not use_system:
-        return []
-    files = [KernelFile(s.filename, tier="system", readonly=True)
-             for s in discovery.sources_for(arch, dirs, memo_dir=memo_dir)]
-    if not files:
-        bookkeeping.note_missing_system(arch)
-        faults.warn_once(
-            f"nosys:{arch}",
-            "kdb: no system kernel database for arch %r: looked for %s in KDB_SYSTEM_DB_PATH "
-            "(%s) and in installed packages (entry point group %r). Kernels for this device "
-            "will be compiled at first use and stored in %s, so the first start-up will be "
-            "slow. To fix it, install the system database package for this arch "
-            "(pip install %s, if your framework publishes one), or build one with "
-            "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
-            arch, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
-            discovery.GROUP, os.path.join(str(Path(user_dir)), f"{arch}.kdb"), discovery.dist_name(arch),
-            arch,
-        )
-    return files
+class _UserFiles(dict):
+    """The user tier's files by arch, each made on first use (it may not exist on disk yet).
+    :class:`Tiers` owns them; its :class:`~kdb.bookkeeping.Book` gets ``__getitem__``, a
+    callable that holds this map and not the ``Tiers`` (a book stays in a module list until
+    its ``Tiers`` is collected, which a reference back would prevent)."""
 
+    def __init__(self, user_dir: Path) -> None:
+        super().__init__()
+        self.user_dir = user_dir
 
-class Hit(namedtuple("Hit", "binary tier path compile_seconds")):
-    """A binary found in a tier: ``binary`` (bytes), ``tier`` ("memory", "system", "user" or
-    "shared"), ``path`` (the file or server it came from) and ``compile_seconds`` (what
-    compiling it cost when it was stored)."""
-
-    __slots__ = ()
+    def __missing__(self, arch: str) -> KernelFile:
+        config.check_arch(arch)
+        f = self[arch] = KernelFile(os.path.join(self.user_dir, f"{arch}.kdb"), tier="user",
+                                    readonly=False)
+        return f
 
 
 class Tiers(Storing):
-    """The tiers behind one :class:`kdb.KernelDB` and the policy over them: lookup, claims,
-    compile records and (inherited from :class:`~kdb.storing.stores.Storing`) stores.
+    """The tiers behind one :class:`kdb.KernelDB`, what it owns (the user files, the system
+    files found, the in-flight binaries) and the policy over them: lookup, claims, compile
+    records and (inherited from :class:`~kdb.storing.stores.Storing`) a miss's compile and
+    stores. The arguments are :class:`kdb.KernelDB`'s, which checks them.
 
     This is the named interface back ends and the store worker use (``db.tiers``); a
-    program uses :class:`kdb.KernelDB`, which checks its caller's arguments and calls this.
-
-    ``cache_dir`` is the user tier's root (default ``KDB_CACHE_DIR`` or the platform's user
-    cache; files live in ``<cache_dir>/v<format major>/<arch>.kdb``). ``system_path`` adds
-    directories searched for ``<arch>.kdb`` before installed packages (default
-    ``KDB_SYSTEM_DB_PATH``). ``disabled`` turns every tier off (default ``KDB_DISABLE_CACHE``);
-    ``use_system=False`` consults the user tier only.
+    program uses :class:`kdb.KernelDB`.
     """
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None,
                  system_path: str | os.PathLike[str] | list | None = None, *,
                  disabled: bool | None = None, trace: bool | None = None,
                  use_system: bool = True) -> None:
-        self._cache_root = config.cache_root_str(cache_dir)
-        self._user_dir = os.path.join(self._cache_root, f"v{config.FORMAT_MAJOR}")
-        self._system_dirs = config.system_dirs_str(system_path)
+        self.cache_root = config.cache_root(cache_dir)  # the user tier's root directory
+        #: The directory of the user tier's files (``<cache_root>/v<format major>``).
+        self.user_dir = self.cache_root / f"v{config.FORMAT_MAJOR}"
+        #: The directories searched for ``<arch>.kdb`` before installed packages.
+        self.system_dirs = config.system_dirs(system_path)
         self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled)
         self.trace = config.flag(config.ENV_TRACE, trace)
         self.use_system = use_system  # False: user tier only (``kdb pack`` builds this way)
         if self.trace:
             logs.enable_output(trace_log, "kdb.trace")
         self._system: dict[str, list[KernelFile]] = {}
-        self._user: dict[str, KernelFile] = {}
+        self._user = _UserFiles(self.user_dir)
         self._local: dict[str, tuple[FileTier, ...]] = {}
+        #: Binaries this process compiled or copied, served from memory until stored.
         self._inflight: dict[str, bytes] = {}
         # Batched hit counts, counters and log rows (kdb.bookkeeping): written by the
         # background store, a flush, the exit, or when this instance is collected.
-        self._book = Book(self._user_dir, self._user, self._inflight, self.disabled)
+        self._book = Book(self._user.__getitem__, self.disabled)
 
     def __del__(self) -> None:
         # Collected without a flush: its batched bookkeeping is not lost.
@@ -179,42 +157,22 @@ class Tiers(Storing):
                 pass
 
     def __repr__(self) -> str:
-        return f"Tiers(cache_dir={self._cache_root!r})"
-
-    @property
-    def cache_root(self) -> Path:
-        """The user tier's root directory."""
-        from pathlib import Path
-
-        return Path(self._cache_root)
-
-    @property
-    def user_dir(self) -> Path:
-        """The directory of the user tier's files (``<cache_root>/v<format major>``)."""
-        from pathlib import Path
-
-        return Path(self._user_dir)
-
-    @property
-    def system_dirs(self) -> list[Path]:
-        """The directories searched for ``<arch>.kdb`` before installed packages."""
-        from pathlib import Path
-
-        return [Path(d) for d in self._system_dirs]
+        return f"Tiers(cache_dir={str(self.cache_root)!r})"
 
     # -- tiers ----------------------------------------------------------------------------
 
     def user_file(self, arch: str) -> KernelFile:
         """The user tier's file for ``arch`` (it may not exist yet)."""
-        f = self._user.get(arch)
-        return f if f is not None else self._book.user_file(arch)
+        return self._user[arch]
 
     def system_files(self, arch: str) -> list[KernelFile]:
         """The system files for ``arch``; the first call per arch warns if there are none."""
         files = self._system.get(arch)
         if files is None:
-            files = self._system[arch] = system_files(
-                arch, self._system_dirs, self._cache_root, self._user_dir, self.use_system)
+            files = self._system[arch] = discovery.system_files(
+                arch, self.system_dirs, self.cache_root, self.user_dir, self.use_system)
+            if not files and self.use_system:
+                bookkeeping.note_missing_system(arch)
         return files
 
     def _tiers(self, arch: str) -> Iterator:
@@ -274,6 +232,67 @@ class Tiers(Storing):
             return Hit(raw, name, where, row.compile_seconds)
         return None
 
+    def _bad_entry(self, tier, attrs: HashAttributes, reason: str, row=None) -> None:
+        """A row that failed :func:`verified`: the user's is dropped, the shared tier's
+        dropped and published anew, a system file's (immutable) skipped."""
+        if tier.name == "user":
+            self.discard(attrs, reason)
+        elif tier.name == "shared":
+            faults.fault(f"entry {attrs.key[:16]} in the shared tier {tier.describe()} is "
+                         f"unusable: {reason}; it is dropped and compiled again",
+                         once="bad:shared:" + attrs.key)
+            stored = _stored_key(row, attrs.key)
+            stores.submit(lambda: tier.drop([stored]))
+        else:
+            faults.fault(f"entry {attrs.key[:16]} in {tier.describe()} is unusable: {reason}; "
+                         "skipped", once=f"bad:{tier.describe()}")
+
+    def _vouched(self, policy, tier, attrs: HashAttributes, row, raw: bytes) -> bool:
+        """Whether the trust policy lets ``raw`` from ``tier`` be served (a tier it does not
+        cover: always). A refused entry is a miss with one warning per cause and signer
+        (:meth:`kdb.signing.policy.Policy.refused`); a shared entry whose signature or binary
+        was tampered with is dropped, while an unsigned one, or one by a key this node does
+        not know, is left to the nodes that may trust it."""
+        if not policy.covers(tier.name):
+            return True
+        key = attrs.key
+        signer, signature = tier.signature(key, row)
+        # Over the requested attributes: verified() found them to be the stored ones, and a
+        # signature that covers them proves its signer vouched for exactly these.
+        cause = policy.check(key, attrs.encoded().decode("utf-8"), raw, row.checksum, signer,
+                             signature)
+        if cause is None:
+            return True
+        policy.refused(tier.name, tier.describe(), key, attrs.name, cause, signer)
+        if tier.name == "shared" and cause in (signing.BAD_SIGNATURE, signing.BAD_DIGEST):
+            stored = _stored_key(row, key)
+            stores.submit(lambda: tier.drop([stored]))
+        return False
+
+    def _copy_to_user(self, shared, attrs: HashAttributes, raw: bytes, row,
+                      signed: tuple | None = None, claim: claims.Claim | None = None) -> None:
+        """A shared hit: served from memory until copied into the user tier (with the
+        signature it carries); counted there. ``claim`` (this node's, held while another
+        node compiled the key) is released once the copy is written."""
+        self._inflight[attrs.key] = raw
+        try:
+            import json
+
+            details = json.loads(row.details)
+        except ValueError:
+            details = None
+        user = self.user_file(attrs.arch)
+
+        def produce() -> bytes | None:
+            if claim is None and user.fetch(attrs.key) is not None:
+                return None  # another process of this node copied it first
+            return raw
+
+        self.put_later(attrs, produce, compile_seconds=row.compile_seconds,
+                       details=details, publish=False, signed=signed, claim=claim)
+        stored = _stored_key(row, attrs.key)
+        stores.submit(lambda: shared.touch(stored))
+
     def claim_or_wait(self, attrs: HashAttributes, find: Callable[[], Any] | None = None
                       ) -> Hit | claims.Claim | None:
         """After a miss: claim the key for compiling, or wait while another process does.
@@ -311,40 +330,6 @@ class Tiers(Storing):
                                      config.wait_timeout(), shared, idle)
 
     # -- misses ---------------------------------------------------------------------------
-
-    def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
-                       details: dict[str, Any] | None = None,
-                       recheck: Callable[[], tuple] | None = None) -> bytes:
-        """The stored binary, or ``compile_fn()``'s result, stored in the background (unless
-        ``recheck()``, the headers as they are after the compile, differ from the key's:
-        :func:`kdb.storing.stores.headers_changed`)."""
-        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
-        hit = self.lookup(attrs)
-        if hit is not None:
-            return hit.binary
-        got = self.claim_or_wait(attrs)
-        if isinstance(got, Hit):
-            return got.binary
-        try:
-            start = time.perf_counter()
-            binary = compile_fn()
-            seconds = time.perf_counter() - start
-            if not isinstance(binary, (bytes, bytearray, memoryview)):
-                raise InvalidArgumentError(
-                    f"compile_fn must return bytes, returned {type(binary).__name__}")
-        except BaseException:
-            if got is not None:
-                got.release()
-            raise
-        binary = bytes(binary)
-        rec = self.record_compile(attrs, seconds)
-        if not self.disabled:
-            # The store waits for a quiet moment; until then this process answers a repeated
-            # request from memory instead of waiting on its own claim.
-            self._inflight[attrs.key] = binary
-        self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec,
-                       claim=got, recheck=recheck)
-        return binary
 
     def record_compile(self, attrs: HashAttributes, seconds: float,
                        reason: str | None = None) -> CompileRecord:
@@ -386,9 +371,7 @@ class Tiers(Storing):
 
     def flush(self) -> None:
         """Finish background stores and write batched bookkeeping; strict mode re-raises."""
-        # Never imported: nothing was submitted. (Imported, not taken from sys.modules: the
-        # import waits for a thread that is halfway through it.)
-        errors = _background().drain() if _BACKGROUND in sys.modules else []
+        errors = stores.drain()
         self._book.write_all()
         if errors and config.flag(config.ENV_STRICT):
             raise errors[0]
@@ -398,3 +381,9 @@ class Tiers(Storing):
         self.flush()
         for f in (*self._user.values(), *(f for fs in self._system.values() for f in fs)):
             f.close()
+
+
+def _stored_key(row, key: str) -> str:
+    """The key column of a fetched row: ``key``, or a signer's own row for it (a shared
+    row published beside another signer's, :func:`kdb.shared.writes.slot_key`)."""
+    return getattr(row, "stored_key", "") or key

@@ -72,7 +72,7 @@ def import_graph(package: Path = PACKAGE, top: dict[str, Path] | None = None
             for t in targets:
                 while t and t not in files:
                     t = t.rpartition(".")[0]
-                if t and t not in (name, "kdb"):
+                if t and t != name:
                     deps.add(t)
         graph[name] = deps
     return graph
@@ -171,6 +171,44 @@ def test_each_wing_says_what_it_owns_and_may_import():
 
 
 
+def private_imports(package: Path = PACKAGE) -> list[str]:
+    """``importer <- module.name`` for every private name (``_x``, not ``__x__``) imported
+    from a module of another package of the distribution: a wing's private names are its own."""
+    files = {_name(p, package): p for p in package.rglob("*.py")}
+
+    def home(module: str) -> str:  # the package a module belongs to
+        return module if files[module].name == "__init__.py" else module.rpartition(".")[0]
+
+    found = []
+    for name in files:
+        for node in ast.walk(ast.parse(files[name].read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                up = home(name).split(".")[: len(home(name).split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and base in files and home(base) != home(name):
+                    found.append(f"{name} <- {base}.{alias.name}")
+    return sorted(found)
+
+
+def test_no_private_name_crosses_a_package():
+    assert private_imports() == []
+
+
+def test_the_check_sees_a_private_name_taken_from_another_package(tmp_path):
+    pkg = tmp_path / "kdb"
+    (pkg / "wing").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "wing" / "__init__.py").write_text("from .room import _mine, shared  # its own\n")
+    (pkg / "wing" / "room.py").write_text("_mine = shared = 1\n")
+    (pkg / "core.py").write_text("from .wing import _mine\nfrom .wing.room import shared\n")
+    assert private_imports(pkg) == ["kdb.core <- kdb.wing._mine"]
+
+
 #: The house's size: the top of ``kdb/`` holds the core and the public module paths, every
 #: other module a wing (a folder) small enough to read as one room, and no module is a hall.
 CORE_MODULES_MAX, WING_MODULES_MAX, MODULE_LINES_MAX = 11, 12, 400
@@ -209,20 +247,22 @@ def test_every_package_of_the_tree_ships_in_the_wheel():
 def test_the_checks_see_a_cycle_a_lazy_import_and_an_upward_import(tmp_path):
     pkg = tmp_path / "kdb"
     (pkg / "backends").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("__version__ = '1'\nfrom . import codec\n")
     (pkg / "backends" / "__init__.py").write_text("")
     (pkg / "backends" / "gpu.py").write_text("from .. import tier\n")
     (pkg / "tier.py").write_text("def f():\n    from . import db\n")
     (pkg / "db.py").write_text("from . import tier\nfrom .backends import gpu\n")
     (pkg / "keys.py").write_text("TYPE_CHECKING = False\nif TYPE_CHECKING:\n"
                                  "    from . import db\n")
+    (pkg / "codec.py").write_text("from . import __version__\n")  # the package root itself
     hook = tmp_path / "_hook.py"
     hook.write_text("def f():\n    import kdb.keys\n")
     graph = import_graph(pkg, {"_hook": hook})
     assert graph["kdb.keys"] == set()  # type-only imports are not run-time edges
     assert graph["kdb.db"] == {"kdb.tier", "kdb.backends", "kdb.backends.gpu"}
     assert graph["_hook"] == {"kdb.keys"}
-    assert cycles(graph) == [["kdb.backends.gpu", "kdb.db", "kdb.tier"]]
+    assert graph["kdb.codec"] == {"kdb"} and graph["kdb"] == {"kdb.codec"}
+    assert cycles(graph) == [["kdb", "kdb.codec"], ["kdb.backends.gpu", "kdb.db", "kdb.tier"]]
     table = layers("## Layers\n| **1. low** | `kdb.keys`, `kdb.tier` |\n"
                    "| **2. high** | `kdb.db`, `kdb.backends.*` |\n")
     assert [n for n, _ in table] == ["1. low", "2. high"]

@@ -20,6 +20,9 @@ import kdb
 import kdb.cuda
 from kdb import BackendUnavailableError, CompileError, InvalidArgumentError, UnsupportedTypeError
 from kdb.backends import cuda as backend
+from kdb.backends.cuda import keys as cuda_keys
+from kdb.backends.cuda import nvcc as cuda_nvcc
+from kdb.backends.cuda import nvrtc as cuda_nvrtc
 from kdb.keys import differences
 
 NVCC = shutil.which("nvcc")
@@ -298,13 +301,13 @@ def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
     st = piece.stat()
     rec = {"version": "v", "sha256": {}, "include_dirs": [], "stamps": {
         "ptxas": f"{piece}|{st.st_size}|{st.st_mtime_ns}"}}
-    assert backend._still_valid(rec)
-    assert not backend._still_valid({k: v for k, v in rec.items() if k != "include_dirs"})
+    assert cuda_nvcc._still_valid(rec)
+    assert not cuda_nvcc._still_valid({k: v for k, v in rec.items() if k != "include_dirs"})
     piece.write_bytes(b"three")
-    assert not backend._still_valid(rec)
+    assert not cuda_nvcc._still_valid(rec)
     piece.unlink()
-    assert not backend._still_valid(rec)
-    assert not backend._still_valid({"stamps": "garbage"})
+    assert not cuda_nvcc._still_valid(rec)
+    assert not cuda_nvcc._still_valid({"stamps": "garbage"})
 
 
 def test_machine_memo_keeps_one_value_per_file(tmp_path):
@@ -596,7 +599,7 @@ def test_without_a_compiler_the_newest_compiler_wins_and_a_true_miss_says_what_t
         tmp_path, cache_dir, run_py, monkeypatch):
     sysdir = _pack(tmp_path, ["nvcc", "nvrtc"])
     nvcc_rank = kdb.cuda.compiler_rank(kdb.cuda.identity(kdb.cuda.find_nvcc()).compiler)
-    nvrtc_rank = kdb.cuda.compiler_rank(backend._nvrtc.identity(NVRTC).compiler)
+    nvrtc_rank = kdb.cuda.compiler_rank(cuda_nvrtc.identity(NVRTC).compiler)
     assert nvcc_rank != nvrtc_rank  # else the tie-break below decides, not the version
     newest = "nvrtc" if nvrtc_rank > nvcc_rank else "nvcc"
     env = {**_hide_compilers(tmp_path, monkeypatch), "KDB_SYSTEM_DB_PATH": str(sysdir),
@@ -673,7 +676,7 @@ def test_a_refused_stored_build_is_dropped_and_the_next_one_loaded(cache_dir, no
             return object()
 
     drv = Driver()
-    req = backend._request(DOUBLE_SRC, "sm_90", (), (), "cubin", None, cache_dir, None)
+    req = cuda_keys._request(DOUBLE_SRC, "sm_90", (), (), "cubin", None, cache_dir, None)
     assert req.tool is None
     backend.SourceModule._load_stored_build(drv, db, req)
     assert drv.loaded == [b"old cubin"]

@@ -271,6 +271,17 @@ def test_bookkeeping_of_a_dropped_instance_is_not_lost(cache_dir):
     assert sql(path, "SELECT hits FROM kernels") == [(1,)]
 
 
+def test_a_compiled_binary_is_served_from_memory_until_its_store_writes_it(cache_dir):
+    """The in-flight copy (owned by Tiers, beside the user files) answers a repeated request
+    while the store waits, and goes once the user file holds the entry."""
+    db = KernelDB(use_system=False)
+    a = attrs()
+    assert db.get_or_compile(a, lambda: BINARY) == BINARY
+    db.flush()
+    assert db.tiers._inflight == {}
+    assert db.lookup(a).tier == "user"
+
+
 def test_user_file_and_directory_are_private(cache_dir):
     KernelDB().put(attrs(), BINARY)
     assert stat.S_IMODE(os.stat(user_path(cache_dir)).st_mode) == 0o600

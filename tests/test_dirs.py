@@ -1,4 +1,4 @@
-"""kdb.dirs: private directories, and the cache's paths as str and as Path naming the same."""
+"""kdb.dirs: private directories; kdb.config: the cache's paths, absolute and tidied."""
 
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ def test_make_private_dir_creates_the_missing_parents_private(tmp_path):
     assert config.private_dir(target) == target  # there already: nothing to do
 
 
-def test_the_str_settings_are_the_path_settings(tmp_path, monkeypatch):
+def test_the_cache_paths_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path) + "//./cache/")
     monkeypatch.setenv("KDB_SYSTEM_DB_PATH", os.pathsep.join(["~/a/", "", str(tmp_path)]))
-    assert config.cache_root() == Path(config.cache_root_str()) == tmp_path / "cache"
-    assert str(config.user_dir()) == config.user_dir_str() == str(tmp_path / "cache" / "v1")
-    assert [str(d) for d in config.system_dirs()] == config.system_dirs_str() == [
-        str(Path("~/a").expanduser()), str(tmp_path)]
+    assert config.cache_root() == tmp_path / "cache"
+    assert config.user_dir() == tmp_path / "cache" / "v1"
+    assert config.system_dirs() == [Path("~/a").expanduser(), tmp_path]
     monkeypatch.delenv("KDB_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", ".")
-    assert config.cache_root_str() == os.path.join(os.getcwd(), "kdb") == str(config.cache_root())
+    assert config.cache_root() == Path(os.getcwd(), "kdb")  # absolute: the worker runs in /

@@ -356,7 +356,7 @@ def test_a_deleted_header_drops_the_job_and_says_why(cache_dir, run_py, tmp_path
     db = kdb.KernelDB(use_system=False)
     with pytest.raises(clstore.HeaderChangedError,
                        match=r"job dropped: header 'h.h' is gone since the build"):
-        clstore.store_job(db, job)
+        clstore.rebuild_and_store(db, job)
     db.flush()
     assert stored(cache_dir) == 0
 
@@ -383,7 +383,7 @@ def test_a_header_edited_while_the_worker_rebuilds_is_not_stored(cache_dir, cl_c
     monkeypatch.setattr(cl._Program, "build", build_then_edit)
     db = kdb.KernelDB(use_system=False)
     with pytest.raises(clstore.HeaderChangedError, match="header 'h.h' was edited"):
-        clstore.store_job(db, job)
+        clstore.rebuild_and_store(db, job)
     db.flush()
     assert stored(cache_dir) == 0
 

@@ -18,7 +18,7 @@ def test_a_store_job_round_trips_through_json_with_the_back_ends_own_fields():
     assert job.kind == STORE and job.backend == "opencl" and job.seconds == 0.5
     assert job.keys == ["ab"]
     assert job.extra == {"program": data["program"]}
-    assert job.to_dict() == data  # what the back end's store_job receives, unchanged
+    assert job.to_dict() == data  # what the back end's rebuild_and_store receives, unchanged
 
 
 def test_a_job_carries_its_build_variables_and_never_what_starts_programs():

@@ -402,6 +402,24 @@ def test_lookup_order_user_then_shared_then_compile(shared_url, cache_dir, tmp_p
     assert KernelDB(cache_dir=tmp_path / "third").lookup(attrs(2)).tier == "shared"
 
 
+def test_the_shared_tier_answers_publish_and_drop_as_a_file_tier_does(shared_url, tmp_path):
+    """One signature per operation (kdb.file.rows.Tier): publish says whether it was
+    written, drop how many entries went, whichever tier it is."""
+    from kdb.file.kernelfile import KernelFile
+    from kdb.shared.tier import SharedTier
+    from kdb.tiers import FileTier
+
+    entry = KernelDB(cache_dir=tmp_path / "x").tiers._entry(attrs(5), BINARY, 0.1, None)
+    user = FileTier(KernelFile(tmp_path / "a1.kdb", tier="user", readonly=False))
+    for tier in (user, SharedTier(shared_url)):
+        assert tier.publish([entry]) is True, tier
+        assert tier.fetch(entry.key) is not None
+        assert tier.drop([entry.key]) == 1, tier
+        assert tier.drop([entry.key]) == 0, tier
+        assert tier.fetch(entry.key) is None
+        assert tier.touch(entry.key) is None
+
+
 def test_cross_node_lock_and_want(shared_url):
     """Two tiers (two sessions, as two nodes): one holds a key, the other waits and asks."""
     from kdb import claims

@@ -405,6 +405,6 @@ def test_a_lane_whose_environment_differs_from_the_key_drops_the_job(cache_dir, 
     db = kdb.KernelDB(use_system=False)
     with pytest.raises(LookupError, match="built with AMD_OCL_BUILD_OPTIONS='-DA', the store "
                                           "worker has '-DZ'"):
-        stores.store_job(db, job)
+        stores.rebuild_and_store(db, job)
     db.flush()
     assert stored(cache_dir) == 0

@@ -154,7 +154,25 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "shared": shared_summary(),
         "auto": auto.status(),
         "trust": trust_status(),
+        "settings": settings(),
     }
+
+
+def settings() -> list[dict[str, Any]]:
+    """Every variable of :data:`kdb.config.SETTINGS`, in its order: its value here (None:
+    unset; the shared tier's URL with its password masked) and its default as
+    docs/configuration.md shows it."""
+    import os
+
+    out = []
+    for row in config.SETTINGS.values():
+        value = os.environ.get(row.name)
+        if value is not None and row.name == config.ENV_SHARED_URL:
+            from ..shared.server import mask
+
+            value = mask(value)
+        out.append({"name": row.name, "value": value, "default": row.shown})
+    return out
 
 
 def trust_status() -> dict[str, Any]:
@@ -170,6 +188,6 @@ def trust_status() -> dict[str, Any]:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__

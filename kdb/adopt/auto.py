@@ -91,13 +91,13 @@ def _pycuda_compile(module: Any, original: Any) -> Any:
         opts = getattr(module, "DEFAULT_NVCC_FLAGS", []) if options is None else options
         try:
             if arch is None:
-                from ..backends.cuda import _context_arch, _pycuda_driver
+                from ..backends.cuda.loading import context_arch, pycuda_driver
 
-                arch = _context_arch(_pycuda_driver())
-            from ..backends.cuda import _pycuda_include_dirs
+                arch = context_arch(pycuda_driver())
+            from ..backends.cuda.loading import pycuda_include_dirs
 
             return cuda.compile(text, arch=arch, options=list(opts),
-                                include_dirs=[*include_dirs, *_pycuda_include_dirs()],
+                                include_dirs=[*include_dirs, *pycuda_include_dirs()],
                                 output=target, nvcc=None if nvcc == "nvcc" else nvcc)
         except KdbError as err:
             # A compile error, or a request kdb refuses: pycuda's own compile raises what

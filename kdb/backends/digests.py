@@ -18,11 +18,11 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import private_dir
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing is slow to import; annotations are strings here
+if TYPE_CHECKING:  # annotations are strings here
     from typing import Any, Callable
 
 # hashlib (OpenSSL), json and tempfile load where a file is digested or a memo read or

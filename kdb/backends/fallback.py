@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 from collections import namedtuple
+from typing import TYPE_CHECKING
 
 from .. import logs
 from ..file.codec import decode
 from ..keys import HashAttributes
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable
 

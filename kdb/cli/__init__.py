@@ -29,7 +29,7 @@ from . import (
 from .. import config
 from .tools import Settings
 from ..errors import KdbError
-from .. import __version__
+from .._version import __version__
 
 
 class _Group(click.Group):

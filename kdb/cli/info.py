@@ -71,6 +71,15 @@ def info(obj: Settings, as_json: bool) -> None:
                                          f"MISSING ({d['arch']}.kdb): kernels compile at "
                                          "first use"))
     _echo_cuda(data["cuda"])
+    _echo_settings(data["settings"])
+
+
+def _echo_settings(rows: list[dict[str, Any]]) -> None:
+    """The variables set here, each with its default (docs/configuration.md lists them all)."""
+    set_here = [r for r in rows if r["value"] is not None]
+    click.echo("settings:" + ("" if set_here else " none set (every default holds)"))
+    for r in set_here:
+        click.echo(f"  {r['name']}={r['value']!r}  (default: {r['default']})")
 
 
 def _echo_trust(trust: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from collections import namedtuple
 
 from .. import config, errors, logs
 from . import entrypoints
+from .kernelfile import KernelFile
 from .entrypoints import _EntryPoint, _load, _memo, _parse_group, _read, flush  # noqa: F401
 
 log = logs.get("kdb")
@@ -72,8 +73,6 @@ class SystemSource(namedtuple("SystemSource", "arch filename origin problem", de
 
     @property
     def path(self) -> Path:
-        from pathlib import Path  # for callers; the hit path reads ``filename``
-
         return Path(self.filename)
 
 
@@ -112,7 +111,7 @@ def _resolve(ep: _EntryPoint) -> SystemSource:
 def all_sources(extra_dirs: list[str | os.PathLike[str]] | None = None, *,
                 memo_dir: str | os.PathLike[str] | None = None) -> list[SystemSource]:
     """Every system database visible: from the extra directories, then from packages."""
-    dirs = config.system_dirs_str() if extra_dirs is None else extra_dirs
+    dirs = config.system_dirs() if extra_dirs is None else extra_dirs
     out: list[SystemSource] = []
     for d in dirs:
         try:
@@ -160,7 +159,7 @@ def _checked(src: SystemSource) -> SystemSource:
 def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = None, *,
                 memo_dir: str | os.PathLike[str] | None = None) -> list[SystemSource]:
     """Usable system databases for one arch, in search order; broken entries are logged."""
-    dirs = config.system_dirs_str() if extra_dirs is None else extra_dirs
+    dirs = config.system_dirs() if extra_dirs is None else extra_dirs
     files = (os.path.join(str(Path(d)), f"{arch}.kdb") for d in dirs)
     out = []
     for f in files:
@@ -190,3 +189,27 @@ def _refuse(filename: str, origin: str, why: str) -> None:
 
     faults.fault(f"system database {filename} (from {origin}) is not loaded: {why}",
                  once="unsafe-system:" + filename)
+
+
+def system_files(arch: str, dirs: list[str | os.PathLike[str]], memo_dir: str | os.PathLike[str],
+                 user_dir: str | os.PathLike[str], use_system: bool = True) -> list[KernelFile]:
+    """The read-only system files for ``arch`` (:func:`sources_for`), opened lazily; none
+    warns once per process and arch, saying what that costs and how to fix it."""
+    config.check_arch(arch)
+    if not use_system:
+        return []
+    files = [KernelFile(s.filename, tier="system", readonly=True)
+             for s in sources_for(arch, dirs, memo_dir=memo_dir)]
+    if not files:
+        logs.warn_once(
+            f"nosys:{arch}",
+            "kdb: no system kernel database for arch %r: looked for %s in KDB_SYSTEM_DB_PATH "
+            "(%s) and in installed packages (entry point group %r). Kernels for this device "
+            "will be compiled at first use and stored in %s, so the first start-up will be "
+            "slow. To fix it, install the system database package for this arch "
+            "(pip install %s, if your framework publishes one), or build one with "
+            "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
+            arch, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
+            GROUP, os.path.join(str(Path(user_dir)), f"{arch}.kdb"), dist_name(arch), arch,
+        )
+    return files

@@ -176,7 +176,7 @@ def file_facts(created: float | None = None) -> list[tuple[str, str]]:
     """The ``meta`` rows every new database gets: its format major, the kdb that made it and
     when (``created``: default now). Callers add what they are (``arch``, or ``tier``)."""
     from ..config import FORMAT_MAJOR
-    from .. import __version__
+    from .._version import __version__
 
     return [("format", str(FORMAT_MAJOR)), ("kdb_version", __version__),
             ("created", str(time.time() if created is None else created))]

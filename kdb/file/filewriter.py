@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from typing import TYPE_CHECKING
 
 from . import codec, compact, fs
 from .. import faults, logs
+from ..logs import warn_once  # by name: _store's 'logs' is the latency rows
 from ..config import max_size, private_dir
 from .eviction import drop_unused_sources, evict
 from .fileformat import (
@@ -31,7 +33,6 @@ from .fileformat import (
 )
 from ..keys import compiler_free_key
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .kernelfile import CompileRecord, Entry, KernelFile
 
@@ -156,7 +157,7 @@ def _journal_mode(f: KernelFile) -> str:
     kind = fs.network_fs(f.path.parent)
     if kind is None:
         return "WAL"
-    faults.warn_once(
+    warn_once(
         "netfs:" + str(f.path.parent),
         "kdb: the kernel cache %s is on a network file system (%s), where SQLite's WAL "
         "does not work: kdb uses a rollback journal there, and concurrent jobs may wait "
@@ -213,10 +214,10 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
     for e in entries:
         kind, blob = codec.encode(e.raw)
         if cap and len(blob) > cap:
-            faults.warn_once(f"toobig:{f.path}",
-                             "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
-                             "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
-                             len(blob), e.name or e.key[:16], cap)
+            warn_once(f"toobig:{f.path}",
+                      "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
+                      "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
+                      len(blob), e.name or e.key[:16], cap)
             skipped += 1
             continue
         old = conn.execute("SELECT stored_size, raw_size, source, signer, signature "

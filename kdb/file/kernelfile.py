@@ -18,6 +18,7 @@ from pathlib import Path
 import sqlite3
 import stat
 import threading
+from typing import TYPE_CHECKING
 
 from .. import faults
 from . import compact, fs
@@ -26,7 +27,6 @@ from .rows import CompileRecord, Entry, Row
 from .fileformat import (COMPACT_FROM, DAMAGE, HEAD, at_least, classify, identity, journal_of,
                          move_aside, sqlite_uri, status_of, wal_size)
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations are strings here
     from typing import Iterable
 
@@ -65,8 +65,6 @@ class KernelFile:
 
     @property
     def path(self) -> Path:
-        from pathlib import Path
-
         return Path(self.filename)
 
     @property

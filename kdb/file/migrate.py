@@ -12,10 +12,10 @@ import contextlib
 import os
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .fileformat import COMPACT_FROM, HEAD, REVISIONS, at_least, revision_of
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterator
 

@@ -189,7 +189,7 @@ def _b64_sha256(data: bytes) -> str:
 
 
 def _generator() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return f"kdb ({__version__})"
 

@@ -7,7 +7,7 @@ Both take a :class:`kdb.shared.tier.SharedTier` (its methods of the same names c
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
@@ -17,7 +17,6 @@ from . import server as pgserver
 from . import writes
 from ..file.schema import compile_log, counters, kernels, meta, sources
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
 

@@ -167,10 +167,8 @@ watchdog = Watchdog()
 
 def bound_s(statements: int = 2) -> float:
     """Seconds one operation may take: its statements and a connect, plus a margin."""
-    return (statements * config.seconds(config.ENV_SHARED_STATEMENT_TIMEOUT,
-                                        config.SHARED_STATEMENT_TIMEOUT_S)
-            + config.seconds(config.ENV_SHARED_CONNECT_TIMEOUT, config.SHARED_CONNECT_TIMEOUT_S)
-            + 2.0)
+    return (statements * config.read(config.ENV_SHARED_STATEMENT_TIMEOUT)
+            + config.read(config.ENV_SHARED_CONNECT_TIMEOUT) + 2.0)
 
 
 def create_engine(url: str, namespace: str | None = None) -> Engine:
@@ -199,10 +197,8 @@ def create_engine(url: str, namespace: str | None = None) -> Engine:
     if u.get_backend_name() != "postgresql":
         raise ConfigError(f"the shared tier needs a PostgreSQL URL "
                           f"(postgresql+psycopg://user@host/db), not {u.drivername}://")
-    connect_s = config.seconds(config.ENV_SHARED_CONNECT_TIMEOUT,
-                               config.SHARED_CONNECT_TIMEOUT_S)
-    statement_ms = int(1000 * config.seconds(config.ENV_SHARED_STATEMENT_TIMEOUT,
-                                             config.SHARED_STATEMENT_TIMEOUT_S))
+    connect_s = config.read(config.ENV_SHARED_CONNECT_TIMEOUT)
+    statement_ms = int(1000 * config.read(config.ENV_SHARED_STATEMENT_TIMEOUT))
     args: dict[str, Any] = {
         "connect_timeout": max(1, math.ceil(connect_s)),
         "application_name": "kdb",
@@ -267,8 +263,7 @@ def upgrade(conn: Connection, revision: str = "head", namespace: str | None = No
     from alembic import command
 
     lock = lock_id(MIGRATE, namespace)
-    wait_ms = int(1000 * max(MIGRATE_WAIT_S, config.seconds(
-        config.ENV_SHARED_STATEMENT_TIMEOUT, config.SHARED_STATEMENT_TIMEOUT_S)))
+    wait_ms = int(1000 * max(MIGRATE_WAIT_S, config.read(config.ENV_SHARED_STATEMENT_TIMEOUT)))
     conn.exec_driver_sql(f"SET statement_timeout = {wait_ms}")
     conn.exec_driver_sql(f"SET lock_timeout = {wait_ms}")
     conn.execute(select(func.pg_advisory_lock(lock)))
@@ -294,7 +289,7 @@ def upgrade(conn: Connection, revision: str = "head", namespace: str | None = No
 def _describe(conn: Connection) -> None:
     from sqlalchemy.dialects.postgresql import insert
 
-    from .. import __version__
+    from .._version import __version__
 
     with conn.begin():
         for name, value in (("tier", "shared"), ("format", str(config.FORMAT_MAJOR)),

@@ -180,7 +180,7 @@ class SharedTier(CrossNodeLocks):
 
     def failed(self, err: BaseException, doing: str) -> None:
         """A fault talking to the server: warn once, skip the tier for a while, go local."""
-        retry = config.seconds(config.ENV_SHARED_RETRY, config.SHARED_RETRY_S)
+        retry = config.read(config.ENV_SHARED_RETRY)
         with self._lock:
             self._down_until = time.monotonic() + retry
             self._last_error = self.reason(err)
@@ -296,31 +296,31 @@ class SharedTier(CrossNodeLocks):
 
     # -- writes -----------------------------------------------------------------------------
 
-    def publish(self, entries: list[Entry], logs: list[CompileRecord] = ()) -> int:
-        """Insert entries and log rows (:func:`kdb.shared.writes.publish`); returns entries
-        added. Past ``KDB_SHARED_MAX_SIZE`` the publisher evicts (:mod:`kdb.shared.usage`)."""
+    def publish(self, entries: list[Entry], logs: list[CompileRecord] = ()) -> bool:
+        """Insert entries and log rows (:func:`kdb.shared.writes.publish`); False when the
+        server could not take them. Past ``KDB_SHARED_MAX_SIZE`` the publisher evicts."""
         new = writes.rows(entries)
 
-        def w(engine: Engine) -> int:
+        def w(engine: Engine) -> bool:
             with engine.begin() as conn:
                 added = writes.publish(conn, new, logs)
             cap = config.shared_max_size()
             if added and cap:
                 usage.keep_under(engine, cap, self.namespace)
-            return added
+            return True
 
-        return self._run("publishing a kernel", w, 0)
+        return self._run("publishing a kernel", w, False)
 
-    def drop(self, keys: Iterable[str]) -> None:
+    def drop(self, keys: Iterable[str]) -> int:
         """Delete bad entries (checksum mismatch, key collision, a tampered signature), so
-        they are published anew."""
+        they are published anew; how many went."""
         keys = list(keys)
 
-        def w(engine: Engine) -> None:
+        def w(engine: Engine) -> int:
             with engine.begin() as conn:
-                writes.drop(conn, keys)
+                return writes.drop(conn, keys)
 
-        self._run("dropping a bad entry", w, None)
+        return self._run("dropping a bad entry", w, 0)
 
     # -- reports (kdb.shared.report) ----------------------------------------------------------
 

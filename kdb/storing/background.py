@@ -18,10 +18,10 @@ import sys
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from .. import claims, config, lifecycle, logs
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 

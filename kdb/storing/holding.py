@@ -15,11 +15,11 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import lifecycle, logs
 from .jobfiles import exists, remove, rename, take, taken_path
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 

@@ -3,7 +3,7 @@
 A process that compiled hands the store to the store worker (:mod:`kdb.storing.spool`) as a job
 file: what to build again (back-end data such as OpenCL's ``program``), the entries'
 attributes and its start-up latency rows. The job names its back end by a short name; the
-worker asks :func:`backend_module` for that back end and calls its ``store_job(db, data)``
+worker asks :func:`backend_module` for that back end and calls its ``rebuild_and_store(db, data)``
 with the job's JSON data. Core modules never import a back end: this table is the one
 place that knows where they live. A second kind of job carries the bookkeeping an exiting
 process left for a user file that does not exist yet.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-#: Back end name -> the module whose ``store_job(db, job_data)`` redoes a deferred store.
+#: Back end name -> the module whose ``rebuild_and_store(db, job_data)`` redoes a deferred store.
 BACKENDS = {"opencl": "kdb.backends.opencl"}
 
 STORE = "store"
@@ -82,7 +82,7 @@ class StoreJob:
         return [e.get("key", "") for e in self.entries]
 
     def to_dict(self) -> dict:
-        """The job's JSON data (what a back end's ``store_job`` receives)."""
+        """The job's JSON data (what a back end's ``rebuild_and_store`` receives)."""
         if self.kind == BOOKKEEPING:
             return {"kind": self.kind, "cache_dir": self.cache_dir, "archs": self.archs}
         data = {**self.extra, "kind": self.kind, "backend": self.backend,

@@ -67,7 +67,7 @@ def serve(slow: bool = False) -> int:
         fd = take(path)  # None: its own process, or another worker, stores it
         if fd is not None:
             try:
-                store_job(taken_path(path), dbs)
+                store_job_file(taken_path(path), dbs)
             except Exception as err:  # noqa: BLE001 - report, drop the job, go on
                 say(f"could not store {about(path)}: {type(err).__name__}: {err}")
             remove(path)
@@ -79,7 +79,7 @@ def serve(slow: bool = False) -> int:
     return 0
 
 
-def store_job(path: Path, dbs: dict | None = None) -> None:
+def store_job_file(path: Path, dbs: dict | None = None) -> None:
     """Store one job: its back end builds the program again and reads the binaries."""
     data = read_job(path)
     if data is None:
@@ -95,7 +95,7 @@ def store_job(path: Path, dbs: dict | None = None) -> None:
     if _stored_already(db, job):  # the same program compiled again before it was stored
         db.tiers.store([], [CompileRecord(*row) for row in job.logs])
         return
-    backend_module(job.backend).store_job(db, job)
+    backend_module(job.backend).rebuild_and_store(db, job)
 
 
 def _stored_already(db: KernelDB, job: StoreJob) -> bool:

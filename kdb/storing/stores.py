@@ -1,12 +1,14 @@
-"""How an entry reaches the writable tiers: the store side of :class:`kdb.tiers.Tiers`.
+"""What a miss compiles and how an entry reaches the writable tiers: the store side of
+:class:`kdb.tiers.Tiers` (the hit side, lookup and its policy, is :mod:`kdb.tiers`).
 
-A lookup never writes; what a miss compiled is stored by one of these, off the caller's
-critical path where it can be: now (:meth:`Storing.put`), on the background thread
-(:meth:`Storing.put_later`), by the store worker (:meth:`Storing.spool`, :mod:`kdb.storing.spool`),
-as the worker's batch (:meth:`Storing.store`), and a bad entry dropped
-(:meth:`Storing.discard`). With the shared tier, each is also published there before the
-claim it holds is released. ``Tiers`` inherits these; they use its tiers, its batched
-bookkeeping (``_book``) and its in-memory copies (``_inflight``).
+A lookup never writes; a miss compiles (:meth:`Storing.get_or_compile`, after the lookup and
+:meth:`~kdb.tiers.Tiers.claim_or_wait`), and what it compiled is stored by one of these, off
+the caller's critical path where it can be: now (:meth:`Storing.put`), on the background
+thread (:meth:`Storing.put_later`), by the store worker (:meth:`Storing.spool`,
+:mod:`kdb.storing.spool`), as the worker's batch (:meth:`Storing.store`), and a bad entry
+dropped (:meth:`Storing.discard`). With the shared tier, each is also published there before
+the claim it holds is released. ``Tiers`` inherits these; they use the user files and the
+in-memory copies (``_inflight``) it owns, and its batched bookkeeping (``_book``).
 
 What is stored is what was keyed: a back end whose key holds headers hands each store a
 ``recheck`` (the headers as they are now, found as the key found them); right before an
@@ -16,13 +18,18 @@ built while a header changed is not stored.
 
 from __future__ import annotations
 
+import sys
+import time
+from typing import TYPE_CHECKING
+
 from .. import config, faults, logs
 from ..bookkeeping import Pending
+from ..errors import InvalidArgumentError
 from ..file.kernelfile import CompileRecord, Entry
+from ..file.rows import Hit
 from ..signing import policy as signing
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations are strings here: the hit path does not import typing
+if TYPE_CHECKING:  # annotations are strings here
     from typing import Any, Callable
 
     from .. import claims
@@ -72,8 +79,42 @@ def _not_stored(attrs: HashAttributes, reason: str) -> None:
 
 
 class Storing:
-    """The store side of a kernel database (mixed into :class:`kdb.tiers.Tiers`); the caller's
-    arguments were checked by :class:`kdb.KernelDB` or come from a back end."""
+    """The miss and store side of a kernel database (mixed into :class:`kdb.tiers.Tiers`);
+    the caller's arguments were checked by :class:`kdb.KernelDB` or come from a back end."""
+
+    def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
+                       details: dict[str, Any] | None = None,
+                       recheck: Callable[[], tuple] | None = None) -> bytes:
+        """The stored binary, or ``compile_fn()``'s result, stored in the background (unless
+        ``recheck()``, the headers as they are after the compile, differ from the key's:
+        :func:`kdb.storing.stores.headers_changed`)."""
+        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
+        hit = self.lookup(attrs)
+        if hit is not None:
+            return hit.binary
+        got = self.claim_or_wait(attrs)
+        if isinstance(got, Hit):
+            return got.binary
+        try:
+            start = time.perf_counter()
+            binary = compile_fn()
+            seconds = time.perf_counter() - start
+            if not isinstance(binary, (bytes, bytearray, memoryview)):
+                raise InvalidArgumentError(
+                    f"compile_fn must return bytes, returned {type(binary).__name__}")
+        except BaseException:
+            if got is not None:
+                got.release()
+            raise
+        binary = bytes(binary)
+        rec = self.record_compile(attrs, seconds)
+        if not self.disabled:
+            # The store waits for a quiet moment; until then this process answers a repeated
+            # request from memory instead of waiting on its own claim.
+            self._inflight[attrs.key] = binary
+        self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec,
+                       claim=got, recheck=recheck)
+        return binary
 
     def put(self, attrs: HashAttributes, binary: bytes, *, compile_seconds: float = 0.0,
             details: dict[str, Any] | None = None) -> bool:
@@ -132,6 +173,8 @@ class Storing:
                     self._book.add_entry(attrs.arch, entry)
                 if entry is not None or log is not None or claim is not None:
                     self._book.write(attrs.arch)  # else nothing of this job's to write
+                if entry is not None:
+                    self._inflight.pop(entry.key, None)  # stored: the user file serves it now
                 shared = self._shared() if publish and entry is not None else None
                 if shared is not None:  # shared tier: published before the claim is released
                     shared.publish([entry], [log] if log is not None else [])
@@ -139,7 +182,7 @@ class Storing:
                 if claim is not None:
                     claim.release()
 
-        _background().submit(job)
+        submit(job)
 
     def spool(self, job: StoreJob, claims: list | None = None, store_now=None) -> bool:
         """Hand a back end's store job to the store worker (:mod:`kdb.storing.spool`); False
@@ -191,7 +234,7 @@ class Storing:
         warning, once, names the first that is not)."""
         from ..file import fs
 
-        if fs.refused([self._cache_root], _USER_TIER):
+        if fs.refused([self.cache_root], _USER_TIER):
             f.usable = False
             return False
         return f.trusted()
@@ -237,47 +280,10 @@ class Storing:
                      once=f"discard:{self.user_dir}")
         self._inflight.pop(attrs.key, None)
         f = self.user_file(attrs.arch)
-        _background().submit(lambda: f.delete([attrs.key]))
+        submit(lambda: f.delete([attrs.key]))
         shared = self._shared() if tier == "shared" else None
         if shared is not None:
-            _background().submit(lambda: shared.drop([attrs.key]))
-
-    def _bad_entry(self, tier, attrs: HashAttributes, reason: str, row=None) -> None:
-        """A row that failed :func:`~kdb.tiers.verified`: the user's is dropped, the shared
-        tier's dropped and published anew, a system file's (immutable) skipped."""
-        if tier.name == "user":
-            self.discard(attrs, reason)
-        elif tier.name == "shared":
-            faults.fault(f"entry {attrs.key[:16]} in the shared tier {tier.describe()} is "
-                         f"unusable: {reason}; it is dropped and compiled again",
-                         once="bad:shared:" + attrs.key)
-            stored = _stored_key(row, attrs.key)
-            _background().submit(lambda: tier.drop([stored]))
-        else:
-            faults.fault(f"entry {attrs.key[:16]} in {tier.describe()} is unusable: {reason}; "
-                         "skipped", once=f"bad:{tier.describe()}")
-
-    def _vouched(self, policy, tier, attrs: HashAttributes, row, raw: bytes) -> bool:
-        """Whether the trust policy lets ``raw`` from ``tier`` be served (a tier it does not
-        cover: always). A refused entry is a miss with one warning per cause and signer
-        (:meth:`kdb.signing.policy.Policy.refused`); a shared entry whose signature or binary
-        was tampered with is dropped, while an unsigned one, or one by a key this node does
-        not know, is left to the nodes that may trust it."""
-        if not policy.covers(tier.name):
-            return True
-        key = attrs.key
-        signer, signature = tier.signature(key, row)
-        # Over the requested attributes: verified() found them to be the stored ones, and a
-        # signature that covers them proves its signer vouched for exactly these.
-        cause = policy.check(key, attrs.encoded().decode("utf-8"), raw, row.checksum, signer,
-                             signature)
-        if cause is None:
-            return True
-        policy.refused(tier.name, tier.describe(), key, attrs.name, cause, signer)
-        if tier.name == "shared" and cause in (signing.BAD_SIGNATURE, signing.BAD_DIGEST):
-            stored = _stored_key(row, key)
-            _background().submit(lambda: tier.drop([stored]))
-        return False
+            submit(lambda: shared.drop([attrs.key]))
 
     @staticmethod
     def _entry(attrs: HashAttributes, raw: bytes, seconds: float,
@@ -297,36 +303,6 @@ class Storing:
                      attributes=attributes, raw=raw, compile_seconds=seconds,
                      details=details, signer=signer, signature=signature)
 
-    def _copy_to_user(self, shared, attrs: HashAttributes, raw: bytes, row,
-                      signed: tuple | None = None, claim: claims.Claim | None = None) -> None:
-        """A shared hit: served from memory until copied into the user tier (with the
-        signature it carries); counted there. ``claim`` (this node's, held while another
-        node compiled the key) is released once the copy is written."""
-        self._inflight[attrs.key] = raw
-        try:
-            import json
-
-            details = json.loads(row.details)
-        except ValueError:
-            details = None
-        user = self.user_file(attrs.arch)
-
-        def produce() -> bytes | None:
-            if claim is None and user.fetch(attrs.key) is not None:
-                return None  # another process of this node copied it first
-            return raw
-
-        self.put_later(attrs, produce, compile_seconds=row.compile_seconds,
-                       details=details, publish=False, signed=signed, claim=claim)
-        stored = _stored_key(row, attrs.key)
-        _background().submit(lambda: shared.touch(stored))
-
-
-def _stored_key(row, key: str) -> str:
-    """The key column of a fetched row: ``key``, or a signer's own row for it (a shared
-    row published beside another signer's, :func:`kdb.shared.writes.slot_key`)."""
-    return getattr(row, "stored_key", "") or key
-
 
 _USER_TIER = ("loading a binary from it would run code someone else can change",
               "kernels are compiled meanwhile and not stored")
@@ -334,8 +310,20 @@ _USER_TIER = ("loading a binary from it would run code someone else can change",
 _BACKGROUND = __name__.rpartition(".")[0] + ".background"
 
 
-def _background():
-    """:mod:`kdb.storing.background`, imported by the first store (a hit never needs its thread)."""
+def submit(job: Callable[[], None]) -> None:
+    """Run ``job`` on the background store thread (:mod:`kdb.storing.background`, imported
+    by the first store: a hit never needs its thread)."""
     from . import background
 
-    return background
+    background.submit(job)
+
+
+def drain() -> list[BaseException]:
+    """Finish the background stores and return their errors; none when nothing was ever
+    submitted (the thread's module is then not imported: a flush after hits stays cheap)."""
+    if _BACKGROUND not in sys.modules:
+        return []
+    # Imported, not taken from sys.modules: the import waits for a thread halfway through it.
+    from . import background
+
+    return background.drain()

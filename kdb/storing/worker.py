@@ -347,7 +347,7 @@ def hurry(spool: Path) -> int:
     raise their priority again). Jobs are taken one by one beside the worker's lanes; one a
     lane still holds after :data:`TAKEN_GRACE_S` is stored here as well (storing is
     idempotent) and removed, so a starved lane never holds the caller up."""
-    from .lane import store_job
+    from .lane import store_job_file
 
     if not _inherit(spool):
         return 1
@@ -368,7 +368,7 @@ def hurry(spool: Path) -> int:
                                or now - first_seen.setdefault(name, now) < TAKEN_GRACE_S):
                 continue
             try:
-                store_job(taken_path(path) if fd is not None else path, dbs)
+                store_job_file(taken_path(path) if fd is not None else path, dbs)
             except Exception as err:  # noqa: BLE001 - report, drop the job, go on
                 _say(f"could not store {_about(path)}: {type(err).__name__}: {err}")
             remove(path)

@@ -20,7 +20,7 @@ _PYCUDA_FLAGS = ("PYCUDA_DEFAULT_NVCC_FLAGS",)
 _INSTALL_HINT = "pip install 'kdb[pycuda]'"
 
 
-def _pycuda_driver() -> Any:
+def pycuda_driver() -> Any:
     """``pycuda.driver``, or a :class:`kdb.BackendUnavailableError` saying what is missing."""
     try:
         import pycuda  # noqa: F401
@@ -39,7 +39,8 @@ def _pycuda_driver() -> Any:
     return drv
 
 
-def _context_arch(drv: Any) -> str:
+def context_arch(drv: Any) -> str:
+    """The ``sm_XX`` of the current CUDA context's device (``drv``: ``pycuda.driver``)."""
     error = getattr(drv, "Error", Exception)
     try:
         major, minor = drv.Context.get_device().compute_capability()
@@ -50,7 +51,8 @@ def _context_arch(drv: Any) -> str:
     return f"sm_{major}{minor}"
 
 
-def _pycuda_include_dirs() -> list[str]:
+def pycuda_include_dirs() -> list[str]:
+    """pycuda's include directory, as pycuda's own compile adds it (none where not found)."""
     try:
         from pycuda.compiler import _find_pycuda_include_path
 
@@ -80,8 +82,8 @@ class SourceModule:
         if code is not None:
             raise InvalidArgumentError(
                 "kdb.cuda.SourceModule builds one cubin for arch=; code= is not supported")
-        drv = _pycuda_driver()
-        device_arch = _context_arch(drv)
+        drv = pycuda_driver()
+        device_arch = context_arch(drv)
         arch = arch or device_arch
         text = source_text(source, "CUDA")
         if not no_extern_c:
@@ -89,7 +91,7 @@ class SourceModule:
         if options is None:
             options = (config.read_variables(_PYCUDA_FLAGS)[_PYCUDA_FLAGS[0]] or "").split()
         db = db or default_db()
-        req = _request(text, arch, options, [*include_dirs, *_pycuda_include_dirs()],
+        req = _request(text, arch, options, [*include_dirs, *pycuda_include_dirs()],
                        "cubin", None if nvcc == "nvcc" else nvcc, db.cache_root, name,
                        compiler)
         self.arch = arch

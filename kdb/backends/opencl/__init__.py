@@ -41,7 +41,7 @@ from .keys import (
 )
 from .poclbin import private_copies
 from .stores import compiled as _compiled
-from .stores import program_spec, recheck_for, store_job, store_later  # noqa: F401 - spool finds store_job here
+from .stores import program_spec, rebuild_and_store, recheck_for, store_later  # noqa: F401 - the worker calls it here
 from ..common import source_text
 
 trace_log = logs.get("kdb.trace")

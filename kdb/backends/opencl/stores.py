@@ -2,7 +2,7 @@
 
 A program built from source is returned at once; reading its binaries back
 (``CL_PROGRAM_BINARIES``) is slow on PoCL, so a job describing the build goes to the store
-worker (:mod:`kdb.storing.spool`), which builds it again and stores the binaries (:func:`store_job`).
+worker (:mod:`kdb.storing.spool`), which builds it again and stores the binaries (:func:`rebuild_and_store`).
 Until then the program itself serves repeats in this process (:data:`compiled`).
 """
 
@@ -161,7 +161,7 @@ def _detach() -> bool:
     return config.store_at_exit() == "detach"
 
 
-def store_job(db: KernelDB, job: StoreJob) -> None:
+def rebuild_and_store(db: KernelDB, job: StoreJob) -> None:
     """The store worker's half (:mod:`kdb.storing.spool`): build the program again (PoCL's cache
     answers), read its binaries and store each entry with its latency rows.
 
