@@ -21,6 +21,9 @@ TAKEN = ".taken"  # a job a store worker's child (or its own process) is storing
 BAD = ".bad"  # a job the worker could not read: set aside, never stored (kdb log ignores it)
 #: Every state a job not stored yet can be in (``.bad`` is never stored).
 PENDING = (JOB, SLOW, TAKEN)
+#: The end of a refresh job's name (:data:`kdb.storing.jobs.REFRESH`): the worker holds it
+#: back while an older job is still being stored, whose binary it may be about to refresh.
+REFRESH_MARK = "-refresh"
 
 
 def slow_path(path: Path) -> Path:

@@ -32,6 +32,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     MAX_JOBS,
     MIN_FREE,
     PENDING,
+    REFRESH_MARK,
     SLOW,
     TAKEN,
     SpoolFull,
@@ -44,6 +45,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     take,
     taken_path,
 )
+from .jobs import REFRESH
 from .trust import ENVIRONMENT, UntrustedSpool, accepted, runnable, trusted
 
 TYPE_CHECKING = False
@@ -140,6 +142,8 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
         _write_file(spool / ENVIRONMENT, env)
     _counter += 1
     name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
+    if job.kind == REFRESH:
+        name += REFRESH_MARK
     path = spool / (name + JOB)
     _write_file(path, job.to_dict())
     if claims:
