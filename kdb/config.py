@@ -19,8 +19,7 @@ FORMAT_MAJOR = 1
 
 ENV_CACHE_DIR = "KDB_CACHE_DIR"
 ENV_SYSTEM_DB_PATH = "KDB_SYSTEM_DB_PATH"
-ENV_DISABLE_CACHE = "KDB_DISABLE_CACHE"
-ENV_DISABLE_REFRESH = "KDB_DISABLE_REFRESH"  # no refresh of stored PoCL binaries (storing.md)
+ENV_DISABLE_CACHE, ENV_DISABLE_REFRESH = "KDB_DISABLE_CACHE", "KDB_DISABLE_REFRESH"
 ENV_CACHE_MAX_SIZE = "KDB_CACHE_MAX_SIZE"
 ENV_SHARED_URL = "KDB_SHARED_URL"
 ENV_SHARED_CONNECT_TIMEOUT = "KDB_SHARED_CONNECT_TIMEOUT"
@@ -308,9 +307,8 @@ def problems(environ: dict[str, str] | None = None) -> list[str]:
     """
     env = os.environ if environ is None else environ
     out = []
-    checks = [(n, lambda n, v: parse_flag(n, v)) for n in (ENV_DISABLE_CACHE, ENV_STRICT,
-                                                            ENV_TRACE, ENV_REQUIRE_SIGNED,
-                                                            ENV_DISABLE_REFRESH)]
+    checks = [(n, lambda n, v: parse_flag(n, v)) for n in (
+        ENV_DISABLE_CACHE, ENV_STRICT, ENV_TRACE, ENV_REQUIRE_SIGNED, ENV_DISABLE_REFRESH)]
     checks += [(n, parse_seconds) for n in (ENV_WAIT_TIMEOUT, ENV_STORE_TIMEOUT, ENV_LOCK_TIMEOUT,
                                              ENV_SHARED_CONNECT_TIMEOUT,
                                              ENV_SHARED_STATEMENT_TIMEOUT, ENV_SHARED_RETRY)]

@@ -367,13 +367,6 @@ class KernelFile:
 
         return write(self, entries, logs, hits, counters, cap)
 
-    def replace_binary(self, key: str, checksum_was: str, raw: bytes, details: dict) -> bool:
-        """Replace the binary of ``key``'s entry if it is still the one ``checksum_was``
-        names (:func:`kdb.file.filewriter.replace_binary`); True if replaced."""
-        from .filewriter import replace_binary
-
-        return replace_binary(self, key, checksum_was, raw, details)
-
     def evict_to(self, target: int) -> tuple[int, int] | None:
         """Remove least recently used entries until at most ``target`` bytes are stored;
         returns (entries removed, bytes freed), or None when the file could not be changed."""

@@ -54,6 +54,21 @@ def take(path: Path) -> int | None:
     return None
 
 
+def first_ready(queued, pending) -> str | None:
+    """The oldest of the ``queued`` job stems a lane may take: a refresh job waits while a
+    job older than it is still ``pending`` (being stored, or set aside), whose binary the
+    refresh would otherwise look at before it is stored.
+
+    >>> first_ready(["2-7-1-refresh", "3-8-1"], pending=["1-6-1"])
+    '3-8-1'
+    >>> first_ready(["2-7-1-refresh", "3-8-1"], pending=[])
+    '2-7-1-refresh'
+    """
+    older = min(pending, default=None)
+    return next((s for s in queued if not (s.endswith(REFRESH_MARK) and older is not None
+                                           and older < s)), None)
+
+
 def exists(path: Path) -> bool:
     """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored)."""
     return any(os.path.exists(path.with_suffix(s)) for s in PENDING)

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from .jobfiles import (BAD, JOB, REFRESH_MARK, SLOW, TAKEN, remove, rename, slow_path,
+from .jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, remove, rename, slow_path,
                        sweep_partial, take, taken_path)
 from .jobs import StoreJob
 from .lane import about as _about
@@ -159,10 +159,9 @@ class _Queue:
         if self.wanted:  # a waited-for key may be in any job: read those not read yet
             waited = [s for s in self.normal if not self.wanted.isdisjoint(self.keys(s))]
         slow_keys = {k for s in self.slow + list(busy) for k in self.keys(s, SLOW)}
-        older = min([*self.slow, *busy, *self.foreign], default=None)  # still being stored
         while self.normal:
-            stem = waited.pop(0) if waited else next(
-                (s for s in self.normal if not _held_back(s, older)), None)
+            stem = waited.pop(0) if waited else first_ready(self.normal, [*self.slow, *busy,
+                                                                          *self.foreign])
             if stem is None:
                 return None
             job = self.job(stem, JOB)
@@ -185,12 +184,6 @@ class _Queue:
 
     def has_jobs(self) -> bool:  # a foreign .taken too: its taker may die before storing it
         return bool(self.normal or self.slow or self.foreign)
-
-
-def _held_back(stem: str, older: str | None) -> bool:
-    """Whether the refresh job ``stem`` waits: a job queued before it is still being stored
-    (or set aside), and the binary it stores may be one the refresh would look at."""
-    return stem.endswith(REFRESH_MARK) and older is not None and older < stem
 
 
 def _clock(pid: int) -> float:

@@ -158,6 +158,7 @@ def refresh_entry(f, top: Path, key: str) -> str | None:
     import sqlite3
 
     from ...file import codec
+    from ...file.filewriter import replace_binary
 
     try:
         rows = f.query("SELECT codec, blob, raw_size, checksum, details, signature, name "
@@ -185,7 +186,7 @@ def refresh_entry(f, top: Path, key: str) -> str | None:
     if len(new) > MAX_BINARY or not _superset(raw, found, new):
         return f"{name or key[:16]}: not refreshed: the binary would not hold what it held"
     details["refreshes"] = done + 1
-    if not f.replace_binary(key, checksum, new, details):
+    if not replace_binary(f, key, checksum, new, details):
         return None  # stored again or refreshed by another process meanwhile
     count = sum(len(v) for v in added.values())
     return (f"refreshed {name or 'kernel'} {key[:16]}: {count} work-group function(s) its "
