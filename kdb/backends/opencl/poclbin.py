@@ -122,10 +122,9 @@ def layout(binary: bytes) -> Layout | None:
     if len(binary) < _HEADER_8 or not version_8(binary):
         return None
     (count,) = struct.unpack_from("<I", binary, 20)
-    build_hash = binary[32:_HEADER_8].split(b"\0", 1)[0].decode("latin-1")
-    if not (len(build_hash) == 40 and build_hash[2] == "/"
-            and _HASH_CHARS.issuperset(build_hash[:2] + build_hash[3:])):
-        return None  # a load's private directory (kernel cache off), or not PoCL's hash
+    build_hash = build_hash_of(binary[32:_HEADER_8])
+    if build_hash is None:
+        return None
     try:
         _, pos = _file(binary, _HEADER_8, len(binary))
         kernels = []
@@ -145,6 +144,17 @@ def layout(binary: bytes) -> Layout | None:
     except (struct.error, UnicodeDecodeError, ValueError):
         return None
     return Layout(build_hash, tuple(kernels)) if pos == len(binary) else None
+
+
+def build_hash_of(field: bytes) -> str | None:
+    """The build hash a version-8 header's 41-byte field holds, as the directory it names
+    in PoCL's cache (``AB/CDEF...``: 40 characters ``A`` to ``P``, ``/`` third, from
+    ``build_program_compute_hash``); None for anything else (a load's private directory with
+    the kernel cache off, or not PoCL's hash)."""
+    text = field.split(b"\0", 1)[0].decode("latin-1")
+    if len(text) == 40 and text[2] == "/" and _HASH_CHARS.issuperset(text[:2] + text[3:]):
+        return text
+    return None
 
 
 def _file(binary: bytes, at: int, end: int) -> tuple[str, int]:

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from ... import config, lifecycle
-from .poclbin import MAX_BINARY, kernel_cache_off, layout, version_8, with_files
+from .poclbin import MAX_BINARY, build_hash_of, kernel_cache_off, layout, version_8, with_files
 
 #: An entry is refreshed at most this many times (later launches generate, as without kdb).
 MAX_REFRESHES = 3
@@ -101,11 +101,11 @@ def _at_exit() -> None:
     if (not (_loaded or _compiled) or kernel_cache_off() or config.store_at_exit() != "detach"
             or config.flag(config.ENV_DISABLE_REFRESH)):
         return
-    top = pocl_cache_dir()
+    top = os.path.abspath(pocl_cache_dir())  # the worker runs in /
     wanted: dict[object, dict[str, str]] = {}
-    for (tiers, key), (arch, build_hash, ns) in _loaded.items():
-        name = build_hash.split(b"\0", 1)[0].decode("latin-1")
-        if _changed_since(os.path.join(top, name), ns - MARGIN_NS):
+    for (tiers, key), (arch, field, ns) in _loaded.items():
+        name = build_hash_of(field)
+        if name is not None and _changed_since(os.path.join(top, name), ns - MARGIN_NS):
             wanted.setdefault(tiers, {})[key] = arch
     for (tiers, key), arch in _compiled.items():
         wanted.setdefault(tiers, {})[key] = arch
@@ -175,7 +175,7 @@ def refresh_entry(f, top: Path, key: str) -> str | None:
     done = details.get("refreshes", 0) if isinstance(details, dict) else MAX_REFRESHES
     if not isinstance(done, int) or done >= MAX_REFRESHES:
         return None
-    raw = codec.decode(kind, blob, raw_size, checksum, thorough=True)
+    raw = codec.decode(kind, blob, raw_size, checksum)
     found = layout(raw) if raw is not None else None
     if found is None:
         return None
@@ -207,9 +207,11 @@ def new_functions(program_dir: Path, found) -> dict[str, list[tuple[str, bytes]]
     """Per kernel, the work-group functions in ``program_dir`` (PoCL's directory of the
     binary's build hash) that the binary does not carry: ``(path as PoCL stores it,
     content)``. Only files this user alone can write, of PoCL's own names."""
+    from ...file import fs
+
     me = os.getuid()
     out: dict[str, list[tuple[str, bytes]]] = {}
-    if not _ours(program_dir, me, stat.S_ISDIR):
+    if not _ours(program_dir, me, stat.S_ISDIR) or fs.unsafe_above(program_dir) is not None:
         return out
     for k in found.kernels:
         if not (k.name.isascii() and k.name.isidentifier()):
