@@ -127,6 +127,11 @@ def fresh(ws: Workspace, o: Outcome) -> None:
                             t.ratio("pack", "wall"), 1.5))
     o.checks.append(at_most("fresh machine with the pack: compiles", t.median("pack", "compiles"),
                             0, unit=" compiles"))
+    o.checks.append(at_most("fresh machine with the pack: work-group functions PoCL generated",
+                            t.median("pack", "generated"), 0, unit=""))
+    o.checks.append(at_most("fresh machine with the pack vs run 1's user tier with PoCL's cache "
+                            "empty (what PoCL's own unpacking costs)",
+                            t.ratio("pack", "wall", "pocl_empty"), 1.2))
     o.notes.append("'before': the same with KDB_DISABLE_REFRESH=1 in run 1, so the pack holds "
                    "each binary as the store worker read it, about a second after its build "
                    f"(fresh machine vs warm: {_fmt(t.ratio('before', 'wall'))}).")
