@@ -47,13 +47,13 @@ def _check_environment(env: dict) -> None:
 
 
 class StoreJob:
-    """One job: ``kind`` (:data:`STORE`, :data:`BOOKKEEPING` or :data:`REFRESH`), the ``backend`` that redoes
-    it, its compile ``seconds``, ``entries`` (key, name, attributes, seconds, details and the
-    back end's own fields), latency ``logs`` rows, the ``cache_dir`` and ``claims_dir`` it
-    belongs to, ``archs`` (bookkeeping: arch -> rows), ``environment`` (every variable the
-    entries' keys consider, to its value or ``None`` for unset: the worker rebuilds in a
-    process that has exactly these) and ``extra``: the back end's data (e.g. ``program``),
-    carried as it is."""
+    """One job: ``kind`` (:data:`STORE`, :data:`BOOKKEEPING` or :data:`REFRESH`), the
+    ``backend`` that redoes it, its compile ``seconds``, ``entries`` (key, name, attributes,
+    seconds, details and the back end's own fields), latency ``logs`` rows, the ``cache_dir``
+    and ``claims_dir`` it belongs to, ``archs`` (bookkeeping: arch -> rows), ``environment``
+    (every variable the entries' keys consider, to its value or ``None`` for unset: the
+    worker rebuilds in a process that has exactly these) and ``extra``: the back end's data
+    (e.g. ``program``, or a refresh job's ``refresh``), carried as it is."""
 
     __slots__ = _FIELDS + ("extra",)
 
