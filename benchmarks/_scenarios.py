@@ -36,6 +36,7 @@ from _harness import (
     wait_for_worker,
 )
 from _adopt import adopt
+from _fresh import fresh
 from _many import many
 from _triton import triton
 from _trust import trust
@@ -922,5 +923,5 @@ def auto(ws: Workspace, o: Outcome) -> None:
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
     "suite": suite, "auto": auto, "script": script, "adopt": adopt, "triton": triton,
-    "trust": trust, "uncached": uncached,
+    "trust": trust, "uncached": uncached, "fresh": fresh,
 }

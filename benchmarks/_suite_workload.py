@@ -8,6 +8,11 @@ With ``KDB_SUITE=1`` the process routes its builds through kdb the way a user wh
 change the code would: ``kdb.opencl.install()`` before the workload runs. The code below
 never mentions kdb. It prints one ``BENCH-JSON:`` line: programs built, compiles kdb
 performed, seconds.
+
+With ``SUITE_RESIZE=1`` (the ``fresh`` scenario) the part runs again at two other sizes, its
+programs launched with other global and local sizes, as a suite's later tests reuse them;
+with kdb, the process first waits until the store worker has stored what it built (a long
+suite on a quiet machine, whose stores land before its later tests launch).
 """
 
 import time
@@ -49,9 +54,9 @@ def _close(got, want, what: str) -> None:
         raise AssertionError(f"{what}: wrong result")
 
 
-def part_array(q: cl.CommandQueue, scale: int) -> None:
+def part_array(q: cl.CommandQueue, scale: int, f: float = 1.0) -> None:
     rng = np.random.default_rng(0)
-    n = 1000
+    n = max(1, int(1000 * f))
     floats = [np.float32, np.float64][: max(1, min(2, scale))]
     ints = [np.int32, np.int64]
     for dt in floats + ints:
@@ -123,14 +128,14 @@ __kernel void k{i}(__global float *out, __global const float *in) {{
 """
 
 
-def part_kernels(q: cl.CommandQueue, scale: int) -> None:
+def part_kernels(q: cl.CommandQueue, scale: int, f: float = 1.0) -> None:
     ctx = q.context
     inc = tempfile.mkdtemp(prefix="suite-inc-")
-    with open(os.path.join(inc, "suite_ops.h"), "w") as f:
-        f.write(HEADER)
-    with open(os.path.join(inc, "suite_consts.h"), "w") as f:
-        f.write(CONSTS)
-    n = 256
+    with open(os.path.join(inc, "suite_ops.h"), "w") as fh:
+        fh.write(HEADER)
+    with open(os.path.join(inc, "suite_consts.h"), "w") as fh:
+        fh.write(CONSTS)
+    n = max(1, int(256 * f))
     x_h = np.linspace(0, 1, n).astype(np.float32)
     x = cla.to_device(q, x_h)
     out = cla.empty_like(x)
@@ -147,24 +152,46 @@ def part_kernels(q: cl.CommandQueue, scale: int) -> None:
                               name=f"ew{i}")
         k(out, x)
         _close(out.get(), x_h * (i + 1.5) - i, f"ew{i}")
-    a_h = np.arange(1, 2001, dtype=np.int32)
+    a_h = np.arange(1, max(2, int(2000 * f)) + 1, dtype=np.int32)
     scan = InclusiveScanKernel(ctx, np.int32, "a+b", neutral="0")
     a = cla.to_device(q, a_h)
     scan(a)
     _close(a.get(), np.cumsum(a_h), "inclusive scan")
     if scale >= 2:
-        f_h = np.ones(2000, dtype=np.float32)
+        m = max(2, int(2000 * f))
         escan = ExclusiveScanKernel(ctx, np.float32, "a+b", neutral="0")
-        f = cla.to_device(q, f_h)
-        escan(f)
-        _close(f.get(), np.arange(2000, dtype=np.float32), "exclusive scan")
+        ones = cla.to_device(q, np.ones(m, dtype=np.float32))
+        escan(ones)
+        _close(ones.get(), np.arange(m, dtype=np.float32), "exclusive scan")
+
+
+#: The other sizes of ``SUITE_RESIZE=1``, as fractions of each part's own.
+RESIZE = (0.031, 7.3)
+
+
+def _stores_landed() -> None:
+    """With kdb, wait until the store worker has stored every job of this user (a benchmark
+    device: see the module's docstring); at once where nothing is queued."""
+    if os.environ.get("KDB_SUITE") != "1":
+        return
+    from kdb import config
+    from kdb.storing import spool
+
+    user, deadline = config.user_dir(), time.monotonic() + 900
+    while spool.jobs(user) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def main() -> None:
     part, scale = sys.argv[1], int(sys.argv[2])
     q = _queue()
     start = time.perf_counter()
-    {"array": part_array, "kernels": part_kernels}[part](q, scale)
+    run = {"array": part_array, "kernels": part_kernels}[part]
+    run(q, scale)
+    if os.environ.get("SUITE_RESIZE") == "1":
+        _stores_landed()
+        for f in RESIZE:
+            run(q, scale, f)
     q.finish()
     seconds = time.perf_counter() - start
     lat = sys.modules.get("kdb.bookkeeping")

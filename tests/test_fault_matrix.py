@@ -600,7 +600,11 @@ def _spool_of(case: Case, good: Path) -> Path:
     return Path(proc.stdout.strip())
 
 
-MALFORMED = ("[1]", '{"entries": [1]}', '{"seconds": "x"}')
+MALFORMED = ("[1]", '{"entries": [1]}', '{"seconds": "x"}',
+             # refresh jobs (kdb.backends.opencl.refresh) that are not: dropped, logged
+             '{"kind": "refresh", "backend": "opencl", "refresh": [1]}',
+             '{"kind": "refresh", "backend": "opencl", "refresh": {"pocl_cache": "/", '
+             '"entries": [["../../x", "k"], ["a"]]}}')
 
 
 def _malformed_jobs(case, good):

@@ -53,7 +53,8 @@ def stored(cache: Path) -> int:
 def make_jobs(run_py, cache: Path, n: int) -> Path:
     """A spool holding the store jobs of ``n`` built kernels, oldest first, then the
     bookkeeping job of a user file not created yet; returns its directory."""
-    run_py(JOBS.format(n=n), env={"KDB_STORE_AT_EXIT": "detach", "KDB_CACHE_DIR": str(cache)})
+    run_py(JOBS.format(n=n), env={"KDB_STORE_AT_EXIT": "detach", "KDB_CACHE_DIR": str(cache),
+                                  "KDB_DISABLE_REFRESH": "1"})  # refresh jobs: test_refresh.py
     (found,) = (cache / "v1" / "spool").iterdir()
     assert len(list(found.glob("*.job"))) == n + 1
     return found

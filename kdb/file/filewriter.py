@@ -273,6 +273,36 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
             "DO UPDATE SET value = value + excluded.value", (name, delta))
     return skipped
 
+def replace_binary(f: KernelFile, key: str, checksum_was: str, raw: bytes, details: dict,
+                   cap: int | None = None) -> bool:
+    """Put ``raw`` in place of the binary of ``key``'s entry, in one transaction, if that
+    entry is still the unsigned one whose binary has the checksum ``checksum_was``
+    (a refresh, :mod:`kdb.backends.opencl.refresh`: an entry stored or refreshed by
+    another process meanwhile is left as it is). Its key, attributes, hits and times stay;
+    ``details`` replaces its details. True when it was replaced."""
+    cap = max_size() if cap is None else cap
+    kind, blob = codec.encode(raw)
+    if cap and len(blob) > cap:
+        return False
+
+    def swap(conn: sqlite3.Connection) -> bool:
+        old = conn.execute("SELECT stored_size, raw_size FROM kernels WHERE key = ? AND "
+                           "checksum = ? AND signature IS NULL", (key, checksum_was)).fetchone()
+        if old is None:
+            return False
+        conn.execute("UPDATE kernels SET codec = ?, dict_id = NULL, blob = ?, raw_size = ?, "
+                     "stored_size = ?, checksum = ?, details = ? WHERE key = ?",
+                     (kind, blob, len(raw), len(blob), codec.checksum(raw),
+                      _json_text(details), key))
+        bump_meta(conn, "stored_bytes", len(blob) - old[0])
+        bump_meta(conn, "raw_bytes", len(raw) - old[1])
+        if cap and meta_int(conn, "stored_bytes") > cap:
+            evict(conn, cap - cap // 3, keep={key})
+        return True
+
+    return change(f, "refresh an entry of", swap, False)
+
+
 def change(f: KernelFile, what: str, change, default):
     """Run ``change(conn)`` in one immediate transaction; a failure is a fault, not fatal."""
     conn = ensure(f) if f.path.exists() else None

@@ -21,6 +21,9 @@ TAKEN = ".taken"  # a job a store worker's child (or its own process) is storing
 BAD = ".bad"  # a job the worker could not read: set aside, never stored (kdb log ignores it)
 #: Every state a job not stored yet can be in (``.bad`` is never stored).
 PENDING = (JOB, SLOW, TAKEN)
+#: The end of a refresh job's name (:data:`kdb.storing.jobs.REFRESH`): the worker holds it
+#: back while an older job is still being stored, whose binary it may be about to refresh.
+REFRESH_MARK = "-refresh"
 
 
 def slow_path(path: Path) -> Path:
@@ -49,6 +52,21 @@ def take(path: Path) -> int | None:
         except OSError:
             os.close(fd)
     return None
+
+
+def first_ready(queued, pending) -> str | None:
+    """The oldest of the ``queued`` job stems a lane may take: a refresh job waits while a
+    job older than it is still ``pending`` (being stored, or set aside), whose binary the
+    refresh would otherwise look at before it is stored.
+
+    >>> first_ready(["2-7-1-refresh", "3-8-1"], pending=["1-6-1"])
+    '3-8-1'
+    >>> first_ready(["2-7-1-refresh", "3-8-1"], pending=[])
+    '2-7-1-refresh'
+    """
+    older = min(pending, default=None)
+    return next((s for s in queued if not (s.endswith(REFRESH_MARK) and older is not None
+                                           and older < s)), None)
 
 
 def exists(path: Path) -> bool:

@@ -6,7 +6,9 @@ attributes and its start-up latency rows. The job names its back end by a short 
 worker asks :func:`backend_module` for that back end and calls its ``rebuild_and_store(db, data)``
 with the job's JSON data. Core modules never import a back end: this table is the one
 place that knows where they live. A second kind of job carries the bookkeeping an exiting
-process left for a user file that does not exist yet.
+process left for a user file that does not exist yet; a third names stored entries whose
+programs generated more code after their store (``refresh``: the back end's
+``refresh_job(db, job)``, e.g. :mod:`kdb.backends.opencl.refresh`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ BACKENDS = {"opencl": "kdb.backends.opencl"}
 
 STORE = "store"
 BOOKKEEPING = "bookkeeping"
+REFRESH = "refresh"
 
 _FIELDS = ("kind", "backend", "seconds", "entries", "logs", "cache_dir", "claims_dir", "archs",
            "environment")
@@ -44,13 +47,13 @@ def _check_environment(env: dict) -> None:
 
 
 class StoreJob:
-    """One job: ``kind`` (:data:`STORE` or :data:`BOOKKEEPING`), the ``backend`` that redoes
-    it, its compile ``seconds``, ``entries`` (key, name, attributes, seconds, details and the
-    back end's own fields), latency ``logs`` rows, the ``cache_dir`` and ``claims_dir`` it
-    belongs to, ``archs`` (bookkeeping: arch -> rows), ``environment`` (every variable the
-    entries' keys consider, to its value or ``None`` for unset: the worker rebuilds in a
-    process that has exactly these) and ``extra``: the back end's data (e.g. ``program``),
-    carried as it is."""
+    """One job: ``kind`` (:data:`STORE`, :data:`BOOKKEEPING` or :data:`REFRESH`), the
+    ``backend`` that redoes it, its compile ``seconds``, ``entries`` (key, name, attributes,
+    seconds, details and the back end's own fields), latency ``logs`` rows, the ``cache_dir``
+    and ``claims_dir`` it belongs to, ``archs`` (bookkeeping: arch -> rows), ``environment``
+    (every variable the entries' keys consider, to its value or ``None`` for unset: the
+    worker rebuilds in a process that has exactly these) and ``extra``: the back end's data
+    (e.g. ``program``, or a refresh job's ``refresh``), carried as it is."""
 
     __slots__ = _FIELDS + ("extra",)
 

@@ -17,7 +17,7 @@ from ..db import KernelDB
 from ..file.kernelfile import CompileRecord
 from ..keys import HashAttributes
 from .jobfiles import TAKEN, remove, take, taken_path
-from .jobs import BOOKKEEPING, StoreJob, backend_module
+from .jobs import BOOKKEEPING, REFRESH, StoreJob, backend_module
 from .spool import read_job
 
 
@@ -80,7 +80,8 @@ def serve(slow: bool = False) -> int:
 
 
 def store_job_file(path: Path, dbs: dict | None = None) -> None:
-    """Store one job: its back end builds the program again and reads the binaries."""
+    """Store one job: its back end builds the program again and reads the binaries (or, for
+    a refresh job, adds what the program generated since to the stored binaries)."""
     data = read_job(path)
     if data is None:
         return
@@ -91,6 +92,10 @@ def store_job_file(path: Path, dbs: dict | None = None) -> None:
     db = dbs[job.cache_dir]
     if job.kind == BOOKKEEPING:
         db.tiers.write_bookkeeping(job.archs)
+        return
+    if job.kind == REFRESH:  # binaries stored before their programs generated more code
+        for line in backend_module(job.backend).refresh_job(db, job):
+            say(line)
         return
     if _stored_already(db, job):  # the same program compiled again before it was stored
         db.tiers.store([], [CompileRecord(*row) for row in job.logs])

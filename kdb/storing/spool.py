@@ -32,6 +32,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     MAX_JOBS,
     MIN_FREE,
     PENDING,
+    REFRESH_MARK,
     SLOW,
     TAKEN,
     SpoolFull,
@@ -44,6 +45,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     take,
     taken_path,
 )
+from .jobs import REFRESH
 from .trust import ENVIRONMENT, UntrustedSpool, accepted, runnable, trusted
 
 TYPE_CHECKING = False
@@ -67,7 +69,8 @@ _ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
 
 #: Variables of the kinds above that change nothing a rebuild makes and differ from run to
 #: run, or between a ``kdb run`` and a plain program: one spool per environment, not per run.
-_ENV_PER_RUN = frozenset({"KDB_RUN_REPORT", "KDB_AUTO", "KDB_TRACE", "KDB_WAIT_TIMEOUT"})
+_ENV_PER_RUN = frozenset({"KDB_RUN_REPORT", "KDB_AUTO", "KDB_TRACE", "KDB_WAIT_TIMEOUT",
+                          "KDB_DISABLE_REFRESH"})
 
 
 #: Variables naming files: made absolute, since the worker runs in ``/``.
@@ -140,6 +143,8 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
         _write_file(spool / ENVIRONMENT, env)
     _counter += 1
     name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
+    if job.kind == REFRESH:
+        name += REFRESH_MARK
     path = spool / (name + JOB)
     _write_file(path, job.to_dict())
     if claims:

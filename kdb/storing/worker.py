@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from .jobfiles import (BAD, JOB, SLOW, TAKEN, remove, rename, slow_path, sweep_partial, take,
-                       taken_path)
+from .jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, remove, rename, slow_path,
+                       sweep_partial, take, taken_path)
 from .jobs import StoreJob
 from .lane import about as _about
 from .lane import background_group as _background_group
@@ -160,7 +160,10 @@ class _Queue:
             waited = [s for s in self.normal if not self.wanted.isdisjoint(self.keys(s))]
         slow_keys = {k for s in self.slow + list(busy) for k in self.keys(s, SLOW)}
         while self.normal:
-            stem = waited.pop(0) if waited else next(iter(self.normal))
+            stem = waited.pop(0) if waited else first_ready(self.normal, [*self.slow, *busy,
+                                                                          *self.foreign])
+            if stem is None:
+                return None
             job = self.job(stem, JOB)
             if job is not None and job[0] and set(job[0]) <= slow_keys:
                 rename(self.spool / (stem + JOB), self.spool / (stem + SLOW))

@@ -40,6 +40,8 @@ from .keys import (
     split_options,
 )
 from .poclbin import private_copies
+from .refresh import loaded as _refresh_loaded
+from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
 from .stores import compiled as _compiled
 from .stores import program_spec, rebuild_and_store, recheck_for, store_later  # noqa: F401 - the worker calls it here
 from ..common import source_text
@@ -165,6 +167,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
             try:
                 raw = _load(ctx, devs, [h.binary for h in hits], text, opt_bytes)
                 if raw is not None:  # else built from source below; nothing missed to store
+                    _refresh_loaded(db.tiers, attrs, hits)
                     return _wrap(raw, wrapper)
             except (cl.RuntimeError, cl.LogicError) as err:
                 for a, h in zip(attrs, hits):

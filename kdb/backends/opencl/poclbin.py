@@ -1,4 +1,6 @@
-"""PoCL binaries loaded with ``POCL_KERNEL_CACHE=0``: a directory of their own for each load.
+"""PoCL's program binaries: a directory of their own for each load with ``POCL_KERNEL_CACHE=0``,
+and the files a binary carries (:func:`layout`, :func:`with_files`, for
+:mod:`.refresh`).
 
 PoCL unpacks a program created from a binary into ``<its cache dir>/<build hash>``, the hash
 taken from the binary's header, and with its kernel cache off it ``rm -rf``\\ s that directory
@@ -18,6 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
+from typing import NamedTuple
 
 MAGIC = b"poclbin\0"
 HASH_SIZE = 41  # SHA1_digest_t: 40 characters and a NUL (lib/CL/pocl_cl.h)
@@ -71,3 +74,114 @@ def private_copies(binaries: list[bytes]) -> list[bytes] | None:
         out.append(binary[:offset] + name.ljust(HASH_SIZE, b"\0")
                    + binary[offset + HASH_SIZE:])
     return out
+
+
+# -- the files a binary carries (version 8: PoCL 3.0) ------------------------------------------
+
+#: The one layout :func:`layout` reads: ``POCLCC_VERSION`` 8, PoCL 3.0's. Versions 9 to 12
+#: (PoCL 3.1 and later) lay the root files and kernel records out otherwise.
+FILES_VERSION = 8
+_VERSION_8 = struct.pack("<I", FILES_VERSION)
+#: magic, device id, version, kernel count, flags, build hash (``read_header``).
+_HEADER_8 = 32 + HASH_SIZE
+#: PoCL's largest serialized binary (``MAX_BINARY_SIZE`` in ``lib/CL/pocl_binary.c``).
+MAX_BINARY = 256 << 20
+_HASH_CHARS = frozenset("ABCDEFGHIJKLMNOP")
+
+
+class Kernel(NamedTuple):
+    """One kernel's record in a PoCL binary: its name, where the record starts, its size,
+    and the files it carries (paths relative to the program's cache directory, such as
+    ``/k/16-1-1-goffs0-smallgrid/k.so``)."""
+
+    name: str
+    offset: int
+    size: int
+    files: tuple[str, ...]
+
+
+class Layout(NamedTuple):
+    """What :func:`layout` reads from a binary: the build hash that names the program's
+    directory in PoCL's cache (``AB/CDE...``), and its kernels in order."""
+
+    build_hash: str
+    kernels: tuple[Kernel, ...]
+
+
+def version_8(binary: bytes) -> bool:
+    """Whether ``binary`` is a PoCL binary of the one layout :func:`layout` reads."""
+    return binary[16:20] == _VERSION_8 and binary.startswith(MAGIC)
+
+
+def layout(binary: bytes) -> Layout | None:
+    """The build hash and each kernel's files of a version-8 PoCL binary, walked as PoCL's
+    ``pocl_binary_deserialize`` walks it: the header, ``/program.bc``, then one record per
+    kernel whose last ``binaries_size`` bytes are files (a ``uint32`` length and the path,
+    a ``uint32`` length and the content). None for any other binary, or one whose sizes do
+    not add up."""
+    if len(binary) < _HEADER_8 or not version_8(binary):
+        return None
+    (count,) = struct.unpack_from("<I", binary, 20)
+    build_hash = build_hash_of(binary[32:_HEADER_8])
+    if build_hash is None:
+        return None
+    try:
+        _, pos = _file(binary, _HEADER_8, len(binary))
+        kernels = []
+        for _ in range(count):
+            size, files_size = struct.unpack_from("<QQ", binary, pos)
+            (name_size,) = struct.unpack_from("<I", binary, pos + 20)
+            end = pos + size
+            if files_size > size - 24 - name_size or end > len(binary):
+                return None
+            name = binary[pos + 24:pos + 24 + name_size].decode("ascii")
+            files, at = [], end - files_size
+            while at < end:
+                path, at = _file(binary, at, end)
+                files.append(path)
+            kernels.append(Kernel(name, pos, size, tuple(files)))
+            pos = end
+    except (struct.error, UnicodeDecodeError, ValueError):
+        return None
+    return Layout(build_hash, tuple(kernels)) if pos == len(binary) else None
+
+
+def build_hash_of(field: bytes) -> str | None:
+    """The build hash a version-8 header's 41-byte field holds, as the directory it names
+    in PoCL's cache (``AB/CDEF...``: 40 characters ``A`` to ``P``, ``/`` third, from
+    ``build_program_compute_hash``); None for anything else (a load's private directory with
+    the kernel cache off, or not PoCL's hash)."""
+    text = field.split(b"\0", 1)[0].decode("latin-1")
+    if len(text) == 40 and text[2] == "/" and _HASH_CHARS.issuperset(text[:2] + text[3:]):
+        return text
+    return None
+
+
+def _file(binary: bytes, at: int, end: int) -> tuple[str, int]:
+    """The path of the file record at ``at`` and where the next record starts."""
+    (n,) = struct.unpack_from("<I", binary, at)
+    path = binary[at + 4:at + 4 + n].decode("utf-8")
+    (size,) = struct.unpack_from("<I", binary, at + 4 + n)
+    nxt = at + 8 + n + size
+    if n == 0 or size == 0 or nxt > end:  # PoCL asserts both lengths > 0 when it unpacks
+        raise ValueError("a file record past its end")
+    return path, nxt
+
+
+def with_files(binary: bytes, found: Layout, added: dict[str, list[tuple[str, bytes]]]) -> bytes:
+    """``binary`` (whose :func:`layout` is ``found``) with ``added`` files appended to the
+    records of the kernels they belong to: the header, ``program.bc`` and every file it
+    carried stay byte for byte. PoCL unpacks a file only where none is (``deserialize_file``),
+    so what it has already is never overwritten."""
+    out = [binary[:found.kernels[0].offset] if found.kernels else binary]
+    for k in found.kernels:
+        record = binary[k.offset:k.offset + k.size]
+        extra = b"".join(struct.pack("<I", len(p)) + p + struct.pack("<I", len(c)) + c
+                         for p, c in ((path.encode("utf-8"), content)
+                                      for path, content in added.get(k.name, ())))
+        if extra:
+            size, files_size = struct.unpack_from("<QQ", record)
+            record = struct.pack("<QQ", size + len(extra), files_size + len(extra)) \
+                + record[16:] + extra
+        out.append(record)
+    return b"".join(out)

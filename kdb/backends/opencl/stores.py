@@ -19,6 +19,7 @@ from ...db import KernelDB
 from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
 from ...storing.stores import HeaderChangedError, headers_changed
+from . import refresh
 from .binaries import program_binaries
 from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
 
@@ -117,6 +118,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
                            recheck)
 
         if db.tiers.spool(job, claims, store_now):
+            refresh.compiled(db.tiers, attrs)  # launches may outrun the store: see at exit
             return
         held.update((c.key, c) for c in claims)
     binaries: dict[int, bytes] | None = None
