@@ -93,29 +93,8 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
         from .migrate import file_lock
 
         with file_lock(f.path):
-            _check_there(f, ident)
-            probe = f.open_connection()
-            try:
-                rev = revision_of(probe)
-                if rev is None and not has_no_tables(probe):
-                    probe.close()
-                    _check_there(f, ident)
-                    f.damaged(sqlite3.DatabaseError("not a kdb database"))
-                    return None
-                if rev is None:
-                    probe.execute(f"PRAGMA journal_mode={_journal_mode(f)}")
-            finally:
-                probe.close()
-            if rev != HEAD:
-                if rev is not None and rev not in REVISIONS:
-                    f.checked = False
-                    f.connection()  # reports the future revision once
-                    return None
-                if not _migrate(f, lambda: _check_there(f, ident)):
-                    return None
-                if rev is None:
-                    _describe(f)
-                _check_there(f, ident)
+            if not _upgraded(f, ident):
+                return None
     except DAMAGE as err:
         if began:
             _check_there(f, ident, err)
@@ -136,6 +115,37 @@ def _ensure(f: KernelFile) -> sqlite3.Connection | None:
     f.compact = True  # at the head revision now
     return f.connection()
 
+
+def _upgraded(f: KernelFile, ident: tuple[int, int]) -> bool:
+    """Under the file's upgrade lock: a new file made a kdb file, an older one migrated to
+    the head revision. False where it is not a kdb file, or is of a future revision."""
+    _check_there(f, ident)
+    probe = f.open_connection()
+    try:
+        rev = revision_of(probe)
+        if rev is None and not has_no_tables(probe):
+            probe.close()
+            _check_there(f, ident)
+            f.damaged(sqlite3.DatabaseError("not a kdb database"))
+            return False
+        if rev is None:
+            probe.execute(f"PRAGMA journal_mode={_journal_mode(f)}")
+    finally:
+        probe.close()
+    if rev == HEAD:
+        return True
+    if rev is not None and rev not in REVISIONS:
+        f.checked = False
+        f.connection()  # reports the future revision once
+        return False
+    if not _migrate(f, lambda: _check_there(f, ident)):
+        return False
+    if rev is None:
+        _describe(f)
+    _check_there(f, ident)
+    return True
+
+
 def _check_there(f: KernelFile, ident: tuple[int, int] | None,
                  err: Exception | None = None) -> None:
     """Raise :class:`_Gone` where the file that had ``ident`` when this writer began is no
@@ -152,6 +162,7 @@ def _describe(f: KernelFile) -> None:
     finally:
         conn.close()
 
+
 def _journal_mode(f: KernelFile) -> str:
     """WAL on local disks; a rollback journal where WAL does not work (network FS)."""
     kind = fs.network_fs(f.path.parent)
@@ -164,6 +175,7 @@ def _journal_mode(f: KernelFile) -> str:
         "on each other. Use a node-local KDB_CACHE_DIR (e.g. /tmp or $TMPDIR) instead.",
         f.path.parent, kind)
     return "DELETE"
+
 
 def write(f: KernelFile, entries: list[Entry], logs: list[CompileRecord],
           hits: dict[str, tuple[int, float]], counters: dict[str, float],
@@ -181,7 +193,8 @@ def write(f: KernelFile, entries: list[Entry], logs: list[CompileRecord],
             return False
         try:
             with transaction(conn):
-                skipped = _store(f, conn, entries, logs, hits, counters, cap, time.time())
+                skipped = _store(f, conn, entries, logs=logs, hits=hits, counters=counters,
+                                 cap=cap, now=time.time())
             return not skipped
         except (sqlite3.Error, UnicodeDecodeError) as err:
             if attempt + 1 < _ATTEMPTS and isinstance(err, sqlite3.Error) and f.replaced():
@@ -204,7 +217,7 @@ def _write_failed(f: KernelFile, err: Exception) -> None:
                      once="write:" + str(f.path))
 
 
-def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
+def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry], *,
            logs: list[CompileRecord], hits: dict[str, tuple[int, float]],
            counters: dict[str, float], cap: int, now: float) -> int:
     """The body of :meth:`write`, inside its transaction; returns how many entries were
@@ -212,41 +225,13 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
     whose signing key was refused never takes a signed entry from the others)."""
     added = added_raw = added_entries = skipped = 0
     for e in entries:
-        kind, blob = codec.encode(e.raw)
-        if cap and len(blob) > cap:
-            warn_once(f"toobig:{f.path}",
-                      "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
-                      "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
-                      len(blob), e.name or e.key[:16], cap)
+        grew = _insert(f, conn, e, cap, now)
+        if grew is None:
             skipped += 1
             continue
-        old = conn.execute("SELECT stored_size, raw_size, source, signer, signature "
-                           "FROM kernels WHERE key = ?", (e.key,)).fetchone()
-        if old is not None and old[3] and old[4] and not (e.signer and e.signature):
-            log.debug("kdb: %s keeps its signed entry %s: not replaced by an unsigned one",
-                      f.path, e.key[:16])
-            skipped += 1
-            continue
-        added += len(blob) - (old[0] if old else 0)
-        added_raw += len(e.raw) - (old[1] if old else 0)
-        added_entries += 0 if old else 1
-        packed = compact.pack(e.attributes)
-        if packed.source is not None:
-            conn.execute("INSERT OR IGNORE INTO sources (digest, body, size) VALUES (?, ?, ?)",
-                         (packed.source, packed.body, packed.size))
-        conn.execute(
-            "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attrs, source, "
-            "attributes_sha256, details, codec, dict_id, blob, raw_size, stored_size, "
-            "checksum, compile_seconds, created, last_access, hits, compiler_free_key, "
-            "signer, signature) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
-            (e.key, e.arch, e.backend, e.name, packed.attrs, packed.source, packed.sha256,
-             _json_text(e.details), kind, blob, len(e.raw),
-             len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
-             compiler_free_key(e.attributes), e.signer, e.signature),
-        )
-        if old and old[2] != packed.source:  # a damaged entry replaced: its source may go
-            drop_unused_sources(conn, [old[2]])
+        added += grew[0]
+        added_raw += grew[1]
+        added_entries += grew[2]
     # Running totals, kept in the same transaction, so size checks never scan.
     for name, delta in (("stored_bytes", added), ("raw_bytes", added_raw),
                         ("entries", added_entries)):
@@ -272,6 +257,46 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry],
             "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
             "DO UPDATE SET value = value + excluded.value", (name, delta))
     return skipped
+
+
+def _insert(f: KernelFile, conn: sqlite3.Connection, e: Entry, cap: int,
+            now: float) -> tuple[int, int, int] | None:
+    """One entry written (its source once); what it added to the stored bytes, the raw
+    bytes and the entry count, or None where it is not stored (over the cap, or unsigned
+    in place of a signed one)."""
+    kind, blob = codec.encode(e.raw)
+    if cap and len(blob) > cap:
+        warn_once(f"toobig:{f.path}",
+                  "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
+                  "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
+                  len(blob), e.name or e.key[:16], cap)
+        return None
+    old = conn.execute("SELECT stored_size, raw_size, source, signer, signature "
+                       "FROM kernels WHERE key = ?", (e.key,)).fetchone()
+    if old is not None and old[3] and old[4] and not (e.signer and e.signature):
+        log.debug("kdb: %s keeps its signed entry %s: not replaced by an unsigned one",
+                  f.path, e.key[:16])
+        return None
+    packed = compact.pack(e.attributes)
+    if packed.source is not None:
+        conn.execute("INSERT OR IGNORE INTO sources (digest, body, size) VALUES (?, ?, ?)",
+                     (packed.source, packed.body, packed.size))
+    conn.execute(
+        "INSERT OR REPLACE INTO kernels (key, arch, backend, name, attrs, source, "
+        "attributes_sha256, details, codec, dict_id, blob, raw_size, stored_size, "
+        "checksum, compile_seconds, created, last_access, hits, compiler_free_key, "
+        "signer, signature) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+        (e.key, e.arch, e.backend, e.name, packed.attrs, packed.source, packed.sha256,
+         _json_text(e.details), kind, blob, len(e.raw),
+         len(blob), codec.checksum(e.raw), e.compile_seconds, now, now,
+         compiler_free_key(e.attributes), e.signer, e.signature),
+    )
+    if old and old[2] != packed.source:  # a damaged entry replaced: its source may go
+        drop_unused_sources(conn, [old[2]])
+    return (len(blob) - (old[0] if old else 0), len(e.raw) - (old[1] if old else 0),
+            0 if old else 1)
+
 
 def replace_binary(f: KernelFile, key: str, checksum_was: str, raw: bytes, details: dict,
                    cap: int | None = None) -> bool:

@@ -28,6 +28,7 @@ from .keys import (
     BUILD_VARIABLES,
     ENV_VARS,
     _label,
+    _Plan,
     arch_of,
     attributes_for,
     compiler_identity,
@@ -110,7 +111,7 @@ def _program_source(source: str | bytes, text: str) -> str | bytes:
     return bytes(source) if isinstance(source, (bytes, bytearray)) else text
 
 
-def _uncached(ctx, source, text: str, opt_bytes: bytes, devs, err: UncertainIncludes,
+def _uncached(ctx, source, text: str, opt_bytes: bytes, devs, err: UncertainIncludes, *,
               db: KernelDB, pyopencl_errors: bool, wrapper) -> cl.Program:
     """A plain build, neither looked up nor stored: kdb cannot be sure what it reads."""
     if not db.tiers.disabled:
@@ -140,42 +141,66 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     db = db or default_db(variables)
     text = _text(source)
     plan = plan_for(ctx, devices, options, arch, str(db.cache_root), variables)
-    devs, opt_bytes = plan.devs, plan.opt_bytes
     try:  # per build: the headers and the working directory may change
-        headers = headers_of(text, opt_bytes, search=plan.search)
+        headers = headers_of(text, plan.opt_bytes, search=plan.search)
     except UncertainIncludes as err:
-        return _uncached(ctx, source, text, opt_bytes, devs, err, db, pyopencl_errors, wrapper)
+        return _uncached(ctx, source, text, plan.opt_bytes, plan.devs, err, db=db,
+                         pyopencl_errors=pyopencl_errors, wrapper=wrapper)
     # Unlabelled until a miss: a hit never shows the label, and finding it scans the source.
     key_text, extra = _keyed(source, text)
-    attrs = [HashAttributes(BACKEND, key_text, a, plan.user_rest,
-                            plan.added_rest + extra if extra else plan.added_rest,
-                            headers, (), c, plan.environment, name or "")
+    attrs = [HashAttributes(BACKEND, key_text, a, build_options=plan.user_rest,
+                            internal_options=plan.added_rest + extra if extra
+                            else plan.added_rest,
+                            headers=headers, compiler=c, environment=plan.environment,
+                            name=name or "")
              for a, c in zip(plan.archs, plan.compilers)]
     memory_key = (ctx.int_ptr, plan.dev_ptrs, tuple(a.key for a in attrs))
     built = _compiled.get(memory_key)
     if built is not None:  # compiled by this process, its binaries not read back yet
         _count("hits.memory", len(attrs))
         return _wrap(built, wrapper)
-
     hits: list = [None] * len(attrs)
     held: dict[str, Claim] = {}
     if not db.tiers.disabled:
-        hits = [db.tiers.lookup(a) for a in attrs]
-        if not all(hits):  # single flight: claim what missed, or wait for its compiler
-            hits, held = _claim_or_wait(db, attrs, hits)
-        if all(hits):
-            try:
-                raw = _load(ctx, devs, [h.binary for h in hits], text, opt_bytes)
-                if raw is not None:  # else built from source below; nothing missed to store
-                    _refresh_loaded(db.tiers, attrs, hits)
-                    return _wrap(raw, wrapper)
-            except (cl.RuntimeError, cl.LogicError) as err:
-                for a, h in zip(attrs, hits):
-                    if h.tier in ("user", "shared", "memory"):
-                        db.tiers.discard(a.with_(name=name or _label(text)),
-                                   f"the driver refused the stored binary ({err})", h.tier)
-                hits = [None] * len(attrs)  # rebuilt from source and stored again
+        raw, hits, held = _served(db, ctx, plan, attrs, text, name)
+        if raw is not None:
+            return _wrap(raw, wrapper)
+    return _compile_and_store(ctx, source, text, plan, db, attrs=attrs, hits=hits, held=held,
+                              name=name, memory_key=memory_key,
+                              pyopencl_errors=pyopencl_errors, wrapper=wrapper)
 
+
+def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: str,
+            name: str | None) -> tuple[cl._Program | None, list, dict[str, Claim]]:
+    """The program loaded from the tiers' binaries when every device's key hits (after
+    waiting for another process that compiles it); else the hits there are and the claims
+    this process now holds. A binary the driver refuses is discarded."""
+    hits = [db.tiers.lookup(a) for a in attrs]
+    held: dict[str, Claim] = {}
+    if not all(hits):  # single flight: claim what missed, or wait for its compiler
+        hits, held = _claim_or_wait(db, attrs, hits)
+    if all(hits):
+        try:
+            raw = _load(ctx, plan.devs, [h.binary for h in hits], text, plan.opt_bytes)
+            if raw is not None:  # else built from source; nothing missed to store
+                _refresh_loaded(db.tiers, attrs, hits)
+                return raw, hits, held
+        except (cl.RuntimeError, cl.LogicError) as err:
+            for a, h in zip(attrs, hits):
+                if h.tier in ("user", "shared", "memory"):
+                    db.tiers.discard(a.with_(name=name or _label(text)),
+                                     f"the driver refused the stored binary ({err})", h.tier)
+            hits = [None] * len(attrs)  # rebuilt from source and stored again
+    return None, hits, held
+
+
+def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
+                       attrs: list[HashAttributes], hits: list, held: dict[str, Claim],
+                       name: str | None, memory_key: tuple, pyopencl_errors: bool,
+                       wrapper) -> cl.Program:
+    """Build from source, then hand what missed (once per key) to the store worker; the
+    claims of what another way served are let go."""
+    devs, opt_bytes = plan.devs, plan.opt_bytes
     start = time.perf_counter()
     try:
         raw = _compile(ctx, _program_source(source, text), opt_bytes, devs, pyopencl_errors,
@@ -188,8 +213,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     prg = _wrap(raw, wrapper)
     label = name or _label(text)
     attrs = [a if a.name == label else a.with_(name=label) for a in attrs]
-    # Store only what missed, once per key (devices of one class share a key).
-    missed: dict[str, tuple] = {}
+    missed: dict[str, tuple] = {}  # devices of one class share a key
     for d, a, h in zip(devs, attrs, hits):
         if h is None:
             missed.setdefault(a.key, (d, a))
@@ -201,7 +225,6 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
                 seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs),
                 recheck=recheck_for(text, opt_bytes, plan.search))
     return prg
-
 
 
 def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
