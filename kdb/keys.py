@@ -155,7 +155,7 @@ class HashAttributes:
     environment: tuple[tuple[str, str], ...]
     name: str
 
-    def __init__(self, backend: str, source: str | bytes, arch: str,
+    def __init__(self, backend: str, source: str | bytes, arch: str, *,
                  build_options: Iterable[str] = (), internal_options: Iterable[str] = (),
                  headers: Iterable[tuple[str, str]] | Mapping[str, str] = (),
                  spec_constants: Iterable[tuple[Any, Any]] | Mapping[Any, Any] = (),
@@ -214,7 +214,7 @@ class HashAttributes:
         return f"HashAttributes({parts})"
 
     def __reduce__(self):
-        return (HashAttributes, tuple(getattr(self, f) for f in self.FIELDS))
+        return (_from_fields, (tuple(getattr(self, f) for f in self.FIELDS),))
 
     def canonical(self) -> dict[str, Any]:
         """The attributes as plain JSON data, the exact input of the key."""
@@ -369,3 +369,8 @@ def decode_value(tagged: list[str]) -> Any:
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Names of the canonical attributes that differ between two encodings (for ``explain``)."""
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _from_fields(values: tuple) -> HashAttributes:
+    """Unpickling: the attributes in :attr:`HashAttributes.FIELDS` order."""
+    return HashAttributes(**dict(zip(HashAttributes.FIELDS, values)))

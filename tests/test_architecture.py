@@ -210,8 +210,13 @@ def test_the_check_sees_a_private_name_taken_from_another_package(tmp_path):
 
 
 #: The house's size: the top of ``kdb/`` holds the core and the public module paths, every
-#: other module a wing (a folder) small enough to read as one room, and no module is a hall.
-CORE_MODULES_MAX, WING_MODULES_MAX, MODULE_LINES_MAX = 11, 12, 400
+#: other module a wing (a folder) small enough to read as one room.
+CORE_MODULES_MAX, WING_MODULES_MAX = 11, 12
+#: A function is one step: at most this many lines of body (its docstring aside) and this
+#: many positional parameters (``self`` and ``cls`` aside; keyword-only ones are free). A
+#: function that mirrors another library's signature says so on its ``def`` lines
+#: ("mirrors ...") and may take what that signature takes.
+FUNCTION_LINES_MAX, POSITIONAL_MAX = 60, 7
 #: The public paths at the top: one facade per device API, and the documented entry points.
 PUBLIC_PATHS = {"opencl.py", "cuda.py", "triton.py", "worker.py", "pytest.py"}
 
@@ -228,10 +233,52 @@ def test_the_house_keeps_its_size():
             rooms = _modules_in(init.parent) + [
                 d.name for d in init.parent.iterdir() if (d / "__init__.py").is_file()]
             assert len(rooms) <= WING_MODULES_MAX, (init.parent.relative_to(PACKAGE), rooms)
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-            if "migrations" not in p.parts
-            and (n := len(p.read_text(encoding="utf-8").splitlines())) > MODULE_LINES_MAX}
-    assert long == {}
+
+
+def oversized_functions(package: Path) -> list[str]:
+    """``module:line name`` of each function longer than :data:`FUNCTION_LINES_MAX` or with
+    more than :data:`POSITIONAL_MAX` positional parameters (and no "mirrors" on its ``def``
+    lines), with what it has."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            where = f"{path.relative_to(package)}:{node.lineno} {node.name}"
+            body = node.body
+            doc = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(
+                body[0].value, ast.Constant) and isinstance(body[0].value.value, str) else None
+            length = node.end_lineno - body[0].lineno + 1 - (
+                doc.end_lineno - doc.lineno + 1 if doc else 0)
+            if length > FUNCTION_LINES_MAX:
+                out.append(f"{where}: {length} lines")
+            params = [a.arg for a in node.args.posonlyargs + node.args.args]
+            positional = len(params) - (params[:1] in (["self"], ["cls"]))
+            header = "\n".join(lines[node.lineno - 1:body[0].lineno - 1])
+            if positional > POSITIONAL_MAX and "mirrors" not in header:
+                out.append(f"{where}: {positional} positional parameters")
+    return out
+
+
+def test_every_function_is_one_step():
+    """No function over 60 lines or with more than 7 positional parameters (issue 30)."""
+    assert oversized_functions(PACKAGE) == []
+
+
+def test_the_size_check_sees_a_long_and_a_wide_function(tmp_path):
+    pkg = tmp_path / "kdb"
+    pkg.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(FUNCTION_LINES_MAX + 1))
+    (pkg / "m.py").write_text(
+        f'def long():\n    """Docstring lines do not count."""\n{body}\n\n'
+        "def wide(a, b, c, d, e, f, g, h):\n    pass\n\n\n"
+        "def free(a, b, c, d, e, f, g, *, h):\n    pass\n\n\n"
+        "def compile(a, b, c, d, e, f, g, h):  # mirrors lib.compile\n    pass\n\n\n"
+        "class C:\n    def method(self, a, b, c, d, e, f, g):\n        pass\n")
+    assert oversized_functions(pkg) == [f"m.py:1 long: {FUNCTION_LINES_MAX + 1} lines",
+                                        "m.py:66 wide: 8 positional parameters"]
 
 
 def test_every_package_of_the_tree_ships_in_the_wheel():

@@ -676,7 +676,8 @@ def test_a_refused_stored_build_is_dropped_and_the_next_one_loaded(cache_dir, no
             return object()
 
     drv = Driver()
-    req = cuda_keys._request(DOUBLE_SRC, "sm_90", (), (), "cubin", None, cache_dir, None)
+    req = cuda_keys._request(DOUBLE_SRC, "sm_90", (), (), "cubin", nvcc=None,
+                             memo_dir=cache_dir, name=None)
     assert req.tool is None
     backend.SourceModule._load_stored_build(drv, db, req)
     assert drv.loaded == [b"old cubin"]

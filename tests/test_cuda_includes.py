@@ -134,14 +134,15 @@ def test_a_macro_include_is_built_without_the_cache_with_one_warning(cache_dir, 
 @pytest.mark.parametrize("options", [["-Xcompiler", "-I/somewhere"], ["--options-file", "x"]])
 def test_options_kdb_does_not_read_make_the_build_uncertain(options, db):
     req = cuda_keys._request(KERNEL.replace("SCALE", "2.0f"), "sm_90", options, (), "ptx",
-                             None, db.cache_root, None)
+                             nvcc=None, memo_dir=db.cache_root, name=None)
     assert req.uncertain and "may change where headers are found" in req.uncertain
 
 
 @needs_nvcc
 def test_a_relative_directory_in_nvccs_variables_is_uncertain(db, monkeypatch):
     monkeypatch.setenv("NVCC_APPEND_FLAGS", "-Iinc")
-    req = cuda_keys._request(KERNEL, "sm_90", [], (), "ptx", None, db.cache_root, None)
+    req = cuda_keys._request(KERNEL, "sm_90", [], (), "ptx", nvcc=None,
+                             memo_dir=db.cache_root, name=None)
     assert req.uncertain and "relative path" in req.uncertain
 
 
@@ -156,7 +157,7 @@ def test_include_options_leave_the_key_and_reach_nvcc_absolute(db, tmp_path, mon
         monkeypatch.chdir(tmp_path / tree)
         req = cuda_keys._request('#include "scale.cuh"\n' + KERNEL, "sm_90",
                                  ["--include-path=inc", "-isystem", "inc", "-DX=1"], (), "ptx",
-                                 None, db.cache_root, None)
+                                 nvcc=None, memo_dir=db.cache_root, name=None)
         assert req.attrs.build_options == ("-DX=1",)
         assert f"-I{inc}" in req.include_args and str(inc) in req.include_args
         keys.append(req.attrs.key)

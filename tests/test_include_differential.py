@@ -231,8 +231,9 @@ def _kdb_cuda(lay: Layout, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     for name, value in lay.env.items():
         monkeypatch.setenv(name, value)
-    req = cuda_keys._request(lay.source, "sm_90", lay.options, (), "ptx", None, None, None,
-                             "nvcc")
+    req = cuda_keys._request(lay.source, "sm_90", lay.options, (), "ptx", nvcc=None,
+                             memo_dir=None, name=None,
+                             compiler="nvcc")
     return None if req.uncertain else (req, set(req.header_files))
 
 

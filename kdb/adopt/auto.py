@@ -80,7 +80,7 @@ def adopt_pycuda(module: Any = None) -> None:
 def _pycuda_compile(module: Any, original: Any) -> Any:
     def compile(source, nvcc="nvcc", options=None, keep=False,  # noqa: A001 - pycuda's name
                 no_extern_c=False, arch=None, code=None, cache_dir=None, include_dirs=(),
-                target="cubin"):
+                target="cubin"):  # mirrors pycuda.compiler.compile, for which it stands in
         args = (source, nvcc, options, keep, no_extern_c, arch, code, cache_dir,
                 list(include_dirs), target)
         from .. import cuda

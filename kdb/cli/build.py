@@ -131,7 +131,7 @@ class _PackProgress:
                    "when it is set.")
 @json_option
 @click.pass_context
-def pack_(ctx: click.Context, arches: tuple[str, ...], manifest: Path | None,
+def pack_(ctx: click.Context, *, arches: tuple[str, ...], manifest: Path | None,
           from_db: str | None, from_log: bool, pkg_version: str | None, out_dir: Path,
           dist_prefix: str, keep_going: bool, sign_key: Path | None, as_json: bool) -> None:
     """Build read-only system databases <arch>.kdb and their wheels <prefix>-<arch>.

@@ -57,7 +57,7 @@ class StoreJob:
 
     __slots__ = _FIELDS + ("extra",)
 
-    def __init__(self, kind: str = STORE, backend: str = "", seconds: float = 0.0,
+    def __init__(self, kind: str = STORE, backend: str = "", seconds: float = 0.0, *,
                  entries: list | None = None, logs: list | None = None, cache_dir: str = "",
                  claims_dir: str = "", archs: dict | None = None,
                  environment: dict | None = None, extra: dict | None = None) -> None:

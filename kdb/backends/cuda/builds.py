@@ -212,8 +212,8 @@ def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natura
     :class:`kdb.BackendUnavailableError` when there is no compiler and no stored build.
     """
     db = db or default_db()
-    req = _request(source, arch, options, include_dirs, output, nvcc, db.cache_root, name,
-                   compiler)
+    req = _request(source, arch, options, include_dirs, output, nvcc=nvcc,
+                   memo_dir=db.cache_root, name=name, compiler=compiler)
     if req.tool is None and not req.uncertain:
         from ..fallback import served
 

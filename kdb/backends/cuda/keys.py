@@ -270,7 +270,7 @@ class _Request:
 
 
 def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None,
-             include_dirs: Iterable[str | os.PathLike[str]] | None, output: str,
+             include_dirs: Iterable[str | os.PathLike[str]] | None, output: str, *,
              nvcc: str | os.PathLike[str] | None, memo_dir: str | os.PathLike[str] | None,
              name: str | None, compiler: str | None = None) -> _Request:
     text = _text(source)
@@ -347,7 +347,8 @@ def attributes_for(source: str | bytes, arch: str = "sm_90",
                    name: str | None = None, compiler: str | None = None) -> HashAttributes:
     """The hash attributes :func:`compile` looks up for these arguments (with no compiler
     installed: an empty compiler identity, whose key is the compiler-free key)."""
-    return _request(source, arch, options, include_dirs, output, nvcc, memo_dir, name,
-                    compiler).attrs
+    return _request(source, arch, options, include_dirs, output, nvcc=nvcc,
+                    memo_dir=memo_dir, name=name,
+                    compiler=compiler).attrs
 
 

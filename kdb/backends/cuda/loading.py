@@ -77,7 +77,7 @@ class SourceModule:
                  no_extern_c: bool = False, arch: str | None = None, code: str | None = None,
                  cache_dir: Any = None, include_dirs: Sequence[str] = (), *,
                  db: KernelDB | None = None, name: str | None = None,
-                 compiler: str | None = None) -> None:
+                 compiler: str | None = None) -> None:  # mirrors pycuda's SourceModule
         del keep, cache_dir
         if code is not None:
             raise InvalidArgumentError(
@@ -92,8 +92,9 @@ class SourceModule:
             options = (config.read_variables(_PYCUDA_FLAGS)[_PYCUDA_FLAGS[0]] or "").split()
         db = db or default_db()
         req = _request(text, arch, options, [*include_dirs, *pycuda_include_dirs()],
-                       "cubin", None if nvcc == "nvcc" else nvcc, db.cache_root, name,
-                       compiler)
+                       "cubin", nvcc=None if nvcc == "nvcc" else nvcc,
+                       memo_dir=db.cache_root, name=name,
+                       compiler=compiler)
         self.arch = arch
         if req.tool is None:
             self.module = self._load_stored_build(drv, db, req)

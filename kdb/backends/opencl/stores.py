@@ -77,8 +77,8 @@ def _built_as_keyed(attrs: HashAttributes) -> bool:
 
 
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
-                 held: dict[str, Claim], forget: tuple = (), program: dict | None = None,
-                 recheck: Callable[[], tuple] | None = None) -> None:
+                held: dict[str, Claim], *, forget: tuple = (), program: dict | None = None,
+                recheck: Callable[[], tuple] | None = None) -> None:
     """Record the compile now; hand the store to the store worker (:mod:`kdb.storing.spool`), or, with
     ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread. ``recheck``
     gives the build's headers as they are now (:func:`recheck_for`): what this process
@@ -92,59 +92,78 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
         return
     in_process = _built_as_keyed(attrs[0])
     if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
-        keyed_env = dict(attrs[0].environment)  # one build: one environment for every key
-        job = StoreJob(backend=BACKEND, seconds=seconds, extra={"program": program},
-                       entries=[{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
-                                 "attributes": a.encoded().decode("utf-8"),
-                                 "seconds": per_device, "details": device_details(d)}
-                                for d, a in zip(devs, attrs)],
-                       logs=[list(rec) for rec in recs],
-                       environment={k: keyed_env.get(k) for k in ENV_VARS})
+        job = _job(devs, attrs, recs, seconds, program, ptrs)
         claims = [held.pop(a.key) for a in attrs if a.key in held]
-
-        def store_now() -> None:
-            """Another process waits for one of these keys while this one still holds the
-            program (ranks starting together): store it from here, no rebuild, no worker.
-            The program is looked up, not kept: a job's program is held only while new."""
-            held_raw = compiled.get(forget)
-            if held_raw is None:
-                raise LookupError("the program is no longer held; the store worker stores it")
-            if not in_process:
-                raise LookupError("the program was built under this process's first build "
-                                  "variables, not its key's; the store worker stores it")
-            binaries = program_binaries(held_raw)
-            db.tiers.store([(a, binaries[d.int_ptr], per_device, device_details(d))
-                            for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
-                           recheck)
-
+        store_now = _storer(db, devs, attrs, recs, per_device=per_device, forget=forget,
+                            in_process=in_process, recheck=recheck)
         if db.tiers.spool(job, claims, store_now):
             refresh.compiled(db.tiers, attrs)  # launches may outrun the store: see at exit
             return
         held.update((c.key, c) for c in claims)
-    binaries: dict[int, bytes] | None = None
-
-    def produce_for(ptr: int):
-        def produce() -> bytes | None:
-            nonlocal binaries
-            if not in_process:
-                log.debug("kdb: not stored: built under the process's first build variables")
-                return None
-            if binaries is None:
-                try:
-                    binaries = program_binaries(raw)
-                except Exception as err:  # noqa: BLE001 - storing is best effort
-                    log.warning("kdb: could not read program binaries: %s", err)
-                    binaries = {}
-                finally:
-                    # From here the bytes are in KernelDB's in-flight map, then the user file.
-                    compiled.pop(forget, None)
-            return binaries.get(ptr) or None
-        return produce
-
+    read = _reader(raw, forget, in_process)
     for d, a, rec in zip(devs, attrs, recs):
-        db.tiers.put_later(a, produce_for(d.int_ptr), compile_seconds=per_device,
+        db.tiers.put_later(a, lambda ptr=d.int_ptr: read(ptr), compile_seconds=per_device,
                            details=device_details(d), log=rec, claim=held.pop(a.key, None),
                            recheck=recheck)
+
+
+def _job(devs, attrs: list[HashAttributes], recs: list, seconds: float, program: dict,
+         ptrs: list[int]) -> StoreJob:
+    """The store worker's job for one build: the program, each device's entry, the latency
+    rows, and the build variables the keys hold (one build: one environment for all)."""
+    per_device = seconds / max(len(devs), 1)
+    keyed_env = dict(attrs[0].environment)
+    return StoreJob(backend=BACKEND, seconds=seconds, extra={"program": program},
+                    entries=[{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
+                              "attributes": a.encoded().decode("utf-8"),
+                              "seconds": per_device, "details": device_details(d)}
+                             for d, a in zip(devs, attrs)],
+                    logs=[list(rec) for rec in recs],
+                    environment={k: keyed_env.get(k) for k in ENV_VARS})
+
+
+def _storer(db: KernelDB, devs, attrs: list[HashAttributes], recs: list, *,
+            per_device: float, forget: tuple, in_process: bool,
+            recheck) -> Callable[[], None]:
+    """What stores a spooled job's entries from this process when another process waits
+    for one of them while this one still holds the program (ranks starting together): no
+    rebuild, no worker. The program is looked up, not kept: a job's program is held only
+    while new."""
+    def store_now() -> None:
+        held_raw = compiled.get(forget)
+        if held_raw is None:
+            raise LookupError("the program is no longer held; the store worker stores it")
+        if not in_process:
+            raise LookupError("the program was built under this process's first build "
+                              "variables, not its key's; the store worker stores it")
+        binaries = program_binaries(held_raw)
+        db.tiers.store([(a, binaries[d.int_ptr], per_device, device_details(d))
+                        for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
+                       recheck)
+    return store_now
+
+
+def _reader(raw, forget: tuple, in_process: bool) -> Callable[[int], bytes | None]:
+    """One device's binary of ``raw``, the program's binaries read once for all of them
+    (on the first call, in the background store)."""
+    binaries: dict[int, bytes] | None = None
+
+    def read(ptr: int) -> bytes | None:
+        nonlocal binaries
+        if not in_process:
+            log.debug("kdb: not stored: built under the process's first build variables")
+            return None
+        if binaries is None:
+            try:
+                binaries = program_binaries(raw)
+            except Exception as err:  # noqa: BLE001 - storing is best effort
+                log.warning("kdb: could not read program binaries: %s", err)
+                binaries = {}
+            finally:
+                # From here the bytes are in KernelDB's in-flight map, then the user file.
+                compiled.pop(forget, None)
+        return binaries.get(ptr) or None
+    return read
 
 
 def recheck_for(text: str, opt_bytes: bytes, search) -> Callable[[], tuple]:
