@@ -339,6 +339,29 @@ def test_stored_key_holds_no_path_and_hits_from_another_include_dir(cache_dir, c
     np.testing.assert_allclose(y, x + 5)
 
 
+@pytest.mark.parametrize("form", ["separate", "one element", "joined", "string"])
+def test_attributes_for_keys_a_build_as_the_build_stores_it(cache_dir, cl_ctx, tmp_path,
+                                                             monkeypatch, form):
+    """``kdb.opencl.attributes_for`` (public: explain, pack, a framework's own lookups) and
+    a build through kdb compute the key in two places: for each form of the options a
+    caller passes, both give the key the build stored (issue 30: no second way to key)."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "myhdr.h").write_text("#define SCALE 3\n")
+    monkeypatch.chdir(tmp_path)
+    options = {"separate": ["-I", "inc", "-DN=8"], "one element": ["-I inc -DN=8"],
+               "joined": ["-Iinc", "-DN=8"], "string": "-I inc -DN=8"}[form]
+    kdb.opencl.build(cl_ctx, HDR_SRC, options)
+    flush()
+    [(stored, _, _)] = attributes_of(cache_dir / "v1" / f"{arch(cl_ctx)}.kdb")
+    from kdb.backends.opencl import split_options
+
+    given = split_options(options)
+    attrs = kdb.opencl.attributes_for(cl_ctx.devices[0], HDR_SRC, given,
+                                      internal_options(cl_ctx))
+    assert attrs.key == stored
+
+
 # -- damaged entries -----------------------------------------------------------------------
 
 def test_corrupt_blob_is_recompiled_and_replaced(cache_dir, cl_ctx, caplog):
