@@ -16,7 +16,8 @@ from pathlib import Path
 from ..db import KernelDB
 from ..file.kernelfile import CompileRecord
 from ..keys import HashAttributes
-from .jobfiles import TAKEN, remove, take, taken_path
+from . import storetimes
+from .jobfiles import TAKEN, remove, take, take_taken, taken_path, unmark
 from .jobs import BOOKKEEPING, StoreJob, backend_module
 from .spool import read_job
 
@@ -55,28 +56,55 @@ def about(path: Path) -> str:
     return f"{path.stem} ({', '.join(got)})" if got else path.stem
 
 
-def serve(slow: bool = False) -> int:
+def serve(slow: bool = False, urgent: bool = False) -> int:
     """Store each job named on stdin; answer one line per job on the pipe that was fd 1 (fd 1
-    is now the log: what a compiler prints never reaches the supervisor)."""
+    is now the log: what a compiler prints never reaches the supervisor).
+
+    ``urgent``: a child of a process that waits for these jobs (:mod:`kdb.storing.queued`),
+    at its priority: it says ``ready`` once its back ends are loaded, answers ``busy`` for a
+    job a live lane took first, and stores it all the same when the line is ``!path`` (the
+    waiter saw that lane starve; storing is idempotent)."""
     protocol = os.dup(1)
     os.dup2(2, 1)
-    lowest_priority(idle=slow)
+    if urgent:
+        _load_backends()
+        os.write(protocol, b"ready\n")
+    else:
+        lowest_priority(idle=slow)
     dbs: dict = {}
     for line in sys.stdin.buffer:
-        path = Path(os.fsdecode(line.rstrip(b"\n")))
+        force = urgent and line.startswith(b"!")
+        path = Path(os.fsdecode(line[force:].rstrip(b"\n")))
         fd = take(path)  # None: its own process, or another worker, stores it
+        if fd is None and urgent:
+            fd = take_taken(path)  # its taker died; else (-1) a lane stores it
+            if fd == -1 and not force:
+                os.write(protocol, b"busy\n")
+                continue
         if fd is not None:
             try:
                 store_job(taken_path(path), dbs)
             except Exception as err:  # noqa: BLE001 - report, drop the job, go on
                 say(f"could not store {about(path)}: {type(err).__name__}: {err}")
             remove(path)
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         sys.stdout.flush()
         os.write(protocol, b"done\n")
     for db in dbs.values():
         db.close()
     return 0
+
+
+def _load_backends() -> None:
+    """Import every back end a job may name, before the first job (its wait starts then)."""
+    from .jobs import BACKENDS
+
+    for name in BACKENDS:
+        try:
+            backend_module(name)
+        except Exception:  # noqa: BLE001, S112 - a job of this back end fails and says why
+            continue
 
 
 def store_job(path: Path, dbs: dict | None = None) -> None:
@@ -94,8 +122,23 @@ def store_job(path: Path, dbs: dict | None = None) -> None:
         return
     if _stored_already(db, job):  # the same program compiled again before it was stored
         db.tiers.store([], [CompileRecord(*row) for row in job.logs])
+        _stored(job, path)
         return
-    backend_module(job.backend).store_job(db, job)
+    start = time.process_time()
+    timings = backend_module(job.backend).store_job(db, job) or {}
+    seconds = time.process_time() - start
+    _stored(job, path)
+    n = max(len(job.entries), 1)
+    build = timings.get("build")
+    storetimes.record(db.tiers.user_dir, [
+        (HashAttributes.from_canonical(e["attributes"]).arch, float(e.get("seconds") or 0.0),
+         seconds / n, build / n if build is not None else None) for e in job.entries])
+
+
+def _stored(job: StoreJob, path: Path) -> None:
+    """The job's keys are in the user file: their marks go (:func:`jobfiles.mark`)."""
+    if job.claims_dir:
+        unmark(Path(job.claims_dir), path, job.keys)
 
 
 def _stored_already(db: KernelDB, job: StoreJob) -> bool:

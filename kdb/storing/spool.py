@@ -10,11 +10,12 @@ and its start-up latency rows) and goes on at once. One store worker per spool
 answers), reads its binaries and stores them, taking first the entries another process
 waits for, then the oldest.
 
-Nobody waits for a store. A job holds no claim once its process has exited; a process that
-misses an entry whose job is still queued builds the program itself, which costs no more
-than no cache would. Jobs are files, so they survive the process that wrote them, a killed
-worker (the next process starts another) and ``kdb log`` can show their compiles before
-their binaries are stored.
+Each job marks its keys beside the claims (:func:`kdb.storing.jobfiles.mark`): a process
+that misses an entry whose job is still queued, or being stored, finds it with one
+``readlink`` and waits for the store when that costs less than compiling
+(:mod:`kdb.storing.queued`). Jobs are files, so they survive the process that wrote them, a
+killed worker (the next process starts another) and ``kdb log`` can show their compiles
+before their binaries are stored.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     check_room,
     exists,
     low_space,
+    mark,
     remove,
     rename,
     slow_path,
@@ -142,6 +144,8 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
     name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
     path = spool / (name + JOB)
     _write_file(path, job.to_dict())
+    if job.claims_dir and job.entries:  # a process that misses one of its keys finds it
+        mark(Path(job.claims_dir), path, [k for k in job.keys if k])
     if claims:
         from . import holding
 

@@ -15,6 +15,7 @@ reaches ``store-worker.log`` with the job and why. A job that cannot be read is 
     python -m kdb.storing.worker DIR           # the supervisor for one spool directory
     python -m kdb.storing.worker --child       # a lane: stores the jobs named on stdin (--slow-child)
     python -m kdb.storing.worker --hurry DIR   # store every job of DIR now (kdb pack waits)
+    python -m kdb.storing.worker --urgent-child  # a lane of a process that waits for its jobs
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..claims import progress
 from .jobfiles import (BAD, JOB, SLOW, TAKEN, remove, rename, slow_path, sweep_partial, take,
                        taken_path)
 from .jobs import StoreJob
@@ -31,6 +33,7 @@ from .lane import about as _about
 from .lane import background_group as _background_group
 from .lane import lowest_priority as _lowest_priority
 from .lane import say as _say
+from .queued import publish_lanes
 from .spool import ENVIRONMENT, LOCK, inherited, read_job, worker_running
 
 #: A job waits this long before it is stored (unless another process waits for it), so the
@@ -183,17 +186,6 @@ class _Queue:
         return bool(self.normal or self.slow or self.foreign)
 
 
-def _clock(pid: int) -> float:
-    """The CPU seconds process ``pid`` used (a lane starved by busier processes is not a slow
-    store), or without ``/proc`` the wall clock."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ticks = f.read().rsplit(b")", 1)[1].split()[11:13]
-        return sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.monotonic()
-
-
 def _lane_environment(build: tuple[tuple[str, str | None], ...]) -> dict[str, str]:
     """This process's environment (the spool's) with a job's build variables: set to the
     job's values, or unset where the job's keys had them unset."""
@@ -216,6 +208,7 @@ class _Lane:
         self.slow, self.proc, self.job = slow, None, None  # job: the Path it is storing
         self.started, self.limit = 0.0, None  # its lane's CPU clock then, and the bound
         self.build: tuple = ()  # the build variables the child runs with
+        self.pstart = 0  # the child's start time (kdb.claims.progress.start_time)
 
     def start(self, path: Path, seconds: float, build: tuple = ()) -> None:
         import subprocess
@@ -229,10 +222,17 @@ class _Lane:
                                          stdout=subprocess.PIPE, close_fds=True,
                                          env=_lane_environment(build))
             self.build = build
-        self.job, self.started = path, _clock(self.proc.pid)
+            self.pstart = progress.start_time(self.proc.pid)
+        self.job, self.started = path, self.clock()
         self.limit = None if self.slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
         self.proc.stdin.write(os.fsencode(path) + b"\n")
         self.proc.stdin.flush()
+
+    def clock(self) -> float:
+        """The CPU seconds the child used (a lane starved by busier processes is not a slow
+        store), or without ``/proc`` the wall clock."""
+        seen = progress.sample(self.proc.pid, self.pstart)
+        return seen.cpu if seen is not None else time.monotonic()
 
     def poll(self) -> bool:
         """Finish, or set aside, the current job if its time has come; True if it ended."""
@@ -243,8 +243,7 @@ class _Lane:
         path, done = self.job, None
         if select.select([self.proc.stdout], [], [], 0)[0]:  # b"": the child died
             done = self.proc.stdout.readline() == b"done\n"
-        if done is None and (self.limit is None
-                             or _clock(self.proc.pid) - self.started <= self.limit):
+        if done is None and (self.limit is None or self.clock() - self.started <= self.limit):
             return False
         if done is False:  # the child died (killed, or crashed inside the driver)
             _say(f"the store of {_about(path)} ended its process; the job is dropped")
@@ -294,12 +293,16 @@ def supervise(spool: Path) -> int:
             ended = [lane.poll() for lane in lanes]
             busy = {lane.job.stem for lane in lanes if lane.job is not None}
             queue.scan(busy)
+            before = len(busy)
             for lane in lanes:
                 path = queue.pick(lane.slow, busy) if lane.job is None else None
                 if path is not None:
                     _, seconds, _, build = queue.jobs[path.stem]
                     lane.start(path, seconds, build)
                     busy.add(path.stem)
+            if len(busy) != before or any(ended):  # a waiter judges the lane storing its job
+                publish_lanes(fd, [(lane.proc.pid, lane.pstart, lane.started, lane.job.stem)
+                                   for lane in lanes if lane.job and lane.proc])
             if busy or any(ended) or queue.has_jobs():
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since >= IDLE_EXIT_S:
@@ -384,10 +387,10 @@ def main(argv: list[str]) -> int:
     auto_hook = sys.modules.get("_kdb_auto")  # KDB_AUTO=1 inherited: never adopt in here
     if auto_hook is not None:
         auto_hook.disable()
-    if argv in (["--child"], ["--slow-child"]):
+    if argv in (["--child"], ["--slow-child"], ["--urgent-child"]):
         from .lane import serve
 
-        return serve(slow=argv[0] == "--slow-child")
+        return serve(slow=argv[0] == "--slow-child", urgent=argv[0] == "--urgent-child")
     if argv[:1] == ["--hurry"] and len(argv) == 2:
         return hurry(Path(argv[1]))
     return supervise(Path(argv[0]))
