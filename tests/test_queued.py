@@ -21,6 +21,7 @@ import pytest
 
 from kdb import HashAttributes
 from kdb.storing import jobfiles, queued, spool, storetimes
+from kdb.storing.jobs import StoreJob
 from test_spool import ARCH, BUILD, DETACH, _stop_workers, run_json, stored, wait_for_worker
 
 cl = pytest.importorskip("pyopencl")
@@ -45,6 +46,18 @@ def _resume(pids: list[int]) -> None:
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
+            pass
+
+
+def _kill_workers(cache: Path) -> None:
+    """SIGKILL the store workers of ``cache`` with their lanes (each worker leads its own
+    session): what they would still store is a scan's minutes of idle-priority work."""
+    out = subprocess.run(["pgrep", "-f", f"kdb.storing.worker {cache}"], capture_output=True,
+                         text=True).stdout.split()
+    for pid in map(int, out):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
 
 
@@ -81,9 +94,9 @@ def _attrs_of(job: Path) -> HashAttributes:
     return HashAttributes.from_canonical(entry["attributes"], name=entry["name"])
 
 
-def _record(cache: Path, store: float, build: float) -> None:
+def _record(cache: Path, store: float, build: float, names: dict | None = None) -> None:
     (cache / "v1" / storetimes.FILE).write_text(
-        json.dumps({ARCH: {"store": [store], "build": [build]}}))
+        json.dumps({ARCH: {"store": [store], "build": [build], "names": names or {}}}))
 
 
 def test_the_cost_rule_weighs_recorded_store_times_against_the_compile(
@@ -97,21 +110,29 @@ def test_the_cost_rule_weighs_recorded_store_times_against_the_compile(
         user_dir = cache_dir / "v1"
         job = _queued_jobs(cache_dir)[0]
         attrs = _attrs_of(job)
+        data = StoreJob.from_json(job.read_text())
+
+        def plan():
+            return queued.weigh(user_dir, attrs, job, data)
+
         _record(cache_dir, store=0.5, build=1.0)
-        plan = queued.plan(user_dir, attrs)  # this process's spool is another: fresh cache
-        assert plan is not None and plan.job == job.with_suffix(jobfiles.JOB)
+        assert plan() is not None  # this process's spool is another: PoCL's cache fresh
         _record(cache_dir, store=50.0, build=1.0)  # its binaries cost 50 compiles to read
-        assert queued.plan(user_dir, attrs) is None
+        assert plan() is None
+        _record(cache_dir, store=0.5, build=1.0, names={attrs.name: [50.0]})  # this program's
+        assert plan() is None
+        _record(cache_dir, store=50.0, build=1.0, names={attrs.name: [0.5]})
+        assert plan() is not None
         # The same spool (PoCL's cache kept): a rebuild there costs 5% of the compile.
         monkeypatch.setenv("POCL_CACHE_DIR", str(pocl))
         monkeypatch.setenv("KDB_STORE_AT_EXIT", "detach")
         assert spool.spool_dir(user_dir) == job.parent
         _record(cache_dir, store=0.5, build=0.05)
-        assert queued.plan(user_dir, attrs) is None
+        assert plan() is None
         _record(cache_dir, store=0.5, build=1.0)
-        assert queued.plan(user_dir, attrs) is not None
+        assert plan() is not None
         jobfiles.rename(job, jobfiles.slow_path(job))
-        assert queued.plan(user_dir, attrs) is None
+        assert queued.plan(user_dir, attrs) is None  # set aside: not even read
         jobfiles.rename(jobfiles.slow_path(job), job)
         # A process that misses it now compiles at once, and leaves the job queued.
         _record(cache_dir, store=50.0, build=1.0)
@@ -191,6 +212,51 @@ def test_a_job_whose_worker_was_killed_mid_store_is_stored_by_the_next_process(
     assert stored(cache_dir) == 2
 
 
+AHEAD = """
+    import json, os, sqlite3, subprocess, sys, time
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    kdb.opencl.build(ctx, "__kernel void h0(__global float *a) {{ a[0] = 0; }}")
+    deadline, n, ours = time.monotonic() + 120, 0, {{}}
+    while time.monotonic() < deadline and n < {n}:  # the others, stored ahead meanwhile
+        for pid in subprocess.run(["pgrep", "-f", "kdb.storing.worker --ahead"],
+                                  capture_output=True, text=True).stdout.split():
+            try:  # of this session (this very code names it: not this process), ours
+                if os.getsid(int(pid)) == os.getsid(0) and int(pid) != os.getpid():
+                    ours[pid] = os.getpriority(os.PRIO_PROCESS, int(pid))
+            except OSError:
+                pass
+        time.sleep(0.1)
+        n = sqlite3.connect({db!r}).execute("SELECT count(*) FROM kernels").fetchone()[0]
+    print(json.dumps({{"compiles": len(kdb.bookkeeping.records()), "stored": n,
+                       "ahead": ours}}))
+"""
+
+
+def test_stores_an_earlier_process_queued_are_done_ahead_in_the_next_one_s_session(
+        cache_dir, run_py, tmp_path):
+    """The worker is held back; the next process misses the first of the six programs the
+    last one queued. Beside that wait, a process of its own session (its CPU share, at
+    nice 19) stores the others, newest first, before it asks for them; it ends with it."""
+    stopped = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
+    try:
+        db = str(cache_dir / "v1" / f"{ARCH}.kdb")
+        code = textwrap.dedent(AHEAD.format(n=6, db=db))
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, **DETACH, "POCL_CACHE_DIR": str(tmp_path / "b")})
+        out = json.loads(proc.communicate(timeout=180)[0].splitlines()[-1])
+        assert out["compiles"] == 0 and out["stored"] == 6
+        assert out["ahead"] and set(out["ahead"].values()) == {19}, out  # its session, nice 19
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{pid}") for pid in out["ahead"]):  # ended with it
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        _resume(stopped)
+
+
 _LANE = """
     import fcntl, os, signal, sys
     from pathlib import Path
@@ -261,3 +327,4 @@ def test_a_store_that_costs_more_than_the_compile_is_given_up_and_set_aside(
         assert second["build_s"] < 30
     finally:
         _resume(stopped)
+        _kill_workers(cache_dir)

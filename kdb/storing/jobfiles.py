@@ -178,6 +178,44 @@ def marked(claims_dir: Path, key: str) -> Path | None:
     return Path(claims_dir).parent.joinpath(*target.split("/")[1:]).with_suffix(JOB)
 
 
+# -- which lane of the store worker stores a job ----------------------------------------------
+
+#: The store worker's lock file in its spool (held by the worker; it says what its lanes
+#: store, in its first :data:`LANES_SIZE` bytes).
+LOCK = "worker.lock"
+LANES_SIZE = 256
+
+
+def publish_lanes(fd: int, lanes: list[tuple[int, int, float, str]]) -> None:
+    """Say in ``worker.lock`` (open as ``fd`` by its worker) which job each lane stores:
+    ``(pid, start time, CPU seconds when it took the job, the job's name)``. A process that
+    waits for one of those jobs judges the lane by its progress (:mod:`kdb.storing.queued`)."""
+    text = "".join(f"{pid} {start} {cpu:.3f} {stem}\n" for pid, start, cpu, stem in lanes)
+    try:
+        os.pwrite(fd, text.encode("ascii")[:LANES_SIZE].ljust(LANES_SIZE), 0)
+    except OSError:
+        pass
+
+
+def lane_of(job: Path) -> tuple[int, int, float] | None:
+    """``(pid, start time, CPU time when it took the job)`` of the worker's lane storing
+    ``job``, from the spool's ``worker.lock`` (:func:`publish_lanes`)."""
+    try:
+        with open(job.parent / LOCK, "rb") as f:
+            lines = f.read(LANES_SIZE).split(b"\n")
+    except OSError:
+        return None
+    stem = job.stem.encode("ascii")
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 4 and parts[3] == stem:
+            try:
+                return int(parts[0]), int(parts[1]), float(parts[2])
+            except ValueError:
+                return None
+    return None
+
+
 # -- room -------------------------------------------------------------------------------------
 
 #: A job is queued only while the file system under the spool keeps this much free: the

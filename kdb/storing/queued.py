@@ -15,7 +15,7 @@ than compiling (:func:`plan`, from the times recorded per device in
   again), in the environment the job was written in: its spool's ``environment.json`` and
   its build variables, so the rebuild finds the program in that run's PoCL cache;
 - a job a worker's lane took first is left to the lane while the lane makes progress
-  (``worker.lock`` names each lane's job, :func:`publish_lanes`); a lane that gets less
+  (``worker.lock`` names each lane's job, :func:`kdb.storing.jobfiles.publish_lanes`); a lane that gets less
   than half the CPU time while it is waited for (starved by busier processes) is overtaken
   by the child, which stores the job too (storing is idempotent);
 - the storer is waited for as a claim holder is (:class:`kdb.claims.waiting.Watch`): while
@@ -60,34 +60,45 @@ SLACK_S = 0.25
 
 def plan(user_dir: Path, attrs: HashAttributes) -> QueuedStore | None:
     """The queued store of ``attrs``' key when waiting for it costs less than compiling,
-    else None. Without a queued job this costs one ``readlink``."""
-    key, arch = attrs.key, attrs.arch
+    else None; a job an earlier process queued also starts the storing of the others ahead
+    (:mod:`kdb.storing.ahead`). Without a queued job this costs one ``readlink``."""
     claims_dir = Path(user_dir) / "claims"
-    job = jobfiles.marked(claims_dir, key)
+    job = jobfiles.marked(claims_dir, attrs.key)
     if job is None:
         return None
     data = _read(job)
     if data is None:  # stored or dropped meanwhile, or set aside as slow
         if jobfiles.state(job) is None:
-            jobfiles.unmark(claims_dir, job, [key])  # a job dropped left its mark
+            jobfiles.unmark(claims_dir, job, [attrs.key])  # a job dropped left its mark
         return None
-    from .spool import runnable, spool_dir
+    from .spool import runnable
 
     if not runnable(job.parent):
         return None  # another Python's spool: rebuilt here, it could store another binary
-    compile_s = next((float(e.get("seconds") or 0.0) for e in data.entries
-                      if e.get("key") == key), data.seconds)
-    store_r, build_r = storetimes.ratios(user_dir, arch)
+    if not job.stem.split("-")[1:2] == [str(os.getpid())]:
+        _store_ahead(job.parent)  # an earlier process's: the next ones are likely queued too
+    return weigh(user_dir, attrs, job, data)
+
+
+def weigh(user_dir: Path, attrs: HashAttributes, job: Path, data) -> QueuedStore | None:
+    """The cost rule: the store of ``attrs``' key by the job ``job`` (its data ``data``, a
+    :class:`~kdb.storing.jobs.StoreJob`) when it is expected to cost less than compiling the
+    program here, from the times recorded for the device and the program's name; else None."""
+    from .spool import spool_dir
+
+    entry = next((e for e in data.entries if e.get("key") == attrs.key), {})
+    compile_s = float(entry.get("seconds") or data.seconds or 0.0)
+    ratios = storetimes.ratios(user_dir, attrs.arch)
     # In this process's own spool the build finds the program, and its launches their code,
     # in the same PoCL cache the rebuild will use: it costs what a rebuild does.
     same = job.parent == spool_dir(user_dir)
-    est_store = store_r * compile_s
-    est_compile = (build_r if same else 1.0) * COMPILE_AND_LAUNCH * compile_s
+    est_store = ratios.store(str(entry.get("name") or "")) * compile_s
+    est_compile = (ratios.build if same else 1.0) * COMPILE_AND_LAUNCH * compile_s
     log.debug("kdb: %s is queued in %s: storing it costs about %.2f s, compiling it %.2f s",
-              key[:16], job.stem, est_store, est_compile)
+              attrs.key[:16], job.stem, est_store, est_compile)
     if est_store >= est_compile:
         return None
-    return QueuedStore(key, job, data, compile_s, est_store,
+    return QueuedStore(attrs.key, job, data, compile_s, est_store,
                        max(est_compile, 2 * est_store) + SLACK_S)
 
 
@@ -156,7 +167,7 @@ class QueuedStore:
         counts against :attr:`budget`); :data:`_STARVED` when, :data:`LANE_GRACE_S` after
         the first look, it has used less than half the time since (overtaken); None when
         no lane of the worker has it (another process's child, ``kdb pack``)."""
-        lane = _lane_of(self.job)
+        lane = jobfiles.lane_of(self.job)
         seen = progress.sample(lane[0], lane[1]) if lane is not None else None
         if seen is None:
             return None
@@ -276,42 +287,6 @@ class _Child:
             pass
 
 
-#: Bytes at the start of a spool's ``worker.lock`` that say what its lanes store.
-LANES_SIZE = 256
-
-
-def publish_lanes(fd: int, lanes: list[tuple[int, int, float, str]]) -> None:
-    """Say in ``worker.lock`` (open as ``fd`` by its worker) which job each lane stores:
-    ``(pid, start time, CPU seconds when it took the job, the job's name)``. A process that
-    waits for one of those jobs judges the lane by its progress (:meth:`QueuedStore._lane`)."""
-    text = "".join(f"{pid} {start} {cpu:.3f} {stem}\n" for pid, start, cpu, stem in lanes)
-    try:
-        os.pwrite(fd, text.encode("ascii")[:LANES_SIZE].ljust(LANES_SIZE), 0)
-    except OSError:
-        pass
-
-
-def _lane_of(job: Path) -> tuple[int, int, float] | None:
-    """``(pid, start time, CPU time when it took the job)`` of the worker's lane storing
-    ``job``, from the spool's ``worker.lock`` (:func:`publish_lanes`)."""
-    from .spool import LOCK
-
-    try:
-        with open(job.parent / LOCK, "rb") as f:
-            lines = f.read(LANES_SIZE).split(b"\n")
-    except OSError:
-        return None
-    stem = job.stem.encode("ascii")
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 4 and parts[3] == stem:
-            try:
-                return int(parts[0]), int(parts[1]), float(parts[2])
-            except ValueError:
-                return None
-    return None
-
-
 _lock = threading.Lock()
 #: This process's child: one at a time (a job of another environment gets a new one).
 _child: _Child | None = None
@@ -328,7 +303,9 @@ def _child_for(spool: Path, build: tuple) -> _Child | None:
     global _child
     if _live_child(spool, build):
         return _child
-    env = _environment(spool, build)
+    from .spool import job_environment
+
+    env = job_environment(spool, build)
     if env is None:
         return None
     if _child is not None:
@@ -344,26 +321,32 @@ def _child_for(spool: Path, build: tuple) -> _Child | None:
     return _child
 
 
-def _environment(spool: Path, build: tuple) -> dict[str, str] | None:
-    """This process's environment with the spool's ``environment.json`` in place of the
-    variables a worker inherits, and the job's build variables (unset where ``None``)."""
-    from .spool import ENVIRONMENT, inherited, read_job
+#: Spool -> the process storing its jobs ahead for this one (:mod:`kdb.storing.ahead`).
+_ahead: dict[Path, object] = {}
 
-    data = read_job(spool / ENVIRONMENT)
+
+def _store_ahead(spool: Path) -> None:
+    """Start, once per spool, the process that stores what earlier processes queued there
+    ahead of this one, in its session (its CPU share), at nice 19 (yielding to it)."""
+    import subprocess
+
+    from .spool import LOG_NAME
+
+    if spool in _ahead:
+        return
+    _ahead[spool] = None
     try:
-        variables = {str(k): str(v) for k, v in (data or {}).get("variables", [])}
-    except (AttributeError, TypeError, ValueError):
-        return None
-    if data is None:
-        return None
-    env = {k: v for k, v in os.environ.items() if not inherited(k)}
-    env.update(variables)
-    for name, value in build:
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+        fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o600)
+        with os.fdopen(fd, "ab") as out:
+            _ahead[spool] = subprocess.Popen(
+                [sys.executable, "-m", "kdb.storing.worker", "--ahead", str(spool),
+                 str(time.time_ns())], stdin=subprocess.PIPE, stdout=out, stderr=out,
+                close_fds=True, cwd="/")
+    except OSError as err:
+        log.debug("kdb: could not start a process to store %s's jobs ahead: %s", spool, err)
+    if not _exit_registered:
+        _register()
 
 
 def _forget(child: _Child) -> None:
@@ -382,13 +365,21 @@ def _register() -> None:
 
 
 def _at_exit() -> None:
+    """The children end with this process: once what they were given is stored."""
     if _child is not None:
         _child.close()
+    for proc in _ahead.values():
+        if proc is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
 
 
 def _after_fork() -> None:
     global _child, _lock
     _child = None  # the parent's: it feeds and closes it
+    _ahead.clear()
     _lock = threading.Lock()
 
 

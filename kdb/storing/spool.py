@@ -30,6 +30,7 @@ from .. import lifecycle
 from .jobfiles import (  # noqa: F401 - the job states and bounds, named here too
     BAD,
     JOB,
+    LOCK,
     MAX_JOBS,
     MIN_FREE,
     PENDING,
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 
 #: Spool directories live in ``<user dir>/spool/<environment digest>/``.
 SPOOL = "spool"
-LOCK = "worker.lock"
 #: The worker's log, beside the user files (what it could not store, and why).
 LOG_NAME = "store-worker.log"
 
@@ -98,6 +98,28 @@ def _environment() -> dict:
 
     config.check_settings()
     return {"executable": sys.executable, "variables": _variables(os.environ)}
+
+
+def job_environment(spool: Path | None, build=(), base=None) -> dict[str, str] | None:
+    """The environment a store of ``spool``'s jobs runs in: ``base`` (default this process's)
+    with the variables of the spool's ``environment.json`` in place of those a worker
+    inherits (none there: ``base``'s stay), and a job's ``build`` variables (``(name, value)``
+    pairs, unset where the value is None). None when ``environment.json`` is malformed."""
+    env = dict(os.environ if base is None else base)
+    data = read_job(spool / ENVIRONMENT) if spool is not None else None
+    if data is not None:
+        try:
+            variables = {str(k): str(v) for k, v in data.get("variables", [])}
+        except (AttributeError, TypeError, ValueError):
+            return None
+        env = {k: v for k, v in env.items() if not inherited(k)}
+        env.update(variables)
+    for name, value in build:
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
 
 
 def environment_digest(env: dict | None = None) -> str:

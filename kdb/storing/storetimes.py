@@ -1,13 +1,17 @@
-"""What stores cost, per device: recorded by whoever stores a job, read by a process that
-weighs waiting for a queued store against compiling (:mod:`kdb.storing.queued`).
+"""What stores cost, per device and per program name: recorded by whoever stores a job, read
+by a process that weighs waiting for a queued store against compiling
+(:mod:`kdb.storing.queued`).
 
 A job holds its program's compile seconds; what storing it costs (building it again, then
 reading its binaries back, which on PoCL generates code for every kernel) is recorded here
 after each store, as ratios to the compile: the store's CPU seconds, and its rebuild's alone
 (what a build costs where PoCL's cache already holds the program). The newest
-:data:`RECENT` of each, per device, in ``<user dir>/store-times.json``; read as medians, so
-that a few programs whose binaries take a minute to read (pyopencl's scans) do not make
-every store look slow. A lost update (two lanes writing at once) loses one sample.
+:data:`RECENT` of each per device, and the newest few per program name (pyopencl's
+generated programs share names across types: a reduction's ``reduce_kernel_stage1`` costs
+7 times its compile to store, an elementwise program about once, a scan over 100 times), in
+``<user dir>/store-times.json``. Read as medians, so that a few programs whose binaries take
+a minute to read do not make every store look slow. A lost update (two stores writing at
+once) loses one sample.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import os
 from pathlib import Path
 
 FILE = "store-times.json"
-#: Samples kept per device and kind.
+#: Samples kept per device and kind; per program name; names kept per device.
 RECENT = 64
+PER_NAME = 4
+NAMES = 512
 #: Compiles shorter than this are too short to measure a ratio against.
 MIN_COMPILE_S = 0.005
 #: With nothing recorded yet: a store costs about its compile (reading PoCL's binaries back
@@ -37,24 +43,33 @@ def _read(user_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def record(user_dir: Path, samples: list[tuple[str, float, float, float | None]]) -> None:
-    """Add ``(arch, compile seconds, store CPU seconds, rebuild CPU seconds or None)`` samples."""
-    samples = [s for s in samples if s[1] >= MIN_COMPILE_S]
+def _numbers(values) -> list[float]:
+    return [v for v in values if isinstance(v, (int, float))] if isinstance(values, list) else []
+
+
+def record(user_dir: Path, samples: list[tuple[str, str, float, float, float | None]]) -> None:
+    """Add ``(arch, name, compile seconds, store CPU seconds, rebuild CPU seconds or None)``
+    samples (a store that was stopped: its CPU seconds so far, a lower bound)."""
+    samples = [s for s in samples if s[2] >= MIN_COMPILE_S]
     if not samples:
         return
     data = _read(user_dir)
-    for arch, compile_s, store_s, build_s in samples:
-        per = data.get(arch)
-        per = per if isinstance(per, dict) else {}
+    for arch, name, compile_s, store_s, build_s in samples:
+        per = data.get(arch) if isinstance(data.get(arch), dict) else {}
         for kind, value in (("store", store_s), ("build", build_s)):
-            if value is None:
-                continue
-            old = per.get(kind)
-            old = [x for x in old if isinstance(x, (int, float))] if isinstance(old, list) else []
-            per[kind] = (old + [round(value / compile_s, 4)])[-RECENT:]
+            if value is not None:
+                per[kind] = (_numbers(per.get(kind)) + [round(value / compile_s, 4)])[-RECENT:]
+        names = per.get("names") if isinstance(per.get("names"), dict) else {}
+        if name:
+            old = _numbers(names.pop(name, None))  # re-inserted: the newest names are kept
+            names[name] = (old + [round(store_s / compile_s, 4)])[-PER_NAME:]
+        per["names"] = dict(list(names.items())[-NAMES:])
         data[arch] = per
-    path = Path(user_dir) / FILE
-    tmp = path.with_name(f".{FILE}.{os.getpid()}.tmp")
+    _write(Path(user_dir) / FILE, data)
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -68,16 +83,29 @@ def record(user_dir: Path, samples: list[tuple[str, float, float, float | None]]
 
 
 def _median(values, default: float) -> float:
-    values = sorted(v for v in values or () if isinstance(v, (int, float)) and v >= 0)
+    values = sorted(v for v in _numbers(values) if v >= 0)
     if not values:
         return default
     mid = len(values) // 2
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def ratios(user_dir: Path, arch: str) -> tuple[float, float]:
-    """``(store, rebuild)``: the median ratios of a store's CPU time, and of its rebuild's, to
-    the compile, on device ``arch`` (the defaults where none were recorded)."""
+class Ratios:
+    """The recorded ratios of one device: :meth:`store` for a program name (the name's own
+    median where it was stored before, else the device's), ``build`` (a rebuild's)."""
+
+    def __init__(self, per: dict) -> None:
+        self._per = per
+        self._names = per.get("names") if isinstance(per.get("names"), dict) else {}
+        self.device = _median(per.get("store"), DEFAULT_STORE)
+        self.build = _median(per.get("build"), DEFAULT_BUILD)
+
+    def store(self, name: str = "") -> float:
+        return _median(self._names.get(name), self.device) if name else self.device
+
+
+def ratios(user_dir: Path, arch: str) -> Ratios:
+    """What stores and rebuilds have cost on device ``arch`` (the defaults where nothing was
+    recorded)."""
     per = _read(user_dir).get(arch)
-    per = per if isinstance(per, dict) else {}
-    return _median(per.get("store"), DEFAULT_STORE), _median(per.get("build"), DEFAULT_BUILD)
+    return Ratios(per if isinstance(per, dict) else {})
