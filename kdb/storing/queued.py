@@ -21,7 +21,9 @@ than compiling (:func:`plan`, from the times recorded per device in
 - the storer is waited for as a claim holder is (:class:`kdb.claims.waiting.Watch`): while
   it makes progress, until it has spent what compiling would cost; then the process
   compiles, and a child of its own is stopped and the job set aside as slow (the worker's
-  slow lane stores it when the machine is idle).
+  slow lane stores it when the machine is idle);
+- the first job an earlier process queued in a spool also starts the storing of that
+  spool's other jobs ahead of this process, in its session (:mod:`kdb.storing.ahead`).
 
 A job that ends without the entry (set aside as bad, a header changed, its storer killed)
 ends the wait: the process compiles, as it does for a job already set aside as slow.
