@@ -334,9 +334,10 @@ def _store_ahead(spool: Path) -> None:
 
     from .spool import LOG_NAME
 
-    if spool in _ahead:
-        return
-    _ahead[spool] = None
+    with _lock:  # threads of this process start one between them
+        if spool in _ahead:
+            return
+        _ahead[spool] = None
     try:
         fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o600)
