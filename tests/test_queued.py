@@ -219,7 +219,7 @@ AHEAD = """
     plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
     ctx = cl.Context(plat.get_devices()[:1])
     kdb.opencl.build(ctx, "__kernel void h0(__global float *a) {{ a[0] = 0; }}")
-    deadline, n, ours = time.monotonic() + 120, 0, {{}}
+    deadline, n, ours = time.monotonic() + {wait}, 0, {{}}
     while time.monotonic() < deadline and n < {n}:  # the others, stored ahead meanwhile
         for pid in subprocess.run(["pgrep", "-f", "kdb.storing.worker --ahead"],
                                   capture_output=True, text=True).stdout.split():
@@ -243,7 +243,7 @@ def test_stores_an_earlier_process_queued_are_done_ahead_in_the_next_one_s_sessi
     stopped = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
     try:
         db = str(cache_dir / "v1" / f"{ARCH}.kdb")
-        code = textwrap.dedent(AHEAD.format(n=6, db=db))
+        code = textwrap.dedent(AHEAD.format(n=6, db=db, wait=120))
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, **DETACH, "POCL_CACHE_DIR": str(tmp_path / "b")})
         out = json.loads(proc.communicate(timeout=180)[0].splitlines()[-1])
@@ -254,6 +254,29 @@ def test_stores_an_earlier_process_queued_are_done_ahead_in_the_next_one_s_sessi
             assert time.monotonic() < deadline
             time.sleep(0.1)
     finally:
+        _resume(stopped)
+
+
+def test_one_process_a_spool_stores_ahead(cache_dir, run_py, tmp_path):
+    """Ranks that started together all meet the jobs an exited one queued: one process
+    stores them ahead (an ``flock`` on the spool's ``ahead.lock``), not one per rank."""
+    import fcntl
+
+    stopped = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
+    spool_dir = _queued_jobs(cache_dir)[0].parent
+    held = os.open(spool_dir / jobfiles.AHEAD_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as another rank's store-ahead process holds it
+    try:
+        db = str(cache_dir / "v1" / f"{ARCH}.kdb")
+        code = textwrap.dedent(AHEAD.format(n=6, db=db, wait=3))
+        out = json.loads(subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+            env={**os.environ, **DETACH, "POCL_CACHE_DIR": str(tmp_path / "b")}
+        ).stdout.splitlines()[-1])
+        assert out["compiles"] == 0 and out["stored"] == 1  # its own wait, nothing ahead
+        assert not out["ahead"], out
+    finally:
+        os.close(held)
         _resume(stopped)
 
 

@@ -88,7 +88,7 @@ def _spool_leftovers(user_dir: Path) -> list[Path]:
         idle = quiet and not jobs and not spool.worker_running(d)
         for p in names:
             if p in jobs or (p.name.endswith(".tmp") and not lifecycle.alive(p.name.split(".")[-2])) or (
-                    idle and p.name in (spool.ENVIRONMENT, spool.LOCK)):
+                    idle and p.name in (spool.ENVIRONMENT, spool.LOCK, jobfiles.AHEAD_LOCK)):
                 out.append(p)
         if idle:
             out.append(d)  # removed once empty; a job written meanwhile keeps it

@@ -12,7 +12,8 @@ of one spool that other processes wrote before it started, newest first (the pro
 first: the two meet halfway), only those whose store is expected to cost less than
 compiling them (:mod:`kdb.storing.storetimes`, by program name), each within what compiling
 would cost (else set aside as slow, for the worker's slow lane, and recorded as costly). It
-stops when no such job is left, or when its process has exited (its stdin ends).
+stops when no such job is left, or when its process has exited (its stdin ends). One at a
+time per spool (an ``flock`` on ``ahead.lock``): ranks that started together share one.
 
     python -m kdb.storing.worker --ahead SPOOL BEFORE_NS
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 from .. import claims
 from ..claims import progress
 from . import storetimes
-from .jobfiles import JOB, slow_path
+from .jobfiles import AHEAD_LOCK, JOB, slow_path
 from .jobs import StoreJob
 from .lane import Lane, inherit, lowest_priority, say
 from .queued import COMPILE_AND_LAUNCH, SLACK_S
@@ -39,9 +40,17 @@ LANE_START_S = 1.0
 def run(spool: Path, before: int) -> int:
     """Store ``spool``'s jobs written before ``before`` (``time.time_ns()``), newest first,
     while they are worth it and the process that started this runs."""
+    import fcntl
+
     lowest_priority(idle=False)
     if not inherit(spool):
         return 1
+    fd = os.open(spool / AHEAD_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return 0  # another process's stores them ahead (ranks that started together)
     lane, seen = Lane(slow=False), {}
     try:
         while not _ended():
@@ -58,6 +67,7 @@ def run(spool: Path, before: int) -> int:
                     (info["arch"], info["name"], info["compile"], info["limit"], None)])
     finally:
         lane.close()
+        os.close(fd)
     return 0
 
 

@@ -180,6 +180,27 @@ def marked(claims_dir: Path, key: str) -> Path | None:
 
 # -- which lane of the store worker stores a job ----------------------------------------------
 
+#: Held by the one process that stores a spool's jobs ahead for others (:mod:`.ahead`).
+AHEAD_LOCK = "ahead.lock"
+
+
+def locked(path: Path) -> bool:
+    """Whether a process holds an ``flock`` on ``path`` (False when there is no such file)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we took
+
+
 #: The store worker's lock file in its spool (held by the worker; it says what its lanes
 #: store, in its first :data:`LANES_SIZE` bytes).
 LOCK = "worker.lock"

@@ -323,8 +323,10 @@ def _child_for(spool: Path, build: tuple) -> _Child | None:
     return _child
 
 
-#: Spool -> the process storing its jobs ahead for this one (:mod:`kdb.storing.ahead`).
+#: Spool -> the process storing its jobs ahead for this one (:mod:`kdb.storing.ahead`), or
+#: when to try again to start one (another process's ran).
 _ahead: dict[Path, object] = {}
+AHEAD_RETRY_S = 1.0
 
 
 def _store_ahead(spool: Path) -> None:
@@ -335,9 +337,12 @@ def _store_ahead(spool: Path) -> None:
     from .spool import LOG_NAME
 
     with _lock:  # threads of this process start one between them
-        if spool in _ahead:
+        got = _ahead.get(spool)
+        if got is not None and (not isinstance(got, float) or time.monotonic() < got):
             return
-        _ahead[spool] = None
+        _ahead[spool] = time.monotonic() + AHEAD_RETRY_S
+    if jobfiles.locked(spool / jobfiles.AHEAD_LOCK):
+        return  # another process's runs (one a spool): looked at again later
     try:
         fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o600)
@@ -372,7 +377,7 @@ def _at_exit() -> None:
     if _child is not None:
         _child.close()
     for proc in _ahead.values():
-        if proc is not None:
+        if not isinstance(proc, float):
             try:
                 proc.stdin.close()
             except OSError:
