@@ -304,11 +304,11 @@ class Tiers(Storing):
         Returns the :class:`Hit` another process published meanwhile, a
         :class:`~kdb.claims.Claim` (this process compiles; pass it to :meth:`put_later`,
         which releases it once stored), or ``None`` when coordination is unavailable or the
-        wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway). The waiting policy is
-        :func:`kdb.claims.waiting.claim_or_wait`'s.
-        """
+        wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway): :mod:`kdb.claims.waiting`'s
+        policy, and :mod:`kdb.storing.queued`'s for a store an exited process queued."""
         from . import claims  # a miss: the hit path never needs it
         from .claims import waiting
+        from .storing import queued
 
         if self.disabled or claims.held_here(attrs.key):
             return None  # this process compiled it and is storing it: never wait on oneself
@@ -326,8 +326,8 @@ class Tiers(Storing):
         # store needs (its creation was on every waiter's path, with nothing else to do).
         idle = None if os.path.exists(user.filename) else user.ensure
         return waiting.claim_or_wait(self.user_dir / "claims", attrs.key,
-                                     attrs.name or attrs.key[:16], find,
-                                     config.wait_timeout(), shared, idle)
+                                     attrs.name or attrs.key[:16], find, config.wait_timeout(),
+                                     shared, idle, lambda _: queued.plan(self.user_dir, attrs))
 
     # -- misses ---------------------------------------------------------------------------
 

@@ -534,6 +534,31 @@ def _world_writable_spool(case, good):
     case.facts.update(refused=spool, planted="00000000000000001000-1-1")
 
 
+def _marks_leading_nowhere(case, good):
+    """The workload's keys marked as stored by jobs that will not come (issue 28): one in a
+    spool anyone can write (beside an environment.json naming an executable), one gone, one
+    mark naming a path outside any spool. The workload must compile, never wait or run them."""
+    _world_writable_spool(case, good)
+    conn = sqlite3.connect(good)
+    try:
+        keys = [r[0] for r in conn.execute("SELECT key FROM kernels ORDER BY key")]
+    finally:
+        conn.close()
+    claims = case.cache / "v1" / "claims"
+    claims.mkdir(mode=0o700)
+    targets = [f"../spool/{PLANTED_DIGEST}/{case.facts['planted']}",
+               f"../spool/{PLANTED_DIGEST}/00000000000000002000-1-1", "../../../etc/passwd"]
+    for key, target in zip(keys, targets):
+        os.symlink(target, claims / f"{key}.queued")
+    case.facts["gone"] = claims / f"{keys[1]}.queued"
+
+
+def _marks_not_followed(case: Case, warnings: list[str]) -> None:
+    assert not os.path.lexists(case.facts["gone"]) or os.readlink(case.facts["gone"]) != \
+        f"../spool/{PLANTED_DIGEST}/00000000000000002000-1-1", "a mark of a gone job was kept"
+    _planted_not_run(case, warnings)
+
+
 def _planted_not_run(case: Case, warnings: list[str]) -> None:
     """Neither the workload nor ``kdb pack --from-log`` (which waits for the spool's jobs,
     starting workers) runs the planted executable."""
@@ -802,6 +827,9 @@ STATES: dict[str, State] = {
     "full-disk-detach": State(_full_disk_detach, 0, needs="mount", detach=True,
                               check=_nothing_queued),
     "pocl-kernel-cache-off": State(_pocl_uncached, 0, check=_loaded_together),
+    # issue 28
+    "queued-marks-leading-nowhere": State(_marks_leading_nowhere, None, detach=True,
+                                          check=_marks_not_followed),
     "header-saved-while-compiling": State(_header_saved, 0, header=True, edit="during",
                                           check=_header_named),
 }

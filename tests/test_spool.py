@@ -1,5 +1,6 @@
 """The store worker (``KDB_STORE_AT_EXIT=detach``, the default): a process that compiled
-writes a job and goes on; one low-priority worker stores it; nobody waits for a store.
+writes a job and goes on; one low-priority worker stores it. (The next process waiting for
+a queued store when that is cheaper than compiling: tests/test_queued.py.)
 
 Real processes, real PoCL builds, real flocks. The rest of the suite runs with ``wait``
 (conftest), so that a test reads what a child stored as soon as the child has exited.
@@ -97,25 +98,6 @@ def _stop_workers(cache: Path) -> list[int]:
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     return pids
-
-
-def test_a_process_started_right_after_never_waits_for_a_pending_store(cache_dir, run_py):
-    """The next run builds what is not stored yet itself (PoCL's cache makes that cheap)
-    instead of waiting for the worker: a store is never worth waiting for."""
-    first = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(cache_dir / "pocl")})
-    stopped = _stop_workers(cache_dir)
-    try:
-        assert len(spool.jobs(cache_dir / "v1")) >= 3  # nothing stored yet
-        second = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(cache_dir / "pocl"),
-                                                      "KDB_WAIT_TIMEOUT": "30"})
-        assert second["compiles"] == 3
-        assert second["build_s"] < 10  # never the 30 s wait bound
-    finally:
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
-    wait_for_worker(cache_dir)
-    assert stored(cache_dir) == 3
-    assert first["compiles"] == 3
 
 
 def test_kdb_log_shows_a_run_s_compiles_before_they_are_stored(cache_dir, run_py):
@@ -289,13 +271,13 @@ def test_a_build_under_a_deleted_working_directory_is_served(cache_dir, run_py, 
 
 def test_jobs_are_private_and_a_worker_runs_per_environment(cache_dir, run_py):
     run_json(run_py, BUILD.format(n=1), {"POCL_CACHE_DIR": str(cache_dir / "p1")})
-    run_json(run_py, BUILD.format(n=1), {"POCL_CACHE_DIR": str(cache_dir / "p2")})
+    run_json(run_py, BUILD.format(n=2), {"POCL_CACHE_DIR": str(cache_dir / "p2")})  # h1 is new
     dirs = list((cache_dir / "v1" / "spool").iterdir())
     assert len(dirs) == 2  # PoCL's cache dir differs: each worker builds with its own
     for d in dirs:
         assert d.stat().st_mode & 0o077 == 0
     wait_for_worker(cache_dir)
-    assert stored(cache_dir) == 1
+    assert stored(cache_dir) == 2
 
 
 def test_a_holder_still_running_stores_a_wanted_entry_itself(cache_dir, tmp_path):

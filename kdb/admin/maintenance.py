@@ -17,6 +17,7 @@ from .. import config, lifecycle
 from ..file import discovery
 from . import integrity
 from ..errors import InvalidArgumentError
+from ..storing import jobfiles, storetimes
 from ..file.fileformat import (
     COMPACT_FROM,
     DAMAGE,
@@ -65,6 +66,7 @@ def clearable(user_dir: Path, arch: str | None = None) -> list[Path]:
                 if p not in out and os.path.realpath(p) not in protected:
                     out.append(p)
         out += _spool_leftovers(user_dir) + _stale_claims(user_dir / "claims")
+        out += [p for p in [user_dir / storetimes.FILE] if p.is_file()]
     return out
 
 
@@ -86,7 +88,7 @@ def _spool_leftovers(user_dir: Path) -> list[Path]:
         idle = quiet and not jobs and not spool.worker_running(d)
         for p in names:
             if p in jobs or (p.name.endswith(".tmp") and not lifecycle.alive(p.name.split(".")[-2])) or (
-                    idle and p.name in (spool.ENVIRONMENT, spool.LOCK)):
+                    idle and p.name in (spool.ENVIRONMENT, spool.LOCK, jobfiles.AHEAD_LOCK)):
                 out.append(p)
         if idle:
             out.append(d)  # removed once empty; a job written meanwhile keeps it
@@ -115,7 +117,7 @@ def _stale_claims(claims_dir: Path) -> list[Path]:
         finally:
             os.close(fd)
     out += [p for p in sorted(claims_dir.glob("*.want")) if not p.with_suffix(".lock").exists()]
-    return out
+    return out + sorted(claims_dir.glob("*" + jobfiles.QUEUED))  # their jobs go too
 
 
 def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:

@@ -12,8 +12,9 @@ once the compile is done and only its store is queued (:mod:`kdb.storing.spool`)
 (the shared tier). A waiter marks its demand with ``<key>.want``; a holder that still has
 the program stores that entry at once itself, and the store worker takes wanted entries
 first. How long a waiter waits is :mod:`kdb.claims.waiting`'s: as long as the holder makes
-progress (:mod:`kdb.claims.progress`). Claims end with their holder, so nobody ever waits
-for the store of a process that has exited. On a network file system ``flock`` may not
+progress (:mod:`kdb.claims.progress`). Claims end with their holder; the store a holder left
+queued when it exited is waited for, with the key's claim, by the process that misses it,
+when that costs less than compiling (:mod:`kdb.storing.queued`, through ``queued``). On a network file system ``flock`` may not
 coordinate across nodes; there the shared tier's locks are the answer.
 
 This wing imports only the base layer (``faults``, ``lifecycle``, ``logs``, ``config``) and

@@ -30,6 +30,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+    from . import Claim
+
 log = logs.get("kdb")
 
 #: Seconds a holder that makes no progress is waited for beyond what its compile takes.
@@ -73,16 +75,19 @@ class Watch:
         self.cpu0 = self.cpu = 0.0
 
     def verdict(self, ident: tuple, state: str, seconds: float, since: float,
-                seen: progress.Sample | None) -> tuple[str, bool] | None:
+                seen: progress.Sample | None, budget: float | None = None
+                ) -> tuple[str, bool] | None:
         """``(why, stuck)`` to stop waiting (``stuck``: do not wait for this holder again),
         or ``None`` to go on. ``ident`` names the holder and what it does (a new one starts
-        afresh), ``seen`` is its :func:`progress.sample` (``None``: it cannot be seen)."""
+        afresh), ``seen`` is its :func:`progress.sample` (``None``: it cannot be seen).
+        ``budget``: the CPU seconds a store may cost (default :func:`pending_wait`)."""
+        limit = pending_wait(seconds) if budget is None else budget
         now = time.monotonic()
         if ident != self.ident:
             self.ident, self.began, self.moved = ident, now, now
             self.cpu0 = self.cpu = seen.cpu if seen is not None else 0.0
         if seen is None:
-            if state in (PENDING, STORING) and time.time() - since >= pending_wait(seconds):
+            if state in (PENDING, STORING) and time.time() - since >= limit:
                 return "its store did not come", False
             if now - self.began >= self.timeout:
                 return f"waited {now - self.began:.0f} s (KDB_WAIT_TIMEOUT)", True
@@ -97,7 +102,7 @@ class Watch:
             return (f"it {what} for {now - self.moved:.1f} s (its compile time + "
                     f"{STALL_S:g} s, at most KDB_WAIT_TIMEOUT)"), True
         used = self.cpu - self.cpu0
-        if state in (PENDING, STORING) and used >= pending_wait(seconds):
+        if state in (PENDING, STORING) and used >= limit:
             return f"storing it cost {used:.1f} s of CPU time, more than compiling it", False
         if used >= self.timeout:
             return f"it used {used:.0f} s of CPU time on it (KDB_WAIT_TIMEOUT)", True
@@ -105,7 +110,8 @@ class Watch:
 
 
 def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any],
-                  timeout: float, shared=None, idle: Callable[[], None] | None = None):
+                  timeout: float, shared=None, idle: Callable[[], None] | None = None,
+                  queued: Callable[[Claim], Any] | None = None):
     """After a miss: claim ``key`` for compiling, or wait while another process compiles it.
 
     Polls with bounded back-off: this node's claim first, then (with ``shared``, the shared
@@ -120,9 +126,16 @@ def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any]
     other processes wait with it), and when that node is given up on compiles it with that
     claim. ``idle()`` runs once, on a thread of its own, when this process starts waiting
     for another (work the holder's store needs done, done by a process with nothing to do).
+
+    ``queued(claim)``, asked once this process holds the claim and found nothing: the key's
+    store, queued by a process that has exited, when waiting for it costs less than
+    compiling (:mod:`kdb.storing.queued`), else None. The claim then says ``waiting`` while
+    the store is watched like a holder: ``store.look()`` is None (go on), ``()`` (the store
+    ended: the entry, or compile) or what :meth:`Watch.verdict` judges, within
+    ``store.budget`` CPU seconds; ``store.close(gave_up)`` ends it.
     """
     try:
-        return _wait(directory, key, label, find, timeout, shared, idle)
+        return _wait(directory, key, label, find, timeout, shared, idle, queued)
     finally:
         if shared is not None:
             shared.unwant(key)
@@ -137,8 +150,8 @@ LOOK_S = 0.25
 FIND_S = 1.0
 
 
-def _wait(directory, key, label, find, timeout, shared, idle=None):
-    delay, claim, watch = 0.002, None, Watch(timeout)
+def _wait(directory, key, label, find, timeout, shared, idle=None, queued=None):
+    delay, claim, watch, store = 0.002, None, Watch(timeout), None
     found_at = looked_at = -1e9
     while True:
         try:
@@ -152,6 +165,14 @@ def _wait(directory, key, label, find, timeout, shared, idle=None):
                          "directory.", once=str(user_dir))
             return None
         now = time.monotonic()
+        if store is not None:  # the claim is ours; the key's store is queued: watch it
+            got = _look_store(store, claim, label, find, watch, now - found_at >= FIND_S)
+            if got is not None:
+                return got[0]
+            found_at = found_at if now - found_at < FIND_S else now
+            time.sleep(delay)
+            delay = min(delay * 2, POLL_S)
+            continue
         every = FIND_S if claim is None else LOOK_S if claim.state == WAITING else 0.0
         if now - found_at >= every:
             found_at = now
@@ -166,9 +187,15 @@ def _wait(directory, key, label, find, timeout, shared, idle=None):
                     claim.release()
                 return hit
             if claim is not None and locked is not False:
-                if claim.state != COMPILING:
-                    claim.mark(COMPILING)
-                return shared.adopt(claim) if locked else claim
+                claim = shared.adopt(claim) if locked else claim
+                store, queued = queued(claim) if queued is not None else None, None
+                if store is None:
+                    if claim.state != COMPILING:
+                        claim.mark(COMPILING)
+                    return claim
+                claim.mark(WAITING)  # this node's other processes wait with us
+                store.began, delay = now, 0.002
+                continue
         if now - looked_at >= LOOK_S:
             looked_at = now
             verdict = _look(directory, key, label, claim, shared, watch)
@@ -180,6 +207,33 @@ def _wait(directory, key, label, find, timeout, shared, idle=None):
                 idle = None
         time.sleep(delay)
         delay = min(delay * 2, POLL_S)
+
+
+def _look_store(store, claim, label, find, watch, find_now: bool):
+    """Look at a queued store this process waits for: ``None`` to go on, or ``(what to
+    return,)``: the entry once it is published, else the claim (compile) once the store
+    ended without it, or costs more than compiling it."""
+    view = store.look()
+    hit = find() if find_now or view == () else None
+    if hit is None:
+        if view is None:
+            return None
+        if view:
+            verdict = watch.verdict(*view, budget=store.budget)
+            if verdict is None:
+                return None
+            why = verdict[0]
+        else:
+            why = "its store ended without it (store-worker.log says why)"
+    store.close(gave_up=hit is None and bool(view))
+    if hit is not None:
+        if not claim.handed:
+            claim.release()
+        return (hit,)
+    log.debug("kdb: waited %.1f s for the queued store of %s, and %s; compiling it here",
+              time.monotonic() - store.began, label, why)
+    claim.mark(COMPILING)
+    return (claim,)
 
 
 def _quietly(work: Callable[[], None]) -> None:

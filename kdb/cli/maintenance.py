@@ -21,10 +21,10 @@ from ..errors import KdbError
 def clear(obj: Settings, arch: str | None, yes: bool, as_json: bool) -> None:
     """Delete the user tier's files (all, or one arch's). System databases are never touched.
 
-    Without --arch it also removes what running kdb leaves behind: every queued store (a
-    program's next run compiles it again), spool directories no store worker uses, and
-    claim files of processes that have exited. Programs running meanwhile go on: each
-    makes a new file on its next write.
+    Without --arch it also removes what running kdb leaves behind: every queued store and
+    its marks (a program's next run compiles it again), spool directories no store worker
+    uses, claim files of processes that have exited, and the store times recorded per
+    device. Programs running meanwhile go on: each makes a new file on its next write.
 
     \b
     Example:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import lifecycle, logs
-from .jobfiles import exists, remove, rename, take, taken_path
+from .jobfiles import exists, remove, rename, take, taken_path, unmark
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -151,6 +151,8 @@ def _store_wanted(path: Path, claims: list) -> None:
 
         if fd is not None:
             remove(path)
+        if claims:
+            unmark(claims[0].directory, path, [c.key for c in claims])
     except Exception as err:  # noqa: BLE001 - the worker will store it instead
         log.debug("kdb: storing a wanted entry in this process failed: %s", err)
         if fd is not None:

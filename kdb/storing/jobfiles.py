@@ -1,13 +1,16 @@
 """A store job's file and its states: queued (``.job``), set aside as slow (``.slow``), being
 stored (``.taken``, ``flock``-ed by its taker), unreadable (``.bad``). One job is one name
 in one spool directory; its suffix is its state, so a rename is a state change that every
-process sees at once and that survives a crash. And the room a job needs: a spool is
-bounded, and never what fills a disk (:func:`check_room`).
+process sees at once and that survives a crash. Each key a job will store is marked beside
+the claims (:func:`mark`): a process that misses the key finds the job with one
+``readlink``, whatever spool it is in. And the room a job needs: a spool is bounded, and
+never what fills a disk (:func:`check_room`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -69,6 +72,51 @@ def first_ready(queued, pending) -> str | None:
                                            and older < s)), None)
 
 
+def take_taken(path: Path) -> int | None:
+    """For a waiter's child (:mod:`kdb.storing.queued`): the ``.taken`` job ``path`` names,
+    ``flock``-ed through the returned fd when its taker died; -1 when a live taker still
+    holds it (the child stores it too); None when it is gone."""
+    import fcntl
+
+    try:
+        fd = os.open(taken_path(path), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return -1
+
+
+def state(path: Path) -> str | None:
+    """The state (suffix) of the job ``path`` names, or None once it is stored or dropped."""
+    for suffix in PENDING:
+        if os.path.exists(path.with_suffix(suffix)):
+            return suffix
+    return None
+
+
+def set_aside(path: Path) -> bool:
+    """Set the job ``path`` names aside as slow when nobody is storing it (its ``.taken``
+    file unlocked: its taker was stopped); False when a live taker holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(taken_path(path), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(taken_path(path), slow_path(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def exists(path: Path) -> bool:
     """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored)."""
     return any(os.path.exists(path.with_suffix(s)) for s in PENDING)
@@ -90,6 +138,121 @@ def remove(path: Path) -> None:
             os.unlink(p)
         except OSError:
             pass
+
+
+# -- which job stores a key ----------------------------------------------------------------------
+
+#: ``<claims dir>/<key>.queued``: a symlink to the job that will store ``key``
+#: (``../spool/<environment>/<name>``, without its state's suffix).
+QUEUED = ".queued"
+_TARGET = re.compile(r"\.\./spool/[0-9a-f]{16}/[0-9]{20}-[0-9]+-[0-9]+")
+
+
+def _target(job: Path) -> str:
+    return f"../spool/{job.parent.name}/{job.stem}"
+
+
+def mark(claims_dir: Path, job: Path, keys) -> None:
+    """Mark each of ``keys`` as stored by ``job`` (a newer job's mark replaces an older one's).
+    One ``symlink`` a key; nothing when the claims directory cannot be written."""
+    target = _target(job)
+    for key in keys:
+        link = os.path.join(claims_dir, key + QUEUED)
+        try:
+            os.symlink(target, link)
+        except FileExistsError:
+            tmp = f"{link}.{os.getpid()}.tmp"
+            try:
+                os.symlink(target, tmp)
+                os.replace(tmp, link)
+            except OSError:
+                return
+        except OSError:
+            return
+
+
+def unmark(claims_dir: Path, job: Path, keys) -> None:
+    """Remove the marks of ``keys`` that still name ``job`` (it is stored or dropped)."""
+    target = _target(job)
+    for key in keys:
+        link = os.path.join(claims_dir, key + QUEUED)
+        try:
+            if os.readlink(link) == target:
+                os.unlink(link)
+        except OSError:
+            continue
+
+
+def marked(claims_dir: Path, key: str) -> Path | None:
+    """The job marked as storing ``key`` (its path in the ``.job`` state, whatever its state
+    is now), or None: one ``readlink``. A mark that names nothing a spool can hold is
+    ignored."""
+    try:
+        target = os.readlink(os.path.join(claims_dir, key + QUEUED))
+    except OSError:
+        return None
+    if not _TARGET.fullmatch(target):
+        return None
+    return Path(claims_dir).parent.joinpath(*target.split("/")[1:]).with_suffix(JOB)
+
+
+# -- which lane of the store worker stores a job ----------------------------------------------
+
+#: Held by the one process that stores a spool's jobs ahead for others (:mod:`.ahead`).
+AHEAD_LOCK = "ahead.lock"
+
+
+def locked(path: Path) -> bool:
+    """Whether a process holds an ``flock`` on ``path`` (False when there is no such file)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we took
+
+
+#: The store worker's lock file in its spool (held by the worker; it says what its lanes
+#: store, in its first :data:`LANES_SIZE` bytes).
+LOCK = "worker.lock"
+LANES_SIZE = 256
+
+
+def publish_lanes(fd: int, lanes: list[tuple[int, int, float, str]]) -> None:
+    """Say in ``worker.lock`` (open as ``fd`` by its worker) which job each lane stores:
+    ``(pid, start time, CPU seconds when it took the job, the job's name)``. A process that
+    waits for one of those jobs judges the lane by its progress (:mod:`kdb.storing.queued`)."""
+    text = "".join(f"{pid} {start} {cpu:.3f} {stem}\n" for pid, start, cpu, stem in lanes)
+    try:
+        os.pwrite(fd, text.encode("ascii")[:LANES_SIZE].ljust(LANES_SIZE), 0)
+    except OSError:
+        pass
+
+
+def lane_of(job: Path) -> tuple[int, int, float] | None:
+    """``(pid, start time, CPU time when it took the job)`` of the worker's lane storing
+    ``job``, from the spool's ``worker.lock`` (:func:`publish_lanes`)."""
+    try:
+        with open(job.parent / LOCK, "rb") as f:
+            lines = f.read(LANES_SIZE).split(b"\n")
+    except OSError:
+        return None
+    stem = job.stem.encode("ascii")
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 4 and parts[3] == stem:
+            try:
+                return int(parts[0]), int(parts[1]), float(parts[2])
+            except ValueError:
+                return None
+    return None
 
 
 # -- room -------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A lane of the store worker: a child process that stores the jobs its supervisor names on
-stdin, one at a time, and answers one line per job on a private pipe.
+stdin, one at a time, and answers one line per job on a private pipe; and :class:`Lane`, the
+supervisor's handle on one (the store worker's, and a process's own, :mod:`.ahead`).
 
 The lane is where a job meets ``KernelDB`` and its back end (found by the name the job
 carries, :func:`kdb.storing.jobs.backend_module`); the supervisor (:mod:`kdb.storing.worker`)
@@ -13,12 +14,15 @@ import sys
 import time
 from pathlib import Path
 
+from ..claims import progress
 from ..db import KernelDB
 from ..file.kernelfile import CompileRecord
 from ..keys import HashAttributes
-from .jobfiles import TAKEN, remove, take, taken_path
+from . import storetimes
+from .jobfiles import (TAKEN, remove, rename, slow_path, take, take_taken, taken_path,
+                       unmark)
 from .jobs import BOOKKEEPING, REFRESH, StoreJob, backend_module
-from .spool import read_job
+from .spool import ENVIRONMENT, job_environment, read_job
 
 
 def lowest_priority(idle: bool) -> None:
@@ -55,28 +59,55 @@ def about(path: Path) -> str:
     return f"{path.stem} ({', '.join(got)})" if got else path.stem
 
 
-def serve(slow: bool = False) -> int:
+def serve(slow: bool = False, urgent: bool = False) -> int:
     """Store each job named on stdin; answer one line per job on the pipe that was fd 1 (fd 1
-    is now the log: what a compiler prints never reaches the supervisor)."""
+    is now the log: what a compiler prints never reaches the supervisor).
+
+    ``urgent``: a child of a process that waits for these jobs (:mod:`kdb.storing.queued`),
+    at its priority: it says ``ready`` once its back ends are loaded, answers ``busy`` for a
+    job a live lane took first, and stores it all the same when the line is ``!path`` (the
+    waiter saw that lane starve; storing is idempotent)."""
     protocol = os.dup(1)
     os.dup2(2, 1)
-    lowest_priority(idle=slow)
+    if urgent:
+        _load_backends()
+        os.write(protocol, b"ready\n")
+    else:
+        lowest_priority(idle=slow)
     dbs: dict = {}
     for line in sys.stdin.buffer:
-        path = Path(os.fsdecode(line.rstrip(b"\n")))
+        force = urgent and line.startswith(b"!")
+        path = Path(os.fsdecode(line[force:].rstrip(b"\n")))
         fd = take(path)  # None: its own process, or another worker, stores it
+        if fd is None and urgent:
+            fd = take_taken(path)  # its taker died; else (-1) a lane stores it
+            if fd == -1 and not force:
+                os.write(protocol, b"busy\n")
+                continue
         if fd is not None:
             try:
                 store_job_file(taken_path(path), dbs)
             except Exception as err:  # noqa: BLE001 - report, drop the job, go on
                 say(f"could not store {about(path)}: {type(err).__name__}: {err}")
             remove(path)
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         sys.stdout.flush()
         os.write(protocol, b"done\n")
     for db in dbs.values():
         db.close()
     return 0
+
+
+def _load_backends() -> None:
+    """Import every back end a job may name, before the first job (its wait starts then)."""
+    from .jobs import BACKENDS
+
+    for name in BACKENDS:
+        try:
+            backend_module(name)
+        except Exception:  # noqa: BLE001, S112 - a job of this back end fails and says why
+            continue
 
 
 def store_job_file(path: Path, dbs: dict | None = None) -> None:
@@ -99,14 +130,118 @@ def store_job_file(path: Path, dbs: dict | None = None) -> None:
         return
     if _stored_already(db, job):  # the same program compiled again before it was stored
         db.tiers.store([], [CompileRecord(*row) for row in job.logs])
+        _stored(job, path)
         return
-    backend_module(job.backend).rebuild_and_store(db, job)
+    start = time.process_time()
+    timings = backend_module(job.backend).rebuild_and_store(db, job) or {}
+    seconds = time.process_time() - start
+    _stored(job, path)
+    n = max(len(job.entries), 1)
+    build = timings.get("build")
+    storetimes.record(db.tiers.user_dir, [
+        (HashAttributes.from_canonical(e["attributes"]).arch, str(e.get("name") or ""),
+         float(e.get("seconds") or 0.0), seconds / n, build / n if build is not None else None)
+        for e in job.entries])
+
+
+def _stored(job: StoreJob, path: Path) -> None:
+    """The job's keys are in the user file: their marks go (:func:`jobfiles.mark`)."""
+    if job.claims_dir:
+        unmark(Path(job.claims_dir), path, job.keys)
 
 
 def _stored_already(db: KernelDB, job: StoreJob) -> bool:
     attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
              for e in job.entries]
     return bool(attrs) and all(db.tiers.user_file(a.arch).fetch(a.key) is not None for a in attrs)
+
+
+class Lane:
+    """A supervisor's handle on a lane (:func:`serve` in a child process) and its job now: a
+    normal lane's store is bounded in CPU time (set aside as slow past it), the slow lane's
+    is not. The child runs in one job environment (``build``); a job of another is stored by
+    a new child (a job that names none, such as bookkeeping, by the child there is)."""
+
+    def __init__(self, slow: bool) -> None:
+        self.slow, self.proc, self.job = slow, None, None  # job: the Path it is storing
+        self.started, self.limit = 0.0, None  # its lane's CPU clock then, and the bound
+        self.build: tuple = ()  # the build variables the child runs with
+        self.pstart = 0  # the child's start time (kdb.claims.progress.start_time)
+
+    def start(self, path: Path, build: tuple = (), limit: float | None = None) -> None:
+        """Have the child store ``path``, in ``limit`` CPU seconds at most (None: no bound)."""
+        import subprocess
+
+        if self.proc is not None and build and self.build != build:
+            self.close()  # idle: it exits at the end of its stdin
+            self.proc = None
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", "--slow-child"
+                                          if self.slow else "--child"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, close_fds=True,
+                                         env=job_environment(None, build))
+            self.build = build
+            self.pstart = progress.start_time(self.proc.pid)
+        self.job, self.started = path, self.clock()
+        self.limit = limit
+        self.proc.stdin.write(os.fsencode(path) + b"\n")
+        self.proc.stdin.flush()
+
+    def clock(self) -> float:
+        """The CPU seconds the child used (a lane starved by busier processes is not a slow
+        store), or without ``/proc`` the wall clock."""
+        seen = progress.sample(self.proc.pid, self.pstart)
+        return seen.cpu if seen is not None else time.monotonic()
+
+    def poll(self) -> bool:
+        """Finish, or set aside, the current job if its time has come; True if it ended."""
+        import select
+
+        if self.job is None or self.proc is None:
+            return False
+        path, done = self.job, None
+        if select.select([self.proc.stdout], [], [], 0)[0]:  # b"": the child died
+            done = self.proc.stdout.readline() == b"done\n"
+        if done is None and (self.limit is None or self.clock() - self.started <= self.limit):
+            return False
+        if done is False:  # the child died (killed, or crashed inside the driver)
+            say(f"the store of {about(path)} ended its process; the job is dropped")
+            remove(path)
+            self.proc = None
+        elif done is None:
+            say(f"{about(path)}: storing took over {self.limit:.0f} s of CPU time; set "
+                 "aside, to be stored beside the other jobs")
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            rename(taken_path(path), slow_path(path))
+        self.job = None
+        return True
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - it is stopping anyway
+                self.proc.kill()
+
+
+def inherit(spool: Path) -> bool:
+    """Take the environment the spool's jobs were written in (``environment.json``), for the
+    rebuilds; False (said in the log) when the spool is not this user's alone or malformed."""
+    from .trust import trusted
+
+    if not trusted(spool, ENVIRONMENT):  # its variables (LD_*...) would be applied, its jobs run
+        say(f"{spool} is not this user's alone; nothing stored (see the warning above)")
+        return False
+    env = job_environment(spool)
+    if env is None:
+        say(f"{spool / ENVIRONMENT} is malformed; remove {spool} to start afresh")
+        return False
+    os.environ.clear()
+    os.environ.update(env)
+    return True
 
 
 def background_group() -> None:

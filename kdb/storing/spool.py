@@ -10,11 +10,12 @@ and its start-up latency rows) and goes on at once. One store worker per spool
 answers), reads its binaries and stores them, taking first the entries another process
 waits for, then the oldest.
 
-Nobody waits for a store. A job holds no claim once its process has exited; a process that
-misses an entry whose job is still queued builds the program itself, which costs no more
-than no cache would. Jobs are files, so they survive the process that wrote them, a killed
-worker (the next process starts another) and ``kdb log`` can show their compiles before
-their binaries are stored.
+Each job marks its keys beside the claims (:func:`kdb.storing.jobfiles.mark`): a process
+that misses an entry whose job is still queued, or being stored, finds it with one
+``readlink`` and waits for the store when that costs less than compiling
+(:mod:`kdb.storing.queued`). Jobs are files, so they survive the process that wrote them, a
+killed worker (the next process starts another) and ``kdb log`` can show their compiles
+before their binaries are stored.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .. import lifecycle
 from .jobfiles import (  # noqa: F401 - the job states and bounds, named here too
     BAD,
     JOB,
+    LOCK,
     MAX_JOBS,
     MIN_FREE,
     PENDING,
@@ -39,6 +41,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     check_room,
     exists,
     low_space,
+    mark,
     remove,
     rename,
     slow_path,
@@ -57,7 +60,6 @@ if TYPE_CHECKING:
 
 #: Spool directories live in ``<user dir>/spool/<environment digest>/``.
 SPOOL = "spool"
-LOCK = "worker.lock"
 #: The worker's log, beside the user files (what it could not store, and why).
 LOG_NAME = "store-worker.log"
 
@@ -99,6 +101,28 @@ def _environment() -> dict:
 
     config.check_settings()
     return {"executable": sys.executable, "variables": _variables(os.environ)}
+
+
+def job_environment(spool: Path | None, build=(), base=None) -> dict[str, str] | None:
+    """The environment a store of ``spool``'s jobs runs in: ``base`` (default this process's)
+    with the variables of the spool's ``environment.json`` in place of those a worker
+    inherits (none there: ``base``'s stay), and a job's ``build`` variables (``(name, value)``
+    pairs, unset where the value is None). None when ``environment.json`` is malformed."""
+    env = dict(os.environ if base is None else base)
+    data = read_job(spool / ENVIRONMENT) if spool is not None else None
+    if data is not None:
+        try:
+            variables = {str(k): str(v) for k, v in data.get("variables", [])}
+        except (AttributeError, TypeError, ValueError):
+            return None
+        env = {k: v for k, v in env.items() if not inherited(k)}
+        env.update(variables)
+    for name, value in build:
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
 
 
 def environment_digest(env: dict | None = None) -> str:
@@ -147,6 +171,8 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
         name += REFRESH_MARK
     path = spool / (name + JOB)
     _write_file(path, job.to_dict())
+    if job.claims_dir and job.entries:  # a process that misses one of its keys finds it
+        mark(Path(job.claims_dir), path, [k for k in job.keys if k])
     if claims:
         from . import holding
 

@@ -15,6 +15,8 @@ reaches ``store-worker.log`` with the job and why. A job that cannot be read is 
     python -m kdb.storing.worker DIR           # the supervisor for one spool directory
     python -m kdb.storing.worker --child       # a lane: stores the jobs named on stdin (--slow-child)
     python -m kdb.storing.worker --hurry DIR   # store every job of DIR now (kdb pack waits)
+    python -m kdb.storing.worker --urgent-child  # a lane of a process that waits for its jobs
+    python -m kdb.storing.worker --ahead DIR NS  # store DIR's jobs older than NS, for a process
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ import sys
 import time
 from pathlib import Path
 
-from .jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, remove, rename, slow_path,
+from .jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove, rename,
                        sweep_partial, take, taken_path)
 from .jobs import StoreJob
+from .lane import Lane, inherit
 from .lane import about as _about
 from .lane import background_group as _background_group
 from .lane import lowest_priority as _lowest_priority
 from .lane import say as _say
-from .spool import ENVIRONMENT, LOCK, inherited, read_job, worker_running
+from .spool import LOCK, worker_running
 
 #: A job waits this long before it is stored (unless another process waits for it), so the
 #: program's first launches have put their work-group code in PoCL's cache: the stored
@@ -186,92 +189,6 @@ class _Queue:
         return bool(self.normal or self.slow or self.foreign)
 
 
-def _clock(pid: int) -> float:
-    """The CPU seconds process ``pid`` used (a lane starved by busier processes is not a slow
-    store), or without ``/proc`` the wall clock."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ticks = f.read().rsplit(b")", 1)[1].split()[11:13]
-        return sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.monotonic()
-
-
-def _lane_environment(build: tuple[tuple[str, str | None], ...]) -> dict[str, str]:
-    """This process's environment (the spool's) with a job's build variables: set to the
-    job's values, or unset where the job's keys had them unset."""
-    env = dict(os.environ)
-    for name, value in build:
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
-
-
-class _Lane:
-    """A child storing the jobs named on its stdin one by one, and its job now: the normal
-    lane bounds each store's CPU time, the slow lane stores the jobs set aside. The child
-    runs in one job environment (``build``); a job of another is stored by a new child (a
-    job that names none, such as bookkeeping, by the child there is)."""
-
-    def __init__(self, slow: bool) -> None:
-        self.slow, self.proc, self.job = slow, None, None  # job: the Path it is storing
-        self.started, self.limit = 0.0, None  # its lane's CPU clock then, and the bound
-        self.build: tuple = ()  # the build variables the child runs with
-
-    def start(self, path: Path, seconds: float, build: tuple = ()) -> None:
-        import subprocess
-
-        if self.proc is not None and build and self.build != build:
-            self.close()  # idle: it exits at the end of its stdin
-            self.proc = None
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", "--slow-child"
-                                          if self.slow else "--child"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, close_fds=True,
-                                         env=_lane_environment(build))
-            self.build = build
-        self.job, self.started = path, _clock(self.proc.pid)
-        self.limit = None if self.slow else max(SLOW_MIN_S, SLOW_FACTOR * seconds)
-        self.proc.stdin.write(os.fsencode(path) + b"\n")
-        self.proc.stdin.flush()
-
-    def poll(self) -> bool:
-        """Finish, or set aside, the current job if its time has come; True if it ended."""
-        import select
-
-        if self.job is None or self.proc is None:
-            return False
-        path, done = self.job, None
-        if select.select([self.proc.stdout], [], [], 0)[0]:  # b"": the child died
-            done = self.proc.stdout.readline() == b"done\n"
-        if done is None and (self.limit is None
-                             or _clock(self.proc.pid) - self.started <= self.limit):
-            return False
-        if done is False:  # the child died (killed, or crashed inside the driver)
-            _say(f"the store of {_about(path)} ended its process; the job is dropped")
-            remove(path)
-            self.proc = None
-        elif done is None:
-            _say(f"{_about(path)}: storing took over {self.limit:.0f} s of CPU time; set "
-                 "aside, to be stored beside the other jobs")
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-            rename(taken_path(path), slow_path(path))
-        self.job = None
-        return True
-
-    def close(self) -> None:
-        if self.proc is not None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=10)
-            except Exception:  # noqa: BLE001 - it is stopping anyway
-                self.proc.kill()
-
-
 def supervise(spool: Path) -> int:
     """Store every job of ``spool`` until it has been empty ``IDLE_EXIT_S``; one worker at
     a time (an ``flock`` on ``worker.lock``)."""
@@ -279,7 +196,7 @@ def supervise(spool: Path) -> int:
     import select
 
     _lowest_priority(idle=False)
-    if not _inherit(spool):
+    if not inherit(spool):
         return 1
     fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -289,7 +206,7 @@ def supervise(spool: Path) -> int:
         return 0  # another worker has it
     _background_group()
     sweep_partial(spool, _say)
-    lanes = [_Lane(slow=False), _Lane(slow=True)]
+    lanes = [Lane(slow=False), Lane(slow=True)]
     queue = _Queue(spool)
     idle_since = time.monotonic()
     try:
@@ -297,12 +214,17 @@ def supervise(spool: Path) -> int:
             ended = [lane.poll() for lane in lanes]
             busy = {lane.job.stem for lane in lanes if lane.job is not None}
             queue.scan(busy)
+            before = len(busy)
             for lane in lanes:
                 path = queue.pick(lane.slow, busy) if lane.job is None else None
                 if path is not None:
                     _, seconds, _, build = queue.jobs[path.stem]
-                    lane.start(path, seconds, build)
+                    lane.start(path, build, None if lane.slow
+                               else max(SLOW_MIN_S, SLOW_FACTOR * seconds))
                     busy.add(path.stem)
+            if len(busy) != before or any(ended):  # a waiter judges the lane storing its job
+                publish_lanes(fd, [(lane.proc.pid, lane.pstart, lane.started, lane.job.stem)
+                                   for lane in lanes if lane.job and lane.proc])
             if busy or any(ended) or queue.has_jobs():
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since >= IDLE_EXIT_S:
@@ -319,27 +241,6 @@ def supervise(spool: Path) -> int:
     return supervise(spool) if queue.has_jobs() and not worker_running(spool) else 0
 
 
-def _inherit(spool: Path) -> bool:
-    """Take the environment the spool's jobs were written in (``environment.json``), for the
-    rebuilds; False (said in the log) when the spool is not this user's alone or malformed."""
-    from .trust import trusted
-
-    if not trusted(spool, ENVIRONMENT):  # its variables (LD_*...) would be applied, its jobs run
-        _say(f"{spool} is not this user's alone; nothing stored (see the warning above)")
-        return False
-    env = read_job(spool / ENVIRONMENT)
-    if env is not None:
-        try:
-            variables = {str(k): str(v) for k, v in env.get("variables", [])}
-        except (AttributeError, TypeError, ValueError):
-            _say(f"{spool / ENVIRONMENT} is malformed; remove {spool} to start afresh")
-            return False
-        for k in [k for k in os.environ if inherited(k)]:
-            del os.environ[k]
-        os.environ.update(variables)
-    return True
-
-
 #: Seconds a job another process took (``.taken``) is left to it before a hurry stores it too.
 TAKEN_GRACE_S = 2.0
 
@@ -352,7 +253,7 @@ def hurry(spool: Path) -> int:
     idempotent) and removed, so a starved lane never holds the caller up."""
     from .lane import store_job_file
 
-    if not _inherit(spool):
+    if not inherit(spool):
         return 1
     dbs: dict = {}
     first_seen: dict[str, float] = {}
@@ -387,12 +288,16 @@ def main(argv: list[str]) -> int:
     auto_hook = sys.modules.get("_kdb_auto")  # KDB_AUTO=1 inherited: never adopt in here
     if auto_hook is not None:
         auto_hook.disable()
-    if argv in (["--child"], ["--slow-child"]):
+    if argv in (["--child"], ["--slow-child"], ["--urgent-child"]):
         from .lane import serve
 
-        return serve(slow=argv[0] == "--slow-child")
+        return serve(slow=argv[0] == "--slow-child", urgent=argv[0] == "--urgent-child")
     if argv[:1] == ["--hurry"] and len(argv) == 2:
         return hurry(Path(argv[1]))
+    if argv[:1] == ["--ahead"] and len(argv) == 3:
+        from .ahead import run
+
+        return run(Path(argv[1]), int(argv[2]))
     return supervise(Path(argv[0]))
 
 

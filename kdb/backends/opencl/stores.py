@@ -9,6 +9,7 @@ Until then the program itself serves repeats in this process (:data:`compiled`).
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 import pyopencl as cl
@@ -182,9 +183,10 @@ def _detach() -> bool:
     return config.store_at_exit() == "detach"
 
 
-def rebuild_and_store(db: KernelDB, job: StoreJob) -> None:
+def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
     """The store worker's half (:mod:`kdb.storing.spool`): build the program again (PoCL's cache
-    answers), read its binaries and store each entry with its latency rows.
+    answers), read its binaries and store each entry with its latency rows. Returns the
+    rebuild's CPU seconds as ``{"build": s}`` (:mod:`kdb.storing.storetimes`).
 
     The rebuild runs in the environment the keys were computed in: the supervisor starts
     this process with the job's ``environment`` (:mod:`kdb.storing.worker`), and a job whose
@@ -222,9 +224,11 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> None:
     why = headers_changed(keyed, recheck)
     if why is not None:
         raise HeaderChangedError(f"job dropped: {why} ({_NEXT_RUN})")
+    start = time.process_time()
     ctx = cl.Context(devs)
     raw = cl._Program(ctx, prog["source"].encode("utf-8", "surrogateescape"))
     raw.build(opt_bytes, devs)
+    build_s = time.process_time() - start
     binaries = program_binaries(raw)
     items = []
     for e, attrs in zip(job.entries, keyed):
@@ -238,6 +242,7 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> None:
     if len(items) < len(job.entries):
         raise LookupError(f"the driver returned no binary for {len(job.entries) - len(items)}"
                           " device(s)")
+    return {"build": build_s}
 
 
 _NEXT_RUN = "the next run that builds it stores it"

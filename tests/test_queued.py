@@ -1,0 +1,353 @@
+"""Runs back to back: a process that misses an entry whose compiler has exited with its store
+queued (or being stored) gets it stored first and waits for it, when the times recorded per
+device say that costs less than compiling (``kdb.storing.queued``); else it compiles.
+
+Real processes, real PoCL builds, the real store worker held back with SIGSTOP (or killed),
+real job files. Each second process runs with PoCL's cache fresh unless a test says kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kdb import HashAttributes
+from kdb.storing import jobfiles, queued, spool, storetimes
+from kdb.storing.jobs import StoreJob
+from test_spool import ARCH, BUILD, DETACH, _stop_workers, run_json, stored, wait_for_worker
+
+cl = pytest.importorskip("pyopencl")
+
+
+def _queued_jobs(cache: Path) -> list[Path]:
+    return [p for p in spool.jobs(cache / "v1") if json.loads(p.read_text()).get("entries")]
+
+
+def _first_run(run_py, cache: Path, n: int, pocl: Path, code: str = "") -> list[int]:
+    """A process that compiles ``n`` kernels (``code``: its own) and exits, its stores left
+    queued: the store worker is stopped (SIGSTOP) before it takes any. Returns the pids."""
+    out = run_json(run_py, code or BUILD.format(n=n), {"POCL_CACHE_DIR": str(pocl)})
+    stopped = _stop_workers(cache)
+    assert out["compiles"] == n
+    assert len(_queued_jobs(cache)) >= 1 and stored(cache) == 0
+    return stopped
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_workers(cache: Path) -> None:
+    """SIGKILL the store workers of ``cache`` with their lanes (each worker leads its own
+    session): what they would still store is a scan's minutes of idle-priority work."""
+    out = subprocess.run(["pgrep", "-f", f"kdb.storing.worker {cache}"], capture_output=True,
+                         text=True).stdout.split()
+    for pid in map(int, out):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _log(cache: Path) -> str:
+    path = cache / "v1" / spool.LOG_NAME
+    return path.read_text() if path.exists() else ""
+
+
+def test_the_next_process_gets_a_queued_store_first_and_compiles_nothing(cache_dir, run_py,
+                                                                         tmp_path):
+    """The compiler has exited; its jobs are queued and the worker is held back. The next
+    process (PoCL's cache fresh: another spool) finds each key's job, has it stored by a
+    child at its own priority in the job's environment, and compiles none of them."""
+    stopped = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
+    try:
+        marks = list((cache_dir / "v1" / "claims").glob("*" + jobfiles.QUEUED))
+        assert len(marks) == 3
+        second = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(tmp_path / "pocl-b"),
+                                                       "KDB_WAIT_TIMEOUT": "30"})
+        assert second["compiles"] == 0
+        assert second["build_s"] < 20
+        assert stored(cache_dir) == 3
+        assert not list((cache_dir / "v1" / "claims").glob("*" + jobfiles.QUEUED))
+        times = json.loads((cache_dir / "v1" / storetimes.FILE).read_text())
+        assert len(times[ARCH]["store"]) == 3 and len(times[ARCH]["build"]) == 3
+    finally:
+        _resume(stopped)
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 3
+
+
+def _attrs_of(job: Path) -> HashAttributes:
+    entry = json.loads(job.read_text())["entries"][0]
+    return HashAttributes.from_canonical(entry["attributes"], name=entry["name"])
+
+
+def _record(cache: Path, store: float, build: float, names: dict | None = None) -> None:
+    (cache / "v1" / storetimes.FILE).write_text(
+        json.dumps({ARCH: {"store": [store], "build": [build], "names": names or {}}}))
+
+
+def test_the_cost_rule_weighs_recorded_store_times_against_the_compile(
+        cache_dir, run_py, tmp_path, monkeypatch):
+    """Waiting is chosen only while the store recorded for the device costs less than the
+    compile (and, in the same spool, than PoCL's cache answering a rebuild); a job set aside
+    as slow is never waited for. Then a process compiles at once."""
+    pocl = tmp_path / "pocl-a"
+    stopped = _first_run(run_py, cache_dir, 1, pocl)
+    try:
+        user_dir = cache_dir / "v1"
+        job = _queued_jobs(cache_dir)[0]
+        attrs = _attrs_of(job)
+        data = StoreJob.from_json(job.read_text())
+
+        def plan():
+            return queued.weigh(user_dir, attrs, job, data)
+
+        _record(cache_dir, store=0.5, build=1.0)
+        assert plan() is not None  # this process's spool is another: PoCL's cache fresh
+        _record(cache_dir, store=50.0, build=1.0)  # its binaries cost 50 compiles to read
+        assert plan() is None
+        _record(cache_dir, store=0.5, build=1.0, names={attrs.name: [50.0]})  # this program's
+        assert plan() is None
+        _record(cache_dir, store=50.0, build=1.0, names={attrs.name: [0.5]})
+        assert plan() is not None
+        # The same spool (PoCL's cache kept): a rebuild there costs 5% of the compile.
+        monkeypatch.setenv("POCL_CACHE_DIR", str(pocl))
+        monkeypatch.setenv("KDB_STORE_AT_EXIT", "detach")
+        assert spool.spool_dir(user_dir) == job.parent
+        _record(cache_dir, store=0.5, build=0.05)
+        assert plan() is None
+        _record(cache_dir, store=0.5, build=1.0)
+        assert plan() is not None
+        jobfiles.rename(job, jobfiles.slow_path(job))
+        assert queued.plan(user_dir, attrs) is None  # set aside: not even read
+        jobfiles.rename(jobfiles.slow_path(job), job)
+        # A process that misses it now compiles at once, and leaves the job queued.
+        _record(cache_dir, store=50.0, build=1.0)
+        second = run_json(run_py, BUILD.format(n=1), {"POCL_CACHE_DIR": str(tmp_path / "b")})
+        assert second["compiles"] == 1
+        assert job.exists() and stored(cache_dir) == 0
+    finally:
+        _resume(stopped)
+    wait_for_worker(cache_dir)
+
+
+def test_with_pocl_s_cache_kept_a_cheap_rebuild_is_built_not_waited_for(cache_dir, run_py,
+                                                                        tmp_path):
+    """Back to back with PoCL's cache kept (the same spool): where the recorded rebuilds
+    cost a fraction of the compile, a from-source build is PoCL's cache answering, cheaper
+    than the store: the next process builds, at once, and the worker stores the jobs."""
+    pocl = tmp_path / "pocl-kept"
+    stopped = _first_run(run_py, cache_dir, 3, pocl)
+    try:
+        _record(cache_dir, store=1.0, build=0.05)
+        start = time.monotonic()
+        debug = "import logging; logging.basicConfig(level=logging.DEBUG)\n"
+        proc = run_py(debug + textwrap.dedent(BUILD.format(n=3)),
+                      env={**DETACH, "POCL_CACHE_DIR": str(pocl)})
+        assert json.loads(proc.stdout.splitlines()[-1])["compiles"] == 3
+        assert time.monotonic() - start < 20
+        weighed = [line for line in proc.stderr.splitlines() if " is queued in " in line]
+        assert len(weighed) == 3, proc.stderr  # each was weighed, and built
+        assert len(_queued_jobs(cache_dir)) >= 3  # nobody stored them: the worker will
+    finally:
+        _resume(stopped)
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 3
+
+
+def test_a_store_that_ends_without_the_entry_ends_the_wait(cache_dir, run_py, tmp_path):
+    """The jobs' stores fail: one names a platform that is gone, one reads a header its key
+    did not hold (a header changed), one is not a job. The next process tries each store,
+    then compiles: it never hangs."""
+    stopped = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
+    try:
+        jobs = sorted(_queued_jobs(cache_dir))
+        gone = json.loads(jobs[0].read_text())
+        gone["program"]["platform"] = "No Such Platform"
+        jobs[0].write_text(json.dumps(gone))
+        (tmp_path / "inc").mkdir()
+        (tmp_path / "inc" / "extra.h").write_text("#define EXTRA 1\n")
+        edited = json.loads(jobs[1].read_text())
+        edited["program"]["source"] = '#include "extra.h"\n' + edited["program"]["source"]
+        edited["program"]["options"] += f" -I {tmp_path / 'inc'}"
+        jobs[1].write_text(json.dumps(edited))
+        bad = json.loads(jobs[2].read_text())
+        bad["entries"] = "not a list"
+        jobs[2].write_text(json.dumps(bad))
+        second = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(tmp_path / "b"),
+                                                       "KDB_WAIT_TIMEOUT": "30"})
+        assert second["compiles"] == 3
+        assert second["build_s"] < 20
+        log = _log(cache_dir)  # the worker is stopped: the second process's child said these
+        assert "No Such Platform" in log
+        assert "'extra.h' is new" in log
+    finally:
+        _resume(stopped)
+
+
+def test_a_job_whose_worker_was_killed_mid_store_is_stored_by_the_next_process(
+        cache_dir, run_py, tmp_path):
+    """A worker killed while its lane stored a job leaves it taken by nobody: the next
+    process that misses it takes it over and stores it, and compiles nothing."""
+    stopped = _first_run(run_py, cache_dir, 2, tmp_path / "pocl-a")
+    for pid in stopped:
+        os.kill(pid, signal.SIGKILL)
+    for job in _queued_jobs(cache_dir):
+        os.rename(job, jobfiles.taken_path(job))  # as its killed lane left it
+    second = run_json(run_py, BUILD.format(n=2), {"POCL_CACHE_DIR": str(tmp_path / "b")})
+    assert second["compiles"] == 0
+    assert stored(cache_dir) == 2
+
+
+AHEAD = """
+    import json, os, sqlite3, subprocess, sys, time
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    kdb.opencl.build(ctx, "__kernel void h0(__global float *a) {{ a[0] = 0; }}")
+    deadline, n, ours = time.monotonic() + {wait}, 0, {{}}
+    while time.monotonic() < deadline and n < {n}:  # the others, stored ahead meanwhile
+        for pid in subprocess.run(["pgrep", "-f", "kdb.storing.worker --ahead"],
+                                  capture_output=True, text=True).stdout.split():
+            try:  # of this session (this very code names it: not this process), ours
+                if os.getsid(int(pid)) == os.getsid(0) and int(pid) != os.getpid():
+                    ours[pid] = os.getpriority(os.PRIO_PROCESS, int(pid))
+            except OSError:
+                pass
+        time.sleep(0.1)
+        n = sqlite3.connect({db!r}).execute("SELECT count(*) FROM kernels").fetchone()[0]
+    print(json.dumps({{"compiles": len(kdb.bookkeeping.records()), "stored": n,
+                       "ahead": ours}}))
+"""
+
+
+def test_stores_an_earlier_process_queued_are_done_ahead_in_the_next_one_s_session(
+        cache_dir, run_py, tmp_path):
+    """The worker is held back; the next process misses the first of the six programs the
+    last one queued. Beside that wait, a process of its own session (its CPU share, at
+    nice 19) stores the others, newest first, before it asks for them; it ends with it."""
+    stopped = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
+    try:
+        db = str(cache_dir / "v1" / f"{ARCH}.kdb")
+        code = textwrap.dedent(AHEAD.format(n=6, db=db, wait=120))
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, **DETACH, "POCL_CACHE_DIR": str(tmp_path / "b")})
+        out = json.loads(proc.communicate(timeout=180)[0].splitlines()[-1])
+        assert out["compiles"] == 0 and out["stored"] == 6
+        assert out["ahead"] and set(out["ahead"].values()) == {19}, out  # its session, nice 19
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{pid}") for pid in out["ahead"]):  # ended with it
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        _resume(stopped)
+
+
+def test_one_process_a_spool_stores_ahead(cache_dir, run_py, tmp_path):
+    """Ranks that started together all meet the jobs an exited one queued: one process
+    stores them ahead (an ``flock`` on the spool's ``ahead.lock``), not one per rank."""
+    import fcntl
+
+    stopped = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
+    spool_dir = _queued_jobs(cache_dir)[0].parent
+    held = os.open(spool_dir / jobfiles.AHEAD_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as another rank's store-ahead process holds it
+    try:
+        db = str(cache_dir / "v1" / f"{ARCH}.kdb")
+        code = textwrap.dedent(AHEAD.format(n=6, db=db, wait=3))
+        out = json.loads(subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+            env={**os.environ, **DETACH, "POCL_CACHE_DIR": str(tmp_path / "b")}
+        ).stdout.splitlines()[-1])
+        assert out["compiles"] == 0 and out["stored"] == 1  # its own wait, nothing ahead
+        assert not out["ahead"], out
+    finally:
+        os.close(held)
+        _resume(stopped)
+
+
+_LANE = """
+    import fcntl, os, signal, sys
+    from pathlib import Path
+    from kdb.claims import progress
+    from kdb.storing import jobfiles
+    job = Path(sys.argv[1])
+    fd = jobfiles.take(job)
+    lock = os.open(job.parent / "worker.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    line = f"{os.getpid()} {progress.start_time()} 0.000 {job.stem}\\n".encode()
+    os.pwrite(lock, line.ljust(256), 0)
+    print("taken", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_a_starved_lane_is_overtaken(cache_dir, run_py, tmp_path):
+    """A lane of the worker took the job and gets no CPU (nice 19 on a busy machine; here it
+    is stopped): the waiting process sees it make no progress and stores the job itself."""
+    stopped = _first_run(run_py, cache_dir, 1, tmp_path / "pocl-a")
+    job = _queued_jobs(cache_dir)[0]
+    lane = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_LANE), str(job)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert lane.stdout.readline().strip() == "taken"
+        assert jobfiles.state(job) == jobfiles.TAKEN
+        second = run_json(run_py, BUILD.format(n=1), {"POCL_CACHE_DIR": str(tmp_path / "b"),
+                                                       "KDB_WAIT_TIMEOUT": "30"})
+        assert second["compiles"] == 0
+        assert stored(cache_dir) == 1
+    finally:
+        lane.kill()
+        lane.wait()
+        _resume(stopped)
+
+
+SCAN = """
+    import json, time
+    import numpy as np
+    import pyopencl as cl, pyopencl.array as cla
+    from pyopencl.scan import InclusiveScanKernel
+    import kdb.opencl, kdb.bookkeeping
+    kdb.opencl.install()
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    q = cl.CommandQueue(cl.Context(plat.get_devices()[:1]))
+    start = time.perf_counter()
+    a = cla.to_device(q, np.arange(1, 101, dtype=np.int32))
+    InclusiveScanKernel(q.context, np.int32, "a+b", neutral="0")(a)
+    assert (a.get() == np.cumsum(np.arange(1, 101))).all()
+    print(json.dumps({"compiles": len(kdb.bookkeeping.records()),
+                      "build_s": time.perf_counter() - start}))
+"""
+
+
+def test_a_store_that_costs_more_than_the_compile_is_given_up_and_set_aside(
+        cache_dir, run_py, tmp_path):
+    """pyopencl's scans build in a fraction of a second and take many seconds to read back:
+    the waiter's child is stopped once it has spent what compiling costs, the job set
+    aside as slow (the next process compiles it at once), and the program is built."""
+    programs = 3  # InclusiveScanKernel's (an upsweep, a downsweep, a final update)
+    stopped = _first_run(run_py, cache_dir, programs, tmp_path / "pocl-a", SCAN)
+    try:
+        first = len(_queued_jobs(cache_dir))
+        second = run_json(run_py, SCAN, {"POCL_CACHE_DIR": str(tmp_path / "b"),
+                                         "KDB_WAIT_TIMEOUT": "30"})
+        slow = [p for p in (cache_dir / "v1" / "spool").glob("*/*" + jobfiles.SLOW)]
+        assert slow, _log(cache_dir)
+        assert 1 <= second["compiles"] <= first
+        assert second["build_s"] < 30
+    finally:
+        _resume(stopped)
+        _kill_workers(cache_dir)
