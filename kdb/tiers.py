@@ -327,7 +327,8 @@ class Tiers(Storing):
         idle = None if os.path.exists(user.filename) else user.ensure
         return waiting.claim_or_wait(self.user_dir / "claims", attrs.key,
                                      attrs.name or attrs.key[:16], find, config.wait_timeout(),
-                                     shared, idle, lambda _: queued.plan(self.user_dir, attrs))
+                                     shared=shared, idle=idle,
+                                     queued=lambda _: queued.plan(self.user_dir, attrs))
 
     # -- misses ---------------------------------------------------------------------------
 

@@ -110,7 +110,7 @@ class Watch:
 
 
 def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any],
-                  timeout: float, shared=None, idle: Callable[[], None] | None = None,
+                  timeout: float, *, shared=None, idle: Callable[[], None] | None = None,
                   queued: Callable[[Claim], Any] | None = None):
     """After a miss: claim ``key`` for compiling, or wait while another process compiles it.
 
@@ -135,7 +135,8 @@ def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any]
     ``store.budget`` CPU seconds; ``store.close(gave_up)`` ends it.
     """
     try:
-        return _wait(directory, key, label, find, timeout, shared, idle, queued)
+        return _wait(directory, key, label, find, timeout, shared=shared, idle=idle,
+                     queued=queued)
     finally:
         if shared is not None:
             shared.unwant(key)
@@ -150,7 +151,7 @@ LOOK_S = 0.25
 FIND_S = 1.0
 
 
-def _wait(directory, key, label, find, timeout, shared, idle=None, queued=None):
+def _wait(directory, key, label, find, timeout, *, shared, idle=None, queued=None):
     delay, claim, watch, store = 0.002, None, Watch(timeout), None
     found_at = looked_at = -1e9
     while True:
