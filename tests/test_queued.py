@@ -134,11 +134,12 @@ def test_the_cost_rule_weighs_recorded_store_times_against_the_compile(
         jobfiles.rename(job, jobfiles.slow_path(job))
         assert queued.plan(user_dir, attrs) is None  # set aside: not even read
         jobfiles.rename(jobfiles.slow_path(job), job)
-        # A process that misses it now compiles at once, and leaves the job queued.
+        # A process that misses it now compiles at once: it does not wait for the job. (The
+        # job may still be stored meanwhile: the process's own store records new times, and
+        # the store-ahead it started re-weighs the queued job by them.)
         _record(cache_dir, store=50.0, build=1.0)
         second = run_json(run_py, BUILD.format(n=1), {"POCL_CACHE_DIR": str(tmp_path / "b")})
         assert second["compiles"] == 1
-        assert job.exists() and stored(cache_dir) == 0
     finally:
         _resume(stopped)
     wait_for_worker(cache_dir)
