@@ -164,13 +164,13 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
         raise UntrustedSpool(spool)
     check_room(Path(user_dir), spool)
     if not (spool / ENVIRONMENT).exists():
-        _write_file(spool / ENVIRONMENT, env)
+        write_json(spool / ENVIRONMENT, env)
     _counter += 1
     name = f"{time.time_ns():020d}-{os.getpid()}-{_counter}"
     if job.kind == REFRESH:
         name += REFRESH_MARK
     path = spool / (name + JOB)
-    _write_file(path, job.to_dict())
+    write_json(path, job.to_dict())
     if job.claims_dir and job.entries:  # a process that misses one of its keys finds it
         mark(Path(job.claims_dir), path, [k for k in job.keys if k])
     if claims:
@@ -188,7 +188,7 @@ def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
 _orphans_checked: set[Path] = set()
 
 
-def _write_file(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     """Write JSON to ``path`` atomically (0600): a reader never sees half of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -69,17 +69,13 @@ def record(user_dir: Path, samples: list[tuple[str, str, float, float, float | N
 
 
 def _write(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Atomically, as a job file is written; a failed write (a full disk) loses only times."""
+    from .spool import write_json
+
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, separators=(",", ":"))
-        os.replace(tmp, path)
+        write_json(path, data)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 def _median(values, default: float) -> float:
