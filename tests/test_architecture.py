@@ -25,7 +25,7 @@ TOP_MODULES = {"_kdb_auto": Path(_kdb_auto.__file__).resolve()}
 BACKENDS = ("kdb.backends", "kdb.opencl", "kdb.cuda", "kdb.triton")
 #: The front ends docs/architecture.md allows to import a back end.
 DEVICE_FRONT_ENDS = {"kdb.admin.explain", "kdb.admin.info", "kdb.adopt.auto",
-                     "kdb.pack.compiling", "kdb.demo.programs", "kdb.storing.worker"}
+                     "kdb.pack.compiling", "kdb.demo.programs"}
 
 
 def _name(path: Path, package: Path) -> str:

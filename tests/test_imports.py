@@ -37,7 +37,7 @@ def test_a_hit_in_a_fresh_process_imports_only_the_hit_path(cache_dir):
                          capture_output=True, text=True).stdout
     loaded = set(json.loads(out))
     assert "kdb.tiers" in loaded and "kdb.bookkeeping" in loaded
-    for name in ("kdb.adopt.tally", "kdb.storing.background", "kdb.claims", "kdb.storing.spool", "kdb.storing.worker",
+    for name in ("kdb.adopt.tally", "kdb.storing.background", "kdb.claims", "kdb.storing.spool", "kdb.worker.supervisor",
                  "kdb.shared.tier", "kdb.storing.jobs", "kdb.shared.keeper"):
         assert name not in loaded, name
 

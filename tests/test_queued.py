@@ -52,7 +52,7 @@ def _resume(pids: list[int]) -> None:
 def _kill_workers(cache: Path) -> None:
     """SIGKILL the store workers of ``cache`` with their lanes (each worker leads its own
     session): what they would still store is a scan's minutes of idle-priority work."""
-    out = subprocess.run(["pgrep", "-f", f"kdb.storing.worker {cache}"], capture_output=True,
+    out = subprocess.run(["pgrep", "-f", f"kdb.worker {cache}"], capture_output=True,
                          text=True).stdout.split()
     for pid in map(int, out):
         try:
@@ -222,7 +222,7 @@ AHEAD = """
     kdb.opencl.build(ctx, "__kernel void h0(__global float *a) {{ a[0] = 0; }}")
     deadline, n, ours = time.monotonic() + {wait}, 0, {{}}
     while time.monotonic() < deadline and n < {n}:  # the others, stored ahead meanwhile
-        for pid in subprocess.run(["pgrep", "-f", "kdb.storing.worker --ahead"],
+        for pid in subprocess.run(["pgrep", "-f", "kdb.worker --ahead"],
                                   capture_output=True, text=True).stdout.split():
             try:  # of this session (this very code names it: not this process), ours
                 if os.getsid(int(pid)) == os.getsid(0) and int(pid) != os.getpid():

@@ -437,7 +437,7 @@ def test_the_worker_never_applies_a_spool_others_can_write(cache_dir, tmp_path):
     for p in d.iterdir():
         p.chmod(0o600)
     d.chmod(0o770)
-    proc = subprocess.run([sys.executable, "-m", "kdb.storing.worker", str(d)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kdb.worker", str(d)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "refused" in proc.stderr and not marker.exists()

@@ -92,7 +92,7 @@ def test_a_process_leaves_its_stores_to_the_worker_and_exits_at_once(cache_dir, 
 
 def _stop_workers(cache: Path) -> list[int]:
     """SIGSTOP every store worker of ``cache`` (its jobs then stay pending)."""
-    out = subprocess.run(["pgrep", "-f", f"kdb.storing.worker {cache}"], capture_output=True,
+    out = subprocess.run(["pgrep", "-f", f"kdb.worker {cache}"], capture_output=True,
                          text=True).stdout.split()
     pids = [int(p) for p in out]
     for pid in pids:
@@ -213,7 +213,7 @@ def test_a_slow_store_is_set_aside_and_done_when_idle(cache_dir, run_py, tmp_pat
     (spool_dir / spool.LOCK).unlink(missing_ok=True)
     code = f"""
         from pathlib import Path
-        from kdb.storing import worker
+        from kdb.worker import supervisor as worker
         worker.SLOW_MIN_S = 0.0
         worker.SLOW_FACTOR = 0.0
         worker.MIN_AGE_S = 0.0
@@ -245,7 +245,7 @@ def test_a_bad_setting_stores_before_exit_with_a_warning(cache_dir, run_py):
 
 def test_only_a_python_executable_is_started(monkeypatch):
     """In an application that embeds Python, or a frozen one, sys.executable is the
-    application: starting it with -m kdb.storing.worker would start the application again."""
+    application: starting it with -m kdb.worker would start the application again."""
     monkeypatch.setattr("sys.executable", "/usr/bin/python3.11")
     assert spool.can_spool()
     for exe in ("/opt/app/bin/mysim", ""):
@@ -388,7 +388,7 @@ def test_a_worker_whose_log_cannot_be_written_still_stores(cache_dir, run_py):
     (v1 / spool.LOG_NAME).unlink()
     (v1 / spool.LOG_NAME).symlink_to("/dev/full")
     with open("/dev/full", "wb") as log:
-        proc = subprocess.run([sys.executable, "-m", "kdb.storing.worker", str(spool_dir)],
+        proc = subprocess.run([sys.executable, "-m", "kdb.worker", str(spool_dir)],
                               stdout=log, stderr=log, timeout=300)
     assert proc.returncode == 0
     assert stored(cache_dir) == 2

@@ -113,7 +113,7 @@ def test_a_worker_killed_mid_store_leaves_nothing_stuck(cache_dir, run_py):
     import signal
 
     jobs = make_jobs(run_py, cache_dir, 3)
-    proc = subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", str(jobs)], cwd="/",
+    proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", str(jobs)], cwd="/",
                             start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -172,7 +172,7 @@ def test_a_lanes_pipe_carries_only_its_protocol(cache_dir, run_py):
     data["program"]["source"] = "__kernel void h0(__global float *a) { a[0] = nosuchname; }"
     broken.write_text(json.dumps(data))
     env = dict(os.environ, **dict(json.loads((jobs / spool.ENVIRONMENT).read_text())["variables"]))
-    proc = subprocess.run([sys.executable, "-m", "kdb.storing.worker", "--child"], env=env, cwd="/",
+    proc = subprocess.run([sys.executable, "-m", "kdb.worker", "--child"], env=env, cwd="/",
                           input=f"{broken}\n{good}\n{good}\n".encode(), capture_output=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -229,7 +229,7 @@ def test_a_long_queue_costs_the_supervisor_a_small_share_of_the_lanes_cpu(cache_
     code = f"""
         import json, resource
         from pathlib import Path
-        from kdb.storing import worker
+        from kdb.worker import supervisor as worker
         worker.MIN_AGE_S = 0.0
         queues = []
         class Counted(worker._Queue):
@@ -274,7 +274,7 @@ def test_the_workers_session_has_the_lowest_autogroup_weight(cache_dir, run_py):
     only if its session's group has the lowest weight too."""
     jobs = make_jobs(run_py, cache_dir, 1)
     fd = spool.take(sorted(jobs.glob("*.job"))[0])  # a live taker: the worker waits for it
-    proc = subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", str(jobs)], cwd="/",
+    proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", str(jobs)], cwd="/",
                             start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
@@ -298,7 +298,7 @@ def test_a_worker_run_inside_another_session_leaves_its_autogroup_alone(tmp_path
     before = Path("/proc/self/autogroup").read_text().split()[-1]
     code = f"""
         from pathlib import Path
-        from kdb.storing import worker
+        from kdb.worker import supervisor as worker
         worker.IDLE_EXIT_S = 0.0
         worker.supervise(Path({str(spool_dir)!r}))
         print(open("/proc/self/autogroup").read().split()[-1])

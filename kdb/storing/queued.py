@@ -9,7 +9,7 @@ another spool and finds it all the same) and waits for the store when that costs
 than compiling (:func:`plan`, from the times recorded per device in
 :mod:`kdb.storing.storetimes`), getting it stored first:
 
-- a queued job goes at once to a child of this process (``python -m kdb.storing.worker
+- a queued job goes at once to a child of this process (``python -m kdb.worker
   --urgent-child``, one per process, started at the first such wait), which stores it at
   this process's priority (the worker's lanes run at nice 19, which cannot be raised
   again), in the environment the job was written in: its spool's ``environment.json`` and
@@ -23,7 +23,7 @@ than compiling (:func:`plan`, from the times recorded per device in
   compiles, and a child of its own is stopped and the job set aside as slow (the worker's
   slow lane stores it when the machine is idle);
 - the first job an earlier process queued in a spool also starts the storing of that
-  spool's other jobs ahead of this process, in its session (:mod:`kdb.storing.ahead`).
+  spool's other jobs ahead of this process, in its session (:mod:`kdb.worker.ahead`).
 
 A job that ends without the entry (set aside as bad, a header changed, its storer killed)
 ends the wait: the process compiles, as it does for a job already set aside as slow.
@@ -63,7 +63,7 @@ SLACK_S = 0.25
 def plan(user_dir: Path, attrs: HashAttributes) -> QueuedStore | None:
     """The queued store of ``attrs``' key when waiting for it costs less than compiling,
     else None; a job an earlier process queued also starts the storing of the others ahead
-    (:mod:`kdb.storing.ahead`). Without a queued job this costs one ``readlink``."""
+    (:mod:`kdb.worker.ahead`). Without a queued job this costs one ``readlink``."""
     claims_dir = Path(user_dir) / "claims"
     job = jobfiles.marked(claims_dir, attrs.key)
     if job is None:
@@ -200,8 +200,8 @@ _STARVED = ("starved",)
 
 
 class _Child:
-    """A child of this process storing jobs for it (``python -m kdb.storing.worker
-    --urgent-child``, :func:`kdb.storing.lane.serve`), in one job environment: each job
+    """A child of this process storing jobs for it (``python -m kdb.worker
+    --urgent-child``, :func:`kdb.worker.lane.serve`), in one job environment: each job
     path written to its stdin (``!path``: also when a lane holds it) is answered in order,
     ``done`` once stored or dropped, ``busy`` when a lane of the worker had it first."""
 
@@ -215,7 +215,7 @@ class _Child:
                      0o600)
         with os.fdopen(fd, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kdb.storing.worker", "--urgent-child"],
+                [sys.executable, "-m", "kdb.worker", "--urgent-child"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out, env=env,
                 close_fds=True, cwd="/")
         os.set_blocking(self.proc.stdout.fileno(), False)
@@ -323,7 +323,7 @@ def _child_for(spool: Path, build: tuple) -> _Child | None:
     return _child
 
 
-#: Spool -> the process storing its jobs ahead for this one (:mod:`kdb.storing.ahead`), or
+#: Spool -> the process storing its jobs ahead for this one (:mod:`kdb.worker.ahead`), or
 #: when to try again to start one (another process's ran).
 _ahead: dict[Path, object] = {}
 AHEAD_RETRY_S = 1.0
@@ -348,7 +348,7 @@ def _store_ahead(spool: Path) -> None:
                      0o600)
         with os.fdopen(fd, "ab") as out:
             _ahead[spool] = subprocess.Popen(
-                [sys.executable, "-m", "kdb.storing.worker", "--ahead", str(spool),
+                [sys.executable, "-m", "kdb.worker", "--ahead", str(spool),
                  str(time.time_ns())], stdin=subprocess.PIPE, stdout=out, stderr=out,
                 close_fds=True, cwd="/")
     except OSError as err:

@@ -6,7 +6,7 @@ the program it competes for PoCL's compiler lock; done after its exit it made th
 wait. So a process that compiled a program writes down how to build it again (a
 :class:`~kdb.storing.jobs.StoreJob`: back end, source, options, devices, the entries' attributes
 and its start-up latency rows) and goes on at once. One store worker per spool
-(:mod:`kdb.storing.worker`, at low CPU priority) builds each program again (PoCL's own cache
+(:mod:`kdb.worker`, at low CPU priority) builds each program again (PoCL's own cache
 answers), reads its binaries and stores them, taking first the entries another process
 waits for, then the oldest.
 
@@ -238,7 +238,7 @@ def ensure_worker(spool: Path) -> None:
     out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o600)
     with os.fdopen(out_fd, "ab") as out:
-        subprocess.Popen([exe, "-m", "kdb.storing.worker", str(spool)],
+        subprocess.Popen([exe, "-m", "kdb.worker", str(spool)],
                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                          start_new_session=True, close_fds=True, cwd="/")
 
@@ -260,7 +260,7 @@ lifecycle.on_fork(_after_fork)
 
 
 def can_spool() -> bool:
-    """Whether ``sys.executable -m kdb.storing.worker`` would start Python: not in an application that
+    """Whether ``sys.executable -m kdb.worker`` would start Python: not in an application that
     embeds Python or is frozen (its executable is the application itself), and POSIX."""
     exe = sys.executable
     if os.name != "posix" or not exe or getattr(sys, "frozen", False):
@@ -319,7 +319,7 @@ def wait(user_dir: Path, timeout: float, progress=None, hurry: bool = False) -> 
     are empty or ``timeout`` passed (starting a worker where none runs); returns how many
     of their jobs are left. ``progress(left)`` is called when the count changes. With
     ``hurry``, the jobs are stored by a child of this process at its priority
-    (``python -m kdb.storing.worker --hurry``), not left to the worker's idle-priority lanes."""
+    (``python -m kdb.worker --hurry``), not left to the worker's idle-priority lanes."""
     deadline = time.monotonic() + timeout
     last = None
     ours: dict[Path, bool] = {}  # spools this process can store (not refused, its Python)
@@ -352,7 +352,7 @@ def _hurry(spool: Path):
     out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
                      0o600)
     with os.fdopen(out_fd, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", "--hurry", str(spool)],
+        return subprocess.Popen([sys.executable, "-m", "kdb.worker", "--hurry", str(spool)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
                                 cwd="/")
 

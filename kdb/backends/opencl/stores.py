@@ -189,7 +189,7 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
     rebuild's CPU seconds as ``{"build": s}`` (:mod:`kdb.storing.storetimes`).
 
     The rebuild runs in the environment the keys were computed in: the supervisor starts
-    this process with the job's ``environment`` (:mod:`kdb.storing.worker`), and a job whose
+    this process with the job's ``environment`` (:mod:`kdb.worker`), and a job whose
     keys name other values than this process has is dropped, never stored.
 
     The rebuild reads the headers as they are now; the key was computed from them as they

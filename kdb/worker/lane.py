@@ -3,7 +3,7 @@ stdin, one at a time, and answers one line per job on a private pipe; and :class
 supervisor's handle on one (the store worker's, and a process's own, :mod:`.ahead`).
 
 The lane is where a job meets ``KernelDB`` and its back end (found by the name the job
-carries, :func:`kdb.storing.jobs.backend_module`); the supervisor (:mod:`kdb.storing.worker`)
+carries, :func:`kdb.storing.jobs.backend_module`); the supervisor (:mod:`kdb.worker`)
 only schedules. Everything a lane says goes to ``store-worker.log``.
 """
 
@@ -18,11 +18,11 @@ from ..claims import progress
 from ..db import KernelDB
 from ..file.kernelfile import CompileRecord
 from ..keys import HashAttributes
-from . import storetimes
-from .jobfiles import (TAKEN, remove, rename, slow_path, take, take_taken, taken_path,
+from ..storing import storetimes
+from ..storing.jobfiles import (TAKEN, remove, rename, slow_path, take, take_taken, taken_path,
                        unmark)
-from .jobs import BOOKKEEPING, REFRESH, StoreJob, backend_module
-from .spool import ENVIRONMENT, job_environment, read_job
+from ..storing.jobs import BOOKKEEPING, REFRESH, StoreJob, backend_module
+from ..storing.spool import ENVIRONMENT, job_environment, read_job
 
 
 def lowest_priority(idle: bool) -> None:
@@ -101,7 +101,7 @@ def serve(slow: bool = False, urgent: bool = False) -> int:
 
 def _load_backends() -> None:
     """Import every back end a job may name, before the first job (its wait starts then)."""
-    from .jobs import BACKENDS
+    from ..storing.jobs import BACKENDS
 
     for name in BACKENDS:
         try:
@@ -176,7 +176,7 @@ class Lane:
             self.close()  # idle: it exits at the end of its stdin
             self.proc = None
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "kdb.storing.worker", "--slow-child"
+            self.proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", "--slow-child"
                                           if self.slow else "--child"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, close_fds=True,
                                          env=job_environment(None, build))
@@ -230,7 +230,7 @@ class Lane:
 def inherit(spool: Path) -> bool:
     """Take the environment the spool's jobs were written in (``environment.json``), for the
     rebuilds; False (said in the log) when the spool is not this user's alone or malformed."""
-    from .trust import trusted
+    from ..storing.trust import trusted
 
     if not trusted(spool, ENVIRONMENT):  # its variables (LD_*...) would be applied, its jobs run
         say(f"{spool} is not this user's alone; nothing stored (see the warning above)")

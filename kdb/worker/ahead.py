@@ -15,7 +15,7 @@ would cost (else set aside as slow, for the worker's slow lane, and recorded as 
 stops when no such job is left, or when its process has exited (its stdin ends). One at a
 time per spool (an ``flock`` on ``ahead.lock``): ranks that started together share one.
 
-    python -m kdb.storing.worker --ahead SPOOL BEFORE_NS
+    python -m kdb.worker --ahead SPOOL BEFORE_NS
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from pathlib import Path
 
 from .. import claims
 from ..claims import progress
-from . import storetimes
-from .jobfiles import AHEAD_LOCK, JOB, slow_path
-from .jobs import StoreJob
+from ..storing import storetimes
+from ..storing.jobfiles import AHEAD_LOCK, JOB, slow_path
+from ..storing.jobs import StoreJob
 from .lane import Lane, inherit, lowest_priority, say
-from .queued import COMPILE_AND_LAUNCH, SLACK_S
+from ..storing.queued import COMPILE_AND_LAUNCH, SLACK_S
 
 #: CPU seconds a lane's start (Python, the back end, the device) adds to its first store.
 LANE_START_S = 1.0
@@ -104,7 +104,7 @@ def _next(spool: Path, before: int, seen: dict) -> tuple[Path, dict] | None:
 def _weigh(spool: Path, path: Path) -> dict | None:
     """What storing the job ``path`` is expected to cost, and its bound; None when that is
     more than compiling it, or a live process holds one of its keys (it compiles it now)."""
-    from .spool import read_job
+    from ..storing.spool import read_job
 
     data = read_job(path)
     try:

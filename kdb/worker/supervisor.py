@@ -11,30 +11,24 @@ end redoes the build (:func:`kdb.storing.jobs.backend_module`). A lane answers e
 line on a pipe of its own (its fd 1 is the log, with the compiler's output); every failure
 reaches ``store-worker.log`` with the job and why. A job that cannot be read is set aside
 (``.bad``); a ``.taken`` job whose taker died (no ``flock`` on it) is queued again.
-
-    python -m kdb.storing.worker DIR           # the supervisor for one spool directory
-    python -m kdb.storing.worker --child       # a lane: stores the jobs named on stdin (--slow-child)
-    python -m kdb.storing.worker --hurry DIR   # store every job of DIR now (kdb pack waits)
-    python -m kdb.storing.worker --urgent-child  # a lane of a process that waits for its jobs
-    python -m kdb.storing.worker --ahead DIR NS  # store DIR's jobs older than NS, for a process
+Started as ``python -m kdb.worker DIR`` (:mod:`kdb.worker.__main__`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
-from .jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove, rename,
+from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove, rename,
                        sweep_partial, take, taken_path)
-from .jobs import StoreJob
+from ..storing.jobs import StoreJob
 from .lane import Lane, inherit
 from .lane import about as _about
 from .lane import background_group as _background_group
 from .lane import lowest_priority as _lowest_priority
 from .lane import say as _say
-from .spool import LOCK, worker_running
+from ..storing.spool import LOCK, worker_running
 
 #: A job waits this long before it is stored (unless another process waits for it), so the
 #: program's first launches have put their work-group code in PoCL's cache: the stored
@@ -282,24 +276,3 @@ def hurry(spool: Path) -> int:
     for db in dbs.values():
         db.close()
     return 0
-
-
-def main(argv: list[str]) -> int:
-    auto_hook = sys.modules.get("_kdb_auto")  # KDB_AUTO=1 inherited: never adopt in here
-    if auto_hook is not None:
-        auto_hook.disable()
-    if argv in (["--child"], ["--slow-child"], ["--urgent-child"]):
-        from .lane import serve
-
-        return serve(slow=argv[0] == "--slow-child", urgent=argv[0] == "--urgent-child")
-    if argv[:1] == ["--hurry"] and len(argv) == 2:
-        return hurry(Path(argv[1]))
-    if argv[:1] == ["--ahead"] and len(argv) == 3:
-        from .ahead import run
-
-        return run(Path(argv[1]), int(argv[2]))
-    return supervise(Path(argv[0]))
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
