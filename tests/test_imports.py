@@ -112,3 +112,17 @@ def test_a_hit_loads_neither_the_database_layers_nor_the_miss_path(tmp_path):
                       ("system tier", from_system)]:
         assert run["hit"] == [], (name, run)
         assert run["exit"] == [], (name, run)
+
+
+def test_import_kdb_loads_no_typing_and_only_its_modules_write_type_checking_by_hand():
+    """``import kdb`` alone loads no ``typing`` (a framework that imports kdb at start-up and
+    never misses pays nothing for it); so the modules it loads spell ``TYPE_CHECKING = False``
+    by hand, and every other module imports it from ``typing``, where it is already loaded."""
+    out = subprocess.run([sys.executable, "-c", "import sys, kdb; print('typing' in sys.modules,"
+                          " *sorted(m for m in sys.modules if m.split('.')[0] == 'kdb'))"],
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert out[0] == "False"
+    by_hand = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+               for p in PACKAGE.rglob("*.py")
+               if "\nTYPE_CHECKING = False" in p.read_text(encoding="utf-8")}
+    assert by_hand <= set(out[1:]), by_hand - set(out[1:])

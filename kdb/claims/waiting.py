@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import faults, logs
 from . import (
@@ -26,7 +27,6 @@ from . import (
     want,
 )
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

@@ -36,13 +36,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import claims, lifecycle, logs
 from ..claims import progress
 from . import jobfiles, storetimes
 from .jobfiles import JOB, SLOW, TAKEN
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..keys import HashAttributes
 

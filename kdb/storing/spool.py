@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import lifecycle
 from .jobfiles import (  # noqa: F401 - the job states and bounds, named here too
@@ -51,7 +52,6 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
 from .jobs import REFRESH
 from .trust import ENVIRONMENT, UntrustedSpool, accepted, runnable, trusted
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
