@@ -345,6 +345,10 @@ class Tiers(Storing):
             reason = ("cache disabled (KDB_DISABLE_CACHE)" if self.disabled
                       else f"no system database for {attrs.arch}"
                       if not self._system.get(attrs.arch) else "not in any tier")
+        from .storing import queued  # a compile: never on the hit path
+
+        if (why := queued.why_compiled(attrs.key)) is not None:
+            reason = f"{reason}; {why}"
         rec = bookkeeping.record(attrs.key, attrs.name, attrs.arch, attrs.backend, seconds,
                              ",".join(missed), reason)
         self.count(attrs.arch, "compiles", 1)

@@ -61,6 +61,18 @@ def _kill_workers(cache: Path) -> None:
             pass
 
 
+def _writer(job: Path) -> int:
+    """The pid of the process that queued ``job``."""
+    return int(job.stem.split("-")[1])
+
+
+def _reasons(cache: Path, first: int) -> list[str]:
+    """The start-up latency log's reasons for the compiles of processes other than ``first``."""
+    from kdb.admin.report import compile_log
+
+    return [r["reason"] for r in compile_log(cache / "v1", limit=None) if r["pid"] != first]
+
+
 def _log(cache: Path) -> str:
     path = cache / "v1" / spool.LOG_NAME
     return path.read_text() if path.exists() else ""
@@ -129,10 +141,13 @@ def test_the_cost_rule_weighs_recorded_store_times_against_the_compile(
         assert spool.spool_dir(user_dir) == job.parent
         _record(cache_dir, store=0.5, build=0.05)
         assert plan() is None
+        assert "costs more than building it here (about" in queued.why_compiled(attrs.key)
         _record(cache_dir, store=0.5, build=1.0)
         assert plan() is not None
         jobfiles.rename(job, jobfiles.slow_path(job))
         assert queued.plan(user_dir, attrs) is None  # set aside: not even read
+        assert f"queued by process {_writer(job)}, was set aside" in queued.why_compiled(attrs.key)
+        assert queued.why_compiled(attrs.key) is None  # said once, by the compile it explains
         jobfiles.rename(jobfiles.slow_path(job), job)
         # A process that misses it now compiles at once: it does not wait for the job. (The
         # job may still be stored meanwhile: the process's own store records new times, and
@@ -152,6 +167,7 @@ def test_with_pocl_s_cache_kept_a_cheap_rebuild_is_built_not_waited_for(cache_di
     than the store: the next process builds, at once, and the worker stores the jobs."""
     pocl = tmp_path / "pocl-kept"
     stopped = _first_run(run_py, cache_dir, 3, pocl)
+    first = _writer(_queued_jobs(cache_dir)[0])
     try:
         _record(cache_dir, store=1.0, build=0.05)
         start = time.monotonic()
@@ -162,6 +178,11 @@ def test_with_pocl_s_cache_kept_a_cheap_rebuild_is_built_not_waited_for(cache_di
         assert time.monotonic() - start < 20
         weighed = [line for line in proc.stderr.splitlines() if " is queued in " in line]
         assert len(weighed) == 3, proc.stderr  # each was weighed, and built
+        # The latency log says why each was compiled although its store was queued.
+        reasons = _reasons(cache_dir, first)
+        assert len(reasons) == 3 and all(
+            f"its store, queued by process {first}, costs more than building it here" in r
+            for r in reasons), reasons
         assert len(_queued_jobs(cache_dir)) >= 3  # nobody stored them: the worker will
     finally:
         _resume(stopped)
@@ -174,6 +195,7 @@ def test_a_store_that_ends_without_the_entry_ends_the_wait(cache_dir, run_py, tm
     did not hold (a header changed), one is not a job. The next process tries each store,
     then compiles: it never hangs."""
     stopped = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
+    first = _writer(_queued_jobs(cache_dir)[0])
     try:
         jobs = sorted(_queued_jobs(cache_dir))
         gone = json.loads(jobs[0].read_text())
@@ -195,6 +217,11 @@ def test_a_store_that_ends_without_the_entry_ends_the_wait(cache_dir, run_py, tm
         log = _log(cache_dir)  # the worker is stopped: the second process's child said these
         assert "No Such Platform" in log
         assert "'extra.h' is new" in log
+        reasons = _reasons(cache_dir, first)  # waited for, or found ended or unreadable
+        assert len(reasons) == 3 and all(
+            "ended without it (store-worker.log says why)" in r
+            or "cannot be read (the store worker sets it aside)" in r for r in reasons), reasons
+        assert all(f"queued by process {first}" in r for r in reasons), reasons
     finally:
         _resume(stopped)
 

@@ -132,7 +132,7 @@ def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any]
     compiling (:mod:`kdb.storing.queued`), else None. The claim then says ``waiting`` while
     the store is watched like a holder: ``store.look()`` is None (go on), ``()`` (the store
     ended: the entry, or compile) or what :meth:`Watch.verdict` judges, within
-    ``store.budget`` CPU seconds; ``store.close(gave_up)`` ends it.
+    ``store.budget`` CPU seconds; ``store.close(gave_up, why)`` ends it.
     """
     try:
         return _wait(directory, key, label, find, timeout, shared=shared, idle=idle,
@@ -226,7 +226,7 @@ def _look_store(store, claim, label, find, watch, find_now: bool):
             why = verdict[0]
         else:
             why = "its store ended without it (store-worker.log says why)"
-    store.close(gave_up=hit is None and bool(view))
+    store.close(gave_up=hit is None and bool(view), why=None if hit is not None else why)
     if hit is not None:
         if not claim.handed:
             claim.release()

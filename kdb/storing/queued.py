@@ -70,8 +70,17 @@ def plan(user_dir: Path, attrs: HashAttributes) -> QueuedStore | None:
         return None
     data = _read(job)
     if data is None:  # stored or dropped meanwhile, or set aside as slow
-        if jobfiles.state(job) is None:
+        state, writer = jobfiles.state(job), _writer(job)
+        if state is None:
             jobfiles.unmark(claims_dir, job, [attrs.key])  # a job dropped left its mark
+            _why[attrs.key] = (f"its store, queued by process {writer}, ended without it "
+                               "(store-worker.log says why)")
+        elif state == SLOW:
+            _why[attrs.key] = (f"its store, queued by process {writer}, was set aside: it "
+                               "costs more than a compile (stored when the machine is idle)")
+        else:
+            _why[attrs.key] = (f"its store job, queued by process {writer}, cannot be read "
+                               "(the store worker sets it aside)")
         return None
     from .spool import runnable
 
@@ -99,9 +108,28 @@ def weigh(user_dir: Path, attrs: HashAttributes, job: Path, data) -> QueuedStore
     log.debug("kdb: %s is queued in %s: storing it costs about %.2f s, compiling it %.2f s",
               attrs.key[:16], job.stem, est_store, est_compile)
     if est_store >= est_compile:
+        _why[attrs.key] = (f"its store, queued by process {_writer(job)}, costs more than "
+                           f"building it here (about {est_store:.2f} s against {est_compile:.2f} s)")
         return None
+    _why.pop(attrs.key, None)  # waited for: a reason given earlier no longer holds
     return QueuedStore(attrs.key, job, data, compile_s, est_store,
                        max(est_compile, 2 * est_store) + SLACK_S)
+
+
+def _writer(job: Path) -> str:
+    """The pid of the process that queued ``job`` (its name: ``<ns>-<pid>-<n>``)."""
+    parts = job.stem.split("-")
+    return parts[1] if len(parts) > 2 else "?"
+
+
+#: Key -> why this process compiles a key whose store was queued (:func:`why_compiled`).
+_why: dict[str, str] = {}
+
+
+def why_compiled(key: str) -> str | None:
+    """Why this process compiled ``key`` although its store was queued, once (the start-up
+    latency log's reason says so); None when no queued store was met."""
+    return _why.pop(key, None)
 
 
 def _read(job: Path):
@@ -182,9 +210,13 @@ class QueuedStore:
         self.budget = max(self.total - (first_cpu - cpu0), 0.0)  # spent before we looked
         return ((pid, start, self.job.stem), claims.STORING, self.compile_s, time.time(), seen)
 
-    def close(self, gave_up: bool) -> None:
-        """The wait is over: the entry came, or this process compiles. A child still storing
-        the job when it gave up is stopped, and the job set aside as slow."""
+    def close(self, gave_up: bool, why: str | None = None) -> None:
+        """The wait is over: the entry came, or this process compiles (``why``, for the
+        latency log). A child still storing the job when it gave up is stopped, and the job
+        set aside as slow."""
+        if why is not None:
+            _why[self.key] = (f"waited {time.monotonic() - self.began:.1f} s for its store, "
+                              f"queued by process {_writer(self.job)}, and {why}")
         with _lock:
             stop = gave_up and self.child is not None and self.job in self.child.pending
             if stop:
