@@ -101,14 +101,10 @@ def state(path: Path) -> str | None:
 def set_aside(path: Path) -> bool:
     """Set the job ``path`` names aside as slow when nobody is storing it (its ``.taken``
     file unlocked: its taker was stopped); False when a live taker holds it."""
-    import fcntl
-
-    try:
-        fd = os.open(taken_path(path), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    fd = take_taken(path)
+    if fd is None or fd < 0:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(taken_path(path), slow_path(path))
         return True
     except OSError:

@@ -30,8 +30,8 @@ from ..claims import progress
 from ..storing import storetimes
 from ..storing.jobfiles import AHEAD_LOCK, JOB, slow_path
 from ..storing.jobs import StoreJob
-from .lane import Lane, inherit, lowest_priority, say
 from ..storing.queued import COMPILE_AND_LAUNCH, SLACK_S
+from .lane import Lane, inherit, lowest_priority
 
 #: CPU seconds a lane's start (Python, the back end, the device) adds to its first store.
 LANE_START_S = 1.0

@@ -19,8 +19,8 @@ from ..db import KernelDB
 from ..file.kernelfile import CompileRecord
 from ..keys import HashAttributes
 from ..storing import storetimes
-from ..storing.jobfiles import (TAKEN, remove, rename, slow_path, take, take_taken, taken_path,
-                       unmark)
+from ..storing.jobfiles import (TAKEN, remove, rename, slow_path, take, take_taken,
+                                taken_path, unmark)
 from ..storing.jobs import BOOKKEEPING, REFRESH, StoreJob, backend_module
 from ..storing.spool import ENVIRONMENT, job_environment, read_job
 

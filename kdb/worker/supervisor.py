@@ -20,15 +20,15 @@ import os
 import time
 from pathlib import Path
 
-from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove, rename,
-                       sweep_partial, take, taken_path)
+from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove,
+                                rename, sweep_partial, take, taken_path)
 from ..storing.jobs import StoreJob
+from ..storing.spool import LOCK, worker_running
 from .lane import Lane, inherit
 from .lane import about as _about
 from .lane import background_group as _background_group
 from .lane import lowest_priority as _lowest_priority
 from .lane import say as _say
-from ..storing.spool import LOCK, worker_running
 
 #: A job waits this long before it is stored (unless another process waits for it), so the
 #: program's first launches have put their work-group code in PoCL's cache: the stored
