@@ -14,8 +14,9 @@ the program stores that entry at once itself, and the store worker takes wanted 
 first. How long a waiter waits is :mod:`kdb.claims.waiting`'s: as long as the holder makes
 progress (:mod:`kdb.claims.progress`). Claims end with their holder; the store a holder left
 queued when it exited is waited for, with the key's claim, by the process that misses it,
-when that costs less than compiling (:mod:`kdb.storing.queued`, through ``queued``). On a network file system ``flock`` may not
-coordinate across nodes; there the shared tier's locks are the answer.
+when that costs less than compiling (:mod:`kdb.storing.queued`, through ``queued``). On a
+network file system ``flock`` may not coordinate across nodes; there the shared tier's locks
+are the answer.
 
 This wing imports only the base layer (``faults``, ``lifecycle``, ``logs``, ``config``) and
 its own modules; the shared tier reaches it, never the other way round.

@@ -37,19 +37,32 @@ def taken_path(path: Path) -> Path:
     return path.with_suffix(TAKEN)
 
 
+def _flocked(path: Path) -> int | None:
+    """``path`` opened and ``flock``-ed (exclusive, not blocking) through the returned fd; -1
+    when another process holds its lock; None when there is no such file."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return -1
+
+
 def take(path: Path) -> int | None:
     """Take the job ``path`` names (queued or set aside) to store it: its ``.taken`` file,
     ``flock``-ed through the returned fd until the caller closes it, so that a taker's death
     is seen (the store worker queues it again). None when another process took it first."""
-    import fcntl
-
     for src in (path.with_suffix(JOB), slow_path(path)):
-        try:
-            fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
+        fd = _flocked(src)  # lock, then rename: a .taken file is locked while its taker lives
+        if fd is None or fd < 0:
             continue
-        try:  # lock, then rename: a .taken file is never unlocked while its taker lives
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
             os.rename(src, taken_path(path))
             return fd
         except OSError:
@@ -76,18 +89,7 @@ def take_taken(path: Path) -> int | None:
     """For a waiter's child (:mod:`kdb.storing.queued`): the ``.taken`` job ``path`` names,
     ``flock``-ed through the returned fd when its taker died; -1 when a live taker still
     holds it (the child stores it too); None when it is gone."""
-    import fcntl
-
-    try:
-        fd = os.open(taken_path(path), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return fd
-    except OSError:
-        os.close(fd)
-        return -1
+    return _flocked(taken_path(path))
 
 
 def state(path: Path) -> str | None:
@@ -194,25 +196,16 @@ def marked(claims_dir: Path, key: str) -> Path | None:
 
 # -- which lane of the store worker stores a job ----------------------------------------------
 
-#: Held by the one process that stores a spool's jobs ahead for others (:mod:`.ahead`).
+#: Held by the one process that stores a spool's jobs ahead for others (:mod:`kdb.worker.ahead`).
 AHEAD_LOCK = "ahead.lock"
 
 
 def locked(path: Path) -> bool:
     """Whether a process holds an ``flock`` on ``path`` (False when there is no such file)."""
-    import fcntl
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a lock we took
+    fd = _flocked(path)
+    if fd is not None and fd >= 0:
+        os.close(fd)  # closing drops the lock we took
+    return fd == -1
 
 
 #: The store worker's lock file in its spool (held by the worker; it says what its lanes
