@@ -32,6 +32,7 @@ from .fileformat import (
     transaction,
 )
 from ..keys import compiler_free_key
+from .rows import PROVISIONAL
 
 if TYPE_CHECKING:
     from .kernelfile import CompileRecord, Entry, KernelFile
@@ -273,6 +274,8 @@ def _insert(f: KernelFile, conn: sqlite3.Connection, e: Entry, cap: int,
         return None
     old = conn.execute("SELECT stored_size, raw_size, source, signer, signature "
                        "FROM kernels WHERE key = ?", (e.key,)).fetchone()
+    if old is not None and e.details and e.details.get(PROVISIONAL):
+        return None  # a stand-in never replaces what is stored
     if old is not None and old[3] and old[4] and not (e.signer and e.signature):
         log.debug("kdb: %s keeps its signed entry %s: not replaced by an unsigned one",
                   f.path, e.key[:16])

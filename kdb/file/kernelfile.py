@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from .. import faults
 from . import compact, fs
 from ..config import BUSY_TIMEOUT_S
-from .rows import CompileRecord, Entry, Row
+from .rows import PROVISIONAL, CompileRecord, Entry, Row
 from .fileformat import (COMPACT_FROM, DAMAGE, HEAD, at_least, classify, identity, journal_of,
                          move_aside, sqlite_uri, status_of, wal_size)
 
@@ -334,6 +334,25 @@ class KernelFile:
             return []
         return [(r[0], Row(*r[1:6], float(r[6]) if isinstance(r[6], (int, float)) else 0.0))
                 for r in rows]
+
+    def stored(self, keys: list[str]) -> set[str]:
+        """Those of ``keys`` whose entry here is a binary, not a provisional stand-in for one
+        (:data:`kdb.file.rows.PROVISIONAL`): what a store of them would no longer add."""
+        import json
+
+        if not keys or not os.path.exists(self.filename):
+            return set()
+        marks = ",".join("?" * len(keys))
+        out = set()
+        for key, details in self.query(
+                f"SELECT key, details FROM kernels WHERE key IN ({marks})", keys):
+            try:
+                provisional = json.loads(details).get(PROVISIONAL) if details else None
+            except (ValueError, AttributeError):
+                provisional = None
+            if not provisional:
+                out.add(key)
+        return out
 
     def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
         """Read-only query for the CLI and ``explain``; an unusable file yields no rows."""

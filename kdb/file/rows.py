@@ -30,6 +30,11 @@ class Entry(namedtuple("Entry", "key arch backend name attributes raw compile_se
     __slots__ = ()
 
 
+#: The ``details`` key of an entry that stands in for a binary not stored yet: it never
+#: replaces a stored entry, and any store of its key replaces it.
+PROVISIONAL = "provisional"
+
+
 class CompileRecord(namedtuple("CompileRecord",
                                "key name arch backend seconds missed reason at pid")):
     """One row of the start-up latency log."""

@@ -26,6 +26,7 @@ from .. import config, faults, logs
 from ..bookkeeping import Pending
 from ..errors import InvalidArgumentError
 from ..file.kernelfile import CompileRecord, Entry
+from ..file.rows import PROVISIONAL
 from ..file.rows import Hit
 from ..signing import policy as signing
 
@@ -267,6 +268,21 @@ class Storing:
                 shared.publish(entries, rows.get(arch, []))
         if why is not None:
             raise HeaderChangedError(why)
+        return ok
+
+    def store_provisional(self, items: list) -> bool:
+        """Store ``(attrs, binary, compile_seconds, details)`` items in the user files only,
+        each where its key has no entry yet: what stands in for a binary until the store
+        worker stores it (an early store, :mod:`kdb.backends.opencl.early`), never in place
+        of one, never published to the shared tier. True if every item was written."""
+        by_arch: dict[str, list[Entry]] = {}
+        for attrs, binary, seconds, details in items:
+            by_arch.setdefault(attrs.arch, []).append(self._entry(
+                attrs, bytes(binary), seconds, {**(details or {}), PROVISIONAL: True}))
+        ok = True
+        for arch, entries in sorted(by_arch.items()):
+            f = self.user_file(arch)
+            ok = self._user_trusted(f) and f.write(entries, [], {}, {}) and ok
         return ok
 
     def write_bookkeeping(self, archs: dict[str, dict]) -> None:

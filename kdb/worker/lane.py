@@ -153,7 +153,7 @@ def _stored(job: StoreJob, path: Path) -> None:
 def _stored_already(db: KernelDB, job: StoreJob) -> bool:
     attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
              for e in job.entries]
-    return bool(attrs) and all(db.tiers.user_file(a.arch).fetch(a.key) is not None for a in attrs)
+    return bool(attrs) and all(a.key in db.tiers.user_file(a.arch).stored([a.key]) for a in attrs)
 
 
 class Lane:

@@ -40,6 +40,7 @@ from .keys import (
     plan_for,
     split_options,
 )
+from . import early
 from .poclbin import private_copies
 from .refresh import loaded as _refresh_loaded
 from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
@@ -179,6 +180,9 @@ def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: s
     held: dict[str, Claim] = {}
     if not all(hits):  # single flight: claim what missed, or wait for its compiler
         hits, held = _claim_or_wait(db, attrs, hits)
+    if all(hits) and any(early.is_early(h.binary) for h in hits):
+        raw = _from_early(db, ctx, plan, attrs, hits, text, name)
+        return raw, (hits if raw is not None else [None] * len(attrs)), held
     if all(hits):
         try:
             raw = _load(ctx, plan.devs, [h.binary for h in hits], text, plan.opt_bytes)
@@ -201,7 +205,7 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
     """Build from source, then hand what missed (once per key) to the store worker; the
     claims of what another way served are let go."""
     devs, opt_bytes = plan.devs, plan.opt_bytes
-    start = time.perf_counter()
+    start, start_ns = time.perf_counter(), time.time_ns()
     try:
         raw = _compile(ctx, _program_source(source, text), opt_bytes, devs, pyopencl_errors,
                        wrapper)
@@ -209,7 +213,7 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
         for claim in held.values():
             claim.release()
         raise
-    seconds = time.perf_counter() - start
+    seconds, end_ns = time.perf_counter() - start, time.time_ns()
     prg = _wrap(raw, wrapper)
     label = name or _label(text)
     attrs = [a if a.name == label else a.with_(name=label) for a in attrs]
@@ -219,12 +223,45 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
             missed.setdefault(a.key, (d, a))
     for key in set(held) - set(missed):  # claimed, then served another way: let go
         held.pop(key).release()
+    recheck = recheck_for(text, opt_bytes, plan.search)
     if missed and not db.tiers.disabled:
         _compiled[memory_key] = raw
+        early.compiled(db.tiers, [a for _, a in missed.values()], start_ns, end_ns,
+                       kernel_names(text), recheck)
     store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
                 seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs),
-                recheck=recheck_for(text, opt_bytes, plan.search))
+                recheck=recheck)
     return prg
+
+
+def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hits: list,
+                text: str, name: str | None) -> cl._Program | None:
+    """The program built from source with PoCL's files of its early entries put back where
+    PoCL's cache looks (:mod:`.early`): a PoCL cache hit, not a compile. None, with the
+    early entries dropped, where they cannot be put back or PoCL did not use them (its
+    build hash differs: it compiled); the caller then builds and stores as on a miss."""
+    top = early.can_put_back()
+    unpacked = [early.unpack(h.binary) if early.is_early(h.binary) else None for h in hits]
+    if top is not None and all(u is not None or not early.is_early(h.binary)
+                               for u, h in zip(unpacked, hits)):
+        start_ns = time.time_ns()
+        try:
+            for u in filter(None, unpacked):
+                early.put_back(top, *u)
+            raw = cl._Program(ctx, text.encode("utf-8", "surrogateescape"))  # the caller's bytes
+            raw.build(plan.opt_bytes, plan.devs)
+        except (OSError, cl.RuntimeError, cl.LogicError) as err:
+            why = f"PoCL's files could not be put back and built ({err})"
+        else:
+            if all(early.used(top, u[0], start_ns) for u in filter(None, unpacked)):
+                return raw
+            why = "PoCL did not use the files put back (its build hash differs)"
+    else:
+        why = "PoCL's kernel cache is off, or its directory is not this user's alone"
+    for a, h in zip(attrs, hits):
+        if early.is_early(h.binary) and h.tier in ("user", "memory"):
+            db.tiers.discard(a.with_(name=name or _label(text)), why, h.tier)
+    return None
 
 
 def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):

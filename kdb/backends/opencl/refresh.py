@@ -78,6 +78,14 @@ def pocl_cache_dir() -> str:
     return os.path.join(base, "pocl", "kcache")
 
 
+def trusted_top(top: str) -> bool:
+    """Whether PoCL's cache directory ``top`` is this user's alone, as is every directory
+    above it: files read from it are served, files put back there are loaded."""
+    from ...file import fs
+
+    return _ours(Path(top), os.getuid(), stat.S_ISDIR) and fs.unsafe_above(top) is None
+
+
 def _changed_since(directory: str, since_ns: int) -> bool:
     """Whether a kernel directory of the program directory ``directory`` changed (a work-group
     function was added) at or after ``since_ns``."""
@@ -224,21 +232,21 @@ def new_functions(program_dir: Path, found) -> dict[str, list[tuple[str, bytes]]
         except OSError:
             continue
         have = set(k.files)
-        for variant in variants:
-            path = f"/{k.name}/{variant}/{k.name}.so"
-            if path in have or not _variant(variant):
+        for v in variants:
+            path = f"/{k.name}/{v}/{k.name}.so"
+            if path in have or not variant(v):
                 continue
-            content = _read(kernel_dir / variant, f"{k.name}.so", me)
+            content = read_owned(kernel_dir / v, f"{k.name}.so", me)
             if content:
                 out.setdefault(k.name, []).append((path, content))
     return out
 
 
-def _variant(name: str) -> bool:
+def variant(name: str) -> bool:
     """A work-group function's directory name as PoCL 3.0 makes it
     (``pocl_cache_kernel_cachedir_path``): ``X-Y-Z``, then ``-goffs0``, then ``-smallgrid``.
 
-    >>> [_variant(n) for n in ("16-1-1-goffs0-smallgrid", "0-0-0", "16-1", "a-1-1", "1-1-1-x")]
+    >>> [variant(n) for n in ("16-1-1-goffs0-smallgrid", "0-0-0", "16-1", "a-1-1", "1-1-1-x")]
     [True, True, False, False, False]
     """
     parts = name.split("-")
@@ -256,7 +264,7 @@ def _ours(path: Path, me: int, kind) -> bool:
     return kind(st.st_mode) and st.st_uid == me and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _read(directory: Path, name: str, me: int) -> bytes | None:
+def read_owned(directory: Path, name: str, me: int) -> bytes | None:
     """The file ``name`` of ``directory`` when both are this user's alone and it is a regular
     file (PoCL renames a finished function into place: never a half-written one)."""
     if not _ours(directory, me, stat.S_ISDIR):

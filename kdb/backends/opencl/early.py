@@ -1,0 +1,359 @@
+"""Early stores: a compiled program's directory in PoCL's own cache, kept by kdb at exit and
+put back for the next process's build.
+
+A full store reads a program's binaries back from PoCL, which generates every kernel's
+generic work-group function first (:mod:`.refresh` says why that cannot be skipped): about
+a compile's cost, a hundred times more for scans, and on a machine that is never idle the
+store worker gets no CPU for it. What the next process needs is already on disk: PoCL keeps
+each program built from source in ``<POCL_CACHE_DIR>/<build hash>/`` (``program.bc``, and the
+work-group functions its launches generated, ``<kernel>/<variant>/<kernel>.so``), and a build
+from source whose build hash names a directory holding ``program.bc`` reads it instead of
+compiling (``pocl_llvm_build_program`` in PoCL's ``lib/CL/pocl_llvm_build.cc``). So:
+
+- a process notes each program it compiled, with the wall-clock window of its build
+  (:func:`compiled`: a clock read and an append);
+- at exit it lists PoCL's cache once, finds the directory each build used (its
+  ``last_accessed``, which PoCL touches at the end of every build, or its ``program.bc``
+  written within the build's window, and exactly one such directory), and writes those files
+  as a *provisional* entry under each key not stored yet, in one transaction: no OpenCL call,
+  no rebuild, a few milliseconds a program;
+- a process whose lookup finds such an entry (:func:`is_early`) writes the files back where
+  PoCL looks for them, where they are missing, and builds from source: PoCL's cache answers
+  (preprocessing, no compile). That PoCL used them is checked, not assumed: the build must
+  have touched the directory's ``last_accessed`` (:func:`used`);
+- the store worker still stores the full binary when it gets the CPU, and replaces the
+  provisional entry (a provisional entry never replaces a stored one).
+
+Safe because PoCL checks them itself: the build hash is a SHA-1 of PoCL's version and build
+time stamp, LLVM's version, the preprocessed source, the options, the work-group method and
+the device's own build hash (``build_program_compute_hash`` in ``lib/CL/pocl_cache.c``), so
+files put back under the hash they came from are found only by a build of the same program
+by the same PoCL for the same device; a build of anything else computes another hash and
+compiles. A wrong match at exit costs a compile, never a wrong kernel. The entry is keyed,
+checksummed, signed and trusted as any other; headers are checked against the key before it
+is written; files are read only from directories this user alone can write, and only of
+PoCL's own names.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from typing import NamedTuple
+
+from ... import config, lifecycle, logs
+from .poclbin import MAX_BINARY, build_hash_of, kernel_cache_off
+
+log = logs.get("kdb")
+
+#: What an early entry's binary starts with; no PoCL binary (``poclbin\0``) or other
+#: driver's binary does.
+MAGIC = b"kdb-pocl-dir\0\1"
+#: File modification times come from the kernel's coarse clock, up to a tick behind the
+#: clock a build's window is read from: a directory counts for a build whose window,
+#: widened by this much at its start, holds its time.
+CLOCK_SLACK_NS = 15_000_000
+#: PoCL's cache directory is listed at most this deep: a cache of more programs than this
+#: is not searched (the full stores still come).
+MAX_DIRS = 50_000
+
+PROGRAM_BC = "program.bc"
+_HASH_CHARS = frozenset("ABCDEFGHIJKLMNOP")
+
+
+class Build(NamedTuple):
+    """A program this process compiled: its keys, when its build ran (``time.time_ns``),
+    its kernels' names, and the headers as they are now (the key's ``recheck``)."""
+
+    tiers: object
+    attrs: tuple
+    start_ns: int
+    end_ns: int
+    names: tuple[str, ...]
+    recheck: object
+
+
+_builds: list[Build] = []
+
+
+def compiled(tiers, attrs, start_ns: int, end_ns: int, names, recheck) -> None:
+    """Note a PoCL program this process compiled from source (the miss path: one append)."""
+    attrs = tuple(a for a in attrs if a.arch.startswith("pocl-"))
+    if attrs and len({a.arch for a in attrs}) == 1:  # one device class: one directory
+        _builds.append(Build(tiers, attrs, start_ns, end_ns, tuple(names), recheck))
+
+
+def is_early(binary: bytes) -> bool:
+    """Whether a stored binary is an early entry (PoCL's files) rather than a binary."""
+    return binary[:len(MAGIC)] == MAGIC
+
+
+# -- the entry's format ---------------------------------------------------------------------
+
+def pack(build_hash: str, files: list[tuple[str, bytes]]) -> bytes:
+    """An early entry's bytes: :data:`MAGIC`, the build hash (40 characters), the number of
+    files, then each file as a ``uint32`` length and its path, a ``uint32`` length and its
+    content.
+
+    >>> unpack(pack("AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFG", [("program.bc", b"BC")]))
+    ('AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFG', [('program.bc', b'BC')])
+    """
+    out = [MAGIC, build_hash.encode("ascii"), struct.pack("<I", len(files))]
+    for path, content in files:
+        name = path.encode("ascii")
+        out += [struct.pack("<I", len(name)), name, struct.pack("<I", len(content)), content]
+    return b"".join(out)
+
+
+def unpack(binary: bytes) -> tuple[str, list[tuple[str, bytes]]] | None:
+    """The build hash and files of an early entry; None for anything else, or for one whose
+    hash or paths are not PoCL's (never a path outside the program's directory)."""
+    start = len(MAGIC)
+    if not is_early(binary) or len(binary) < start + 44:
+        return None
+    build_hash = build_hash_of(binary[start:start + 40] + b"\0")
+    if build_hash is None:
+        return None
+    try:
+        (count,) = struct.unpack_from("<I", binary, start + 40)
+        files, at = [], start + 44
+        for _ in range(count):
+            (n,) = struct.unpack_from("<I", binary, at)
+            path = binary[at + 4:at + 4 + n].decode("ascii")
+            (size,) = struct.unpack_from("<I", binary, at + 4 + n)
+            content = binary[at + 8 + n:at + 8 + n + size]
+            if len(content) != size or not _pocl_path(path):
+                return None
+            files.append((path, content))
+            at += 8 + n + size
+    except (struct.error, UnicodeDecodeError):
+        return None
+    if at != len(binary) or not files or files[0][0] != PROGRAM_BC:
+        return None
+    return build_hash, files
+
+
+def _pocl_path(path: str) -> bool:
+    """``program.bc``, or ``<kernel>/<variant>/<kernel>.so`` as PoCL 3.0 names a work-group
+    function (:func:`.refresh.variant`).
+
+    >>> [_pocl_path(p) for p in ("program.bc", "k/16-1-1/k.so", "../x", "k/16-1-1/j.so")]
+    [True, True, False, False]
+    """
+    from .refresh import variant
+
+    if path == PROGRAM_BC:
+        return True
+    parts = path.split("/")
+    return (len(parts) == 3 and parts[0].isascii() and parts[0].isidentifier()
+            and variant(parts[1]) and parts[2] == parts[0] + ".so")
+
+
+# -- at exit: find each build's directory and keep it ------------------------------------------
+
+def scan(top: str, since_ns: int) -> dict[str, tuple[int, int]]:
+    """PoCL's program directories under ``top`` used at or after ``since_ns``: build hash ->
+    (``last_accessed``'s and ``program.bc``'s modification times). One ``scandir`` per
+    first-level directory and two ``stat`` calls per program."""
+    found: dict[str, tuple[int, int]] = {}
+    seen = 0
+    for first in _dirs(top):
+        if not (len(first) == 2 and _HASH_CHARS.issuperset(first)):
+            continue
+        for rest in _dirs(os.path.join(top, first)):
+            seen += 1
+            if seen > MAX_DIRS:
+                return found
+            name = f"{first}/{rest}"
+            if build_hash_of(name.encode("ascii", "replace") + b"\0") is None:
+                continue
+            times = (_mtime(os.path.join(top, name, "last_accessed")),
+                     _mtime(os.path.join(top, name, PROGRAM_BC)))
+            if max(times) >= since_ns:
+                found[name] = times
+    return found
+
+
+def _dirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.lstat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def match(builds: list[Build], dirs: dict[str, tuple[int, int]]) -> dict[int, str]:
+    """Build index -> the one directory it used: the only directory whose ``last_accessed``
+    or ``program.bc`` time falls in the build's window, and that falls in no other build's
+    window of other keys. A build another process's build overlapped (two directories) is
+    left out: the full store comes."""
+    windows = [(b.start_ns - CLOCK_SLACK_NS, b.end_ns) for b in builds]
+    users: dict[str, set[int]] = {}
+    for name, times in dirs.items():
+        for i, (lo, hi) in enumerate(windows):
+            if any(lo <= t <= hi for t in times if t >= 0):  # -1: no such file
+                users.setdefault(name, set()).add(i)
+    per_build: dict[int, list[str]] = {}
+    for name, who in users.items():
+        if len({tuple(sorted(a.key for a in builds[i].attrs)) for i in who}) == 1:
+            for i in who:
+                per_build.setdefault(i, []).append(name)
+    return {i: names[0] for i, names in per_build.items() if len(names) == 1}
+
+
+def program_files(top: str, build_hash: str, names: tuple[str, ...]) -> list[tuple[str, bytes]] | None:
+    """``program.bc`` and the work-group functions of the program's directory, read as
+    :mod:`.refresh` reads them (files and directories this user alone can write); None
+    when there is no ``program.bc`` or it names none of the program's kernels."""
+    from pathlib import Path
+
+    from .refresh import read_owned, variant
+
+    me = os.getuid()
+    program_dir = Path(top, build_hash)
+    bc = read_owned(program_dir, PROGRAM_BC, me)
+    if not bc or not all(n.encode() in bc for n in names):
+        return None
+    files, total = [(PROGRAM_BC, bc)], len(bc)
+    for kernel in sorted(set(names)):
+        if not (kernel.isascii() and kernel.isidentifier()):
+            continue
+        try:
+            variants = sorted(os.listdir(program_dir / kernel))
+        except OSError:
+            continue
+        for v in filter(variant, variants):
+            content = read_owned(program_dir / kernel / v, f"{kernel}.so", me)
+            if content and total + len(content) <= MAX_BINARY:
+                files.append((f"{kernel}/{v}/{kernel}.so", content))
+                total += len(content)
+    return files
+
+
+def _unstored(tiers, builds: list[Build]) -> list[Build]:
+    """The builds of which some key has no entry in its user file yet."""
+    out = []
+    for b in builds:
+        f = tiers.user_file(b.attrs[0].arch)
+        keys = [a.key for a in b.attrs]
+        marks = ",".join("?" * len(keys))
+        stored = {r[0] for r in f.query(f"SELECT key FROM kernels WHERE key IN ({marks})",
+                                        keys)} if os.path.exists(f.filename) else set()
+        if set(keys) - stored:
+            out.append(b)
+    return out
+
+
+def keep(top: str, builds: list[Build]) -> int:
+    """Write an early entry for each of ``builds`` whose directory is found, per tiers in
+    one transaction per arch; how many programs were kept."""
+    from ...storing.stores import headers_changed
+
+    dirs = scan(top, min(b.start_ns for b in builds) - CLOCK_SLACK_NS)
+    found = match(builds, dirs)
+    by_tiers: dict[int, tuple[object, list]] = {}
+    for i, build_hash in sorted(found.items()):
+        b = builds[i]
+        if b.recheck is not None and headers_changed(list(b.attrs), b.recheck) is not None:
+            continue  # the next build stores it
+        files = program_files(top, build_hash, b.names)
+        if files is None:
+            continue
+        binary = pack(build_hash, files)
+        seconds = (b.end_ns - b.start_ns) / 1e9 / len(b.attrs)
+        items = by_tiers.setdefault(id(b.tiers), (b.tiers, []))[1]
+        items += [(a, binary, seconds, {"early": "pocl-cache"}) for a in b.attrs]
+    kept = 0
+    for tiers, items in by_tiers.values():
+        tiers.store_provisional(items)
+        kept += len({a.key for a, *_ in items})
+    return kept
+
+
+def _at_exit() -> None:
+    """Keep, for the next process, what PoCL's cache holds of the programs compiled here
+    and not stored yet."""
+    builds = list(_builds)
+    if (not builds or kernel_cache_off() or config.store_at_exit() != "detach"
+            or config.flag(config.ENV_DISABLE_EARLY_STORE)):
+        return
+    from .refresh import pocl_cache_dir, trusted_top
+
+    top = os.path.abspath(pocl_cache_dir())
+    if not trusted_top(top):
+        return
+    start = time.perf_counter()
+    by_tiers: dict[int, list[Build]] = {}
+    for b in builds:
+        by_tiers.setdefault(id(b.tiers), []).append(b)
+    pending = [b for group in by_tiers.values() for b in _unstored(group[0].tiers, group)]
+    if pending:
+        kept = keep(top, pending)
+        log.debug("kdb: kept PoCL's files of %d of %d program(s) not stored yet, in %.3f s",
+                  kept, len(pending), time.perf_counter() - start)
+
+
+def _forget() -> None:
+    _builds.clear()
+
+
+lifecycle.on_exit(lifecycle.STORES, _at_exit)
+lifecycle.on_fork(_forget)
+
+
+# -- a hit: the files put back -----------------------------------------------------------------
+
+def can_put_back() -> str | None:
+    """PoCL's cache directory where early entries can be put back, or None (its kernel cache
+    is off, or the directory is not this user's alone)."""
+    if kernel_cache_off():
+        return None
+    from .refresh import pocl_cache_dir, trusted_top
+
+    top = os.path.abspath(pocl_cache_dir())
+    return top if trusted_top(top) else None
+
+
+def put_back(top: str, build_hash: str, files: list[tuple[str, bytes]]) -> None:
+    """Write each file under ``<top>/<build hash>/`` where none is: whole or not at all (a
+    temporary name, synced, then linked into place, as PoCL renames its own), so a build
+    never reads a half-written ``program.bc``. Work-group functions go first: PoCL takes
+    the directory as a hit once ``program.bc`` is there."""
+    program_dir = os.path.join(top, build_hash)
+    for path, content in sorted(files, key=lambda f: f[0] == PROGRAM_BC):
+        target = os.path.join(program_dir, path)
+        if os.path.lexists(target):
+            continue
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        temp = f"{target}.kdb-{os.getpid()}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(content)
+                fh.flush()
+                os.fdatasync(fh.fileno())
+            try:
+                os.link(temp, target)
+            except FileExistsError:
+                pass  # another process put it back first: the same bytes
+        finally:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+
+
+def used(top: str, build_hash: str, since_ns: int) -> bool:
+    """Whether a build that started at ``since_ns`` used the program's directory: PoCL
+    touches its ``last_accessed`` at the end of every build from it (``pocl_build.c``)."""
+    st_ns = _mtime(os.path.join(top, build_hash, "last_accessed"))
+    return st_ns >= since_ns - CLOCK_SLACK_NS

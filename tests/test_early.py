@@ -1,0 +1,189 @@
+"""Early stores (kdb.backends.opencl.early): what PoCL's own cache holds for a program a process
+compiled is kept at its exit, as a provisional entry, and put back for the next process's
+build, so a run whose store worker never ran (killed with its job, starved on a busy machine)
+leaves its next run nothing to compile.
+
+Real processes, real PoCL builds and launches, a real store worker; "never ran" is a worker
+kept from starting by holding its spool's lock, as a killed or starved one would be.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kdb import KernelDB
+from kdb.config import private_dir
+from kdb.storing import spool
+from conftest import sql
+
+cl = pytest.importorskip("pyopencl")
+early = pytest.importorskip("kdb.backends.opencl.early")
+
+DETACH = {"KDB_STORE_AT_EXIT": "detach"}
+
+#: Three programs built and launched; prints the compiles and the kernels' results.
+RUN = """
+    import json
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    q = cl.CommandQueue(ctx)
+    got = []
+    for i in range(3):
+        prg = kdb.opencl.build(ctx, "__kernel void e%d(__global float *a) "
+                               "{ a[get_global_id(0)] += %d.0f; }" % (i, i + 1))
+        a = np.zeros(64, np.float32)
+        buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+        getattr(prg, "e%d" % i)(q, (64,), (16,), buf)
+        cl.enqueue_copy(q, a, buf)
+        got.append(float(a[5]))
+    print(json.dumps({"compiles": len(kdb.bookkeeping.records()), "got": got}))
+"""
+
+
+def _user_file(cache: Path) -> Path:
+    return next((cache / "v1").glob("pocl-*.kdb"))
+
+
+def _run(code: str, env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def _hold_worker_lock(cache: Path, env: dict) -> int:
+    """Hold the spool's worker lock: no store worker runs for this environment's jobs."""
+    sdir = private_dir(spool.spool_dir(cache / "v1", env))
+    fd = os.open(sdir / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _entries(cache: Path) -> list[tuple[bytes, dict]]:
+    rows = sql(_user_file(cache), "SELECT codec, blob, raw_size, checksum, details FROM kernels")
+    from kdb.file import codec
+
+    return [(codec.decode(*r[:4]), json.loads(r[4] or "{}")) for r in rows]
+
+
+def test_a_run_whose_worker_never_ran_leaves_the_next_run_nothing_to_compile(cache_dir,
+                                                                              tmp_path):
+    env = {**os.environ, **DETACH, "KDB_CACHE_DIR": str(cache_dir),
+           "POCL_CACHE_DIR": str(tmp_path / "pocl-1")}
+    held = _hold_worker_lock(cache_dir, env)
+    try:
+        first = _run(RUN, env)
+        assert first["compiles"] == 3 and first["got"] == [1.0, 2.0, 3.0]
+        entries = _entries(cache_dir)
+        assert len(entries) == 3
+        assert all(early.is_early(b) and d["provisional"] for b, d in entries)
+        # The files came with what the launches generated: the next start JITs nothing.
+        assert all(any(p.endswith(".so") for p, _ in early.unpack(b)[1]) for b, _ in entries)
+        # A fresh machine's PoCL cache (a CI runner, a new node): nothing is compiled.
+        fresh = tmp_path / "pocl-2"
+        second = _run(RUN, {**env, "POCL_CACHE_DIR": str(fresh)})
+        assert second == {"compiles": 0, "got": [1.0, 2.0, 3.0]}
+        assert len(list(fresh.glob("*/*/program.bc"))) == 3
+        assert len(list(fresh.glob("*/*/*/*/*.so"))) == 3
+    finally:
+        os.close(held)
+    # The worker, once it runs, stores the full binaries in their place.
+    sdir = spool.spool_dir(cache_dir / "v1", env)
+    spool.ensure_worker(sdir)
+    from test_spool import wait_for_worker
+
+    wait_for_worker(cache_dir)
+    entries = _entries(cache_dir)
+    assert len(entries) == 3 and not any(early.is_early(b) or d.get("provisional")
+                                         for b, d in entries)
+    assert all(b.startswith(b"poclbin\0") for b, _ in entries)
+
+
+def _attrs(cl_ctx, source: str):
+    from kdb.backends.opencl.keys import attributes_for
+
+    return attributes_for(cl_ctx.devices[0], source, [], [])
+
+
+def test_a_provisional_entry_never_replaces_a_binary_and_a_store_replaces_it(cache_dir,
+                                                                              cl_ctx):
+    db = KernelDB()
+    one = _attrs(cl_ctx, "__kernel void p1(__global int *a) { a[0] = 1; }")
+    two = _attrs(cl_ctx, "__kernel void p2(__global int *a) { a[0] = 2; }")
+    stand_in = early.pack("AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFG", [("program.bc", b"BC")])
+    assert db.put(one, b"a binary")
+    db.tiers.store_provisional([(one, stand_in, 0.1, None), (two, stand_in, 0.1, None)])
+    assert db.get(one) == b"a binary"
+    assert db.get(two) == stand_in
+    assert db.tiers.user_file(two.arch).stored([one.key, two.key]) == {one.key}
+    assert db.put(two, b"its binary")
+    assert db.get(two) == b"its binary"
+
+
+def test_files_pocl_does_not_use_are_dropped_and_the_program_compiled(cache_dir, cl_ctx,
+                                                                        tmp_path):
+    """An early entry whose files PoCL does not take (here: under a build hash no build
+    computes) is a miss: the program is compiled from source, right, and the entry dropped."""
+    import kdb.opencl
+
+    source = "__kernel void w(__global float *a) { a[get_global_id(0)] = 7.0f; }"
+    db = KernelDB()
+    attrs = _attrs(cl_ctx, source)
+    bogus = early.pack("AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFG",
+                       [("program.bc", b"not bitcode")])
+    db.tiers.store_provisional([(attrs, bogus, 0.1, None)])
+    from kdb import bookkeeping
+
+    before = len(bookkeeping.records())
+    prg = kdb.opencl.build(cl_ctx, source, db=db)
+    assert len(bookkeeping.records()) == before + 1  # compiled
+    import numpy as np
+
+    q = cl.CommandQueue(cl_ctx)
+    a = np.zeros(16, np.float32)
+    buf = cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+    prg.w(q, (16,), None, buf)
+    cl.enqueue_copy(q, a, buf)
+    assert a[3] == 7.0
+    from kdb.storing.stores import drain
+
+    drain()
+    assert db.get(attrs).startswith(b"poclbin\0")  # dropped, and the compile's binary stored
+
+
+@pytest.mark.parametrize("path", ["../x", "k/16-1-1/../../x", "/abs", "k/16-1-1/j.so",
+                                  "k/1-2/k.so", "program.bc/x"])
+def test_an_early_entry_with_a_path_pocl_would_not_write_is_refused(path):
+    good = ("program.bc", b"BC")
+    name = "AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFG"
+    assert early.unpack(early.pack(name, [good])) == (name, [good])
+    assert early.unpack(early.pack(name, [good, (path, b"x")])) is None
+    assert early.unpack(early.pack("../../../../etc/passwd/xxxxxxxxxxxxxxxxxxxxxx",
+                                   [good])) is None
+
+
+def test_the_directory_each_build_used_is_found_and_an_overlapped_one_left_out():
+    from types import SimpleNamespace as NS
+
+    def build(key, start, end):
+        return early.Build(None, (NS(key=key, arch="pocl-x"),), start, end, (), None)
+
+    ms = 1_000_000
+    builds = [build("a", 0, 100 * ms), build("b", 200 * ms, 300 * ms),
+              build("c", 400 * ms, 500 * ms)]
+    dirs = {"AA/" + "A" * 37: (90 * ms, 50 * ms),      # a's: written and touched in a
+            "BB/" + "B" * 37: (290 * ms, -1),          # b's: a PoCL cache hit in b
+            "CC/" + "C" * 37: (450 * ms, -1),          # c overlapped another process's
+            "DD/" + "D" * 37: (460 * ms, 455 * ms)}    # build: two directories, neither
+    assert early.match(builds, dirs) == {0: "AA/" + "A" * 37, 1: "BB/" + "B" * 37}
