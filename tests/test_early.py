@@ -187,3 +187,5 @@ def test_the_directory_each_build_used_is_found_and_an_overlapped_one_left_out()
             "CC/" + "C" * 37: (450 * ms, -1),          # c overlapped another process's
             "DD/" + "D" * 37: (460 * ms, 455 * ms)}    # build: two directories, neither
     assert early.match(builds, dirs) == {0: "AA/" + "A" * 37, 1: "BB/" + "B" * 37}
+    # Told apart by the kernels their program.bc names (another process's other program):
+    assert early.match(builds, dirs, lambda name, b: name.startswith("DD"))[2] == "DD/" + "D" * 37

@@ -282,7 +282,8 @@ class Storing:
         ok = True
         for arch, entries in sorted(by_arch.items()):
             f = self.user_file(arch)
-            ok = self._user_trusted(f) and f.write(entries, [], {}, {}) and ok
+            ok = (self._user_trusted(f) and f.usable and not self._disk_full()
+                  and f.write(entries, [], {}, {}) and ok)
         return ok
 
     def write_bookkeeping(self, archs: dict[str, dict]) -> None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ... import config, lifecycle, logs
 from .poclbin import MAX_BINARY, build_hash_of, kernel_cache_off
@@ -190,11 +190,13 @@ def _mtime(path: str) -> int:
         return -1
 
 
-def match(builds: list[Build], dirs: dict[str, tuple[int, int]]) -> dict[int, str]:
-    """Build index -> the one directory it used: the only directory whose ``last_accessed``
-    or ``program.bc`` time falls in the build's window, and that falls in no other build's
-    window of other keys. A build another process's build overlapped (two directories) is
-    left out: the full store comes."""
+def match(builds: list[Build], dirs: dict[str, tuple[int, int]],
+          holds: Callable[[str, Build], bool] = lambda name, build: True) -> dict[int, str]:
+    """Build index -> the one directory it used: of the directories whose ``last_accessed``
+    or ``program.bc`` time falls in the build's window, and in no other window of other
+    keys, the only one, or the only one that ``holds`` the build's kernels. A build that
+    another process's build of kernels of the same names overlapped is left out: the full
+    store comes."""
     windows = [(b.start_ns - CLOCK_SLACK_NS, b.end_ns) for b in builds]
     users: dict[str, set[int]] = {}
     for name, times in dirs.items():
@@ -206,7 +208,26 @@ def match(builds: list[Build], dirs: dict[str, tuple[int, int]]) -> dict[int, st
         if len({tuple(sorted(a.key for a in builds[i].attrs)) for i in who}) == 1:
             for i in who:
                 per_build.setdefault(i, []).append(name)
-    return {i: names[0] for i, names in per_build.items() if len(names) == 1}
+    found = {}
+    for i, names in per_build.items():
+        if len(names) > 1:
+            names = [n for n in names if holds(n, builds[i])]
+        if len(names) == 1:
+            found[i] = names[0]
+    return found
+
+
+def _holds(top: str) -> Callable[[str, Build], bool]:
+    """Whether a program directory's ``program.bc`` names every kernel of a build (LLVM
+    bitcode keeps function names as plain bytes)."""
+    def holds(name: str, build: Build) -> bool:
+        try:
+            with open(os.path.join(top, name, PROGRAM_BC), "rb") as f:
+                bc = f.read(MAX_BINARY)
+        except OSError:
+            return False
+        return all(n.encode() in bc for n in build.names)
+    return holds
 
 
 def program_files(top: str, build_hash: str, names: tuple[str, ...]) -> list[tuple[str, bytes]] | None:
@@ -242,6 +263,8 @@ def _unstored(tiers, builds: list[Build]) -> list[Build]:
     """The builds of which some key has no entry in its user file yet."""
     out = []
     for b in builds:
+        if not tiers.can_store(b.attrs[0].arch):  # refused, or the disk is full
+            continue
         f = tiers.user_file(b.attrs[0].arch)
         keys = [a.key for a in b.attrs]
         marks = ",".join("?" * len(keys))
@@ -258,7 +281,7 @@ def keep(top: str, builds: list[Build]) -> int:
     from ...storing.stores import headers_changed
 
     dirs = scan(top, min(b.start_ns for b in builds) - CLOCK_SLACK_NS)
-    found = match(builds, dirs)
+    found = match(builds, dirs, _holds(top))
     by_tiers: dict[int, tuple[object, list]] = {}
     for i, build_hash in sorted(found.items()):
         b = builds[i]
