@@ -43,6 +43,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     exists,
     low_space,
     mark,
+    marked,
     remove,
     rename,
     slow_path,
@@ -241,6 +242,26 @@ def ensure_worker(spool: Path) -> None:
         subprocess.Popen([exe, "-m", "kdb.worker", str(spool)],
                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                          start_new_session=True, close_fds=True, cwd="/")
+
+
+def resume(user_dir: Path, keys) -> None:
+    """Start the worker of each spool whose job still stores one of ``keys``: a provisional
+    entry was served, so its store is pending, perhaps left by a worker killed with its job
+    (a batch system's end of job), which nothing else would start again until this user's
+    next compile. One ``readlink`` a key."""
+    claims_dir = Path(user_dir) / "claims"
+    for spool in {job.parent for job in (marked(claims_dir, k) for k in keys) if job}:
+        if exists_any(spool):
+            ensure_worker(spool)
+
+
+def exists_any(spool: Path) -> bool:
+    """Whether ``spool`` holds a job in any state (one ``scandir``)."""
+    try:
+        with os.scandir(spool) as entries:
+            return any(e.name.endswith((JOB, TAKEN, SLOW)) for e in entries)
+    except OSError:
+        return False
 
 
 def spool_dir(user_dir: Path, environ=None) -> Path:

@@ -286,6 +286,14 @@ class Storing:
                   and f.write(entries, [], {}, {}) and ok)
         return ok
 
+    def resume_stores(self, keys: list[str]) -> None:
+        """See that the stores of ``keys``, served provisionally, are being done: the worker
+        of each spool that still holds one is started if none runs."""
+        from . import spool
+
+        if not self.disabled and spool.can_spool():
+            spool.resume(self.user_dir, keys)
+
     def write_bookkeeping(self, archs: dict[str, dict]) -> None:
         """Write bookkeeping taken from another process (a store job's ``archs``)."""
         self._book.write_json(archs)

@@ -254,6 +254,7 @@ def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hit
             why = f"PoCL's files could not be put back and built ({err})"
         else:
             if all(early.used(top, u[0], start_ns) for u in filter(None, unpacked)):
+                db.tiers.resume_stores([a.key for a in attrs])  # the full binaries still due
                 return raw
             why = "PoCL did not use the files put back (its build hash differs)"
     else:
