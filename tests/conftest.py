@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -77,6 +78,28 @@ def set_attributes(path, key: str, text: str) -> None:
             (packed.source, packed.body, packed.size))
     sql(path, "UPDATE kernels SET attrs = ?, source = ?, attributes_sha256 = ? WHERE key = ?",
         (packed.attrs, packed.source, packed.sha256, key))
+
+
+@contextlib.contextmanager
+def no_store_worker(cache_dir, env: dict):
+    """Hold the locks of the spool that a child with ``env`` (over this process's
+    environment) writes its store jobs to: no store worker, and no process storing ahead,
+    runs there, as when the worker was killed or cannot start. Its jobs stay queued."""
+    import fcntl
+
+    from kdb.dirs import make_private_dir
+    from kdb.storing import jobfiles, spool
+
+    where = make_private_dir(spool.spool_dir(Path(cache_dir) / "v1", {**os.environ, **env}))
+    fds = [os.open(where / name, os.O_RDWR | os.O_CREAT, 0o600)
+           for name in (jobfiles.LOCK, jobfiles.AHEAD_LOCK)]
+    try:
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield where
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ import pytest
 import _kdb_auto
 from kdb import config
 from kdb.adopt import tally
+from conftest import no_store_worker
 
 BIN = Path(sys.executable).parent
 KDB = str(BIN / "kdb")
@@ -458,6 +459,30 @@ def test_kdb_run_summary_counts_every_build_call(env, tmp_path):
     assert (second["requested"], second["compiled"], second["served"]) == (calls2, 0, calls2)
     assert second["hits"]["user"] + second["hits"]["memory"] == calls2
     assert second["saved_basis"] == tally.SAVED_BASIS
+
+
+def test_kdb_run_summary_says_how_many_compiles_are_still_pending_store(app, env):
+    """Issue 35: with no store worker running, a run's compile is counted at once and its
+    store shown pending, in the summary line and its JSON; a later run, after the store
+    landed, has none pending."""
+    from kdb.storing import spool
+
+    env = {**env, "KDB_STORE_AT_EXIT": "detach"}
+    with no_store_worker(env["KDB_CACHE_DIR"], env):
+        proc = run([KDB, "run", "--json", "--", sys.executable, app], env)
+        assert proc.returncode == 0, proc.stderr
+        s = json.loads(proc.stderr.strip().splitlines()[-1])
+        assert (s["compiled"], s["pending_stores"]) == (1, 1)
+        proc = run([KDB, "run", "--", sys.executable, app], env)  # nothing stored: again
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("kdb run: 1 program requested: 1 compiled (") and (
+            " s compiling, 1 of them pending store), 0 served;" in last), last
+        assert stats(env)["compiles"] == 2 and stats(env)["pending"]["entries"] == 2
+    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 120) == 0
+    proc = run([KDB, "run", "--json", "--", sys.executable, app], env)
+    s = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert (s["compiled"], s["served"], s["pending_stores"]) == (0, 1, 0)
+    assert stats(env)["compiles"] == 2
 
 
 # -- from the wheel -------------------------------------------------------------------------

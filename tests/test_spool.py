@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from kdb import ConfigError, HashAttributes, KernelDB, claims, config
 from kdb.storing import spool
 from kdb.cli import cli
-from conftest import sql
+from conftest import no_store_worker, sql
 
 cl = pytest.importorskip("pyopencl")
 
@@ -118,6 +119,46 @@ def test_kdb_log_shows_a_run_s_compiles_before_they_are_stored(cache_dir, run_py
     wait_for_worker(cache_dir)
     rows = json.loads(CliRunner().invoke(cli, ["log", "--json"]).output)
     assert len(rows) == 2 and not any(r["pending"] for r in rows)
+
+
+def _cli_json(*args: str):
+    from click.testing import CliRunner
+
+    res = CliRunner().invoke(cli, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_compiles_count_when_they_happen_and_pending_stores_show(cache_dir, run_py):
+    """Issue 35: two processes compile the same kernels while no store worker can run
+    (nothing is stored, and no user file exists: each hands its counts to the spool at
+    exit); kdb stats counts both processes' compiles at once and shows the stores pending,
+    and once the worker has stored them, the counts are the same, not doubled."""
+    env = {**DETACH, "POCL_CACHE_DIR": str(cache_dir / "pocl")}  # one spool for both
+    with no_store_worker(cache_dir, env):
+        first = run_json(run_py, BUILD.format(n=3), env)["compiles"]
+        second = run_json(run_py, BUILD.format(n=3), env)["compiles"]
+        assert (first, second) == (3, 3)  # nothing stored: the second compiled them again
+        before = _cli_json("stats")
+        assert stored(cache_dir) == 0 and before["entries"] == 0
+        assert before["compiles"] == before["misses"] == 6
+        assert before["arches"][ARCH]["compiles"] == 6 and before["compile_seconds"] > 0
+        assert before["pending"]["programs"] == before["pending"]["entries"] == 6
+        assert before["pending"]["oldest_seconds"] >= 0
+        rows = _cli_json("log")
+        assert len(rows) == 6 and all(r["pending"] for r in rows)
+        text = CliRunner().invoke(cli, ["stats"]).output
+        assert "pending stores: 6 programs (6 entries) queued in the spool, oldest" in text
+    assert spool.wait(cache_dir / "v1", 120) == 0
+    wait_for_worker(cache_dir)
+    after = _cli_json("stats")
+    assert stored(cache_dir) == after["entries"] == 3
+    assert (after["compiles"], after["misses"]) == (6, 6)
+    assert after["compile_seconds"] == pytest.approx(before["compile_seconds"])
+    assert after["pending"] == {"programs": 0, "entries": 0, "oldest_seconds": None}
+    rows = _cli_json("log")
+    assert len(rows) == 6 and not any(r["pending"] for r in rows)
+    assert "pending stores: none" in CliRunner().invoke(cli, ["stats"]).output
 
 
 def test_kdb_pack_from_log_waits_for_pending_stores(cache_dir, run_py, tmp_path):

@@ -127,54 +127,87 @@ def stats(user_dir: Path, arch: str | None = None) -> dict[str, Any]:
     """Counters and sizes per arch and in total; the totals are at the top level.
 
     Hits of both tiers, misses and compiles are counted in the user file (system files are
-    never written). Stored bytes come from the file's running total, not from a scan.
-    ``cap`` is ``KDB_CACHE_MAX_SIZE`` in bytes (per user file, 0 = none); ``evicted`` counts
-    the entries the cap (or ``kdb evict``) removed.
+    never written), and in the spool for a process that exited before any user file existed
+    (its bookkeeping waits there for the store worker: :class:`kdb.storing.spool.Queued`),
+    so a compile counts once it happened, stored or not. ``pending`` is what the spool still
+    holds to store: programs, their entries, and the oldest's age in seconds. Stored bytes
+    come from the file's running total, not from a scan. ``cap`` is ``KDB_CACHE_MAX_SIZE``
+    in bytes (per user file, 0 = none); ``evicted`` counts the entries the cap (or ``kdb
+    evict``) removed.
     """
+    from ..storing import spool
+
     per: dict[str, dict[str, Any]] = {}
     shared_hits = 0  # hits this node's user files counted from the shared tier
     for t, path, a in tier_files(user_dir, arch, None):
-        try:
-            with reading(path, t) as conn:
-                totals = {k: number(v, int) for k, v in read_rows(
-                    conn, "SELECT name, value FROM meta WHERE name IN "
-                          "('entries', 'raw_bytes', 'stored_bytes')")}
-                if "entries" not in totals:  # a file older than revision 0003, or one
-                    # whose tables do not exist yet: count once (no table, no rows)
-                    totals["entries"] = scalar(conn, "SELECT count(*) FROM kernels")
-                    totals["raw_bytes"] = scalar(
-                        conn, "SELECT coalesce(sum(raw_size), 0) FROM kernels")
-                counters = {}
-                if t == "user":
-                    counters = dict(read_rows(conn, "SELECT name, value FROM counters"))
-        except DAMAGE as err:
-            log.warning("kdb: %s skipped: %s", path, err)
+        got = _file_stats(t, path)
+        if got is None:
             continue
+        totals, counters = got
         s = per.setdefault(a, _empty_stats())
-        count = totals["entries"]
         if t == "system":
-            s["system_entries"] += count
+            s["system_entries"] += totals["entries"]
             continue
-        s["entries"] += count
-        s["hits"]["system"] += number(counters.get("hits.system"), int)
-        s["hits"]["user"] += number(counters.get("hits.user"), int)
-        shared_hits += number(counters.get("hits.shared"), int)
-        s["misses"] += number(counters.get("misses"), int)
-        s["compiles"] += number(counters.get("compiles"), int)
-        s["evicted"] += number(counters.get("evicted"), int)
-        s["compile_seconds"] += number(counters.get("compile_seconds"), float)
-        s["saved_seconds"] += number(counters.get("saved_seconds"), float)
+        s["entries"] += totals["entries"]
         s["stored_bytes"] += totals.get("stored_bytes", 0)
         s["raw_bytes"] += totals.get("raw_bytes", 0)
+        shared_hits += _add_counters(s, counters)
+    waiting = spool.queued(user_dir, arch)
+    for a, counters in waiting.counters.items():
+        shared_hits += _add_counters(per.setdefault(a, _empty_stats()), counters)
     total = _empty_stats()
     for s in per.values():
         _add(total, s)
     total["arches"] = dict(sorted(per.items()))
+    total["pending"] = _pending_stores(waiting)
     total["cap"] = config.max_size()  # bytes per user file; 0 = no cap
     total["shared"] = shared_summary()  # None without KDB_SHARED_URL
     if total["shared"] is not None:
         total["shared"]["hits_here"] = shared_hits
     return total
+
+
+def _file_stats(t: str, path: Path) -> tuple[dict[str, int], dict] | None:
+    """One tier file's running totals and (a user file's) counters; None when unreadable."""
+    try:
+        with reading(path, t) as conn:
+            totals = {k: number(v, int) for k, v in read_rows(
+                conn, "SELECT name, value FROM meta WHERE name IN "
+                      "('entries', 'raw_bytes', 'stored_bytes')")}
+            if "entries" not in totals:  # a file older than revision 0003, or one
+                # whose tables do not exist yet: count once (no table, no rows)
+                totals["entries"] = scalar(conn, "SELECT count(*) FROM kernels")
+                totals["raw_bytes"] = scalar(
+                    conn, "SELECT coalesce(sum(raw_size), 0) FROM kernels")
+            counters = {}
+            if t == "user":
+                counters = dict(read_rows(conn, "SELECT name, value FROM counters"))
+    except DAMAGE as err:
+        log.warning("kdb: %s skipped: %s", path, err)
+        return None
+    return totals, counters
+
+
+def _add_counters(s: dict[str, Any], counters: dict) -> int:
+    """Add a user file's (or a queued bookkeeping job's) counters to ``s``; returns its
+    hits from the shared tier (kept apart: they are the shared tier's)."""
+    s["hits"]["system"] += number(counters.get("hits.system"), int)
+    s["hits"]["user"] += number(counters.get("hits.user"), int)
+    s["misses"] += number(counters.get("misses"), int)
+    s["compiles"] += number(counters.get("compiles"), int)
+    s["evicted"] += number(counters.get("evicted"), int)
+    s["compile_seconds"] += number(counters.get("compile_seconds"), float)
+    s["saved_seconds"] += number(counters.get("saved_seconds"), float)
+    return number(counters.get("hits.shared"), int)
+
+
+def _pending_stores(waiting) -> dict[str, Any]:
+    """``kdb stats``' ``pending``: programs and entries queued for the store worker, and
+    how long the oldest has waited (None when nothing is queued)."""
+    import time
+
+    age = None if waiting.oldest is None else round(max(time.time() - waiting.oldest, 0.0), 1)
+    return {"programs": waiting.programs, "entries": waiting.entries, "oldest_seconds": age}
 
 
 # -- log ------------------------------------------------------------------------------------
@@ -207,14 +240,9 @@ def _pending_log(user_dir: Path, arch: str | None) -> list[dict]:
     """Compiles whose binaries the store worker has not stored yet (:mod:`kdb.storing.spool`): shown
     at once, marked ``pending``."""
     from ..storing import spool
-    from ..file.kernelfile import CompileRecord
 
     out = []
-    for row in spool.pending_log_rows(user_dir):
-        try:
-            rec = CompileRecord(*row)
-        except TypeError:
-            continue
+    for rec in spool.pending_log_rows(user_dir):
         if arch is None or rec.arch == arch:
             out.append({**log_record((rec.at, rec.key, rec.name, rec.arch, rec.backend,
                                        rec.seconds, rec.missed, rec.reason, rec.pid)),

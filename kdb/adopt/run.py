@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Sequence
 
 from .. import config
@@ -45,9 +46,12 @@ def environment(report_dir: str, cache_dir: str | os.PathLike[str] | None) -> di
 def run(command: Sequence[str], cache_dir: str | os.PathLike[str] | None = None
         ) -> tuple[int, dict[str, Any]]:
     """Run ``command`` with kdb on; its exit status (128 + N when signal N killed it) and
-    :func:`kdb.adopt.tally.read_reports` of every process of it that used kdb."""
+    :func:`kdb.adopt.tally.read_reports` of every process of it that used kdb, with
+    ``pending_stores``: how many of their compiles are still queued for the store worker
+    when the command ends (:func:`kdb.adopt.tally.pending_stores`)."""
     if not command:
         raise InvalidArgumentError("kdb run needs a command: kdb run -- python app.py")
+    started = time.time()
     with tempfile.TemporaryDirectory(prefix="kdb-run-") as report_dir:
         env = environment(report_dir, cache_dir)
         try:
@@ -58,7 +62,11 @@ def run(command: Sequence[str], cache_dir: str | os.PathLike[str] | None = None
         except PermissionError as err:
             raise CommandError(f"kdb run: cannot execute {command[0]} ({err.strerror})",
                                126) from None
-        return status, tally.read_reports(report_dir)
+        summary = tally.read_reports(report_dir)
+    pids = summary.pop("pids")
+    summary["pending_stores"] = (tally.pending_stores(config.user_dir(cache_dir), pids, started)
+                                 if summary["compiled"] else 0)
+    return status, summary
 
 
 def exit_status(returncode: int) -> int:

@@ -37,23 +37,37 @@ def read_reports(directory: str | os.PathLike[str],
                  plus: dict[str, float] | None = None) -> dict[str, Any]:
     """The reports in ``directory`` (but the file names in ``skip``) added up, with the
     counts ``plus`` (a live process's own, not reported yet): :func:`summarize` of them,
-    and ``processes``, the reports read."""
+    ``processes``, the reports read, and ``pids``, the processes they came from."""
     import json
 
     total: dict[str, float] = dict(plus or {})
-    processes = 0
+    pids = []
     for path in sorted(Path(directory).glob("*.json")):
         if path.name in skip:
             continue
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))["counts"]
-        except (OSError, ValueError, KeyError, TypeError):
+            report = json.loads(path.read_text(encoding="utf-8"))
+            data = report["counts"]
+            pid = report.get("pid")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # a report cut short by a killed process: its counts are lost, not ours
-        processes += 1
+        pids.append(pid)
         for k, v in data.items():
             if isinstance(v, (int, float)):
                 total[k] = total.get(k, 0) + v
-    return {**summarize(total), "processes": processes}
+    return {**summarize(total), "processes": len(pids), "pids": pids}
+
+
+def pending_stores(user_dir: Path, pids, since: float) -> int:
+    """How many compiles of the processes ``pids`` since ``since`` (epoch seconds) are still
+    queued for the store worker in ``user_dir``'s spools: counted (a compile counts when it
+    happens, :mod:`kdb.bookkeeping`) but not stored yet. Read from the jobs' latency rows,
+    one per compiled entry, which name the process that compiled."""
+    from ..storing import spool
+
+    wanted = set(pids)
+    return sum(1 for rec in spool.pending_log_rows(user_dir)
+               if rec.pid in wanted and isinstance(rec.at, (int, float)) and rec.at >= since)
 
 
 def summarize(c: dict[str, float]) -> dict[str, Any]:
@@ -88,9 +102,12 @@ def describe(s: dict[str, Any]) -> str:
     """
     tiers = ", ".join(f"{t} {n}" for t, n in s["hits"].items() if n)
     n = s["requested"]
+    pending = s.get("pending_stores")  # kdb run's: its compiles still queued to store
     line = (f"{n} program{'' if n == 1 else 's'} requested: {s['compiled']} compiled "
-            f"({s['compile_seconds']:.2f} s compiling), {s['served']} served"
-            + (f" ({tiers})" if tiers else ""))
+            f"({s['compile_seconds']:.2f} s compiling"
+            + (f", {pending} of them pending store" if pending is not None and s["compiled"]
+               else "")
+            + f"), {s['served']} served" + (f" ({tiers})" if tiers else ""))
     if s["saved_seconds"]:
         line += (f"; the served programs took {s['saved_seconds']:.2f} s to compile when "
                  "first built")

@@ -44,6 +44,9 @@ def ls_(obj: Settings, arch: str | None, tier: str | None, as_json: bool) -> Non
 def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
     """Hits per tier, misses, compiles, seconds compiling and saved, sizes; per arch and total.
 
+    A compile counts once it happened, its binary stored or not; stores still queued for
+    the store worker are shown as pending (programs, entries, the oldest's age).
+
     \b
     Example:
         kdb stats --json
@@ -62,6 +65,10 @@ def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
     table(["ARCH", "HITS SYSTEM", "HITS USER", "MISSES", "COMPILES", "COMPILE S", "SAVED S",
             "ENTRIES", "SYSTEM ENTRIES", "STORED", "RAW", "EVICTED"],
            [row(a, s) for a, s in data["arches"].items()] + [row("total", data)])
+    pending = data["pending"]
+    click.echo(f"pending stores: {pending['programs']} programs ({pending['entries']} entries) "
+               f"queued in the spool, oldest {pending['oldest_seconds']:.0f} s"
+               if pending["programs"] else "pending stores: none")
     click.echo(f"cap: {human_bytes(data['cap'])} per user file ({config.ENV_CACHE_MAX_SIZE}); "
                "least recently used entries are evicted past it" if data["cap"] else
                f"cap: none ({config.ENV_CACHE_MAX_SIZE}=0)")
@@ -84,6 +91,9 @@ def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
 @click.pass_obj
 def log_(obj: Settings, limit: int, arch: str | None, as_json: bool) -> None:
     """The start-up latency log: every compile kdb performed, newest first.
+
+    A compile is shown once its process has exited; one whose store is still queued for
+    the store worker is marked "binary not stored yet".
 
     \b
     Example:

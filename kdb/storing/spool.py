@@ -319,20 +319,94 @@ def read_job(path: Path) -> dict | None:
         return None  # stored (and removed) meanwhile, or not a job
 
 
-def pending_log_rows(user_dir: Path) -> list[list]:
-    """The start-up latency rows of jobs not stored yet (``kdb log`` shows them at once)."""
+def _pending_jobs(user_dir: Path):
+    """Each job not stored yet, as ``(path, StoreJob)``, read without taking it (the one
+    reading of the spool that ``kdb log``, ``kdb stats`` and ``kdb run`` share)."""
     from .jobs import StoreJob
 
-    rows = []
     for path in jobs(user_dir):
         data = read_job(path)
         if data is None:
             continue
         try:
-            rows += [r for r in StoreJob.from_dict(data).logs if isinstance(r, list)]
+            yield path, StoreJob.from_dict(data)
         except ValueError:
             continue  # a malformed job: the store worker sets it aside and says so
-    return rows
+
+
+def pending_log_rows(user_dir: Path) -> list:
+    """The start-up latency rows of jobs not stored yet, as ``CompileRecord``s (``kdb log``
+    shows them at once, ``kdb run`` counts its own); a row that is not one is skipped."""
+    from ..file.kernelfile import CompileRecord
+
+    out = []
+    for _, job in _pending_jobs(user_dir):
+        for row in job.logs:
+            try:
+                out.append(CompileRecord(*row))
+            except TypeError:
+                continue
+    return out
+
+
+class Queued:
+    """What a spool still holds, for ``kdb stats``: the store jobs (``programs``, their
+    ``entries``, ``oldest``: when the oldest was queued, epoch seconds, or None) and the
+    counters of bookkeeping jobs per arch (``counters``).
+
+    The counters are compiles and hits a process counted and handed to the store worker at
+    exit because no user file existed yet (:meth:`kdb.bookkeeping.Book.at_exit`); until
+    the worker writes them they are only here, so a report that reads the user files alone
+    says 0 compiles after runs that compiled (issue 35). They are in the spool or in the
+    file, never both, but for the moment between the worker's commit and its removal of the
+    job, when a reader may count them twice."""
+
+    def __init__(self) -> None:
+        self.programs = 0
+        self.entries = 0
+        self.oldest: float | None = None
+        self.counters: dict[str, dict[str, float]] = {}
+
+    def add(self, path: Path, job, arch: str | None) -> None:
+        """Count one pending job (a store job of another arch than ``arch`` is not)."""
+        from .jobs import BOOKKEEPING, STORE
+
+        if job.kind == BOOKKEEPING:
+            for a, data in job.archs.items():
+                counters = data.get("counters") if isinstance(data, dict) else None
+                if isinstance(counters, dict) and arch in (None, a):
+                    mine = self.counters.setdefault(a, {})
+                    for name, n in counters.items():
+                        if isinstance(n, (int, float)) and not isinstance(n, bool):
+                            mine[name] = mine.get(name, 0) + n
+            return
+        if job.kind != STORE or (arch is not None and not any(
+                isinstance(r, list) and r[2:3] == [arch] for r in job.logs)):
+            return
+        self.programs += 1
+        self.entries += len(job.entries)
+        at = queued_at(path)
+        self.oldest = at if self.oldest is None else min(self.oldest, at)
+
+
+def queued(user_dir: Path, arch: str | None = None) -> Queued:
+    """What the spools under ``user_dir`` hold (for ``arch`` only, if given): :class:`Queued`."""
+    out = Queued()
+    for path, job in _pending_jobs(user_dir):
+        out.add(path, job, arch)
+    return out
+
+
+def queued_at(path: Path) -> float:
+    """When the job ``path`` was queued: its name starts with the time in nanoseconds
+    (:func:`submit`); its file's modification time for a name that does not."""
+    head = path.name.split("-", 1)[0]
+    if head.isdigit():
+        return int(head) / 1e9
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()
 
 
 def wait(user_dir: Path, timeout: float, progress=None, hurry: bool = False) -> int:
