@@ -27,6 +27,14 @@ from test_spool import ARCH, BUILD, DETACH, _stop_workers, run_json, stored, wai
 cl = pytest.importorskip("pyopencl")
 
 
+@pytest.fixture(autouse=True)
+def _no_early_stores(monkeypatch):
+    """No early stores (kdb.backends.opencl.early) in these tests' processes: the queued stores these tests wait for are what a next process meets where its
+    predecessor kept nothing early (a build another process overlapped, an older kdb)
+    (tests/test_early.py)."""
+    monkeypatch.setenv("KDB_DISABLE_EARLY_STORE", "1")
+
+
 def _queued_jobs(cache: Path) -> list[Path]:
     return [p for p in spool.jobs(cache / "v1") if json.loads(p.read_text()).get("entries")]
 

@@ -27,6 +27,14 @@ from conftest import sql
 
 cl = pytest.importorskip("pyopencl")
 
+
+@pytest.fixture(autouse=True)
+def _no_early_stores(monkeypatch):
+    """No early stores (kdb.backends.opencl.early) in these tests' processes: the worker's own behaviour is tested on the jobs a process leaves, not on what
+    the process keeps itself at exit
+    (tests/test_early.py)."""
+    monkeypatch.setenv("KDB_DISABLE_EARLY_STORE", "1")
+
 #: Build ``n`` kernels h0.. and leave their stores in the spool (no worker started).
 JOBS = """
     import pyopencl as cl
