@@ -54,6 +54,10 @@ MAGIC = b"kdb-pocl-dir\0\1"
 #: clock a build's window is read from: a directory counts for a build whose window,
 #: widened by this much at its start, holds its time.
 CLOCK_SLACK_NS = 15_000_000
+#: A build's own directory has its ``last_accessed`` touched this close to the build's end
+#: (kernel metadata set up after it, and the coarse clock's lag): what tells it from another
+#: process's build that overlapped it.
+END_NS = 25_000_000
 #: PoCL's cache directory is listed at most this deep: a cache of more programs than this
 #: is not searched (the full stores still come).
 MAX_DIRS = 50_000
@@ -212,9 +216,26 @@ def match(builds: list[Build], dirs: dict[str, tuple[int, int]],
     for i, names in per_build.items():
         if len(names) > 1:
             names = [n for n in names if holds(n, builds[i])]
+        if len(names) > 1:
+            names = _at_the_end(names, dirs, builds[i].end_ns)
         if len(names) == 1:
             found[i] = names[0]
     return found
+
+
+def _at_the_end(names: list[str], dirs: dict[str, tuple[int, int]], end_ns: int) -> list[str]:
+    """Of several directories in a build's window, the one PoCL touched as the build ended
+    (``last_accessed`` is touched at the very end of a build), when only it was touched
+    within :data:`END_NS` of the end; else all of them.
+
+    >>> ms = 1_000_000
+    >>> _at_the_end(["a", "b"], {"a": (995 * ms, -1), "b": (700 * ms, -1)}, 1000 * ms)
+    ['a']
+    >>> _at_the_end(["a", "b"], {"a": (995 * ms, -1), "b": (990 * ms, -1)}, 1000 * ms)
+    ['a', 'b']
+    """
+    near = [n for n in names if 0 <= end_ns - dirs[n][0] <= END_NS]
+    return near if len(near) == 1 else names
 
 
 def _holds(top: str) -> Callable[[str, Build], bool]:
