@@ -36,11 +36,14 @@ from _harness import (
     wait_for_worker,
 )
 from _adopt import adopt
+from _batch import batch
+from _busy import busy
 from _fresh import fresh
 from _many import many
 from _triton import triton
 from _trust import trust
 from _uncached import uncached
+from _xdist import xdist
 from _script import autogroup, script
 
 KB = 1024
@@ -923,5 +926,6 @@ def auto(ws: Workspace, o: Outcome) -> None:
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
     "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
     "suite": suite, "auto": auto, "script": script, "adopt": adopt, "triton": triton,
-    "trust": trust, "uncached": uncached, "fresh": fresh,
+    "trust": trust, "uncached": uncached, "fresh": fresh, "busy": busy,
+    "batch": batch, "xdist": xdist,
 }

@@ -2,7 +2,8 @@
 a framework's test suite. ``python _suite_workload.py PART SCALE`` runs part ``array``
 (pyopencl.array arithmetic and math over several dtypes, reductions) or ``kernels``
 (hand-written kernels that ``#include`` headers, ElementwiseKernel, scans); every program
-is launched and its result checked against numpy.
+is launched and its result checked against numpy. Scale 0 is a small suite for the
+``--quick`` runs of the scenarios that run it many times (about 15 programs).
 
 With ``KDB_SUITE=1`` the process routes its builds through kdb the way a user who cannot
 change the code would: ``kdb.opencl.install()`` before the workload runs. The code below
@@ -53,7 +54,27 @@ def _close(got, want, what: str) -> None:
         raise AssertionError(f"{what}: wrong result")
 
 
+def _small_array(q: cl.CommandQueue, f: float = 1.0) -> None:
+    """Scale 0, the ``--quick`` runs of the scenarios that run the suite many times over
+    (``busy``, ``batch``): a few of part ``array``'s programs of each kind, float32 only."""
+    rng = np.random.default_rng(0)
+    n = max(1, int(1000 * f))
+    a_h, b_h = (rng.random(n) * 10 + 1).astype(np.float32), (rng.random(n) * 10 + 1).astype(
+        np.float32)
+    a, b = cla.to_device(q, a_h), cla.to_device(q, b_h)
+    _close((a + b).get(), a_h + b_h, "add")
+    _close((2 * a + 3 * b).get(), 2 * a_h + 3 * b_h, "axpby")
+    _close(cla.sum(a).get(), a_h.sum(dtype=np.float64), "sum")
+    _close(cla.dot(a, b).get(), np.dot(a_h.astype(np.float64), b_h), "dot")
+    _close(clmath.sin(a).get(), np.sin(a_h), "sin")
+    k = ReductionKernel(q.context, np.float32, neutral="0", reduce_expr="a+b",
+                        map_expr="x[i]*x[i]", arguments="__global const float *x", name="sumsq")
+    _close(k(a).get(), (a_h ** 2).sum(), "sumsq")
+
+
 def part_array(q: cl.CommandQueue, scale: int, f: float = 1.0) -> None:
+    if scale < 1:
+        return _small_array(q, f)
     rng = np.random.default_rng(0)
     n = max(1, int(1000 * f))
     floats = [np.float32, np.float64][: max(1, min(2, scale))]
@@ -138,7 +159,7 @@ def part_kernels(q: cl.CommandQueue, scale: int, f: float = 1.0) -> None:
     x_h = np.linspace(0, 1, n).astype(np.float32)
     x = cla.to_device(q, x_h)
     out = cla.empty_like(x)
-    for i in range(40 if scale < 2 else 130):
+    for i in range((4, 40, 130)[min(scale, 2)]):
         loop = 1 + i % 5
         prg = cl.Program(ctx, KERNEL.format(i=i, loop=loop)).build(options=["-I", inc])
         getattr(prg, f"k{i}")(q, (n,), None, out.data, x.data)
@@ -146,7 +167,7 @@ def part_kernels(q: cl.CommandQueue, scale: int, f: float = 1.0) -> None:
         for j in range(loop):
             want = (want * 2.0 + (j + i) % 7) * 0.5
         _close(out.get(), want + i, f"k{i}")
-    for i in range(12 * scale):
+    for i in range(max(2, 12 * scale)):
         k = ElementwiseKernel(ctx, "float *y, const float *x", f"y[i] = x[i] * {i + 1}.5f - {i}",
                               name=f"ew{i}")
         k(out, x)

@@ -6,7 +6,8 @@
     python benchmarks/run.py --only hit,scale --runs 7
 
 Scenarios (the figures of docs/design.md): warm, cold, hit, many, scale, cuda, suite, auto;
-script (issue 19: a new user's first run, kdb against no kdb). Each prints a
+script (issue 19: a new user's first run, kdb against no kdb); busy, batch, xdist (issue 35:
+a machine that is never idle, batch jobs killed at their end, pytest -n 2). Each prints a
 table per measurement, every arm's median and its ratio to the reference arm, then the
 figures of docs/design.md it bears on; everything (samples included) goes to a JSON file.
 Whatever kdb is installed in this interpreter is what gets measured.

@@ -7,6 +7,7 @@ that every arm was measured and every ratio is taken against the reference arm.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,61 @@ def test_every_scenario_is_registered_and_documented():
         assert f"| `{name}` |" in table, name
     proc = _run("--help")
     assert proc.returncode == 0 and "script" in proc.stdout
+
+
+# -- issue 35: the busy, batch and xdist scenarios' parts (each scenario itself takes minutes)
+
+@pytest.fixture()
+def load_module():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import _load
+
+        yield _load
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_hogs_are_stopped_on_leaving_the_block_even_on_an_error(load_module):
+    with pytest.raises(RuntimeError):
+        with load_module.hogs(2, 60) as procs:
+            assert len(procs) == 2 and all(p.poll() is None for p in procs)
+            raise RuntimeError("a run failed")
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_a_hog_ends_by_itself_at_its_time_limit(load_module):
+    with load_module.hogs(1, 0.3) as procs:
+        assert procs[0].wait(timeout=30) == 0
+
+
+def test_kill_job_finds_a_process_that_left_the_session_by_its_marker(load_module):
+    """As kdb's store worker does: a grandchild that setsids and outlives its parent is still
+    found by the job's environment variable, and killed."""
+    token = load_module.new_token()
+    env = {**os.environ, load_module.JOB_MARKER: token}
+    code = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)'], start_new_session=True)")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
+    assert len(load_module.job_processes(load_module.JOB_MARKER, token)) == 1
+    killed = load_module.kill_job(load_module.JOB_MARKER, token)
+    assert len(killed) == 1 and "time.sleep(60)" in next(iter(killed.values()))
+    assert load_module.job_processes(load_module.JOB_MARKER, token) == []
+
+
+def test_worker_kind_names_what_kdb_starts(load_module):
+    kind = load_module.worker_kind
+    assert kind("python -m kdb.worker /c/v1/spool/ab") == "worker"
+    assert kind("python -m kdb.worker --child") == "lane"
+    assert kind("python -m kdb.worker --slow-child") == "lane"
+    assert kind("python -m kdb.worker --ahead /s 1") == "ahead"
+    assert kind("python _rank_workload.py array 0") == "job"
+
+
+def test_the_xdist_client_suite_collects(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", str(REPO / "benchmarks" / "xdist_suite")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "XDIST_SCALE": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "8 tests collected" in proc.stdout
