@@ -344,7 +344,10 @@ def test_a_holder_still_running_stores_a_wanted_entry_itself(cache_dir, tmp_path
                              env=waiter_env, capture_output=True, text=True, timeout=120)
         assert json.loads(out.stdout.splitlines()[-1])["compiles"] == 0, out.stderr
         assert stored(cache_dir) == 1
-        assert sql(user_file(cache_dir), "SELECT count(*) FROM compile_log")[0][0] == 1
+        # Its latency row is in the file, or still with its job (the holder kept PoCL's
+        # files for the waiter, not the binary: kdb.backends.opencl.early.keep_now).
+        logged = sql(user_file(cache_dir), "SELECT count(*) FROM compile_log")[0][0]
+        assert logged + len(spool.pending_log_rows(cache_dir / "v1")) == 1
     finally:
         holder.kill()
         holder.wait()

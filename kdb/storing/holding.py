@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import lifecycle, logs
+from ..file.rows import PROVISIONAL
 from .jobfiles import exists, remove, rename, take, taken_path, unmark
 
 if TYPE_CHECKING:
@@ -30,9 +31,11 @@ _claims: list[tuple[Path, object]] = []
 
 
 def hold(path: Path, claims: list, seconds: float,
-         store_now: Callable[[], None] | None) -> None:
+         store_now: Callable[[], str | None] | None) -> None:
     """Keep ``claims`` (marked pending: compiled in ``seconds``) until the job ``path`` is
-    stored; ``store_now`` stores it in this process when another process wants it."""
+    stored; ``store_now`` stores it in this process when another process wants it (what it
+    returns is :data:`~kdb.file.rows.PROVISIONAL` when it stored stand-ins only: the job
+    then stays queued)."""
     with _claims_lock:
         for claim in claims:
             claim.mark_pending(seconds)
@@ -101,7 +104,7 @@ def _register_exit() -> None:
 
 _claims_lock = threading.Lock()
 _store_lock = threading.Lock()  # held while a wanted entry is stored (exit waits for it)
-_store_now: dict[Path, Callable[[], None]] = {}
+_store_now: dict[Path, Callable[[], str | None]] = {}
 _watcher: threading.Thread | None = None
 
 
@@ -145,14 +148,18 @@ def _store_wanted(path: Path, claims: list) -> None:
     start = time.perf_counter()
     fd = take(path)  # None: a lane has it; its copy of the entries is written again, no harm
     try:
-        store()
-        log.debug("kdb: stored %s for a waiting process in %.2f s",
-                  ", ".join(c.key[:16] for c in claims), time.perf_counter() - start)
-
-        if fd is not None:
-            remove(path)
-        if claims:
-            unmark(claims[0].directory, path, [c.key for c in claims])
+        if store() == PROVISIONAL:  # stand-ins stored: the job stays for the full store
+            log.debug("kdb: kept PoCL's files of %s for a waiting process in %.2f s",
+                      ", ".join(c.key[:16] for c in claims), time.perf_counter() - start)
+            if fd is not None:
+                rename(taken_path(path), path)
+        else:
+            log.debug("kdb: stored %s for a waiting process in %.2f s",
+                      ", ".join(c.key[:16] for c in claims), time.perf_counter() - start)
+            if fd is not None:
+                remove(path)
+            if claims:
+                unmark(claims[0].directory, path, [c.key for c in claims])
     except Exception as err:  # noqa: BLE001 - the worker will store it instead
         log.debug("kdb: storing a wanted entry in this process failed: %s", err)
         if fd is not None:

@@ -226,11 +226,13 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
     recheck = recheck_for(text, opt_bytes, plan.search)
     if missed and not db.tiers.disabled:
         _compiled[memory_key] = raw
-        early.compiled(db.tiers, [a for _, a in missed.values()], start_ns, end_ns,
-                       kernel_names(text), recheck)
+        kept = early.compiled(db.tiers, [a for _, a in missed.values()], start_ns, end_ns,
+                              kernel_names(text), recheck)
+    else:
+        kept = None
     store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
                 seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs),
-                recheck=recheck)
+                recheck=recheck, early_build=kept)
     return prg
 
 

@@ -81,11 +81,15 @@ class Build(NamedTuple):
 _builds: list[Build] = []
 
 
-def compiled(tiers, attrs, start_ns: int, end_ns: int, names, recheck) -> None:
-    """Note a PoCL program this process compiled from source (the miss path: one append)."""
+def compiled(tiers, attrs, start_ns: int, end_ns: int, names, recheck) -> Build | None:
+    """Note a PoCL program this process compiled from source (the miss path: one append);
+    the note, for :func:`keep_now`."""
     attrs = tuple(a for a in attrs if a.arch.startswith("pocl-"))
-    if attrs and len({a.arch for a in attrs}) == 1:  # one device class: one directory
-        _builds.append(Build(tiers, attrs, start_ns, end_ns, tuple(names), recheck))
+    if not attrs or len({a.arch for a in attrs}) != 1:  # one device class: one directory
+        return None
+    build = Build(tiers, attrs, start_ns, end_ns, tuple(names), recheck)
+    _builds.append(build)
+    return build
 
 
 def is_early(binary: bytes) -> bool:
@@ -322,17 +326,33 @@ def keep(top: str, builds: list[Build]) -> int:
     return kept
 
 
+def _top() -> str | None:
+    """PoCL's cache directory when early stores are on and it can be read from, else None."""
+    if (kernel_cache_off() or config.store_at_exit() != "detach"
+            or config.flag(config.ENV_DISABLE_EARLY_STORE)):
+        return None
+    from .refresh import pocl_cache_dir, trusted_top
+
+    top = os.path.abspath(pocl_cache_dir())
+    return top if trusted_top(top) else None
+
+
+def keep_now(build: Build) -> bool:
+    """Keep ``build``'s files now, for a process that waits for its entry (ranks building
+    the same programs): what it needs, at a scan's cost, instead of reading the binaries
+    back. True when its entries are in the user file, kept now or stored before."""
+    top = _top()
+    if top is None or not build.tiers.can_store(build.attrs[0].arch):
+        return False
+    return not _unstored(build.tiers, [build]) or keep(top, [build]) > 0
+
+
 def _at_exit() -> None:
     """Keep, for the next process, what PoCL's cache holds of the programs compiled here
     and not stored yet."""
     builds = list(_builds)
-    if (not builds or kernel_cache_off() or config.store_at_exit() != "detach"
-            or config.flag(config.ENV_DISABLE_EARLY_STORE)):
-        return
-    from .refresh import pocl_cache_dir, trusted_top
-
-    top = os.path.abspath(pocl_cache_dir())
-    if not trusted_top(top):
+    top = _top() if builds else None
+    if top is None:
         return
     start = time.perf_counter()
     by_tiers: dict[int, list[Build]] = {}

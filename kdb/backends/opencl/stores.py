@@ -17,10 +17,11 @@ import pyopencl as cl
 from ... import config, logs
 from ...claims import Claim
 from ...db import KernelDB
+from ...file.rows import PROVISIONAL
 from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
 from ...storing.stores import HeaderChangedError, headers_changed
-from . import refresh
+from . import early, refresh
 from .binaries import program_binaries
 from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
 
@@ -79,11 +80,12 @@ def _built_as_keyed(attrs: HashAttributes) -> bool:
 
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
                 held: dict[str, Claim], *, forget: tuple = (), program: dict | None = None,
-                recheck: Callable[[], tuple] | None = None) -> None:
+                recheck: Callable[[], tuple] | None = None, early_build=None) -> None:
     """Record the compile now; hand the store to the store worker (:mod:`kdb.storing.spool`), or, with
     ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread. ``recheck``
     gives the build's headers as they are now (:func:`recheck_for`): what this process
-    stores itself is checked against the key with it first."""
+    stores itself is checked against the key with it first. ``early_build``: the build as
+    :mod:`.early` noted it, kept for a process that waits for it before any binary is read."""
     per_device = seconds / max(len(devs), 1)
     ptrs = program.pop("ptrs") if program is not None else []
     recs = [db.tiers.record_compile(a, per_device) for a in attrs]
@@ -96,7 +98,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
         job = _job(devs, attrs, recs, seconds, program, ptrs)
         claims = [held.pop(a.key) for a in attrs if a.key in held]
         store_now = _storer(db, devs, attrs, recs, per_device=per_device, forget=forget,
-                            in_process=in_process, recheck=recheck)
+                            in_process=in_process, recheck=recheck, build=early_build)
         if db.tiers.spool(job, claims, store_now):
             refresh.compiled(db.tiers, attrs)  # launches may outrun the store: see at exit
             return
@@ -125,12 +127,16 @@ def _job(devs, attrs: list[HashAttributes], recs: list, seconds: float, program:
 
 def _storer(db: KernelDB, devs, attrs: list[HashAttributes], recs: list, *,
             per_device: float, forget: tuple, in_process: bool,
-            recheck) -> Callable[[], None]:
+            recheck, build=None) -> Callable[[], str | None]:
     """What stores a spooled job's entries from this process when another process waits
     for one of them while this one still holds the program (ranks starting together): no
-    rebuild, no worker. The program is looked up, not kept: a job's program is held only
-    while new."""
-    def store_now() -> None:
+    rebuild, no worker. First what PoCL's cache holds of it (:func:`.early.keep_now`: a
+    scan, no binary read; the job stays queued for its full store, and the result says
+    :data:`~kdb.file.rows.PROVISIONAL`); else the binaries, read from the program. The
+    program is looked up, not kept: a job's program is held only while new."""
+    def store_now() -> str | None:
+        if build is not None and early.keep_now(build):
+            return PROVISIONAL
         held_raw = compiled.get(forget)
         if held_raw is None:
             raise LookupError("the program is no longer held; the store worker stores it")
