@@ -39,6 +39,7 @@ ENV_SIGNING_KEY = "KDB_SIGNING_KEY"
 ENV_TRACE = "KDB_TRACE"
 ENV_STORE_TIMEOUT = "KDB_STORE_TIMEOUT"
 ENV_STORE_AT_EXIT = "KDB_STORE_AT_EXIT"
+ENV_STORE_SHARE = "KDB_STORE_SHARE"
 ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
 ENV_LOCK_TIMEOUT = "KDB_LOCK_TIMEOUT"
 ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
@@ -93,13 +94,17 @@ def parse_seconds(name: str, raw: str) -> float:
     >>> parse_seconds("KDB_WAIT_TIMEOUT", "2.5")
     2.5
     """
+    return _ranged(name, raw, MAX_SECONDS, "a number of seconds")
+
+
+def _ranged(name: str, raw: str, high: float, what: str) -> float:
+    """A finite number from 0 to ``high`` (``what`` it is, for the error); else ConfigError."""
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={_short(raw)} is not a number of seconds") from None
-    if not 0 <= value <= MAX_SECONDS:  # NaN fails both comparisons
-        raise ConfigError(f"{name}={_short(raw)} must be a number of seconds from 0 to "
-                          f"{MAX_SECONDS:g}")
+        raise ConfigError(f"{name}={_short(raw)} is not {what}") from None
+    if not 0 <= value <= high:  # NaN fails both comparisons
+        raise ConfigError(f"{name}={_short(raw)} must be {what} from 0 to {high:g}")
     return value
 
 
@@ -175,6 +180,15 @@ def parse_namespace(raw: str) -> str | None:
 STORE_AT_EXIT = ("detach", "wait")
 
 
+def parse_share(name: str, raw: str) -> float:
+    """A fraction of one core, from 0 to 1; else :class:`ConfigError`.
+
+    >>> parse_share("KDB_STORE_SHARE", "0.25")
+    0.25
+    """
+    return _ranged(name, raw, 1.0, "a fraction of one core (0: no floor)")
+
+
 def parse_store_at_exit(raw: str) -> str:
     value = raw.strip().lower() or STORE_AT_EXIT[0]
     if value not in STORE_AT_EXIT:
@@ -234,6 +248,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting(ENV_STORE_AT_EXIT, STORE_AT_EXIT[0], STORE_AT_EXIT[0],
             lambda _, raw: parse_store_at_exit(raw), "wait", "'wait' (storing before exit)"),
     _duration(ENV_STORE_TIMEOUT, 120.0),  # an exiting process finishing its background stores
+    Setting(ENV_STORE_SHARE, 0.1, "0.1", parse_share, 0.1, "0.1 (the default)"),
     _text(ENV_SHARED_URL, "none (off)", "the shared tier is off, with one warning"),
     _duration(ENV_SHARED_CONNECT_TIMEOUT, 3.0),
     _duration(ENV_SHARED_STATEMENT_TIMEOUT, 5.0),  # one statement, or a lock wait
@@ -301,6 +316,13 @@ def store_at_exit(explicit: str | None = None) -> str:
     ``wait``: the process stores them itself, before exit within ``KDB_STORE_TIMEOUT``.
     A bad value falls back to ``wait``, which needs nothing but this process."""
     return read(ENV_STORE_AT_EXIT) if explicit is None else parse_store_at_exit(explicit)
+
+
+def store_share(explicit: float | None = None) -> float:
+    """The share of one core the store worker's floor lane is held to while jobs are queued
+    (``KDB_STORE_SHARE``); 0: no floor, its lanes take only idle CPU."""
+    return read(ENV_STORE_SHARE) if explicit is None else parse_share(ENV_STORE_SHARE,
+                                                                       str(explicit))
 
 
 def wait_timeout(explicit: float | None = None) -> float:

@@ -20,7 +20,7 @@ for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE
              "KDB_CACHE_MAX_SIZE", "KDB_SHARED_URL", "KDB_WAIT_TIMEOUT", "KDB_STORE_TIMEOUT",
              "KDB_NVCC", "KDB_NVRTC", "KDB_STORE_AT_EXIT", "KDB_AUTO", "KDB_RUN_REPORT",
              "KDB_LOCK_TIMEOUT", "KDB_SHARED_NAMESPACE", "KDB_TRUSTED_KEYS", "KDB_REQUIRE_SIGNED",
-             "KDB_SIGNING_KEY"):
+             "KDB_SIGNING_KEY", "KDB_STORE_SHARE"):
     os.environ.pop(_var, None)
 # Children store before they exit (tests read what they stored right after); the default,
 # the store worker, has its own tests (tests/test_spool.py).

@@ -278,13 +278,14 @@ NO_AUTOGROUP = ("no autogroup scheduling for this process (/proc/self/autogroup 
 
 @pytest.mark.skipif(not autogroup_in_effect(), reason=NO_AUTOGROUP)
 def test_the_workers_session_has_the_lowest_autogroup_weight(cache_dir, run_py):
-    """The worker starts its own session; under autogroup scheduling its nice values count
-    only if its session's group has the lowest weight too."""
+    """The worker without a floor (``KDB_STORE_SHARE=0``) starts its own session; under
+    autogroup scheduling its nice values count only if its session's group has the lowest
+    weight too. (With a floor its idle lanes take sessions of their own: test_floor.py.)"""
     jobs = make_jobs(run_py, cache_dir, 1)
     fd = spool.take(sorted(jobs.glob("*.job"))[0])  # a live taker: the worker waits for it
     proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", str(jobs)], cwd="/",
                             start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, env=dict(os.environ, KDB_STORE_SHARE="0"))
     try:
         deadline = time.monotonic() + 60
         group = ""

@@ -2,6 +2,7 @@
 
     python -m kdb.worker DIR              # the supervisor for one spool directory
     python -m kdb.worker --child          # a lane: stores the jobs named on stdin (--slow-child)
+    python -m kdb.worker --floor-child    # the lane its supervisor paces at normal priority
     python -m kdb.worker --hurry DIR      # store every job of DIR now (kdb pack waits)
     python -m kdb.worker --urgent-child   # a lane of a process that waits for its jobs
     python -m kdb.worker --ahead DIR NS   # store DIR's jobs older than NS, for a process
@@ -19,10 +20,11 @@ def main(argv: list[str]) -> int:
     auto_hook = sys.modules.get("_kdb_auto")  # KDB_AUTO=1 inherited: never adopt in here
     if auto_hook is not None:
         auto_hook.disable()
-    if argv in (["--child"], ["--slow-child"], ["--urgent-child"]):
+    if argv in (["--child"], ["--slow-child"], ["--urgent-child"], ["--floor-child"]):
         from .lane import serve
 
-        return serve(slow=argv[0] == "--slow-child", urgent=argv[0] == "--urgent-child")
+        return serve(slow=argv[0] == "--slow-child", urgent=argv[0] == "--urgent-child",
+                     floor=argv[0] == "--floor-child")
     if argv[:1] == ["--ahead"] and len(argv) == 3:
         from .ahead import run
 

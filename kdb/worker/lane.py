@@ -23,6 +23,7 @@ from ..storing.jobfiles import (TAKEN, remove, rename, slow_path, take, take_tak
                                 taken_path, unmark)
 from ..storing.jobs import BOOKKEEPING, REFRESH, StoreJob, backend_module
 from ..storing.spool import ENVIRONMENT, job_environment, read_job
+from .floor import Pacer
 
 
 def lowest_priority(idle: bool) -> None:
@@ -59,20 +60,22 @@ def about(path: Path) -> str:
     return f"{path.stem} ({', '.join(got)})" if got else path.stem
 
 
-def serve(slow: bool = False, urgent: bool = False) -> int:
+def serve(slow: bool = False, urgent: bool = False, floor: bool = False) -> int:
     """Store each job named on stdin; answer one line per job on the pipe that was fd 1 (fd 1
     is now the log: what a compiler prints never reaches the supervisor).
 
     ``urgent``: a child of a process that waits for these jobs (:mod:`kdb.storing.queued`),
     at its priority: it says ``ready`` once its back ends are loaded, answers ``busy`` for a
     job a live lane took first, and stores it all the same when the line is ``!path`` (the
-    waiter saw that lane starve; storing is idempotent)."""
+    waiter saw that lane starve; storing is idempotent). ``floor``: the worker's floor lane,
+    kept at normal priority and paced by its supervisor (:mod:`.floor`); any other lane
+    takes the lowest priority (a lane apart had it from its start: :func:`_preexec`)."""
     protocol = os.dup(1)
     os.dup2(2, 1)
     if urgent:
         _load_backends()
         os.write(protocol, b"ready\n")
-    else:
+    elif not floor:
         lowest_priority(idle=slow)
     dbs: dict = {}
     for line in sys.stdin.buffer:
@@ -162,11 +165,18 @@ class Lane:
     is not. The child runs in one job environment (``build``); a job of another is stored by
     a new child (a job that names none, such as bookkeeping, by the child there is)."""
 
-    def __init__(self, slow: bool) -> None:
+    def __init__(self, slow: bool, share: float = 0.0, apart: bool = False) -> None:
+        """``share``: a floor lane, at normal priority, paced to that share of one core
+        (:mod:`.floor`); ``apart``: an idle lane in a session of its own (its supervisor
+        keeps a session of normal weight for the floor lane). Either dies with its
+        supervisor: a stopped lane would not see its stdin end."""
         self.slow, self.proc, self.job = slow, None, None  # job: the Path it is storing
         self.started, self.limit = 0.0, None  # its lane's CPU clock then, and the bound
+        self.taken_at = 0.0  # the wall clock (time.monotonic()) then
         self.build: tuple = ()  # the build variables the child runs with
         self.pstart = 0  # the child's start time (kdb.claims.progress.start_time)
+        self.pacer = Pacer(share) if share else None
+        self.apart = apart
 
     def start(self, path: Path, build: tuple = (), limit: float | None = None) -> None:
         """Have the child store ``path``, in ``limit`` CPU seconds at most (None: no bound)."""
@@ -176,13 +186,18 @@ class Lane:
             self.close()  # idle: it exits at the end of its stdin
             self.proc = None
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", "--slow-child"
-                                          if self.slow else "--child"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, close_fds=True,
-                                         env=job_environment(None, build))
+            kind = "--floor-child" if self.pacer else "--slow-child" if self.slow else "--child"
+            tied = self.apart or self.pacer is not None
+            self.proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", kind],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         close_fds=True, env=job_environment(None, build),
+                                         start_new_session=self.apart, preexec_fn=_preexec(
+                                             os.getpid(), self.apart, self.slow) if tied else None)
             self.build = build
             self.pstart = progress.start_time(self.proc.pid)
-        self.job, self.started = path, self.clock()
+            if self.pacer:
+                self.pacer.reset(self.proc.pid, self.clock())
+        self.job, self.started, self.taken_at = path, self.clock(), time.monotonic()
         self.limit = limit
         self.proc.stdin.write(os.fsencode(path) + b"\n")
         self.proc.stdin.flush()
@@ -214,11 +229,41 @@ class Lane:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
-            rename(taken_path(path), slow_path(path))
+            if not rename(taken_path(path), slow_path(path)):  # killed before its take
+                rename(path, slow_path(path))
         self.job = None
         return True
 
+    def pace(self) -> float:
+        """Hold a floor lane with a job to its share (:meth:`.floor.Pacer.look`); the seconds
+        until it is due again (an idle lane: never sooner than the supervisor's loop)."""
+        if self.pacer is None or self.job is None or self.proc is None:
+            return 0.1
+        return self.pacer.look(self.clock())
+
+    def starved(self, share: float, after: float) -> bool:
+        """Whether an idle lane's store got less than ``share`` of one core since it was taken,
+        at least ``after`` seconds ago (the machine has no idle CPU for it)."""
+        if self.job is None or self.proc is None:
+            return False
+        held = time.monotonic() - self.taken_at
+        return held >= after and self.clock() - self.started < share * held
+
+    def hand_over(self) -> Path | None:
+        """Stop storing the job now (the lane is ended) and queue it again, as it was before
+        it was taken; returns its path, None when it was stored or dropped meanwhile."""
+        path, self.job = self.job, None
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+        if path is None or not (rename(taken_path(path), path) or path.exists()):
+            return None  # (a lane starved before its take leaves the job as it was)
+        return path
+
     def close(self) -> None:
+        if self.pacer is not None:
+            self.pacer.release()  # a stopped lane would never read the end of its stdin
         if self.proc is not None:
             try:
                 self.proc.stdin.close()
@@ -249,10 +294,44 @@ def background_group() -> None:
     shares the CPU between sessions whatever their nice); never for a session it joined."""
     if os.getsid(0) != os.getpid():
         return
+    import errno
+
+    for _ in range(20):  # an unprivileged write is refused (EAGAIN) soon after anyone's last
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write("19")
+            return
+        except FileNotFoundError:
+            return  # a kernel without autogroup scheduling
+        except OSError as err:
+            if err.errno != errno.EAGAIN:
+                say(f"could not give the worker's session the lowest autogroup weight: {err}")
+                return
+            time.sleep(0.1)
+    say("could not give the worker's session the lowest autogroup weight: the kernel kept "
+        "refusing (EAGAIN); its stores compete with this session's programs")
+
+
+def _preexec(parent: int, apart: bool, slow: bool):
+    """For ``preexec_fn``: the child is killed when ``parent`` ends (Linux's
+    ``PR_SET_PDEATHSIG``; elsewhere not), or ends at once if it has already; a lane
+    ``apart`` (an idle lane in a session of its own) takes the lowest priority and autogroup
+    weight before Python starts, so that even its start costs no other session anything."""
+    import ctypes
+    import signal
+
     try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write("19")
-    except FileNotFoundError:
-        pass  # a kernel without autogroup scheduling
-    except OSError as err:
-        say(f"could not give the worker's session the lowest autogroup weight: {err}")
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (AttributeError, OSError):
+        prctl = None
+
+    def tie() -> None:
+        if prctl is not None:
+            prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+        if apart:
+            lowest_priority(idle=slow)
+            background_group()
+
+    return tie

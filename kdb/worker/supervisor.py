@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from .. import config
 from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove,
                                 rename, sweep_partial, take, taken_path)
 from ..storing.jobs import StoreJob
@@ -44,6 +45,9 @@ SLOW_MIN_S = 5.0
 #: ``SCAN_S`` (else every ``RESCAN_S``): a long queue costs the supervisor little per job.
 SCAN_S = 0.25
 RESCAN_S = 2.0
+#: Seconds an idle lane keeps a job while it gets less than the floor's share, before the
+#: floor lane, with nothing queued for it, takes the job over.
+TAKE_OVER_S = 2.0
 
 
 class _Queue:
@@ -183,13 +187,19 @@ class _Queue:
         return bool(self.normal or self.slow or self.foreign)
 
 
-def supervise(spool: Path) -> int:
+def supervise(spool: Path, share: float | None = None) -> int:
     """Store every job of ``spool`` until it has been empty ``IDLE_EXIT_S``; one worker at
-    a time (an ``flock`` on ``worker.lock``)."""
+    a time (an ``flock`` on ``worker.lock``). ``share`` (default ``KDB_STORE_SHARE``, read
+    from the process that started the worker, before the spool's environment replaces it):
+    the floor lane's share of one core; 0: idle lanes only, this process and its session
+    at the lowest priority too. With a floor, this process keeps its session's normal
+    weight and nice 0, to pace the floor lane on time (:mod:`.floor`), and the idle lanes
+    take sessions of their own."""
     import fcntl
-    import select
 
-    _lowest_priority(idle=False)
+    share = config.store_share() if share is None else share
+    if not share:
+        _lowest_priority(idle=False)
     if not inherit(spool):
         return 1
     fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
@@ -198,41 +208,75 @@ def supervise(spool: Path) -> int:
     except OSError:
         os.close(fd)
         return 0  # another worker has it
-    _background_group()
+    if not share:
+        _background_group()
     sweep_partial(spool, _say)
-    lanes = [Lane(slow=False), Lane(slow=True)]
+    lanes = [Lane(slow=False, share=share)] if share else []
+    lanes += [Lane(slow=False, apart=bool(share)), Lane(slow=True, apart=bool(share))]
     queue = _Queue(spool)
-    idle_since = time.monotonic()
     try:
-        while True:
-            ended = [lane.poll() for lane in lanes]
-            busy = {lane.job.stem for lane in lanes if lane.job is not None}
-            queue.scan(busy)
-            before = len(busy)
-            for lane in lanes:
-                path = queue.pick(lane.slow, busy) if lane.job is None else None
-                if path is not None:
-                    _, seconds, _, build = queue.jobs[path.stem]
-                    lane.start(path, build, None if lane.slow
-                               else max(SLOW_MIN_S, SLOW_FACTOR * seconds))
-                    busy.add(path.stem)
-            if len(busy) != before or any(ended):  # a waiter judges the lane storing its job
-                publish_lanes(fd, [(lane.proc.pid, lane.pstart, lane.started, lane.job.stem)
-                                   for lane in lanes if lane.job and lane.proc])
-            if busy or any(ended) or queue.has_jobs():
-                idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= IDLE_EXIT_S:
-                queue.scan(busy, force=True)
-                if not queue.has_jobs():
-                    break
-            select.select([lane.proc.stdout for lane in lanes  # until a lane is done
-                           if lane.job is not None and lane.proc is not None], [], [], 0.1)
+        _serve(queue, lanes, fd, share)
     finally:
         for lane in lanes:
             lane.close()
         os.close(fd)
     queue.scan(set(), force=True)  # a job written after our last look, by one who saw our lock
-    return supervise(spool) if queue.has_jobs() and not worker_running(spool) else 0
+    return supervise(spool, share) if queue.has_jobs() and not worker_running(spool) else 0
+
+
+def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
+    """Give the lanes the queue's jobs until it has been empty ``IDLE_EXIT_S``; pace the
+    floor lane (``lanes[0]`` when ``share``) between looks."""
+    import select
+
+    idle_since = time.monotonic()
+    while True:
+        ended = [lane.poll() for lane in lanes]
+        busy = {lane.job.stem for lane in lanes if lane.job is not None}
+        queue.scan(busy)
+        before = len(busy)
+        for lane in lanes:
+            path = _pick(queue, lane, busy) if lane.job is None else None
+            if path is None and lane.pacer is not None and lane.job is None:
+                path = _take_over(lanes, share)
+            if path is not None:
+                _, seconds, _, build = queue.jobs[path.stem]
+                lane.start(path, build, None if path.suffix == SLOW
+                           else max(SLOW_MIN_S, SLOW_FACTOR * seconds))
+                busy.add(path.stem)
+        if len(busy) != before or any(ended):  # a waiter judges the lane storing its job
+            publish_lanes(fd, [(lane.proc.pid, lane.pstart, lane.started, lane.job.stem)
+                               for lane in lanes if lane.job and lane.proc])
+        if busy or any(ended) or queue.has_jobs():
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= IDLE_EXIT_S:
+            queue.scan(busy, force=True)
+            if not queue.has_jobs():
+                return
+        due = min(lane.pace() for lane in lanes)
+        select.select([lane.proc.stdout for lane in lanes  # until a lane is done
+                       if lane.job is not None and lane.proc is not None], [], [], due)
+
+
+def _pick(queue: _Queue, lane: Lane, busy: set[str]) -> Path | None:
+    """The next job for ``lane``: the floor lane takes queued jobs first, then set-aside
+    (slow) ones; an idle lane its own kind."""
+    if lane.pacer is None:
+        return queue.pick(lane.slow, busy)
+    return queue.pick(False, busy) or queue.pick(True, busy)
+
+
+def _take_over(lanes: list[Lane], share: float) -> Path | None:
+    """For the floor lane, with nothing queued: the job of an idle lane that got less than
+    the floor's share since it took it (no idle CPU here), queued again and handed over."""
+    for lane in lanes:
+        if lane.pacer is None and lane.starved(share, TAKE_OVER_S):
+            path = lane.hand_over()
+            if path is not None:
+                _say(f"{_about(path)}: its lane got no idle CPU for {TAKE_OVER_S:.0f} s; "
+                     "stored by the floor lane")
+                return path
+    return None
 
 
 #: Seconds a job another process took (``.taken``) is left to it before a hurry stores it too.

@@ -1,0 +1,159 @@
+"""The floor under the store worker's stores (``KDB_STORE_SHARE``, :mod:`kdb.worker.floor`):
+with every core busy at normal priority, queued stores still land, through a lane at normal
+priority held to its share of one core; without the floor they wait for idle CPU.
+
+Real processes: the busy machine is CPU-bound children of this test at nice 0, each in a
+session of its own (the worst case under autogroup scheduling), bounded in time and killed
+at the end; the jobs are real PoCL builds (:func:`test_worker.make_jobs`). The bounds are
+generous: these run on a loaded 2-core machine. Nothing here needs root: the worker never
+raises a priority (an unprivileged process could not), which the structural checks below
+hold it to; the tests run as whoever runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from kdb import config
+from kdb.errors import ConfigError
+from kdb.storing import spool
+from kdb.worker import floor
+from test_worker import make_jobs, stored, worker_log
+
+pytest.importorskip("pyopencl")
+
+#: A CPU-bound child that ends by itself after the given seconds (should a finally not run).
+HOG = "import sys, time\nend = time.time() + float(sys.argv[1])\nwhile time.time() < end: pass"
+
+
+@contextmanager
+def busy_machine(per_core: int = 2, seconds: float = 60):
+    """Every core kept busy by ``per_core`` normal-priority processes, each its own session."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(seconds)], start_new_session=True)
+            for _ in range(per_core * (os.cpu_count() or 1))]
+    try:
+        time.sleep(0.5)  # they run before anything is measured
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds process ``pid`` used (utime + stime), from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_share_is_a_fraction_of_one_core():
+    assert config.parse_share(config.ENV_STORE_SHARE, "0") == 0.0  # the floor off
+    assert config.parse_share(config.ENV_STORE_SHARE, " 0.25 ") == 0.25
+    for bad in ("1.5", "-0.1", "nan", "a tenth"):
+        with pytest.raises(ConfigError, match="KDB_STORE_SHARE=.* fraction of one core"):
+            config.parse_share(config.ENV_STORE_SHARE, bad)
+    assert config.store_share(0.5) == 0.5
+    assert config.SETTINGS[config.ENV_STORE_SHARE].default == 0.1
+
+
+def test_the_share_is_not_part_of_a_spools_environment(monkeypatch, tmp_path):
+    """Programs with other shares write to one spool; its worker takes the share of the
+    process that started it."""
+    monkeypatch.setenv("KDB_STORE_SHARE", "0.3")
+    one = spool.spool_dir(tmp_path)
+    monkeypatch.setenv("KDB_STORE_SHARE", "0")
+    assert spool.spool_dir(tmp_path) == one
+
+
+def test_a_paced_process_gets_its_share_of_a_busy_machine_and_no_more():
+    """The pacer holds a real CPU-bound process at nice 0 to its share while every core is
+    busy: it gets at least part of the share (the floor) and at most twice it (the bound)."""
+    share, window = 0.1, 4.0
+    with busy_machine():
+        paced = subprocess.Popen([sys.executable, "-c", HOG, "30"])
+        try:
+            time.sleep(0.3)
+            pacer = floor.Pacer(share)
+            pacer.reset(paced.pid, cpu_of(paced.pid))
+            start, end = cpu_of(paced.pid), time.monotonic() + window
+            while time.monotonic() < end:
+                time.sleep(pacer.look(cpu_of(paced.pid)))
+            used = cpu_of(paced.pid) - start
+            pacer.release()
+        finally:
+            paced.kill()
+            paced.wait()
+    assert used <= 2 * share * window, used
+    assert used >= 0.25 * share * window, used
+
+
+def start_worker(jobs: Path) -> subprocess.Popen:
+    """The spool's worker, started as :func:`kdb.storing.spool.ensure_worker` starts it."""
+    with open(jobs.parent.parent / spool.LOG_NAME, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "kdb.worker", str(jobs)], cwd="/",
+                                start_new_session=True, stdout=log, stderr=log)
+
+
+def worker_tree(pid: int) -> list[int]:
+    """The pids of ``pid``'s children (the supervisor's lanes)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[16])
+
+
+def test_stores_land_when_every_core_is_busy(cache_dir, run_py, monkeypatch):
+    """Two normal-priority processes per core: the floor lane stores the queued job, then
+    takes over the job an idle lane took and could not get CPU for; the floor lane stays
+    at nice 0 in the supervisor's session, the idle lanes at nice 19 in sessions of their
+    own."""
+    jobs = make_jobs(run_py, cache_dir, 2)  # two store jobs and a bookkeeping job
+    monkeypatch.setenv("KDB_STORE_SHARE", "0.5")  # a wide floor: a quick test
+    with busy_machine():
+        proc = start_worker(jobs)
+        try:
+            niceness, deadline = {}, time.monotonic() + 90
+            while list(jobs.glob("*.job")) + list(jobs.glob("*.taken")):
+                assert time.monotonic() < deadline, worker_log(cache_dir)
+                for pid in worker_tree(proc.pid):
+                    try:
+                        niceness[pid] = (nice_of(pid), os.getsid(pid) == proc.pid)
+                    except OSError:
+                        pass
+                time.sleep(0.1)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert stored(cache_dir) == 2, worker_log(cache_dir)
+    assert (0, True) in niceness.values(), niceness  # the floor lane
+    assert (19, False) in niceness.values(), niceness  # an idle lane, apart
+    assert "stored by the floor lane" in worker_log(cache_dir)
+
+
+def test_without_the_floor_stores_wait_for_idle_cpu(cache_dir, run_py, monkeypatch):
+    """``KDB_STORE_SHARE=0``: the worker's lanes get only CPU nobody else wants, so while
+    every core is busy the queued store does not land (it does once the machine is idle)."""
+    jobs = make_jobs(run_py, cache_dir, 1)
+    monkeypatch.setenv("KDB_STORE_SHARE", "0")
+    with busy_machine():
+        proc = start_worker(jobs)
+        try:
+            time.sleep(8)
+            assert stored(cache_dir) == 0
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
