@@ -178,15 +178,19 @@ def test_the_directory_each_build_used_is_found_and_an_overlapped_one_left_out()
     from types import SimpleNamespace as NS
 
     def build(key, start, end):
-        return early.Build(None, (NS(key=key, arch="pocl-x"),), start, end, (), None)
+        return early.Build(None, (NS(key=key, arch="pocl-x"),), start, end, ())
 
     ms = 1_000_000
     builds = [build("a", 0, 100 * ms), build("b", 200 * ms, 300 * ms),
               build("c", 400 * ms, 500 * ms)]
     dirs = {"AA/" + "A" * 37: (90 * ms, 50 * ms),      # a's: written and touched in a
             "BB/" + "B" * 37: (290 * ms, -1),          # b's: a PoCL cache hit in b
-            "CC/" + "C" * 37: (450 * ms, -1),          # c overlapped another process's
-            "DD/" + "D" * 37: (460 * ms, 455 * ms)}    # build: two directories, neither
+            "CC/" + "C" * 37: (450 * ms, 420 * ms),    # c overlapped another process's
+            "DD/" + "D" * 37: (460 * ms, 455 * ms)}    # compile: two directories, neither
     assert early.match(builds, dirs) == {0: "AA/" + "A" * 37, 1: "BB/" + "B" * 37}
     # Told apart by the kernels their program.bc names (another process's other program):
     assert early.match(builds, dirs, lambda name, b: name.startswith("DD"))[2] == "DD/" + "D" * 37
+    # A store worker's rebuild touched a's directory during b's build: b's own is the one
+    # whose program.bc b wrote.
+    dirs = {"AA/" + "A" * 37: (250 * ms, 50 * ms), "BB/" + "B" * 37: (290 * ms, 280 * ms)}
+    assert early.match(builds, dirs) == {0: "AA/" + "A" * 37, 1: "BB/" + "B" * 37}

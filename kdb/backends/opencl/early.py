@@ -14,9 +14,9 @@ compiling (``pocl_llvm_build_program`` in PoCL's ``lib/CL/pocl_llvm_build.cc``).
   (:func:`compiled`: a clock read and an append);
 - at exit it lists PoCL's cache once, finds the directory each build used (its
   ``last_accessed``, which PoCL touches at the end of every build, or its ``program.bc``
-  written within the build's window, and exactly one such directory), and writes those files
-  as a *provisional* entry under each key not stored yet, in one transaction: no OpenCL call,
-  no rebuild, a few milliseconds a program;
+  written within the build's window), and writes those files as a *provisional* entry
+  under each key not stored yet, in one transaction: no OpenCL call, no rebuild, a few
+  milliseconds a program;
 - a process whose lookup finds such an entry (:func:`is_early`) writes the files back where
   PoCL looks for them, where they are missing, and builds from source: PoCL's cache answers
   (preprocessing, no compile). That PoCL used them is checked, not assumed: the build must
@@ -30,8 +30,9 @@ the device's own build hash (``build_program_compute_hash`` in ``lib/CL/pocl_cac
 files put back under the hash they came from are found only by a build of the same program
 by the same PoCL for the same device; a build of anything else computes another hash and
 compiles. A wrong match at exit costs a compile, never a wrong kernel. The entry is keyed,
-checksummed, signed and trusted as any other; headers are checked against the key before it
-is written; files are read only from directories this user alone can write, and only of
+checksummed, signed and trusted as any other; headers are checked against the key right
+after the build, as for every store (not at exit: a suite may delete its headers before it
+ends); files are read only from directories this user alone can write, and only of
 PoCL's own names.
 """
 
@@ -68,26 +69,31 @@ _HASH_CHARS = frozenset("ABCDEFGHIJKLMNOP")
 
 class Build(NamedTuple):
     """A program this process compiled: its keys, when its build ran (``time.time_ns``),
-    its kernels' names, and the headers as they are now (the key's ``recheck``)."""
+    and its kernels' names."""
 
     tiers: object
     attrs: tuple
     start_ns: int
     end_ns: int
     names: tuple[str, ...]
-    recheck: object
 
 
 _builds: list[Build] = []
 
 
 def compiled(tiers, attrs, start_ns: int, end_ns: int, names, recheck) -> Build | None:
-    """Note a PoCL program this process compiled from source (the miss path: one append);
-    the note, for :func:`keep_now`."""
+    """Note a PoCL program this process compiled from source (the miss path: an append, and
+    the headers' digests taken again, as every store does after the compile: a header saved
+    between the key's digest and the compiler's read left a ``program.bc`` the key does not
+    describe, which is then not kept); the note, for :func:`keep_now`."""
+    from ...storing.stores import headers_changed
+
     attrs = tuple(a for a in attrs if a.arch.startswith("pocl-"))
     if not attrs or len({a.arch for a in attrs}) != 1:  # one device class: one directory
         return None
-    build = Build(tiers, attrs, start_ns, end_ns, tuple(names), recheck)
+    if recheck is not None and headers_changed(list(attrs), recheck) is not None:
+        return None
+    build = Build(tiers, attrs, start_ns, end_ns, tuple(names))
     _builds.append(build)
     return build
 
@@ -200,31 +206,31 @@ def _mtime(path: str) -> int:
 
 def match(builds: list[Build], dirs: dict[str, tuple[int, int]],
           holds: Callable[[str, Build], bool] = lambda name, build: True) -> dict[int, str]:
-    """Build index -> the one directory it used: of the directories whose ``last_accessed``
-    or ``program.bc`` time falls in the build's window, and in no other window of other
-    keys, the only one, or the only one that ``holds`` the build's kernels. A build that
-    another process's build of kernels of the same names overlapped is left out: the full
-    store comes."""
-    windows = [(b.start_ns - CLOCK_SLACK_NS, b.end_ns) for b in builds]
-    users: dict[str, set[int]] = {}
-    for name, times in dirs.items():
-        for i, (lo, hi) in enumerate(windows):
-            if any(lo <= t <= hi for t in times if t >= 0):  # -1: no such file
-                users.setdefault(name, set()).add(i)
-    per_build: dict[int, list[str]] = {}
-    for name, who in users.items():
-        if len({tuple(sorted(a.key for a in builds[i].attrs)) for i in who}) == 1:
-            for i in who:
-                per_build.setdefault(i, []).append(name)
-    found = {}
-    for i, names in per_build.items():
-        if len(names) > 1:
-            names = [n for n in names if holds(n, builds[i])]
-        if len(names) > 1:
-            names = _at_the_end(names, dirs, builds[i].end_ns)
-        if len(names) == 1:
-            found[i] = names[0]
-    return found
+    """Build index -> the one directory it used. Its candidates are the directories whose
+    ``last_accessed`` or ``program.bc`` time falls in its window; of several (another
+    process's build overlapped it, or a store worker's rebuild touched an older program),
+    the one whose ``program.bc`` was written in the window (a compile; a rebuild that PoCL's
+    cache answers writes none), else those that ``holds`` the build's kernels, else the one
+    touched as the build ended. A directory that two builds of other keys would take is
+    neither's, and a build left with two is left out: its full store comes."""
+    found: dict[int, str] = {}
+    for i, b in enumerate(builds):
+        lo, hi = b.start_ns - CLOCK_SLACK_NS, b.end_ns
+        inside = [n for n, times in dirs.items()
+                  if any(lo <= t <= hi for t in times if t >= 0)]  # -1: no such file
+        if len(inside) > 1:
+            compiled_here = [n for n in inside if lo <= dirs[n][1] <= hi]
+            inside = compiled_here if len(compiled_here) == 1 else inside
+        if len(inside) > 1:
+            inside = [n for n in inside if holds(n, b)]
+        if len(inside) > 1:
+            inside = _at_the_end(inside, dirs, b.end_ns)
+        if len(inside) == 1:
+            found[i] = inside[0]
+    owners: dict[str, set[tuple]] = {}
+    for i, name in found.items():
+        owners.setdefault(name, set()).add(tuple(sorted(a.key for a in builds[i].attrs)))
+    return {i: name for i, name in found.items() if len(owners[name]) == 1}
 
 
 def _at_the_end(names: list[str], dirs: dict[str, tuple[int, int]], end_ns: int) -> list[str]:
@@ -303,15 +309,11 @@ def _unstored(tiers, builds: list[Build]) -> list[Build]:
 def keep(top: str, builds: list[Build]) -> int:
     """Write an early entry for each of ``builds`` whose directory is found, per tiers in
     one transaction per arch; how many programs were kept."""
-    from ...storing.stores import headers_changed
-
     dirs = scan(top, min(b.start_ns for b in builds) - CLOCK_SLACK_NS)
     found = match(builds, dirs, _holds(top))
     by_tiers: dict[int, tuple[object, list]] = {}
     for i, build_hash in sorted(found.items()):
         b = builds[i]
-        if b.recheck is not None and headers_changed(list(b.attrs), b.recheck) is not None:
-            continue  # the next build stores it
         files = program_files(top, build_hash, b.names)
         if files is None:
             continue
