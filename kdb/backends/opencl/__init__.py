@@ -162,58 +162,66 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
         return _wrap(built, wrapper)
     hits: list = [None] * len(attrs)
     held: dict[str, Claim] = {}
+    built = None
     if not db.tiers.disabled:
-        raw, hits, held = _served(db, ctx, plan, attrs, text, name)
+        raw, hits, held, built = _served(db, ctx, plan, attrs, text, name)
         if raw is not None:
             return _wrap(raw, wrapper)
     return _compile_and_store(ctx, source, text, plan, db, attrs=attrs, hits=hits, held=held,
                               name=name, memory_key=memory_key,
-                              pyopencl_errors=pyopencl_errors, wrapper=wrapper)
+                              pyopencl_errors=pyopencl_errors, wrapper=wrapper, built=built)
 
 
 def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: str,
-            name: str | None) -> tuple[cl._Program | None, list, dict[str, Claim]]:
+            name: str | None) -> tuple[cl._Program | None, list, dict[str, Claim], tuple | None]:
     """The program loaded from the tiers' binaries when every device's key hits (after
-    waiting for another process that compiles it); else the hits there are and the claims
-    this process now holds. A binary the driver refuses is discarded."""
+    waiting for another process that compiles it); else the hits there are, the claims
+    this process now holds, and a program already compiled on the way (an early entry PoCL
+    did not take: :func:`_from_early`). A binary the driver refuses is discarded."""
     hits = [db.tiers.lookup(a) for a in attrs]
     held: dict[str, Claim] = {}
     if not all(hits):  # single flight: claim what missed, or wait for its compiler
         hits, held = _claim_or_wait(db, attrs, hits)
     if all(hits) and any(early.is_early(h.binary) for h in hits):
-        raw = _from_early(db, ctx, plan, attrs, hits, text, name)
-        return raw, (hits if raw is not None else [None] * len(attrs)), held
+        raw, used, built = _from_early(db, ctx, plan, attrs, hits, text, name)
+        if used:
+            return raw, hits, held, None
+        return None, [None] * len(attrs), held, built
     if all(hits):
         try:
             raw = _load(ctx, plan.devs, [h.binary for h in hits], text, plan.opt_bytes)
             if raw is not None:  # else built from source; nothing missed to store
                 _refresh_loaded(db.tiers, attrs, hits)
-                return raw, hits, held
+                return raw, hits, held, None
         except (cl.RuntimeError, cl.LogicError) as err:
             for a, h in zip(attrs, hits):
                 if h.tier in ("user", "shared", "memory"):
                     db.tiers.discard(a.with_(name=name or _label(text)),
                                      f"the driver refused the stored binary ({err})", h.tier)
             hits = [None] * len(attrs)  # rebuilt from source and stored again
-    return None, hits, held
+    return None, hits, held, None
 
 
 def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
                        attrs: list[HashAttributes], hits: list, held: dict[str, Claim],
                        name: str | None, memory_key: tuple, pyopencl_errors: bool,
-                       wrapper) -> cl.Program:
-    """Build from source, then hand what missed (once per key) to the store worker; the
+                       wrapper, built: tuple | None = None) -> cl.Program:
+    """Build from source (or take ``built``: ``(program, seconds, start ns, end ns)``
+    compiled on the way), then hand what missed (once per key) to the store worker; the
     claims of what another way served are let go."""
     devs, opt_bytes = plan.devs, plan.opt_bytes
-    start, start_ns = time.perf_counter(), time.time_ns()
-    try:
-        raw = _compile(ctx, _program_source(source, text), opt_bytes, devs, pyopencl_errors,
-                       wrapper)
-    except BaseException:
-        for claim in held.values():
-            claim.release()
-        raise
-    seconds, end_ns = time.perf_counter() - start, time.time_ns()
+    if built is not None:
+        raw, seconds, start_ns, end_ns = built
+    else:
+        start, start_ns = time.perf_counter(), time.time_ns()
+        try:
+            raw = _compile(ctx, _program_source(source, text), opt_bytes, devs,
+                           pyopencl_errors, wrapper)
+        except BaseException:
+            for claim in held.values():
+                claim.release()
+            raise
+        seconds, end_ns = time.perf_counter() - start, time.time_ns()
     prg = _wrap(raw, wrapper)
     label = name or _label(text)
     attrs = [a if a.name == label else a.with_(name=label) for a in attrs]
@@ -237,16 +245,20 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
 
 
 def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hits: list,
-                text: str, name: str | None) -> cl._Program | None:
+                text: str, name: str | None) -> tuple[cl._Program | None, bool, tuple | None]:
     """The program built from source with PoCL's files of its early entries put back where
-    PoCL's cache looks (:mod:`.early`): a PoCL cache hit, not a compile. None, with the
-    early entries dropped, where they cannot be put back or PoCL did not use them (its
-    build hash differs: it compiled); the caller then builds and stores as on a miss."""
+    PoCL's cache looks (:mod:`.early`): a PoCL cache hit, not a compile; ``(program, True,
+    None)``. Where they cannot be put back, or PoCL did not use them (its build hash differs:
+    it compiled, e.g. an ``-I`` directory of another name), the early entries are dropped
+    and the result is ``(None, False, (program, seconds, start ns, end ns))``: that build is
+    this process's compile, stored as on a miss (``None`` for the program where none was
+    built)."""
     top = early.can_put_back()
     unpacked = [early.unpack(h.binary) if early.is_early(h.binary) else None for h in hits]
+    built = None
     if top is not None and all(u is not None or not early.is_early(h.binary)
                                for u, h in zip(unpacked, hits)):
-        start_ns = time.time_ns()
+        start, start_ns = time.perf_counter(), time.time_ns()
         try:
             for u in filter(None, unpacked):
                 early.put_back(top, *u)
@@ -257,14 +269,15 @@ def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hit
         else:
             if all(early.used(top, u[0], start_ns) for u in filter(None, unpacked)):
                 db.tiers.resume_stores([a.key for a in attrs])  # the full binaries still due
-                return raw
+                return raw, True, None
+            built = (raw, time.perf_counter() - start, start_ns, time.time_ns())
             why = "PoCL did not use the files put back (its build hash differs)"
     else:
         why = "PoCL's kernel cache is off, or its directory is not this user's alone"
     for a, h in zip(attrs, hits):
         if early.is_early(h.binary) and h.tier in ("user", "memory"):
-            db.tiers.discard(a.with_(name=name or _label(text)), why, h.tier)
-    return None
+            db.tiers.discard(a.with_(name=name or _label(text)), why, h.tier, fault=False)
+    return None, False, built
 
 
 def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
