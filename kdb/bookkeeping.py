@@ -126,12 +126,13 @@ class Book:
 
     # -- the one writer ---------------------------------------------------------------------
 
-    def write_pending(self, arch: str, p: Pending | None) -> bool:
-        """Write ``p`` to ``arch``'s user file in one transaction; False if nothing was."""
+    def write_pending(self, arch: str, p: Pending | None, create: bool = False) -> bool:
+        """Write ``p`` to ``arch``'s user file in one transaction; False if nothing was.
+        Counts alone do not create the file, unless ``create``."""
         if p is None or p.empty() or self.disabled:
             return False
         f = self.user_file(arch)
-        if not p.worth_creating_a_file() and not Path(f.filename).exists():
+        if not (create or p.worth_creating_a_file()) and not Path(f.filename).exists():
             return False
         return f.write(p.entries, p.logs, p.hits, p.counters)
 
@@ -162,9 +163,11 @@ class Book:
         return out
 
     def write_json(self, archs: dict[str, dict]) -> None:
-        """Write bookkeeping another process took with :meth:`take_json`."""
+        """Write bookkeeping another process took with :meth:`take_json`, creating the user
+        file if need be: it was handed over because there was none, and a worker's lanes
+        may run it before the store job that would have made one."""
         for arch, data in archs.items():
-            self.write_pending(arch, Pending.from_json(data))
+            self.write_pending(arch, Pending.from_json(data), create=True)
 
     def at_exit(self) -> None:
         """Hand the bookkeeping of archs without a user file to the store worker (when this

@@ -90,6 +90,7 @@ def no_store_worker(cache_dir, env: dict):
     from kdb.dirs import make_private_dir
     from kdb.storing import jobfiles, spool
 
+    pytest.importorskip("pyopencl")  # it sets PYOPENCL_HOME, as in the children, whose spool
     where = make_private_dir(spool.spool_dir(Path(cache_dir) / "v1", {**os.environ, **env}))
     fds = [os.open(where / name, os.O_RDWR | os.O_CREAT, 0o600)
            for name in (jobfiles.LOCK, jobfiles.AHEAD_LOCK)]

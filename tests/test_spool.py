@@ -134,7 +134,8 @@ def test_compiles_count_when_they_happen_and_pending_stores_show(cache_dir, run_
     (nothing is stored, and no user file exists: each hands its counts to the spool at
     exit); kdb stats counts both processes' compiles at once and shows the stores pending,
     and once the worker has stored them, the counts are the same, not doubled."""
-    env = {**DETACH, "POCL_CACHE_DIR": str(cache_dir / "pocl")}  # one spool for both
+    # One spool for both; no early stores, so that the second compiles them again.
+    env = {**DETACH, "POCL_CACHE_DIR": str(cache_dir / "pocl"), "KDB_DISABLE_EARLY_STORE": "1"}
     with no_store_worker(cache_dir, env):
         first = run_json(run_py, BUILD.format(n=3), env)["compiles"]
         second = run_json(run_py, BUILD.format(n=3), env)["compiles"]

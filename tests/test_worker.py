@@ -418,3 +418,19 @@ def test_a_lane_whose_environment_differs_from_the_key_drops_the_job(cache_dir, 
         stores.rebuild_and_store(db, job)
     db.flush()
     assert stored(cache_dir) == 0
+
+
+def test_counts_handed_to_the_worker_land_before_any_store_made_the_file(cache_dir):
+    """A process with no user file hands its counts to the worker as a bookkeeping job; the
+    worker's lanes run side by side (the floor lane beside the idle ones), so that job may
+    run before the store job that creates the file. Its counts land all the same (they were
+    lost: kdb stats then showed one process's compiles of two)."""
+    import kdb
+    from kdb.bookkeeping import Pending
+
+    p = Pending()
+    p.counters.update({"compiles": 1.0, "misses": 1.0})
+    db = kdb.KernelDB(use_system=False)
+    db.tiers.write_bookkeeping({"pocl-test": p.to_json()})
+    f = cache_dir / "v1" / "pocl-test.kdb"
+    assert dict(sql(f, "SELECT name, value FROM counters")) == {"compiles": 1.0, "misses": 1.0}

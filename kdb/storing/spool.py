@@ -73,7 +73,8 @@ _ENV_NAMES = ("PATH", "PYTHONPATH", "HOME", "XDG_CACHE_HOME", "TMPDIR")
 #: Variables of the kinds above that change nothing a rebuild makes and differ from run to
 #: run, or between a ``kdb run`` and a plain program: one spool per environment, not per run.
 _ENV_PER_RUN = frozenset({"KDB_RUN_REPORT", "KDB_AUTO", "KDB_TRACE", "KDB_WAIT_TIMEOUT",
-                          "KDB_DISABLE_REFRESH", "KDB_STORE_SHARE"})
+                          "KDB_DISABLE_REFRESH", "KDB_DISABLE_EARLY_STORE",
+                          "KDB_STORE_SHARE"})
 
 
 #: Variables naming files: made absolute, since the worker runs in ``/``.
