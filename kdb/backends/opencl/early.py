@@ -264,7 +264,8 @@ def _holds(top: str) -> Callable[[str, Build], bool]:
 def program_files(top: str, build_hash: str, names: tuple[str, ...]) -> list[tuple[str, bytes]] | None:
     """``program.bc`` and the work-group functions of the program's directory, read as
     :mod:`.refresh` reads them (files and directories this user alone can write); None
-    when there is no ``program.bc`` or it names none of the program's kernels."""
+    when there is no ``program.bc``, or it lacks a name of the program's kernels (another
+    program's directory)."""
     from pathlib import Path
 
     from .refresh import read_owned, variant
@@ -308,24 +309,25 @@ def _unstored(tiers, builds: list[Build]) -> list[Build]:
 
 def keep(top: str, builds: list[Build]) -> int:
     """Write an early entry for each of ``builds`` whose directory is found, per tiers in
-    one transaction per arch; how many programs were kept."""
+    one transaction per arch; how many builds were kept (0 when a write failed)."""
     dirs = scan(top, min(b.start_ns for b in builds) - CLOCK_SLACK_NS)
     found = match(builds, dirs, _holds(top))
     by_tiers: dict[int, tuple[object, list]] = {}
+    kept = 0
     for i, build_hash in sorted(found.items()):
         b = builds[i]
         files = program_files(top, build_hash, b.names)
         if files is None:
             continue
+        kept += 1
         binary = pack(build_hash, files)
         seconds = (b.end_ns - b.start_ns) / 1e9 / len(b.attrs)
         items = by_tiers.setdefault(id(b.tiers), (b.tiers, []))[1]
         items += [(a, binary, seconds, {"early": "pocl-cache"}) for a in b.attrs]
-    kept = 0
+    written = True
     for tiers, items in by_tiers.values():
-        tiers.store_provisional(items)
-        kept += len({a.key for a, *_ in items})
-    return kept
+        written = tiers.store_provisional(items) and written
+    return kept if written else 0
 
 
 def _top() -> str | None:
