@@ -194,3 +194,25 @@ def test_the_directory_each_build_used_is_found_and_an_overlapped_one_left_out()
     # whose program.bc b wrote.
     dirs = {"AA/" + "A" * 37: (250 * ms, 50 * ms), "BB/" + "B" * 37: (290 * ms, 280 * ms)}
     assert early.match(builds, dirs) == {0: "AA/" + "A" * 37, 1: "BB/" + "B" * 37}
+
+
+def test_a_pack_from_the_user_file_ships_binaries_not_provisional_entries(cache_dir, cl_ctx,
+                                                                          tmp_path):
+    """A provisional entry stands in on the machine that kept it (PoCL's hash holds its
+    option text, pyopencl's own -I path included): `kdb pack --from-db` leaves it out."""
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    db = KernelDB()
+    kept = _attrs(cl_ctx, "__kernel void q1(__global int *a) { a[0] = 1; }")
+    binary = _attrs(cl_ctx, "__kernel void q2(__global int *a) { a[0] = 2; }")
+    assert db.put(binary, b"a binary")
+    db.tiers.store_provisional([(kept, early.pack("AB/" + "C" * 37, [("program.bc", b"B")]),
+                                 0.1, None)])
+    db.close()
+    out = tmp_path / "pack"
+    res = CliRunner().invoke(cli, ["--cache-dir", str(cache_dir), "pack", "--arch", kept.arch,
+                                   "--from-db", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sql(out / f"{kept.arch}.kdb", "SELECT key FROM kernels") == [(binary.key,)]

@@ -19,6 +19,7 @@ from .. import config
 from ..errors import PackError
 from ..file.fileformat import sqlite_uri
 from ..file.kernelfile import KernelFile
+from ..file.rows import PROVISIONAL
 
 
 #: Columns copied from a user file into a system file (every column of ``kernels``; a source
@@ -137,14 +138,17 @@ def _gather(conn: sqlite3.Connection, arch: str, sources: Iterable[Path],
             raise PackError(f"source database {src} does not exist")
         conn.execute(f"ATTACH DATABASE ? AS src{n}", (sqlite_uri(src, "mode=ro"),))
         cols, join = _source_columns(conn, f"src{n}")
+        # A provisional entry (PoCL's cache files, kdb.backends.opencl.early) stands in for
+        # a binary on the machine that kept it; a pack ships binaries only.
         new = (f"INSERT INTO incoming SELECT {cols} FROM src{n}.kernels AS s{join} "
                "WHERE arch = ? AND NOT EXISTS (SELECT 1 FROM incoming i "
-               "WHERE i.key = s.key)")
+               "WHERE i.key = s.key) AND instr(coalesce(s.details, ''), ?) = 0")
+        stand_in = f'"{PROVISIONAL}"'
         if keys is None:
-            conn.execute(new, (arch,))
+            conn.execute(new, (arch, stand_in))
         else:
             for key in sorted(keys):
-                conn.execute(new + " AND key = ?", (arch, key))
+                conn.execute(new + " AND key = ?", (arch, stand_in, key))
 
 
 def _copy_entries(conn: sqlite3.Connection, stamp: float, keep_compile_seconds: bool,
