@@ -117,7 +117,7 @@ def _attrs(cl_ctx, source: str):
     return attributes_for(cl_ctx.devices[0], source, [], [])
 
 
-def test_a_provisional_entry_never_replaces_a_binary_and_a_store_replaces_it(cache_dir,
+def test_a_provisional_entry_replaces_no_binary_and_a_store_replaces_it(cache_dir,
                                                                               cl_ctx):
     db = KernelDB()
     one = _attrs(cl_ctx, "__kernel void p1(__global int *a) { a[0] = 1; }")
@@ -128,14 +128,18 @@ def test_a_provisional_entry_never_replaces_a_binary_and_a_store_replaces_it(cac
     assert db.get(one) == b"a binary"
     assert db.get(two) == stand_in
     assert db.tiers.user_file(two.arch).stored([one.key, two.key]) == {one.key}
+    newer = early.pack("AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFH", [("program.bc", b"BC")])
+    db.tiers.store_provisional([(two, newer, 0.1, None)])  # a stand-in replaces a stand-in
+    assert db.get(two) == newer
     assert db.put(two, b"its binary")
     assert db.get(two) == b"its binary"
 
 
-def test_files_pocl_does_not_use_are_dropped_and_the_program_compiled(cache_dir, cl_ctx,
-                                                                        tmp_path):
+def test_files_pocl_does_not_use_cost_one_compile_and_are_replaced(cache_dir, cl_ctx,
+                                                                     tmp_path):
     """An early entry whose files PoCL does not take (here: under a build hash no build
-    computes) is a miss: the program is compiled from source, right, and the entry dropped."""
+    computes) is a miss: the build that tried them is the compile (one, not two), its
+    result right, and the entry replaced by what that compile stores."""
     import kdb.opencl
 
     source = "__kernel void w(__global float *a) { a[get_global_id(0)] = 7.0f; }"
@@ -160,7 +164,7 @@ def test_files_pocl_does_not_use_are_dropped_and_the_program_compiled(cache_dir,
     from kdb.storing.stores import drain
 
     drain()
-    assert db.get(attrs).startswith(b"poclbin\0")  # dropped, and the compile's binary stored
+    assert db.get(attrs).startswith(b"poclbin\0")  # replaced by the compile's binary
 
 
 @pytest.mark.parametrize("path", ["../x", "k/16-1-1/../../x", "/abs", "k/16-1-1/j.so",

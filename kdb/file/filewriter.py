@@ -272,10 +272,10 @@ def _insert(f: KernelFile, conn: sqlite3.Connection, e: Entry, cap: int,
                   "bytes (KDB_CACHE_MAX_SIZE) and is not stored",
                   len(blob), e.name or e.key[:16], cap)
         return None
-    old = conn.execute("SELECT stored_size, raw_size, source, signer, signature "
+    old = conn.execute("SELECT stored_size, raw_size, source, signer, signature, details "
                        "FROM kernels WHERE key = ?", (e.key,)).fetchone()
-    if old is not None and e.details and e.details.get(PROVISIONAL):
-        return None  # a stand-in never replaces what is stored
+    if old is not None and e.details and e.details.get(PROVISIONAL) and not _provisional(old[5]):
+        return None  # a stand-in never replaces what is stored, only an older stand-in
     if old is not None and old[3] and old[4] and not (e.signer and e.signature):
         log.debug("kdb: %s keeps its signed entry %s: not replaced by an unsigned one",
                   f.path, e.key[:16])
@@ -299,6 +299,16 @@ def _insert(f: KernelFile, conn: sqlite3.Connection, e: Entry, cap: int,
         drop_unused_sources(conn, [old[2]])
     return (len(blob) - (old[0] if old else 0), len(e.raw) - (old[1] if old else 0),
             0 if old else 1)
+
+
+def _provisional(details: str | None) -> bool:
+    """Whether a stored entry's ``details`` text marks it provisional (:data:`PROVISIONAL`)."""
+    import json
+
+    try:
+        return bool(details) and bool(json.loads(details).get(PROVISIONAL))
+    except (ValueError, AttributeError):
+        return False
 
 
 def replace_binary(f: KernelFile, key: str, checksum_was: str, raw: bytes, details: dict,

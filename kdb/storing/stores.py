@@ -298,17 +298,11 @@ class Storing:
         """Write bookkeeping taken from another process (a store job's ``archs``)."""
         self._book.write_json(archs)
 
-    def discard(self, attrs: HashAttributes, reason: str, tier: str = "user", *,
-                fault: bool = True) -> None:
+    def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:
         """Drop an entry that proved bad (e.g. the driver refused the binary) from the user
-        tier, and from the shared tier too when it came from there. ``fault=False``: an
-        entry that was allowed to fail (a provisional one the driver did not take), said in
-        the debug log only."""
-        what = f"entry {attrs.key[:16]} ({attrs.name or 'unnamed'}) dropped: {reason}"
-        if fault:
-            faults.fault(what, once=f"discard:{self.user_dir}")
-        else:
-            log.debug("kdb: %s", what)
+        tier, and from the shared tier too when it came from there."""
+        faults.fault(f"entry {attrs.key[:16]} ({attrs.name or 'unnamed'}) dropped: {reason}",
+                     once=f"discard:{self.user_dir}")
         self._inflight.pop(attrs.key, None)
         f = self.user_file(attrs.arch)
         submit(lambda: f.delete([attrs.key]))

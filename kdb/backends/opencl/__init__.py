@@ -48,6 +48,7 @@ from .stores import compiled as _compiled
 from .stores import program_spec, rebuild_and_store, recheck_for, store_later  # noqa: F401 - the worker calls it here
 from ..common import source_text
 
+log = logs.get("kdb")
 trace_log = logs.get("kdb.trace")
 
 # -- build --------------------------------------------------------------------------------
@@ -249,10 +250,10 @@ def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hit
     """The program built from source with PoCL's files of its early entries put back where
     PoCL's cache looks (:mod:`.early`): a PoCL cache hit, not a compile; ``(program, True,
     None)``. Where they cannot be put back, or PoCL did not use them (its build hash differs:
-    it compiled, e.g. an ``-I`` directory of another name), the early entries are dropped
-    and the result is ``(None, False, (program, seconds, start ns, end ns))``: that build is
-    this process's compile, stored as on a miss (``None`` for the program where none was
-    built)."""
+    it compiled, e.g. an ``-I`` directory of another name), the result is ``(None, False,
+    (program, seconds, start ns, end ns))``: that build is this process's compile, stored as
+    on a miss, and its files, kept at exit, replace the early entries (``None`` for the
+    program where none was built)."""
     top = early.can_put_back()
     unpacked = [early.unpack(h.binary) if early.is_early(h.binary) else None for h in hits]
     built = None
@@ -274,9 +275,7 @@ def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hit
             why = "PoCL did not use the files put back (its build hash differs)"
     else:
         why = "PoCL's kernel cache is off, or its directory is not this user's alone"
-    for a, h in zip(attrs, hits):
-        if early.is_early(h.binary) and h.tier in ("user", "memory"):
-            db.tiers.discard(a.with_(name=name or _label(text)), why, h.tier, fault=False)
+    log.debug("kdb: %s: early entries not used: %s", name or _label(text), why)
     return None, False, built
 
 

@@ -292,17 +292,14 @@ def program_files(top: str, build_hash: str, names: tuple[str, ...]) -> list[tup
 
 
 def _unstored(tiers, builds: list[Build]) -> list[Build]:
-    """The builds of which some key has no entry in its user file yet."""
+    """The builds of which some key has no binary in its user file yet (none, or an early
+    entry: one this process compiled anyway is one PoCL did not take, and is replaced)."""
     out = []
     for b in builds:
         if not tiers.can_store(b.attrs[0].arch):  # refused, or the disk is full
             continue
-        f = tiers.user_file(b.attrs[0].arch)
         keys = [a.key for a in b.attrs]
-        marks = ",".join("?" * len(keys))
-        stored = {r[0] for r in f.query(f"SELECT key FROM kernels WHERE key IN ({marks})",
-                                        keys)} if os.path.exists(f.filename) else set()
-        if set(keys) - stored:
+        if set(keys) - tiers.user_file(b.attrs[0].arch).stored(keys):
             out.append(b)
     return out
 
