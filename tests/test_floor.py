@@ -28,6 +28,13 @@ from kdb.storing import spool
 from kdb.worker import floor
 from test_worker import make_jobs, stored, worker_log
 
+
+@pytest.fixture(autouse=True)
+def _no_early_stores(monkeypatch):
+    """No early stores (kdb.backends.opencl.early): what lands here is the worker's, so the
+    counts say what the floor did, not what a process kept at its exit."""
+    monkeypatch.setenv("KDB_DISABLE_EARLY_STORE", "1")
+
 pytest.importorskip("pyopencl")
 
 #: A CPU-bound child that ends by itself after the given seconds (should a finally not run).
