@@ -138,7 +138,7 @@ def test_a_provisional_entry_replaces_no_binary_and_a_store_replaces_it(cache_di
 def test_files_pocl_does_not_use_cost_one_compile_and_are_replaced(cache_dir, cl_ctx,
                                                                      tmp_path):
     """An early entry whose files PoCL does not take (here: under a build hash no build
-    computes) is a miss: the build that tried them is the compile (one, not two), its
+    computes) is a miss: the build that tried them counts as one compile, its
     result right, and the entry replaced by what that compile stores."""
     import kdb.opencl
 

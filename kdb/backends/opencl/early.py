@@ -44,7 +44,7 @@ import time
 from typing import Callable, NamedTuple
 
 from ... import config, lifecycle, logs
-from .poclbin import MAX_BINARY, build_hash_of, kernel_cache_off
+from .poclbin import _HASH_CHARS, MAX_BINARY, build_hash_of, kernel_cache_off
 
 log = logs.get("kdb")
 
@@ -64,7 +64,6 @@ END_NS = 25_000_000
 MAX_DIRS = 50_000
 
 PROGRAM_BC = "program.bc"
-_HASH_CHARS = frozenset("ABCDEFGHIJKLMNOP")
 
 
 class Build(NamedTuple):
