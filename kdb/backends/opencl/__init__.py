@@ -44,6 +44,7 @@ from . import early
 from .poclbin import private_copies
 from .refresh import loaded as _refresh_loaded
 from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
+from .stores import build_stamp, held as _held
 from .stores import compiled as _compiled
 from .stores import program_spec, rebuild_and_store, recheck_for, store_later  # noqa: F401 - the worker calls it here
 from ..common import source_text
@@ -157,7 +158,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
                             name=name or "")
              for a, c in zip(plan.archs, plan.compilers)]
     memory_key = (ctx.int_ptr, plan.dev_ptrs, tuple(a.key for a in attrs))
-    built = _compiled.get(memory_key)
+    built = _held(memory_key, plan.devs)
     if built is not None:  # compiled by this process, its binaries not read back yet
         _count("hits.memory", len(attrs))
         return _wrap(built, wrapper)
@@ -234,7 +235,7 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
         held.pop(key).release()
     recheck = recheck_for(text, opt_bytes, plan.search)
     if missed and not db.tiers.disabled:
-        _compiled[memory_key] = raw
+        _compiled[memory_key] = (raw, build_stamp(raw, devs))
         kept = early.compiled(db.tiers, [a for _, a in missed.values()], start_ns, end_ns,
                               kernel_names(text), recheck)
     else:
@@ -302,10 +303,25 @@ class _StoredProgram(cl._Program):
     plain :class:`pyopencl.Program`; only the handle it wraps knows the text.
     """
 
+    #: The context's devices where the program was built for some of them, else None:
+    #: a program from source belongs to all of its context's devices, built or not.
+    _kdb_devices: list | None = None
+
     def get_info(self, arg):
         if arg == cl.program_info.SOURCE:
             return self._kdb_source
+        if self._kdb_devices is not None and arg == cl.program_info.DEVICES:
+            return list(self._kdb_devices)
+        if self._kdb_devices is not None and arg == cl.program_info.NUM_DEVICES:
+            return len(self._kdb_devices)
         return super().get_info(arg)
+
+    def get_build_info(self, device, param):
+        if self._kdb_devices is not None and device not in self._kdb_built:
+            # What a program from source answers for a device it was not built for.
+            return cl._Program(self.get_info(cl.program_info.CONTEXT),
+                               self._kdb_source).get_build_info(device, param)
+        return super().get_build_info(device, param)
 
 
 def _load(ctx, devs, binaries: list[bytes], text: str, opt_bytes: bytes) -> cl._Program | None:
@@ -319,6 +335,8 @@ def _load(ctx, devs, binaries: list[bytes], text: str, opt_bytes: bytes) -> cl._
         return None
     raw = _StoredProgram(ctx, devs, private)
     raw._kdb_source = text
+    if len(devs) < len(ctx.devices):
+        raw._kdb_devices, raw._kdb_built = ctx.devices, list(devs)
     raw.build(opt_bytes, devs)
     return raw
 
@@ -346,8 +364,11 @@ def install(db: KernelDB | None = None) -> None:
 
     def build(self, options=None, devices=None, cache_dir=None):  # noqa: ARG001 - pyopencl's signature
         # __dict__, not getattr: pyopencl's __getattr__ would try a kernel named "_source".
+        # A program from source built before is built again through kdb, as a new build of
+        # its source with these options: the cl_program kdb handed out stays as its key
+        # says (pyopencl would rebuild that very cl_program).
         source = self.__dict__.get("_source")
-        if self.__dict__.get("_prg") is not None or source is None:
+        if source is None or "_context" not in self.__dict__:
             return _original_build(self, options, devices, cache_dir)
         from pyopencl.tools import is_spirv
 

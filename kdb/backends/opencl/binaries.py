@@ -46,10 +46,13 @@ def _libopencl() -> ctypes.CDLL | None:
     return lib
 
 
-def _info(lib: ctypes.CDLL, prog: int, param: int, buf, size: int) -> None:
-    err = lib.clGetProgramInfo(ctypes.c_void_p(prog), param, size, buf, None)
+def _info(lib: ctypes.CDLL, prog: int, param: int, buf, size: int) -> int:
+    """Fill ``buf``; the number of ``size_t`` the driver says it wrote."""
+    written = ctypes.c_size_t()
+    err = lib.clGetProgramInfo(ctypes.c_void_p(prog), param, size, buf, ctypes.byref(written))
     if err != 0:
         raise OSError(f"clGetProgramInfo({param:#x}) failed with OpenCL error {err}")
+    return written.value // ctypes.sizeof(ctypes.c_size_t)
 
 
 def program_binaries(program) -> dict[int, bytes]:
@@ -60,6 +63,8 @@ def program_binaries(program) -> dict[int, bytes]:
 
         devs = program.get_info(cl.program_info.DEVICES)
         bins = program.get_info(cl.program_info.BINARIES)
+        if len(bins) != len(devs):
+            return {}  # which binary is whose cannot be told (see below)
         return {d.int_ptr: bytes(b) for d, b in zip(devs, bins) if b}
     prog = program.int_ptr
     n = ctypes.c_uint()
@@ -68,7 +73,10 @@ def program_binaries(program) -> dict[int, bytes]:
     devs = (ctypes.c_void_p * count)()
     _info(lib, prog, CL_PROGRAM_DEVICES, devs, ctypes.sizeof(devs))
     sizes = (ctypes.c_size_t * count)()
-    _info(lib, prog, CL_PROGRAM_BINARY_SIZES, sizes, ctypes.sizeof(sizes))
+    if _info(lib, prog, CL_PROGRAM_BINARY_SIZES, sizes, ctypes.sizeof(sizes)) != count:
+        # PoCL 3.0 lists one size per device it built for, not per device of the program:
+        # built for the second of two devices, its one binary would be taken as the first's.
+        return {}
     bufs = [ctypes.create_string_buffer(max(s, 1)) for s in sizes]
     ptrs = (ctypes.c_void_p * count)(*[ctypes.addressof(b) for b in bufs])
     _info(lib, prog, CL_PROGRAM_BINARIES, ptrs, ctypes.sizeof(ptrs))

@@ -58,9 +58,39 @@ class _Recent(dict):
 
 
 #: The memory tier: programs this process built from source, keyed by (context, devices,
-#: keys), the newest few. A repeated build is served at once instead of compiling again or
-#: waiting on this process's own claim; their binaries are stored by the store worker.
-compiled: dict[tuple, object] = _Recent()
+#: keys), the newest few, each with its :func:`build_stamp`. A repeated build is served at
+#: once instead of compiling again or waiting on this process's own claim; their binaries
+#: are stored by the store worker.
+compiled: dict[tuple, tuple] = _Recent()
+
+
+def build_stamp(raw, devs) -> tuple | None:
+    """The options each device's program was last built with, as the driver reports them.
+
+    kdb holds programs the caller can reach (``kdb.opencl.build`` returns one; its
+    ``build()`` rebuilds the same ``cl_program``). A program rebuilt since with other
+    options is no longer the one its key names: neither served nor stored when its stamp
+    differs from the one taken at kdb's build. None where the driver does not say.
+    """
+    try:
+        return tuple(raw.get_build_info(d, cl.program_build_info.OPTIONS) for d in devs)
+    except (cl.Error, UnicodeDecodeError):
+        return None
+
+
+def held(memory_key: tuple, devs):
+    """The memory tier's program for ``memory_key``, unless it was rebuilt since (then
+    it is forgotten: a compile, never the other options' kernel)."""
+    got = compiled.get(memory_key)
+    if got is None:
+        return None
+    raw, stamp = got
+    if stamp is not None and build_stamp(raw, devs) == stamp:
+        return raw
+    compiled.pop(memory_key, None)
+    log.debug("kdb: a program this process built was rebuilt with other options since; "
+              "not served from memory")
+    return None
 
 
 #: The build variables of this process's first stored build: PoCL reads some of them
@@ -87,6 +117,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
     stores itself is checked against the key with it first. ``early_build``: the build as
     :mod:`.early` noted it, kept for a process that waits for it before any binary is read."""
     per_device = seconds / max(len(devs), 1)
+    stamp = build_stamp(raw, devs)
     ptrs = program.pop("ptrs") if program is not None else []
     recs = [db.tiers.record_compile(a, per_device) for a in attrs]
     if not attrs or db.tiers.disabled or not db.tiers.can_store(attrs[0].arch):
@@ -98,12 +129,13 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
         job = _job(devs, attrs, recs, seconds, program, ptrs)
         claims = [held.pop(a.key) for a in attrs if a.key in held]
         store_now = _storer(db, devs, attrs, recs, per_device=per_device, forget=forget,
-                            in_process=in_process, recheck=recheck, build=early_build)
+                            in_process=in_process, recheck=recheck, build=early_build,
+                            program=program)
         if db.tiers.spool(job, claims, store_now):
             refresh.compiled(db.tiers, attrs)  # launches may outrun the store: see at exit
             return
         held.update((c.key, c) for c in claims)
-    read = _reader(raw, forget, in_process)
+    read = _reader(raw, devs, stamp, forget, in_process, program)
     for d, a, rec in zip(devs, attrs, recs):
         db.tiers.put_later(a, lambda ptr=d.int_ptr: read(ptr), compile_seconds=per_device,
                            details=device_details(d), log=rec, claim=held.pop(a.key, None),
@@ -127,7 +159,7 @@ def _job(devs, attrs: list[HashAttributes], recs: list, seconds: float, program:
 
 def _storer(db: KernelDB, devs, attrs: list[HashAttributes], recs: list, *,
             per_device: float, forget: tuple, in_process: bool,
-            recheck, build=None) -> Callable[[], str | None]:
+            recheck, build=None, program: dict | None = None) -> Callable[[], str | None]:
     """What stores a spooled job's entries from this process when another process waits
     for one of them while this one still holds the program (ranks starting together): no
     rebuild, no worker. First what PoCL's cache holds of it (:func:`.early.keep_now`: a
@@ -137,22 +169,42 @@ def _storer(db: KernelDB, devs, attrs: list[HashAttributes], recs: list, *,
     def store_now() -> str | None:
         if build is not None and early.keep_now(build):
             return PROVISIONAL
-        held_raw = compiled.get(forget)
+        held_raw = held(forget, devs)
         if held_raw is None:
-            raise LookupError("the program is no longer held; the store worker stores it")
+            raise LookupError("the program is no longer held as built; the store worker "
+                              "stores it")
         if not in_process:
             raise LookupError("the program was built under this process's first build "
                               "variables, not its key's; the store worker stores it")
-        binaries = program_binaries(held_raw)
+        binaries = _binaries(held_raw, devs, program)
         db.tiers.store([(a, binaries[d.int_ptr], per_device, device_details(d))
                         for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
                        recheck)
     return store_now
 
 
-def _reader(raw, forget: tuple, in_process: bool) -> Callable[[int], bytes | None]:
+def _binaries(raw, devs, program: dict | None) -> dict[int, bytes]:
+    """``raw``'s binaries by device. Where the driver does not say whose binary is whose
+    (PoCL 3.0, a program built for some of its context's devices: :mod:`.binaries`), those
+    of the same build made again in a context of just ``devs``, PoCL's cache answering."""
+    binaries = program_binaries(raw)
+    if binaries or program is None or len(devs) == raw.get_info(cl.program_info.NUM_DEVICES):
+        return binaries
+    try:
+        if os.getcwd() != program.get("cwd"):
+            return {}  # relative -I paths would name other headers
+    except OSError:
+        return {}
+    again = cl._Program(cl.Context(devs), program["source"].encode("utf-8", "surrogateescape"))
+    again.build(program["options"].encode("latin-1"), devs)
+    return program_binaries(again)
+
+
+def _reader(raw, devs, stamp: tuple | None, forget: tuple, in_process: bool,
+            program: dict | None = None) -> Callable[[int], bytes | None]:
     """One device's binary of ``raw``, the program's binaries read once for all of them
-    (on the first call, in the background store)."""
+    (on the first call, in the background store); none when ``raw`` was rebuilt since
+    with other options (:func:`build_stamp`)."""
     binaries: dict[int, bytes] | None = None
 
     def read(ptr: int) -> bytes | None:
@@ -160,9 +212,13 @@ def _reader(raw, forget: tuple, in_process: bool) -> Callable[[int], bytes | Non
         if not in_process:
             log.debug("kdb: not stored: built under the process's first build variables")
             return None
+        if binaries is None and (stamp is None or build_stamp(raw, devs) != stamp):
+            log.debug("kdb: not stored: the program was rebuilt with other options since")
+            compiled.pop(forget, None)
+            binaries = {}
         if binaries is None:
             try:
-                binaries = program_binaries(raw)
+                binaries = _binaries(raw, devs, program)
             except Exception as err:  # noqa: BLE001 - storing is best effort
                 log.warning("kdb: could not read program binaries: %s", err)
                 binaries = {}
