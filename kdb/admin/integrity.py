@@ -130,6 +130,9 @@ def verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
         return out
     try:
         with reading(path, tier) as conn:
+            # One read transaction: every check below sees one snapshot (WAL), not the
+            # entries of one moment and the totals of the next while others store.
+            conn.execute("BEGIN")
             check = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
             if check != ["ok"]:
                 problems.append("integrity check failed: " + "; ".join(check[:3]))
