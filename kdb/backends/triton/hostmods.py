@@ -54,8 +54,9 @@ def whole_elf(data: bytes) -> bool:
     whose section header table (written last by the linker) ends within the bytes, so a
     module cut short anywhere is refused before anything loads it.
 
-    >>> whole_elf(b"\\x7fELF" + bytes(60)), whole_elf(b"MZ" + bytes(62))
-    (True, False)
+    >>> empty = b"\\x7fELF\\x02\\x01" + bytes(58)  # 64-bit, no section headers
+    >>> whole_elf(empty), whole_elf(empty[:40]), whole_elf(b"MZ" + bytes(62))
+    (True, False, False)
     """
     if len(data) < 64 or not data.startswith(ELF) or data[4] not in (1, 2):
         return False
