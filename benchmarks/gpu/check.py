@@ -63,6 +63,8 @@ PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
              "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64", "any")
 NO_GPU = "not run: no GPU"
 TRITON_KERNELS = ["add", "softmax", "layer_norm", "matmul"]
+#: Issue 36: Triton on a new node (kdb warm, Triton's cache empty) within 2% of Triton warm.
+FRESH_NODE_GOAL = 1.02
 PACKED_KERNELS = ["add", "softmax", "layer_norm"]
 
 
@@ -698,6 +700,12 @@ def compiles(r: dict) -> int | None:
     return r.get("compiles")
 
 
+def host_builds(r: dict) -> int | None:
+    """How many host modules (cuda_utils, launchers) Triton built with the C compiler."""
+    got = r.get("host_builds")
+    return None if got is None else len(got)
+
+
 def part_triton(g: Gpu, rec: dict) -> dict:
     """A first process compiles; a second, Triton's cache empty, compiles nothing and gets the
     same bits; the same code without kdb gives the same bits."""
@@ -711,6 +719,9 @@ def part_triton(g: Gpu, rec: dict) -> dict:
              stages_run={"no kdb": plain.get("stages_run"), "kdb first": first.get("stages_run"),
                          "kdb second": second.get("stages_run")},
              kdb_counts={"first": first.get("kdb"), "second": second.get("kdb")},
+             host_builds={"no kdb": plain.get("host_builds"),
+                          "kdb first": first.get("host_builds"),
+                          "kdb second": second.get("host_builds")},
              wall_s={"no kdb": plain["wall"], "kdb first": first["wall"],
                      "kdb second": second["wall"]},
              digests=plain.get("digests"), ok=plain.get("ok"), target=plain.get("target"),
@@ -721,6 +732,8 @@ def part_triton(g: Gpu, rec: dict) -> dict:
     c.fail_unless(rec, (compiles(first) or 0) > 0, "the first kdb process compiles")
     c.fail_unless(rec, compiles(second) == 0 and second.get("stages_run") == 0,
                   "the second process compiles 0 (Triton's listener and stages)")
+    c.fail_unless(rec, host_builds(second) == 0,
+                  "the second process, Triton's cache empty, builds no host module")
     c.fail_unless(rec, first.get("digests") == plain.get("digests") == second.get("digests"),
                   "results bitwise equal with and without kdb")
     return plain.get("digests", {})
@@ -944,7 +957,8 @@ def part_opencl(g: Gpu, rec: dict, pyopencl: str | None) -> None:
 def part_timing(g: Gpu, rec: dict, pairs: int) -> None:
     """Process wall time (spawn to exit) of the four Triton kernels: cold (no cache), warm
     from Triton's cache, warm from kdb with Triton's cache empty (a new node or container),
-    and warm from kdb with Triton's cache warm (its launchers built); arms interleaved."""
+    and warm from kdb with Triton's cache warm (its launchers built); arms interleaved. The
+    host modules Triton builds with the C compiler are counted per arm: none in a kdb arm."""
     c = g.check
     warm_tc, cache, kdb_tc = c.fresh("tc-timing"), c.fresh("kdb-timing"), c.fresh("tc-kdb")
     g.child(["triton"], {**base_env(), "TRITON_CACHE_DIR": warm_tc})
@@ -957,6 +971,7 @@ def part_timing(g: Gpu, rec: dict, pairs: int) -> None:
     }
     walls: dict[str, list[float]] = {a: [] for a in arms}
     counts: dict[str, list] = {a: [] for a in arms}
+    builds: dict[str, list] = {a: [] for a in arms}
     names = list(arms)
     done = 0
     for r in range(pairs):
@@ -967,14 +982,23 @@ def part_timing(g: Gpu, rec: dict, pairs: int) -> None:
             got = g.child(["triton"], arms[arm]())
             walls[arm].append(got["wall"])
             counts[arm].append(compiles(got))
+            builds[arm].append(host_builds(got))
         done += 1
     med = {a: round(statistics.median(v), 3) for a, v in walls.items() if v}
     rec["figures"].update(rounds=done, wall_s=med, samples=walls, compiles=counts,
+                          host_builds=builds,
                           vs_triton_warm={a: round(v / med["triton warm"], 3)
                                           for a, v in med.items()} if med else {})
+    fresh = "kdb warm, Triton cache empty"
+    if med.get(fresh) and med.get("triton warm"):
+        ratio = round(med[fresh] / med["triton warm"], 3)
+        rec["figures"]["fresh_node_goal"] = {"ratio": ratio, "goal": FRESH_NODE_GOAL,
+                                             "met": ratio <= FRESH_NODE_GOAL}
     c.fail_unless(rec, done > 0, "at least one round")
     c.fail_unless(rec, all(x == 0 for a in arms if a.startswith("kdb") for x in counts[a]),
                   "kdb arms compile 0")
+    c.fail_unless(rec, all(x == 0 for a in arms if a.startswith("kdb") for x in builds[a]),
+                  "kdb arms build no host module (cuda_utils, launchers)")
 
 
 def gpu_half(args, check: Check) -> None:

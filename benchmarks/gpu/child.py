@@ -42,11 +42,32 @@ def phase(name: str, since: float) -> float:
     return now
 
 
+def count_host_builds() -> None:
+    """Every C compiler run of Triton's host modules (the driver's utilities, the launchers):
+    Triton's ``_build`` runs the compiler through ``subprocess.check_call`` in every version
+    (3.2 on); the module each run built is reported, by file name."""
+    import subprocess
+
+    REPORT["host_builds"] = []
+    check_call = subprocess.check_call
+
+    def counting(cmd, *args, **kwargs):
+        if sys._getframe(1).f_globals.get("__name__") == "triton.runtime.build":
+            out = cmd[cmd.index("-o") + 1] if "-o" in cmd else str(cmd[0])
+            REPORT["host_builds"].append(os.path.basename(str(out)))
+        return check_call(cmd, *args, **kwargs)
+
+    subprocess.check_call = counting
+
+
 def count_triton_compiles() -> None:
     """Triton's listener (3.4 and later) says hit or compile for every kernel; the backend's
-    stages run only for a compile (every version): both are reported."""
+    stages run only for a compile (every version): both are reported, and so are the host
+    modules Triton builds with the C compiler (:func:`count_host_builds`)."""
     import triton
     import triton.compiler.compiler as tcc
+
+    count_host_builds()
 
     REPORT["listener"] = []
     REPORT["stages_run"] = 0

@@ -11,7 +11,8 @@ inherited). A program that names its own cache manager keeps it. :func:`compile`
 for an explicit target (no GPU needed), as ``kdb pack`` does.
 
 The rooms: :mod:`.cache` (the manager), :mod:`.groups` (a kernel's files as one entry, and
-the private directory Triton reads them from), :mod:`.targets` (arch names, identity).
+the private directory Triton reads them from), :mod:`.hostmods` (the C extensions Triton
+builds with the host's compiler), :mod:`.targets` (arch names, identity).
 Imports the core and the policy, never a front end.
 """
 

@@ -10,9 +10,10 @@ compiles and writes its files through :meth:`~CacheManager.put`, and
 :meth:`~CacheManager.put_group` stores the group as one zstd-compressed entry, off the
 critical path.
 
-Files Triton caches outside a kernel's group (the launcher it builds with the host's C
-compiler, autotuning results) are host-specific: a manager whose first call is not
-``get_group`` hands everything to Triton's own file cache, as Triton would.
+A manager whose first call is ``get_file`` of a C extension is for one of Triton's host
+modules (its driver's utilities, a launcher: :mod:`.hostmods`), one kdb entry too. Anything
+else Triton caches outside a kernel's group (autotuning results) goes to Triton's own file
+cache, as Triton would.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ...claims import Claim
 from ...db import default_db
 from ...keys import HashAttributes
 from ...tiers import Hit
-from . import groups
+from . import groups, hostmods
 from .targets import BACKEND, arch_of, compiler_identity, current_arch, known_archs
 
 log = logs.get("kdb")
@@ -83,6 +84,7 @@ class CacheManager(_TritonCacheManager):
         self._kernel: bool | None = None  # None until the first call says which kind
         self._written: dict[str, tuple[str, bytes]] = {}  # name -> (path, bytes) written
         self._arch: str | None = None
+        self._host: hostmods.HostModule | None = None
 
     # -- Triton's file cache, for what is not a kernel's group ------------------------------
 
@@ -100,12 +102,27 @@ class CacheManager(_TritonCacheManager):
         return None if self._kernel else self._triton_files()
 
     def get_file(self, filename: str) -> str | None:
+        if self._kernel is None and self._dump is None and self._files is None \
+                and hostmods.module_name(filename) is not None:
+            self._kernel = False
+            self._host = hostmods.HostModule(self.key, filename, _tiers())
+            return self._host.get()
+        if self._host is not None and filename == self._host.filename:
+            return None  # asked again: Triton builds it
         plain = self._plain()
         if plain is not None:
             return plain.get_file(filename)
         return self._written.get(filename, (None,))[0]
 
     def put(self, data, filename: str, binary: bool = True) -> str:
+        if self._host is not None and filename == self._host.filename:
+            raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
+            try:
+                return self._host.put(raw)
+            except OSError as err:  # nowhere to write it: Triton's own cache, as without kdb
+                faults.fault(f"cannot write Triton's host module {filename} ({err}); it goes "
+                             "to Triton's cache", once="triton-host-files")
+                return self._triton_files().put(data, filename, binary)
         plain = self._plain()
         if plain is not None:
             return plain.put(data, filename, binary)
@@ -126,6 +143,8 @@ class CacheManager(_TritonCacheManager):
         _release_failed()
         tiers = _tiers()
         arch = self._arch = current_arch()
+        if arch is not None:
+            hostmods.flush(arch)
         got = self._find(tiers, name, arch)
         if got is not None:
             return got
@@ -185,6 +204,7 @@ class CacheManager(_TritonCacheManager):
                 claim.release()
             return filename
         tiers = _tiers()
+        hostmods.flush(self._arch or arch)
         attrs = self._attrs(arch, name)
         if claim is not None and self._arch is not None and arch != self._arch:
             claim.release()  # the device's arch is not the target's: nobody waits on this

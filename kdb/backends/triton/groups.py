@@ -59,34 +59,62 @@ def _plain_name(name: object) -> bool:
 
 #: [pid, path, descriptor, on the temporary directory] of this process's private directory.
 _root: list = []
+#: The same, for host modules, where :data:`_root`'s file system is mounted ``noexec``.
+_exec_root: list = []
 #: (pid, path) of every private directory made, removed at exit by the process that made it.
 _made: list = []
 
 
-def private_dir(key: str) -> str:
+def private_dir(key: str, root: list | None = None) -> str:
     """``<runtime dir>/kdb-triton-<uid>-<pid>-XXXX/<key>``: made 0700 by ``mkdtemp`` (a name
     nobody can plant in advance) in a directory nobody else can change, per process,
-    removed at exit."""
+    removed at exit. ``root``: :data:`_root` (the default) or :data:`_exec_root`."""
+    root = _root if root is None else root
     if not _plain_name(key):
         raise OSError(errno.EINVAL, f"not a Triton cache key: {key!r}")
-    if not _root or _root[0] != os.getpid():
-        _new_root(runtime_dirs())
+    if not root or root[0] != os.getpid():
+        _new_root(runtime_dirs() if root is _root else _exec_bases(), root)
     try:
-        os.mkdir(key, 0o700, dir_fd=_root[2])
+        os.mkdir(key, 0o700, dir_fd=root[2])
     except FileExistsError:
         pass
-    return os.path.join(_root[1], key)
+    return os.path.join(root[1], key)
 
 
-def _new_root(bases: list[str]) -> None:
+def _noexec(path: str) -> bool:
+    """Whether the file system of ``path`` is mounted ``noexec`` (a container's ``/dev/shm``
+    usually is): a C extension written there cannot be loaded."""
+    try:
+        return bool(os.statvfs(path).f_flag & getattr(os, "ST_NOEXEC", 0))
+    except OSError:
+        return True
+
+
+def _exec_bases() -> list[str]:
+    return [d for d in runtime_dirs() if not _noexec(d)]
+
+
+def _loadable_root() -> list:
+    """The private directory for files the process will load as code (Triton's host
+    modules): :data:`_root` unless its file system is ``noexec``, else one of its own."""
+    if not _root or _root[0] != os.getpid():
+        _new_root(runtime_dirs(), _root)
+    if not _noexec(_root[1]):
+        return _root
+    return _exec_root
+
+
+def _new_root(bases: list[str], root: list | None = None) -> None:
     """A private directory in the first of ``bases`` that nobody else can change (a refused
-    one warns once), checked on its descriptor: this user's and private, not a link."""
+    one warns once), checked on its descriptor: this user's and private, not a link; its
+    ``[pid, path, descriptor, on the temporary directory]`` into ``root`` (:data:`_root`)."""
     from ...file import fs
 
+    root = _root if root is None else root
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    if _root:
-        os.close(_root[2])  # a full one's, or the parent's (inherited by this forked child)
-    _root[:] = []
+    if root:
+        os.close(root[2])  # a full one's, or the parent's (inherited by this forked child)
+    root[:] = []
     failed: OSError | None = None
     for base in bases:
         bad = fs.unsafe_above(os.path.join(base, "kdb-triton"))  # the base and those above
@@ -102,7 +130,7 @@ def _new_root(bases: list[str]) -> None:
             continue
         why = fs.stat_problem(os.fstat(fd))
         if why is None:
-            _root[:] = [os.getpid(), path, fd, base == tempfile.gettempdir()]
+            root[:] = [os.getpid(), path, fd, base == tempfile.gettempdir()]
             _made.append((os.getpid(), path))
             return
         os.close(fd)
@@ -121,21 +149,23 @@ def _refuse(base: str, where: str, why: str) -> None:
                  "the other user's)", once="triton-runtime:" + base)
 
 
-def write_files(key: str, files: dict[str, bytes]) -> dict[str, str]:
+def write_files(key: str, files: dict[str, bytes], loadable: bool = False) -> dict[str, str]:
     """Write ``files`` for Triton to read; ``{file name: path}``. A memory file system that is
     full (a container's 64 MB ``/dev/shm``) moves this process's files to the temporary
-    directory, with one warning; a second failure raises :class:`OSError`."""
+    directory, with one warning; a second failure raises :class:`OSError`. ``loadable``:
+    the files are C extensions Triton will load, written where the file system allows it."""
+    root = _loadable_root() if loadable else _root
     try:
-        return _write(private_dir(key), files)
+        return _write(private_dir(key, root), files)
     except OSError as err:
-        if _root and _root[0] == os.getpid() and not _root[3]:
+        if root and root[0] == os.getpid() and not root[3]:
             from ... import faults
 
-            faults.fault(f"cannot write Triton's files under {os.path.dirname(_root[1])} "
+            faults.fault(f"cannot write Triton's files under {os.path.dirname(root[1])} "
                          f"({err}); using {tempfile.gettempdir()} instead",
                          once="triton-runtime-dir")
-            _new_root([tempfile.gettempdir()])
-            return _write(private_dir(key), files)
+            _new_root([tempfile.gettempdir()], root)
+            return _write(private_dir(key, root), files)
         raise
 
 

@@ -62,13 +62,25 @@ def current_arch() -> str | None:
     try:
         from triton.runtime.driver import driver
 
-        return target_arch(driver.active.get_current_target())
+        arch = target_arch(driver.active.get_current_target())
     except Exception:  # noqa: BLE001 - no GPU, no driver: Triton would say so itself
         _no_device.append(True)  # asked once per process: the answer costs a driver probe
         return None
+    _seen[:] = [arch]
+    return arch
+
+
+def known_arch() -> str | None:
+    """The arch of :func:`target`, else the device's arch once :func:`current_arch` has
+    learned it, else ``None``; never asks the driver. Triton builds its host modules while
+    its driver is being made, where asking the driver would make another."""
+    arch = _target.get()
+    return arch if arch is not None else (_seen[0] if _seen else None)
 
 
 _no_device: list = []
+#: The device's arch, once :func:`current_arch` has asked the driver.
+_seen: list = []
 
 
 def known_archs(tiers) -> list[str]:
