@@ -345,3 +345,22 @@ def test_verify_json_is_json_even_when_files_are_bad(cache_dir):
     assert result.exit_code == 1
     data = json.loads(result.output)
     assert data["ok"] is False and "unreadable" in data["files"][0]["problems"][0]
+
+
+LONG_NAME = "n" * 300  # past NAME_MAX (255) on every Linux file system
+
+
+@pytest.mark.parametrize("variable", ["KDB_SYSTEM_DB_PATH", "KDB_CACHE_DIR"])
+def test_a_path_component_too_long_warns_and_builds(variable, tmp_path, run_py):
+    """``OSError: File name too long`` from a setting is a cache that cannot be used: one
+    warning, then the kernel is built as without kdb."""
+    env = {"KDB_CACHE_DIR": str(tmp_path / "cache"), variable: str(tmp_path / LONG_NAME)}
+    out = run_py("""
+        import pyopencl as cl, kdb.opencl
+        plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+        ctx = cl.Context(plat.get_devices()[:1])
+        prg = kdb.opencl.build(ctx, "__kernel void v(__global int *o) { o[0] = 1; }")
+        print("built", len(prg.kernel_names))
+    """, env=env)
+    assert "built" in out.stdout and "Traceback" not in out.stderr
+    assert "too long" in out.stderr

@@ -163,7 +163,13 @@ def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = Non
     files = (os.path.join(str(Path(d)), f"{arch}.kdb") for d in dirs)
     out = []
     for f in files:
-        if Path(f).is_file():
+        try:
+            is_file = Path(f).is_file()
+        except OSError as err:  # a name too long, a directory it may not search
+            logs.warn_once(f"sysdir:{f}", "kdb: %s in %s cannot be read (%s); it is skipped",
+                           f, config.ENV_SYSTEM_DB_PATH, err.strerror or err)
+            continue
+        if is_file:
             why = unsafe(f)
             if why is None:
                 out.append(SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH))

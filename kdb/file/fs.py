@@ -175,6 +175,8 @@ def _checked(path: str | os.PathLike[str], system: bool) -> tuple[str | None, bo
         st = os.stat(path) if stat.S_ISLNK(link.st_mode) else link
     except (FileNotFoundError, NotADirectoryError):
         return None, False
+    except OSError as err:  # a name too long, EACCES above it, an I/O error: not trusted
+        return f"it cannot be examined ({err.strerror or err})", False
     linked = stat.S_ISLNK(link.st_mode)
     if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
         return None, linked  # /dev/null and the like: nothing is read from it, and making
