@@ -234,6 +234,33 @@ def test_a_store_that_ends_without_the_entry_ends_the_wait(cache_dir, run_py, tm
         _resume(stopped)
 
 
+def test_a_job_with_seconds_not_a_number_or_a_fifo_for_a_job_costs_a_compile(
+        cache_dir, run_py, tmp_path):
+    """Beside a queued mark: a job whose entry's seconds are text, one whose seconds are a
+    list, and a FIFO where the job file should be (an open() of it would wait for a writer
+    for ever). The next process compiles all three, at once, and its store worker stores
+    them: it never dies, and nothing blocks."""
+    stopped = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
+    try:
+        jobs = sorted(_queued_jobs(cache_dir))
+        for job, seconds in zip(jobs, ["abc", [1, 2]]):
+            data = json.loads(job.read_text())
+            data["entries"][0]["seconds"] = seconds
+            job.write_text(json.dumps(data))
+        jobs[2].unlink()
+        os.mkfifo(jobs[2])
+        second = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(tmp_path / "b"),
+                                                       "KDB_WAIT_TIMEOUT": "30"})
+        assert second["compiles"] == 3
+        assert second["build_s"] < 20
+    finally:
+        _resume(stopped)
+    wait_for_worker(cache_dir)  # the FIFO's worker too: set aside, not waited on
+    assert stored(cache_dir) == 3
+    again = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(tmp_path / "c")})
+    assert again["compiles"] == 0
+
+
 def test_a_job_whose_worker_was_killed_mid_store_is_stored_by_the_next_process(
         cache_dir, run_py, tmp_path):
     """A worker killed while its lane stored a job leaves it taken by nobody: the next

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Callable
@@ -37,13 +38,24 @@ def taken_path(path: Path) -> Path:
     return path.with_suffix(TAKEN)
 
 
+def open_regular(path: Path) -> int:
+    """``path`` opened for reading, without blocking: a FIFO or a device where a job file
+    should be would hold the reader in ``open()`` for ever. ``OSError`` unless it is a
+    regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
 def _flocked(path: Path) -> int | None:
     """``path`` opened and ``flock``-ed (exclusive, not blocking) through the returned fd; -1
     when another process holds its lock; None when there is no such file."""
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path)
     except OSError:
         return None
     try:

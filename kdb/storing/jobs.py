@@ -109,6 +109,9 @@ class StoreJob:
         for e in known.get("entries", ()):
             if not isinstance(e, dict) or not isinstance(e.get("key", ""), str):
                 raise ValueError(f"a store job's entry is not an object with a str key: {e!r:.60}")
+            seconds = e.get("seconds", 0.0)
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+                raise ValueError(f"a store job's entry has seconds {seconds!r:.60}, not a number")
         _check_environment(known.get("environment", {}))
         extra = {k: v for k, v in data.items() if k not in _FIELDS}
         return cls(**known, extra=extra)

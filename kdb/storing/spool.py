@@ -50,6 +50,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     take,
     taken_path,
 )
+from . import jobfiles
 from .jobs import REFRESH
 from .trust import ENVIRONMENT, UntrustedSpool, accepted, runnable, trusted
 
@@ -312,12 +313,18 @@ def read_job(path: Path) -> dict | None:
     """A job's (or ``environment.json``'s) data; ``None`` when it is gone, not JSON, or not
     this user's alone (refused with a warning: its contents are run as this user)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            if not accepted(path, f.fileno()):
+        fd = jobfiles.open_regular(path)
+    except OSError:
+        return None  # stored (and removed) meanwhile, or not a file (a FIFO never answers)
+    try:
+        with open(fd, encoding="utf-8", closefd=False) as f:
+            if not accepted(path, fd):
                 return None
             return json.load(f)
     except (OSError, ValueError):
-        return None  # stored (and removed) meanwhile, or not a job
+        return None  # not a job
+    finally:
+        os.close(fd)
 
 
 def _pending_jobs(user_dir: Path):

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 from .. import config
-from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove,
-                                rename, sweep_partial, take, taken_path)
+from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, open_regular,
+                                publish_lanes, remove, rename, sweep_partial, take,
+                                taken_path)
 from ..storing.jobs import StoreJob
 from ..storing.spool import LOCK, worker_running
 from .lane import Lane, inherit
@@ -110,7 +111,7 @@ class _Queue:
         if stem not in self.jobs:
             path, got = self.spool / (stem + suffix), None
             try:
-                with open(path, "rb") as f:
+                with os.fdopen(open_regular(path), "rb") as f:  # a FIFO: set aside
                     job = StoreJob.from_json(f.read().decode("utf-8"))
                 got = ([k for k in job.keys if k], job.seconds, job.claims_dir,
                        tuple(sorted(job.environment.items())))
