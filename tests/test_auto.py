@@ -385,6 +385,59 @@ def test_kdb_run_of_a_missing_command_exits_127(env):
     assert "command not found: no-such-command-kdb" in proc.stderr
 
 
+def test_kdb_run_passes_a_process_substitution_through(env):
+    """bash's ``<(...)`` is a pipe the command reads as /dev/fd/N: kdb run must not close it."""
+    proc = run(["bash", "-c", f"{KDB} run -- cat <(echo hello)"], env)
+    assert (proc.returncode, proc.stdout) == (0, "hello\n"), proc.stderr
+
+
+def test_kdb_run_passes_a_redirected_descriptor_through(env, tmp_path):
+    (tmp_path / "data").write_text("on fd 3\n")
+    proc = run(["bash", "-c", f"{KDB} run -- bash -c 'cat <&3' 3<data"], env, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, "on fd 3\n"), proc.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_kdb_run_gives_the_command_the_descriptors_it_inherited_and_none_of_its_own(env, tmp_path):
+    """The command's descriptors are those kdb run was given (here: 0-2 and one extra), as
+    without kdb run: kdb's own (its Python, its files) are close-on-exec."""
+    listing = [sys.executable, "-c", "import os; print(sorted(map(int, os.listdir('/proc/self/fd'))))"]
+    with open(tmp_path / "extra", "w") as extra:
+        fd = extra.fileno()
+        kwargs = {"pass_fds": (fd,), "stdin": subprocess.DEVNULL}
+        plain = run(listing, env, **kwargs)
+        wrapped = run([KDB, "run", "--", *listing], env, **kwargs)
+    assert wrapped.returncode == 0, wrapped.stderr
+    assert fd in json.loads(plain.stdout)
+    assert wrapped.stdout == plain.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+def test_a_sub_make_under_kdb_run_keeps_the_jobserver(env, tmp_path):
+    """make -j4 passes its jobserver to a recipe's $(MAKE) as inherited descriptors (make 4.3)
+    or a named fifo (4.4): through kdb run the sub-make still gets -j4, not -j1."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "Makefile").write_text(f"all:\n\t+{KDB} run -- $(MAKE) -C sub\n")
+    (tmp_path / "sub" / "Makefile").write_text("all: a b\na b:\n\t@echo $@ $(MAKEFLAGS)\n")
+    proc = run(["make", "-j4"], env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "jobserver unavailable" not in proc.stderr
+    assert "-j4" in proc.stdout and "-j1" not in proc.stdout, proc.stdout
+
+
+SIGNALS = "import signal; print([int(signal.getsignal(s)) for s in (signal.SIGHUP, signal.SIGTERM)])"
+
+
+def test_signals_ignored_for_kdb_run_stay_ignored_in_the_command(env):
+    """nohup and a shell's ``trap ''`` ignore a signal for what they run; exec keeps it
+    ignored, and so must kdb run (a handler of its own would reset it to the default)."""
+    ignore = ["bash", "-c", f"trap '' HUP TERM; exec {KDB} run -- {sys.executable} -c \"$0\"",
+              SIGNALS]
+    proc = run(ignore, env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [int(signal.SIG_IGN)] * 2
+
+
 # -- pytest --kdb ---------------------------------------------------------------------------
 
 def test_pytest_kdb_switches_kdb_on_for_the_session_and_its_subprocesses(app, env, tmp_path):

@@ -734,3 +734,60 @@ def test_installed_system_wheel_serves_the_demo_with_zero_compiles(kdb_venv, arc
     figures, stderr = _demo_worker(kdb_venv, tmp_path / "without-wheel")
     assert NOSYS in stderr
     assert figures["compiles"] == n and figures["ok"]
+
+
+#: A start-up hook (``sitecustomize``, first on PYTHONPATH) that makes the modules named in
+#: $HIDE unimportable in that process, as on a machine where they are not installed.
+HIDE = '''
+import os, sys
+
+class _Hidden:
+    names = set(os.environ["HIDE"].split(","))
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, _Hidden())
+'''
+
+MANIFESTS = {"triton": '''
+[[kernel]]
+name = "add_64"
+backend = "triton"
+file = "kernels.py"
+function = "add"
+signature = { x_ptr = "*fp32", n = "i32", BLOCK = "constexpr" }
+constexprs = { BLOCK = 64 }
+arches = ["sm_90"]
+''', "pyopencl": '''
+[[kernel]]
+name = "twice"
+backend = "opencl"
+source = "__kernel void twice(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
+'''}
+
+
+@pytest.mark.parametrize("hidden, extra", [("triton", "kdb[triton]"),
+                                           ("pyopencl", "kdb[opencl]")])
+def test_pack_without_a_back_ends_module_says_which_extra_to_install(tmp_path, hidden, extra):
+    """The real ``kdb`` script where Triton (or pyopencl) cannot be imported: one line that
+    names the extra, exit status 1, no traceback (Triton's was ModuleNotFoundError's, and
+    pyopencl's said that no OpenCL device is present)."""
+    (tmp_path / "hide").mkdir()
+    (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE)
+    (tmp_path / "kernels.py").write_text("add = None\n")
+    (tmp_path / "kernels.toml").write_text(MANIFESTS[hidden])
+    path = os.pathsep.join(filter(None, [str(tmp_path / "hide"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "HIDE": hidden,
+           "KDB_CACHE_DIR": str(tmp_path / "cache")}
+    kdb = Path(sys.executable).with_name("kdb")
+    proc = subprocess.run([str(kdb), "pack", "--arch", "sm_90", "--manifest", "kernels.toml",
+                           "--version", "1.0.0", "--out", "out"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    assert line.endswith(f"pip install '{extra}'") and f"No module named '{hidden}'" in line
+    assert ("add_64" if hidden == "triton" else "twice") in line
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

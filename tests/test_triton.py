@@ -205,8 +205,9 @@ print(json.dumps({"hits": events, "binaries": binaries, "cubins": cubins,
 '''
 
 NVIDIA = "cuda:90:32"
-#: kdb's cache manager, as the app prints it (``kdb.triton.CacheManager``).
-KDB_MANAGER = "kdb.backends.triton.cache:CacheManager"
+#: kdb's cache manager as install() sets it, as the app prints it: ``kdb.triton.CacheManager``
+#: unless the program names its own later.
+KDB_MANAGER = "kdb.backends.triton.chosen:CacheManagerUnlessTheirs"
 AMD = "hip:gfx90a:64"
 
 
@@ -345,6 +346,32 @@ def test_a_program_with_its_own_cache_manager_keeps_it(tmp_path, triton_env, cac
                        TRITON_CACHE_MANAGER=mine)
     assert got["manager"] == mine and got["hits"] == [False]
     assert err.count("TRITON_CACHE_MANAGER is already set") == 1
+    assert entries(cache_dir, "sm_90") == []
+    assert kernel_files(tmp_path / "tc")  # Triton's own cache, as the program asked
+
+
+def test_the_manager_variable_has_one_name():
+    import kdb.triton
+    from kdb.backends.triton import chosen
+
+    assert chosen.ENV_MANAGER == kdb.triton.ENV_MANAGER == "TRITON_CACHE_MANAGER"
+
+
+def test_a_program_that_names_its_own_manager_after_importing_triton_keeps_it(
+        tmp_path, triton_env, cache_dir):
+    """Triton 3.4 on reads TRITON_CACHE_MANAGER at each compile, so a program may set it
+    after ``import triton``; KDB_AUTO installed kdb at that import, and Triton's setting it
+    used hid the variable: kdb cached the program's kernels, with no word said."""
+    mine = "triton.runtime.cache:FileCacheManager"
+    late = ("import os, runpy, sys, triton; os.environ['TRITON_CACHE_MANAGER'] = sys.argv[2]; "
+            "sys.argv = sys.argv[1:2] + sys.argv[3:]; runpy.run_path(sys.argv[0], "
+            "run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", late, str(tmp_path / "app.py"), mine, "add"],
+                          env={**triton_env, "PLAIN": "1", "KDB_AUTO": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["hits"] == [False]
+    assert proc.stderr.count(f"TRITON_CACHE_MANAGER is set ({mine})") == 1, proc.stderr
     assert entries(cache_dir, "sm_90") == []
     assert kernel_files(tmp_path / "tc")  # Triton's own cache, as the program asked
 

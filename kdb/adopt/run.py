@@ -10,7 +10,14 @@ Signals: SIGTERM, SIGHUP, SIGINT, SIGQUIT, SIGUSR1 and SIGUSR2 sent to ``kdb run
 to the command. A signal the terminal sent (Ctrl-C, a hang-up) has already reached the
 command, which is in the same foreground process group; on Linux ``kdb run`` tells the two
 apart (``sigwaitinfo``'s ``si_code``) and does not deliver it twice. Elsewhere it passes on
-every signal but SIGINT and SIGQUIT while it is in the terminal's foreground group.
+every signal but SIGINT and SIGQUIT while it is in the terminal's foreground group. A signal
+ignored when ``kdb run`` starts (``nohup``'s SIGHUP; SIGINT and SIGQUIT of a shell's
+background job) stays ignored, in ``kdb run`` and in the command, as ``exec`` would leave it.
+
+File descriptors: the command inherits every one ``kdb run`` inherited (``<(...)``, ``3<file``,
+make's jobserver pipe), as a shell's ``exec`` would pass them. kdb's own descriptors (its
+files, SQLite's, subprocess's pipes) are close-on-exec (PEP 446), so none of them leak into it.
+``kdb run`` cannot ``exec`` the command itself: it stays to print the summary once it ends.
 """
 
 from __future__ import annotations
@@ -84,14 +91,26 @@ def _run_forwarding(command: list[str], env: dict[str, str]) -> int:
     return _run_handlers(command, env)
 
 
+def _passed_on() -> tuple[int, ...]:
+    """The signals to pass on: :data:`FORWARDED` but those ignored now, which no handler of
+    ours may replace (``exec`` resets a caught signal to its default, keeps an ignored one)."""
+    return tuple(s for s in FORWARDED if signal.getsignal(s) != signal.SIG_IGN)
+
+
+def _popen(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """The command, with every file descriptor kdb run inherited (see the module's docstring)."""
+    return subprocess.Popen(command, env=env, close_fds=False)
+
+
 def _run_sigwait(command: list[str], env: dict[str, str]) -> int:
     """Linux: block the signals, start the command, and take each signal with its sender."""
-    waited = {*FORWARDED, signal.SIGCHLD}
+    forwarded = _passed_on()
+    waited = {*forwarded, signal.SIGCHLD}
     early: list[int] = []
     # Signals that arrive while the command starts are kept and passed on once it runs.
-    old_handlers = {s: signal.signal(s, lambda n, _f: early.append(n)) for s in FORWARDED}
+    old_handlers = {s: signal.signal(s, lambda n, _f: early.append(n)) for s in forwarded}
     try:
-        proc = subprocess.Popen(command, env=env)
+        proc = _popen(command, env)
     except BaseException:
         for s, h in old_handlers.items():
             signal.signal(s, h)
@@ -126,9 +145,9 @@ def _run_handlers(command: list[str], env: dict[str, str]) -> int:
         else:
             _send(proc, signum)
 
-    old_handlers = {s: signal.signal(s, forward) for s in FORWARDED}
+    old_handlers = {s: signal.signal(s, forward) for s in _passed_on()}
     try:
-        proc = subprocess.Popen(command, env=env)
+        proc = _popen(command, env)
         for n in pending:
             _send(proc, n)
         while True:

@@ -245,8 +245,8 @@ def run_command(ctx: click.Context, run_cache_dir: Path | None, as_json: bool,
                 command: tuple[str, ...]) -> None:
     """Run COMMAND with kdb on for it and every process it starts (KDB_AUTO=1).
 
-    Stdin, stdout, stderr and the exit status are the command's; signals sent to kdb run
-    are passed on. At the end, one line on stderr: programs requested, compiled (and how
+    Stdin, stdout, stderr, every other inherited file descriptor and the exit status are
+    the command's; signals sent to kdb run are passed on. At the end, one line on stderr: programs requested, compiled (and how
     many of those compiles are still pending store), served per tier and from memory,
     seconds compiling, and the compile time the served programs took when first built (an
     estimate, not wall time), over every process that used kdb.

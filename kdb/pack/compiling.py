@@ -7,15 +7,21 @@ CUDA back ends, a :class:`~kdb.db.KernelDB` storing into the user tier), so the 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
 from .. import bookkeeping
-from ..errors import CompileError, PackError
+from ..errors import BackendUnavailableError, CompileError, PackError
 from .manifest import KernelSpec, applicable
 from ..file.kernelfile import KernelFile
 
 Progress = Callable[[int, int, str], None]  # (done, total, current kernel)
+
+#: The module each back end packs with, where pip's extras do not always bring it, and the
+#: extra that does. CUDA needs none: its compilers (nvcc, NVRTC) are found at the compile,
+#: which says what to install when neither is.
+REQUIRES = {"opencl": ("pyopencl", "kdb[opencl]"), "triton": ("triton", "kdb[triton]")}
 
 
 def opencl_arches() -> dict[str, object]:
@@ -59,6 +65,8 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
     if backends - known:
         raise PackError(f"unknown back end(s) {sorted(backends - known)} in the manifest; kdb "
                         "packs 'opencl', 'cuda' and 'triton' kernels")
+    for backend in sorted(backends & REQUIRES.keys()):
+        require(backend, [s.name for s in todo if s.backend == backend])
     ctx = None
     if "opencl" in backends:
         devices = opencl_arches()
@@ -103,6 +111,21 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
     if progress:
         progress(len(todo), len(todo), "")
     return path, failures
+
+
+def require(backend: str, kernels: list[str]) -> None:
+    """Raise :class:`BackendUnavailableError`, in one line that names the extra to install,
+    when the module ``backend``'s kernels are compiled with cannot be imported here; checked
+    before anything compiles."""
+    module, extra = REQUIRES[backend]
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        shown = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3
+                                          else "")
+        raise BackendUnavailableError(
+            f"the manifest's {backend} kernel(s) {shown} need {module}, which cannot be "
+            f"imported here ({err}): pip install '{extra}'") from err
 
 
 def _compile_one(spec: KernelSpec, arch: str, ctx: object, db: object) -> None:

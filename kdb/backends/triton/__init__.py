@@ -7,12 +7,14 @@ processes wait for its entry) and is stored off the critical path.
 inherited by every child, and a child whose Python has no kdb (another venv, the system
 ``python3``) would die at its first compile. ``KDB_AUTO=1``, ``kdb run`` and ``pytest --kdb``
 call it when the program imports Triton, in each process that has kdb (``KDB_AUTO`` is
-inherited). A program that names its own cache manager keeps it. :func:`compile` compiles
-for an explicit target (no GPU needed), as ``kdb pack`` does.
+inherited). A program that names its own cache manager keeps it, with one warning, whether
+it names it before kdb is installed or later in ``TRITON_CACHE_MANAGER``. :func:`compile`
+compiles for an explicit target (no GPU needed), as ``kdb pack`` does.
 
-The rooms: :mod:`.cache` (the manager), :mod:`.groups` (a kernel's files as one entry, and
-the private directory Triton reads them from), :mod:`.hostmods` (the C extensions Triton
-builds with the host's compiler), :mod:`.targets` (arch names, identity).
+The rooms: :mod:`.cache` (the manager), :mod:`.chosen` (kdb's manager or the program's),
+:mod:`.groups` (a kernel's files as one entry, and the private directory Triton reads them
+from), :mod:`.hostmods` (the C extensions Triton builds with the host's compiler),
+:mod:`.targets` (arch names, identity).
 Imports the core and the policy, never a front end.
 """
 
@@ -40,16 +42,16 @@ def install() -> bool:
     current = os.environ.get(ENV_MANAGER)
     if current and current != MANAGER:
         return _kept(f"{ENV_MANAGER} is already set ({current})")
-    from .cache import CacheManager
+    from .chosen import CacheManagerUnlessTheirs
 
     knobs = _knobs()
     if knobs is None:  # a Triton before 3.4 reads only the variable (children inherit it)
         os.environ[ENV_MANAGER] = MANAGER
         return True
     theirs = knobs.__dict__.get("manager_class")
-    if theirs is not None and theirs is not CacheManager:
+    if theirs is not None and not _ours(knobs):
         return _kept(f"triton.knobs.cache.manager_class is already set ({theirs!r})")
-    knobs.manager_class = CacheManager
+    knobs.manager_class = CacheManagerUnlessTheirs  # a TRITON_CACHE_MANAGER set later wins
     if current is None:
         os.environ.pop(ENV_MANAGER, None)  # set in this process only, never passed on
     return True
@@ -68,8 +70,9 @@ def _knobs():
 
 
 def _ours(knobs) -> bool:
-    module = sys.modules.get(__name__ + ".cache")
-    return module is not None and knobs.__dict__.get("manager_class") is module.CacheManager
+    module = sys.modules.get(__name__ + ".chosen")
+    return module is not None and knobs.__dict__.get("manager_class") in (
+        module.CacheManager, module.CacheManagerUnlessTheirs)
 
 
 def uninstall() -> None:
