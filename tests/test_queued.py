@@ -406,13 +406,13 @@ def test_a_store_that_costs_more_than_the_compile_is_given_up_and_set_aside(
     try:
         first = len(_queued_jobs(cache_dir))
         second = run_json(run_py, SCAN, {"POCL_CACHE_DIR": str(tmp_path / "b"),
-                                         "KDB_WAIT_TIMEOUT": "30"})
+                                         "KDB_WAIT_TIMEOUT": "300"})
         slow = [p for p in (cache_dir / "v1" / "spool").glob("*/*" + jobfiles.SLOW)]
         # Set aside once its store outran the compile; on a loaded machine the compile's cost
         # grows too, and a store may finish inside it: stored then, never left unattended.
         assert slow or stored(cache_dir) > 0, _log(cache_dir)
         assert 1 <= second["compiles"] <= first
-        assert second["build_s"] < 30
+        assert second["build_s"] < 200  # given up, not waited out (on a loaded machine too)
     finally:
         _resume(stopped)
         _kill_workers(cache_dir)

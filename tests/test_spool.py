@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -60,8 +61,14 @@ def user_file(cache: Path) -> Path:
 
 
 def stored(cache: Path) -> int:
+    """Entries in the user file (0 before it exists, or while its tables are being made)."""
     f = user_file(cache)
-    return sql(f, "SELECT count(*) FROM kernels")[0][0] if f.exists() else 0
+    try:
+        return sql(f, "SELECT count(*) FROM kernels")[0][0] if f.exists() else 0
+    except sqlite3.OperationalError as err:
+        if "no such table" not in str(err):
+            raise
+        return 0
 
 
 def wait_for_worker(cache: Path, timeout: float = 120) -> None:
@@ -86,7 +93,9 @@ def test_a_process_leaves_its_stores_to_the_worker_and_exits_at_once(cache_dir, 
     assert sql(user_file(cache_dir), "SELECT count(*) FROM compile_log")[0][0] == 3
     assert dict(sql(user_file(cache_dir), "SELECT name, value FROM counters"))["compiles"] == 3
     log = cache_dir / "v1" / spool.LOG_NAME
-    assert log.read_text() == ""
+    # On a busy machine the floor lane may store a job a starved lane held: said, not wrong.
+    assert [line for line in log.read_text().splitlines()
+            if not line.endswith("stored by the floor lane")] == []
     assert log.stat().st_mode & 0o077 == 0
     assert run_json(run_py, BUILD.format(n=3))["compiles"] == 0
 
