@@ -5,6 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # Triton (about 1 GB installed) is for the tests and benchmarks of kdb.triton, not the demo.
 TRITON := $(VENV)/.triton
+# torch for tests/test_torch.py: the CPU build (about 750 MB installed, a minute here); a
+# torch from the registry without a pin pulls about 3 GB of NVIDIA libraries instead.
+TORCH_PIN ?= torch==2.13.0
+TORCH  := $(VENV)/.torch
 
 .PHONY: setup demo test bench clean
 
@@ -18,16 +22,20 @@ $(TRITON): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[triton]'
 	touch $(TRITON)
 
+$(TORCH): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[torch]' '$(TORCH_PIN)'
+	touch $(TORCH)
+
 setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/kdb demo
 
-test: $(STAMP) $(TRITON)
+test: $(STAMP) $(TRITON) $(TORCH)
 	bash tools/ensure_postgres.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-bench: $(STAMP) $(TRITON)
+bench: $(STAMP) $(TRITON) $(TORCH)
 	$(BIN)/python benchmarks/run.py
 
 clean:

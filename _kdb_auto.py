@@ -3,10 +3,10 @@
 ``kdb-auto.pth`` (installed with kdb, beside it in site-packages) runs at every interpreter
 start: with ``KDB_AUTO`` unset or empty it costs one environment lookup and imports
 nothing; otherwise it imports this module and calls :func:`start`, which puts an import hook
-on ``sys.meta_path``. The hook imports none of pyopencl, pycuda or Triton: when the program
+on ``sys.meta_path``. The hook imports none of pyopencl, pycuda, Triton or torch: when the program
 imports one of them, right after that module has finished executing, it calls
 :mod:`kdb.adopt.auto` (``kdb.opencl.install()``, pycuda's ``compile`` through ``kdb.cuda``,
-or kdb as Triton's cache manager).
+kdb as Triton's cache manager, or behind Inductor's caches).
 
 A top-level module, not ``kdb.something``: importing anything under ``kdb`` runs
 ``kdb/__init__.py``, which a process that never builds a kernel should not pay.
@@ -24,7 +24,8 @@ _FALSE = ("", "0", "false", "no", "off")
 #: one (``module:function``): this hook sits below kdb and reaches up by name, not by import.
 _HOOKS = {"pyopencl": "kdb.adopt.auto:adopt_pyopencl",
           "pycuda.compiler": "kdb.adopt.auto:adopt_pycuda",
-          "triton": "kdb.adopt.auto:adopt_triton"}
+          "triton": "kdb.adopt.auto:adopt_triton",
+          "torch._inductor.codecache": "kdb.adopt.auto:adopt_torch"}
 _pending = dict(_HOOKS)
 _finder = None
 _warned = set()

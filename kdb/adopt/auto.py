@@ -2,7 +2,8 @@
 
 The start-up hook (``_kdb_auto``, run by ``kdb-auto.pth``) calls :func:`adopt_pyopencl` right
 after the program has imported pyopencl, :func:`adopt_pycuda` after ``pycuda.compiler`` and
-:func:`adopt_triton` after ``triton``.
+:func:`adopt_triton` after ``triton`` and :func:`adopt_torch` after Inductor's code cache
+(``torch._inductor.codecache``, which torch imports at a program's first compile).
 Each first checks that kdb can work here (its settings parse, its cache directory can be
 created): a process whose cache is unusable gets one warning and plain pyopencl or pycuda,
 never a cache fault per build. :func:`switch_on` does the same for the current process and,
@@ -115,6 +116,14 @@ def adopt_triton(module: Any = None) -> None:
     warning)."""
     check_usable()
     from ..backends.triton import install  # not kdb.triton: it may be half-imported
+
+    install()
+
+
+def adopt_torch(module: Any = None) -> None:
+    """Make kdb the store behind Inductor's caches (settings the program made are kept)."""
+    check_usable()
+    from ..backends.torch import install  # not kdb.torch: it may be half-imported
 
     install()
 

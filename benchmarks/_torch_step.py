@@ -1,0 +1,72 @@
+"""One fresh process's first torch.compile'd training step of a small model on the CPU
+(Inductor's C++ backend): prints one line ``STEP-JSON:{...}`` with the step's wall time,
+torch's own cache counters, the C++ builds that ran, and the sha256 of the outputs and the
+updated weights (bitwise equality across runs). argv: ``kdb`` to call kdb.torch.install()
+from code (else kdb is on only through KDB_AUTO, or off); ``other-torch`` to key kdb's
+entries as another torch's. Used by benchmarks/torch_compile.py and tests/test_torch.py."""
+
+import hashlib
+import json
+import sys
+import time
+
+t0 = time.perf_counter()
+import torch  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+if "other-torch" in sys.argv:
+    from kdb.backends.torch import targets
+
+    real = targets.identity()
+    targets.identity.cache_clear()
+    targets.identity = lambda: (("torch", "0.0.0-other"), real[1])  # noqa: E731
+if "kdb" in sys.argv:
+    import kdb.torch
+
+    kdb.torch.install()
+
+builds = []
+try:  # the C++ compiles that ran, whoever (kdb or not) asked for them
+    from torch._inductor.cpp_builder import CppBuilder
+
+    _build = CppBuilder.build
+
+    def counted(self):
+        builds.append(self.get_target_file_path().rsplit("/", 1)[-1])
+        return _build(self)
+
+    CppBuilder.build = counted
+except ImportError:
+    pass
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.ln = torch.nn.Linear(64, 128), torch.nn.LayerNorm(128)
+        self.l2, self.l3 = torch.nn.Linear(128, 128), torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.ln(self.l1(x)))
+        return torch.softmax(self.l3(torch.relu(self.l2(h))), dim=-1)
+
+
+torch.manual_seed(0)
+model = Model()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+compiled = torch.compile(model)
+t1 = time.perf_counter()
+out = compiled(x)
+torch.nn.functional.nll_loss(torch.log(out), y).backward()
+opt.step()
+t2 = time.perf_counter()
+digest = hashlib.sha256(out.detach().numpy().tobytes())
+for p in model.parameters():
+    digest.update(p.detach().numpy().tobytes())
+inductor, aot = counters["inductor"], counters["aot_autograd"]
+print("STEP-JSON:" + json.dumps({
+    "first_step": t2 - t1, "import": t1 - t0, "torch": torch.__version__,
+    "fx_hit": inductor["fxgraph_cache_hit"], "fx_miss": inductor["fxgraph_cache_miss"],
+    "aot_hit": aot["autograd_cache_hit"], "aot_miss": aot["autograd_cache_miss"],
+    "cpp_builds": len(builds), "digest": digest.hexdigest()}), flush=True)

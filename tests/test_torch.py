@@ -1,0 +1,107 @@
+"""torch.compile's caches in kdb, for real: torch (CPU), Inductor's C++ backend, a small
+model's first training step in fresh processes whose Inductor caches are empty, with torch's
+own counters (not kdb's report) saying what was compiled. Skips where torch is absent
+(``make test`` installs it: the ``torch`` extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'kdb[torch]')")
+
+STEP = Path(__file__).resolve().parent.parent / "benchmarks" / "_torch_step.py"
+
+
+def step(env: dict, where: Path, *args: str, kdb_auto: bool = False) -> dict:
+    """The first step in a fresh process with empty Inductor caches of its own (its cache
+    directory, and the temporary directory its precompiled headers default to)."""
+    (where / "tmp").mkdir(parents=True)
+    run_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "inductor"),
+               "TMPDIR": str(where / "tmp")}
+    if kdb_auto:
+        run_env["KDB_AUTO"] = "1"
+    proc = subprocess.run([sys.executable, str(STEP), *args], env=run_env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("STEP-JSON:"))
+    return json.loads(line.partition(":")[2])
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory):
+    """One cold compile with kdb on (from code), its entries in a kdb cache of its own."""
+    root = tmp_path_factory.mktemp("torch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
+    env["KDB_CACHE_DIR"] = str(root / "kdb")
+    first = step(env, root / "cold", "kdb")
+    return env, root, first
+
+
+@pytest.mark.slow
+def test_a_fresh_process_with_kdb_warm_compiles_nothing_and_gives_the_same_bits(cold):
+    env, root, first = cold
+    assert first["fx_miss"] >= 2 and first["cpp_builds"] > 0  # the cold run compiled
+    again = step(env, root / "warm", kdb_auto=True)  # KDB_AUTO=1: no code changed
+    assert (again["fx_miss"], again["aot_miss"]) == (0, 0), again
+    assert again["fx_hit"] == first["fx_miss"] and again["aot_hit"] == 1, again
+    assert again["cpp_builds"] == 0, again  # every C++ module (and ISA check) from kdb
+    assert again["digest"] == first["digest"]
+
+
+@pytest.mark.slow
+def test_an_entry_made_by_another_torch_is_a_miss(cold, tmp_path):
+    """The same graphs, the same kdb cache, keyed as another torch's: all compiled."""
+    env, _, _ = cold
+    other = step(env, tmp_path / "other", "kdb", "other-torch")
+    assert other["fx_hit"] == 0 and other["fx_miss"] >= 2, other
+    assert other["cpp_builds"] > 0, other
+
+
+def test_keys_hold_no_path_of_this_machine(tmp_path, monkeypatch):
+    """The C++ module's key: the venv's torch, the Python's headers and the cache directory
+    are replaced by what they stand for; a path kdb cannot place makes no key at all."""
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions
+
+    from kdb.backends.torch import cpp
+
+    src = tmp_path / "k.cpp"
+    src.write_text("extern \"C\" int f() { return 1; }\n")
+    builder = CppBuilder("k", [str(src)], CppTorchOptions(), str(tmp_path))
+    attrs = cpp.attrs_for([builder])
+    assert attrs is not None
+    text = attrs.encoded().decode()
+    for local in (str(tmp_path), sys.prefix, os.path.dirname(torch.__file__)):
+        assert local not in text
+    assert "{torch}" in attrs.source and "{src0}" in attrs.source
+
+    class Elsewhere:  # a command naming a directory kdb cannot place
+        def get_command_line(self):
+            return f"g++ {src} -I/opt/somewhere/include -o {tmp_path}/k.so"
+
+        def get_target_file_path(self):
+            return f"{tmp_path}/k.so"
+
+    assert cpp.attrs_for([Elsewhere()]) is None
+
+
+def test_install_keeps_a_remote_cache_the_program_chose(monkeypatch):
+    """A program that switched a remote cache itself (its Redis) keeps it; kdb takes the
+    others; uninstall gives every one back."""
+    import kdb.torch
+    from torch._inductor import config, remote_cache
+
+    monkeypatch.setattr(config, "fx_graph_remote_cache", False)
+    try:
+        assert kdb.torch.install()
+        assert remote_cache.RemoteFxGraphCache.backend_override_cls is None
+        assert remote_cache.RemoteAOTAutogradCache.backend_override_cls is not None
+        assert config.fx_graph_remote_cache is False
+    finally:
+        kdb.torch.uninstall()
+    assert remote_cache.RemoteAOTAutogradCache.backend_override_cls is None
