@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(TRITON)
 	bash tools/ensure_postgres.sh
+	PYTHON=$(BIN)/python bash tools/ensure_opencl.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP) $(TRITON)
