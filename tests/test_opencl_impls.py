@@ -201,3 +201,76 @@ def test_the_demo_names_the_implementation_it_read_binaries_from(tmp_path, capsy
     assert demo.main(kernels=3, cache_dir=tmp_path / "cache") == 0
     out = capsys.readouterr().out
     assert "Intel(R) OpenCL" in out and "from PoCL" not in out, out
+
+
+SCALE = "__kernel void scale(__global float *a) { a[get_global_id(0)] *= 3.0f; }"
+OTHER_ISA = "pocl-x86_64-skylake-avx512"  # a class this machine's pip PoCL is not
+
+
+def _system_file(built: Path, arch: str, directory: Path, as_arch: str) -> Path:
+    """``built``'s user file of ``arch`` shipped as a system file named for ``as_arch``
+    (rollback journal, as ``kdb pack`` writes them)."""
+    import sqlite3
+
+    directory.mkdir(parents=True, exist_ok=True)
+    dst = directory / f"{as_arch}.kdb"
+    src = sqlite3.connect(built / "v1" / f"{arch}.kdb")
+    out = sqlite3.connect(dst)
+    src.backup(out)
+    src.close()
+    out.execute("PRAGMA journal_mode=DELETE")
+    out.close()
+    return dst
+
+
+def test_a_binary_for_another_instruction_set_is_never_served(cl_ctx, tmp_path, monkeypatch):
+    """A system file is found by the device's own arch id: one for another ISA holding this
+    very key is not read. An entry stored for another target in a file named for this one
+    (mislabelled) is a miss, compiled, and ``kdb explain`` names the arch that differs."""
+    import numpy as np
+    from click.testing import CliRunner
+
+    import kdb.bookkeeping
+    import kdb.opencl
+    from kdb import KernelDB
+    from kdb.cli import cli
+    from kdb.storing import background
+
+    here = kdb.opencl.arch_of(cl_ctx.devices[0])
+    assert here != OTHER_ISA
+    built = tmp_path / "built"
+    db = KernelDB(cache_dir=built, system_path=[])
+    kdb.opencl.build(cl_ctx, SCALE, db=db)  # this key, this arch
+    kdb.opencl.build(cl_ctx, SCALE, db=db, arch=OTHER_ISA)  # the same, stored for another
+    db.flush()
+    db.close()
+    background.drain()
+    other_named = _system_file(built, here, tmp_path / "sys-a", OTHER_ISA)
+    mislabelled = _system_file(built, OTHER_ISA, tmp_path / "sys-b", here)
+
+    queue = cl.CommandQueue(cl_ctx)
+    for system in (other_named.parent, mislabelled.parent):
+        cache = tmp_path / f"cache-{system.name}"
+        monkeypatch.setenv("KDB_CACHE_DIR", str(cache))
+        monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(system))
+        db = KernelDB(cache_dir=cache, system_path=[system])
+        before = len(kdb.bookkeeping.records())
+        prg = kdb.opencl.build(cl_ctx, SCALE, db=db)
+        assert len(kdb.bookkeeping.records()) == before + 1, system  # compiled, not served
+        a = np.ones(4, np.float32)
+        buf = cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+        prg.scale(queue, a.shape, None, buf)
+        cl.enqueue_copy(queue, a, buf)
+        assert (a == 3).all()
+        db.flush()
+        db.close()
+        background.drain()
+
+    result = CliRunner().invoke(cli, ["explain", "scale", "--json"],
+                                env={"KDB_CACHE_DIR": str(cache),
+                                     "KDB_SYSTEM_DB_PATH": str(mislabelled.parent)})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    other = [e for e in data["nearest"] if e["tier"] == "system"]
+    assert other and list(other[0]["differs"]) == ["arch"], data["nearest"]
+    assert OTHER_ISA in other[0]["differs"]["arch"] and here in other[0]["differs"]["arch"]
