@@ -33,6 +33,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(TRITON) $(TORCH)
 	bash tools/ensure_postgres.sh
+	PYTHON=$(BIN)/python bash tools/ensure_opencl.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP) $(TRITON) $(TORCH)

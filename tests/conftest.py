@@ -22,6 +22,12 @@ for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE
              "KDB_LOCK_TIMEOUT", "KDB_SHARED_NAMESPACE", "KDB_TRUSTED_KEYS", "KDB_REQUIRE_SIGNED",
              "KDB_SIGNING_KEY", "KDB_STORE_SHARE"):
     os.environ.pop(_var, None)
+# The suite runs on the OpenCL that pyopencl's own loader brings (pip's PoCL): an ICD folder
+# of no files hides those installed system-wide (a second PoCL from pocl-opencl-icd lists
+# first, under the same platform name the tests pick by). tests/test_opencl_impls.py names
+# the others in its children's OCL_ICD_VENDORS. A caller's own OCL_ICD_VENDORS is kept.
+os.environ.setdefault("OCL_ICD_VENDORS", str(_SESSION_TMP / "no-icds"))
+(_SESSION_TMP / "no-icds").mkdir(exist_ok=True)
 # Children store before they exit (tests read what they stored right after); the default,
 # the store worker, has its own tests (tests/test_spool.py).
 os.environ["KDB_STORE_AT_EXIT"] = "wait"

@@ -24,6 +24,7 @@ from ...errors import InvalidArgumentError, UnsupportedTypeError
 from ..cloptions import key_options, parse_search
 from ..includes import IncludeSearch, read_headers
 from ...keys import HashAttributes
+from . import archs
 from .binaries import library_of
 from ..common import label
 
@@ -43,8 +44,6 @@ ENV_VARS = tuple(sorted((
 # "runs of [^()] between groups": one way to match any text, so a miss backtracks linearly.
 _KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\([^()]*(?:\([^()]*"
                         r"(?:\([^()]*\)[^()]*)*\)[^()]*)*\)\)\s*)*void\s+(\w+)")
-_HSTR_RE = re.compile(r"HSTR:\s*(\S+)")
-_SAFE_RE = re.compile(r"[^a-z0-9_.+-]+")
 # shlex.split lexes in Python one character at a time (slow on long option strings); with
 # no quote or escape in the string its answer is a split on its four whitespace characters.
 _QUOTING_RE = re.compile(r"[\"'\\]")
@@ -53,19 +52,14 @@ _SPACE_RE = re.compile(r"[ \t\r\n]+")
 
 # -- device identity ----------------------------------------------------------------------
 
-def _slug(text: str) -> str:
-    return _SAFE_RE.sub("-", text.lower()).strip("-._+") or "unknown"
+_slug = archs.slug
 
 
 @functools.lru_cache(maxsize=None)
 def _arch_of_ptr(ptr: int, device: cl.Device) -> str:
-    version = device.version
-    m = _HSTR_RE.search(version)
-    if m:  # PoCL: "HSTR: pthread-x86_64-unknown-linux-gnu-znver3"
-        parts = m.group(1).split("-")
-        if len(parts) >= 5:
-            return config.check_arch(_slug(f"pocl-{parts[-5]}-{parts[-1]}"))
-        return config.check_arch(_slug("pocl-" + m.group(1)))
+    hstr = archs.hstr(device.version)
+    if hstr:  # PoCL: "HSTR: pthread-x86_64-unknown-linux-gnu-znver3"
+        return archs.pocl_arch(hstr)
     try:
         major = device.compute_capability_major_nv
         minor = device.compute_capability_minor_nv
@@ -75,7 +69,10 @@ def _arch_of_ptr(ptr: int, device: cl.Device) -> str:
     name = device.name
     if name.startswith("gfx"):  # AMD: "gfx90a:sramecc+:xnack-"
         return config.check_arch(_slug(name.replace(":", "_")))
-    return config.check_arch(_slug(f"{device.platform.vendor.split()[0]}-{name}"))
+    plat = device.platform
+    if device.type & cl.device_type.CPU:  # the instruction set its compiler targets
+        return archs.cpu_arch(plat.vendor, library_of(plat.int_ptr))
+    return config.check_arch(_slug(f"{plat.vendor.split()[0]}-{name}"))
 
 
 def arch_of(device: cl.Device) -> str:

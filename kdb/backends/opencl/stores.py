@@ -22,26 +22,66 @@ from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
 from ...storing.stores import HeaderChangedError, headers_changed
 from . import early, refresh
-from .binaries import program_binaries
-from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
+from .binaries import library_of, program_binaries
+from .keys import (BACKEND, ENV_VARS, compiler_identity, device_details, environment,
+                   headers_of)
 
 log = logs.get("kdb")
 
 def program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
-    """How the store worker can build this program again (:mod:`kdb.storing.spool`): ``devices``
-    in the build's order, as ``(name, index among the platform's devices)``; None when it
-    cannot (sub-devices, which it could not find again)."""
+    """How the store worker can build this program again (:mod:`kdb.storing.spool`): the
+    platform by name, version and the library that implements it (two PoCLs on one machine
+    share a name: pip's and the system's), and ``devices`` in the build's order, as ``(name,
+    index among the platform's devices)``; None when it cannot (sub-devices, which it could
+    not find again)."""
     try:
         platform = devs[0].platform
         roots = [d.int_ptr for d in platform.get_devices()]
         where = [(d.name, roots.index(d.int_ptr)) for d in devs]
         options = bytes(opt_bytes).decode("latin-1")
         cwd = os.getcwd()
+        version = platform.version
     except (ValueError, TypeError, OSError, cl.Error):  # OSError: a deleted working directory
         return None
     return {"source": text, "options": options, "platform": platform.name,
+            "platform_version": version, "library": library_of(platform.int_ptr) or "",
             "devices": where, "cwd": cwd, "ptrs": [d.int_ptr for d in devs]}
 
+
+def _platform_of(prog: dict):
+    """The platform a job names: name, version and library all equal (a job from before
+    they were written names one by name, taken only where no other has that name)."""
+    named = [p for p in cl.get_platforms() if p.name == prog["platform"]]
+    if "platform_version" in prog:
+        named = [p for p in named if p.version == prog["platform_version"]
+                 and (library_of(p.int_ptr) or "") == prog.get("library", "")]
+    if len(named) == 1:
+        return named[0]
+    what = " ".join(filter(None, (repr(prog["platform"]), prog.get("platform_version"),
+                                  prog.get("library") and f"({prog['library']})")))
+    raise LookupError(f"job dropped: {'no' if not named else 'more than one'} OpenCL platform "
+                      f"{what} in the store worker (its OCL_ICD_VENDORS or installed ICDs "
+                      f"differ from the process that built it; {_NEXT_RUN})")
+
+
+def job_devices(prog: dict, entries: list[tuple[int, HashAttributes]]) -> list:
+    """The devices a job names, each checked against the keys of its ``entries`` (``(device
+    index, attributes)``: the compiler identity): a job is stored for the device that
+    built it or not at all."""
+    plat = _platform_of(prog)
+    plat_devs = plat.get_devices()
+    devs = []
+    for name, index in prog["devices"]:
+        if index >= len(plat_devs) or plat_devs[index].name != name:
+            raise LookupError(f"job dropped: no device {name!r} at index {index} of "
+                              f"{prog['platform']!r} ({_NEXT_RUN})")
+        devs.append(plat_devs[index])
+    for index, attrs in entries:  # the device's compiler: platform and device versions, library
+        if tuple(map(tuple, attrs.compiler)) != compiler_identity(devs[index]):
+            raise LookupError(f"job dropped: device {devs[index].name!r} of {prog['platform']!r} "
+                              f"has not the compiler {attrs.name or attrs.key[:12]}'s key names "
+                              f"({_NEXT_RUN})")
+    return devs
 
 
 class _Recent(dict):
@@ -263,20 +303,12 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
     from ...file.kernelfile import CompileRecord
 
     prog = job.extra["program"]
-    plats = [p for p in cl.get_platforms() if p.name == prog["platform"]]
-    if not plats:
-        raise LookupError(f"no OpenCL platform named {prog['platform']!r}")
-    plat_devs = plats[0].get_devices()
-    devs = []
-    for name, index in prog["devices"]:
-        if index >= len(plat_devs) or plat_devs[index].name != name:
-            raise LookupError(f"no device {name!r} at index {index} of {prog['platform']!r}")
-        devs.append(plat_devs[index])
+    keyed = [HashAttributes.from_canonical(e["attributes"], name=e["name"])
+             for e in job.entries]
+    devs = job_devices(prog, [(e["device"], a) for e, a in zip(job.entries, keyed)])
     if prog.get("cwd"):
         os.chdir(prog["cwd"])  # relative -I paths
     opt_bytes = prog["options"].encode("latin-1")
-    keyed = [HashAttributes.from_canonical(e["attributes"], name=e["name"])
-             for e in job.entries]
     _same_environment(keyed)
 
     def recheck():

@@ -1,0 +1,276 @@
+"""kdb on more than one OpenCL implementation: Debian's PoCL beside pip's, Intel's CPU runtime.
+
+Real components (``tools/ensure_opencl.sh`` installs them; these tests skip, saying why, where
+it could not). Each is named in an ICD folder of the test's own, given to its subprocesses
+as ``OCL_ICD_VENDORS``: pyopencl's loader then lists those ICDs and still its own (pip's
+PoCL), exactly as with the ICD file installed in ``/etc/OpenCL/vendors``, while the rest of
+the suite sees only the OpenCL this machine had.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import platform
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import sql
+from test_spool import run_json, wait_for_worker
+
+cl = pytest.importorskip("pyopencl")
+
+POCL = "Portable Computing Language"
+
+
+def _debian_pocl() -> str:
+    found = sorted(glob.glob("/usr/lib/*/libpocl.so.2"))
+    if not found:
+        pytest.skip("Debian's PoCL (libpocl.so.2) is not installed: tools/ensure_opencl.sh "
+                    "installs it as root with apt-get (apt-get install libpocl2)")
+    return found[0]
+
+
+def _intel_runtime() -> str:
+    for lib in (Path(sys.prefix) / "opencl-intel" / "lib" / "libintelocl.so",
+                Path(sys.prefix) / "lib" / "libintelocl.so"):
+        if lib.exists():
+            return str(lib)
+    pytest.skip("Intel's OpenCL CPU runtime is not installed: tools/ensure_opencl.sh installs "
+                "it (pip install --prefix <venv>/opencl-intel intel-opencl-rt "
+                "intel-cmplr-lib-rt)")
+
+
+def _vendors(tmp_path: Path, *libraries: str) -> dict[str, str]:
+    """An ICD folder naming ``libraries``, as the environment of a subprocess."""
+    folder = tmp_path / "vendors"
+    folder.mkdir(exist_ok=True)
+    for i, lib in enumerate(libraries):
+        (folder / f"icd{i}.icd").write_text(lib + "\n")
+    return {"OCL_ICD_VENDORS": str(folder)}
+
+
+@pytest.fixture
+def two_pocls(tmp_path) -> dict[str, str]:
+    """Debian's PoCL listed first, pip's second: what a machine with pocl-opencl-icd has."""
+    return {**_vendors(tmp_path, _debian_pocl()), "DEBIAN_POCL": _debian_pocl()}
+
+
+# A child that builds ``n`` programs on each PoCL (or on the one named by WHICH) and says
+# which arch and implementation each device is.
+BOTH = """
+    import json, os
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    from kdb.backends.opencl.binaries import library_of
+    out = {{}}
+    for plat in cl.get_platforms():
+        if plat.name != "Portable Computing Language":
+            continue
+        which = "debian" if library_of(plat.int_ptr) == os.path.realpath(
+            os.environ["DEBIAN_POCL"]) else "pip"
+        if os.environ.get("WHICH", which) != which:
+            continue
+        dev = plat.get_devices()[0]
+        ctx = cl.Context([dev])
+        before = len(kdb.bookkeeping.records())
+        for i in range({n}):
+            prg = kdb.opencl.build(ctx, f"__kernel void h{{i}}(__global float *a) {{{{ a[0] = {{i}}; }}}}")
+        out[which] = {{"arch": kdb.opencl.arch_of(dev), "hstr": dev.version,
+                       "compiles": len(kdb.bookkeeping.records()) - before}}
+    print(json.dumps(out))
+"""
+
+
+def _slug_of(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _entries(cache: Path, arch: str) -> int:
+    f = cache / "v1" / f"{arch}.kdb"
+    return sql(f, "SELECT count(*) FROM kernels")[0][0] if f.exists() else 0
+
+
+def test_two_pocls_have_their_own_arch_ids_and_compilers(run_py, cache_dir, two_pocls):
+    """Debian's PoCL (LLVM target CPU with a hyphen, "pc" vendor) gets its CPU whole; pip's
+    keeps the id it had; their compiler identities differ."""
+    out = run_json(run_py, BOTH.format(n=0), two_pocls)
+    assert set(out) == {"debian", "pip"}, out
+    for impl in out.values():
+        cpu = impl["hstr"].split("-linux-gnu-", 1)[1]
+        assert impl["arch"] == f"pocl-x86_64-{cpu}", impl
+    assert out["debian"]["arch"] != "pocl-pc-avx512"
+    ident = run_py("""
+        import json, pyopencl as cl
+        from kdb.backends.opencl.keys import compiler_identity
+        print(json.dumps([compiler_identity(p.get_devices()[0]) for p in cl.get_platforms()
+                          if p.name == "Portable Computing Language"]))
+    """, env=two_pocls).stdout
+    first, second = json.loads(ident.splitlines()[-1])
+    assert first != second
+
+
+def test_programs_built_on_either_of_two_pocls_are_stored(run_py, cache_dir, two_pocls):
+    """Issue 37, item 1: the store worker finds the very platform that built a job (name,
+    version and library), not the first of that name; the next process compiles nothing."""
+    out = run_json(run_py, BOTH.format(n=3), two_pocls)
+    assert out["pip"]["compiles"] == 3 and out["debian"]["compiles"] == 3
+    wait_for_worker(cache_dir)
+    log = (cache_dir / "v1" / "store-worker.log").read_text()
+    assert "could not store" not in log, log
+    assert _entries(cache_dir, out["pip"]["arch"]) == 3
+    assert _entries(cache_dir, out["debian"]["arch"]) == 3
+    again = run_json(run_py, BOTH.format(n=3), two_pocls)
+    assert again["pip"]["compiles"] == 0 and again["debian"]["compiles"] == 0
+
+
+JOB_DEVICES = """
+    import json, os, sys
+    import pyopencl as cl
+    from kdb.backends.opencl import stores
+    from kdb.backends.opencl.binaries import library_of
+    from kdb.backends.opencl.keys import attributes_for
+    pip = [p for p in cl.get_platforms() if p.name == "Portable Computing Language"
+           and library_of(p.int_ptr) != os.path.realpath(os.environ["DEBIAN_POCL"])][0]
+    dev = pip.get_devices()[0]
+    prog = stores.program_spec("__kernel void f() {}", b"", [dev])
+    attrs = attributes_for(dev, "__kernel void f() {}", [], [])
+    got = stores.job_devices(prog, [(0, attrs)])
+    print(json.dumps({"found": [d.int_ptr for d in got] == [dev.int_ptr]}))
+    deb = [p for p in cl.get_platforms() if p is not pip and p.name == pip.name][0]
+    forged = dict(prog, platform_version=deb.version, library=library_of(deb.int_ptr),
+                  devices=[[deb.get_devices()[0].name, 0]])
+    for case in (dict(prog, library="/elsewhere/libpocl.so"), forged,
+                 {k: v for k, v in prog.items() if k not in ("platform_version", "library")}):
+        try:
+            stores.job_devices(case, [(0, attrs)])
+            print(json.dumps({"found": True}))
+        except LookupError as err:
+            print(json.dumps({"dropped": str(err)}))
+"""
+
+
+def test_a_job_is_stored_for_its_own_device_or_dropped_with_the_reason(
+        run_py, cache_dir, two_pocls):
+    """A job names its platform by name, version and library: found exactly; one naming
+    another library, or the other PoCL's device (whose compiler its key does not name), or
+    an older job naming only a name two platforms share, is dropped and says why."""
+    lines = [json.loads(x) for x in run_py(JOB_DEVICES, env=two_pocls).stdout.splitlines()
+             if x.startswith("{")]
+    assert lines[0] == {"found": True}
+    assert "no OpenCL platform 'Portable Computing Language'" in lines[1]["dropped"]
+    assert "/elsewhere/libpocl.so" in lines[1]["dropped"]
+    assert "has not the compiler" in lines[2]["dropped"]
+    assert "more than one OpenCL platform" in lines[3]["dropped"]
+    assert all("job dropped" in x["dropped"] for x in lines[1:])
+
+
+INTEL = """
+    import json
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]
+    dev = plat.get_devices()[0]
+    print(json.dumps({"arch": kdb.opencl.arch_of(dev), "name": dev.name}))
+"""
+
+
+def test_intel_runtime_arch_is_the_instruction_set_it_targets(run_py, tmp_path):
+    """Intel's CPU runtime compiles for the host CPU unless CL_CONFIG_CPU_TARGET_ARCH names
+    a target: its arch id is that target, else the host's instruction-set class, never the
+    CPU's brand string."""
+    env = _vendors(tmp_path, _intel_runtime())
+    host = run_json(run_py, INTEL, env)
+    if platform.machine() == "x86_64":  # the x86-64 level, then the digest of the flags
+        assert re.fullmatch(r"intel-cpu-x86_64-v[1-4]-[0-9a-f]{8}", host["arch"]), host
+    assert _slug_of(host["name"]) not in host["arch"], host  # not the brand string
+    avx2 = run_json(run_py, INTEL, {**env, "CL_CONFIG_CPU_TARGET_ARCH": "core-avx2"})
+    assert avx2["arch"] == "intel-cpu-core-avx2"
+
+
+def test_the_demo_names_the_implementation_it_read_binaries_from(tmp_path, capsys, monkeypatch):
+    """On Intel's runtime the demo runs correctly and says so, not "PoCL"."""
+    from kdb.demo import runs as demo
+
+    env = _vendors(tmp_path, _intel_runtime())
+    monkeypatch.setenv("OCL_ICD_VENDORS", env["OCL_ICD_VENDORS"])
+    monkeypatch.setenv("PYOPENCL_CTX", "0")  # the first platform listed: Intel's
+    assert demo.main(kernels=3, cache_dir=tmp_path / "cache") == 0
+    out = capsys.readouterr().out
+    assert "Intel(R) OpenCL" in out and "from PoCL" not in out, out
+
+
+SCALE = "__kernel void scale(__global float *a) { a[get_global_id(0)] *= 3.0f; }"
+OTHER_ISA = "pocl-x86_64-skylake-avx512"  # a class this machine's pip PoCL is not
+
+
+def _system_file(built: Path, arch: str, directory: Path, as_arch: str) -> Path:
+    """``built``'s user file of ``arch`` shipped as a system file named for ``as_arch``
+    (rollback journal, as ``kdb pack`` writes them)."""
+    import sqlite3
+
+    directory.mkdir(parents=True, exist_ok=True)
+    dst = directory / f"{as_arch}.kdb"
+    src = sqlite3.connect(built / "v1" / f"{arch}.kdb")
+    out = sqlite3.connect(dst)
+    src.backup(out)
+    src.close()
+    out.execute("PRAGMA journal_mode=DELETE")
+    out.close()
+    return dst
+
+
+def test_a_binary_for_another_instruction_set_is_never_served(cl_ctx, tmp_path, monkeypatch):
+    """A system file is found by the device's own arch id: one for another ISA holding this
+    very key is not read. An entry stored for another target in a file named for this one
+    (mislabelled) is a miss, compiled, and ``kdb explain`` names the arch that differs."""
+    import numpy as np
+    from click.testing import CliRunner
+
+    import kdb.bookkeeping
+    import kdb.opencl
+    from kdb import KernelDB
+    from kdb.cli import cli
+    from kdb.storing import background
+
+    here = kdb.opencl.arch_of(cl_ctx.devices[0])
+    assert here != OTHER_ISA
+    built = tmp_path / "built"
+    db = KernelDB(cache_dir=built, system_path=[])
+    kdb.opencl.build(cl_ctx, SCALE, db=db)  # this key, this arch
+    kdb.opencl.build(cl_ctx, SCALE, db=db, arch=OTHER_ISA)  # the same, stored for another
+    db.flush()
+    db.close()
+    background.drain()
+    other_named = _system_file(built, here, tmp_path / "sys-a", OTHER_ISA)
+    mislabelled = _system_file(built, OTHER_ISA, tmp_path / "sys-b", here)
+
+    queue = cl.CommandQueue(cl_ctx)
+    for system in (other_named.parent, mislabelled.parent):
+        cache = tmp_path / f"cache-{system.name}"
+        monkeypatch.setenv("KDB_CACHE_DIR", str(cache))
+        monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(system))
+        db = KernelDB(cache_dir=cache, system_path=[system])
+        before = len(kdb.bookkeeping.records())
+        prg = kdb.opencl.build(cl_ctx, SCALE, db=db)
+        assert len(kdb.bookkeeping.records()) == before + 1, system  # compiled, not served
+        a = np.ones(4, np.float32)
+        buf = cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+        prg.scale(queue, a.shape, None, buf)
+        cl.enqueue_copy(queue, a, buf)
+        assert (a == 3).all()
+        db.flush()
+        db.close()
+        background.drain()
+
+    result = CliRunner().invoke(cli, ["explain", "scale", "--json"],
+                                env={"KDB_CACHE_DIR": str(cache),
+                                     "KDB_SYSTEM_DB_PATH": str(mislabelled.parent)})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    other = [e for e in data["nearest"] if e["tier"] == "system"]
+    assert other and list(other[0]["differs"]) == ["arch"], data["nearest"]
+    assert OTHER_ISA in other[0]["differs"]["arch"] and here in other[0]["differs"]["arch"]

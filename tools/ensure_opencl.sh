@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Make two more CPU OpenCL implementations available for tests/test_opencl_impls.py, beside
+# the PoCL that pip's pyopencl[pocl] brings: Debian's PoCL (a second PoCL, another LLVM) and
+# Intel's oneAPI CPU runtime (from PyPI). `make test` runs this first, as it runs
+# tools/ensure_postgres.sh.
+#
+# Neither is registered system-wide: Debian's PoCL comes as its library (libpocl2, without
+# the pocl-opencl-icd package's /etc/OpenCL/vendors/pocl.icd) and Intel's runtime goes to
+# <venv>/opencl-intel (pip --prefix). The tests that want them name them in an ICD folder of
+# their own (OCL_ICD_VENDORS, their subprocesses only), so every other test, and `kdb demo`,
+# keep seeing the OpenCL this machine had. Installs only what is absent; Debian's package
+# only as root with apt-get. Otherwise it says why and those tests skip with that reason.
+# It never fails the build.
+#
+# Usage: PYTHON=.venv/bin/python bash tools/ensure_opencl.sh
+set -uo pipefail
+PYTHON=${PYTHON:-python3}
+
+have_debian_pocl() { compgen -G "/usr/lib/*/libpocl.so.2" >/dev/null; }
+
+if ! have_debian_pocl; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ensure_opencl: installing Debian's PoCL (apt-get install libpocl2) for the" \
+             "tests of a second OpenCL implementation"
+        export DEBIAN_FRONTEND=noninteractive
+        if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends libpocl2 \
+                >/dev/null && have_debian_pocl; }; then
+            echo "ensure_opencl: installing libpocl2 failed; the tests of Debian's PoCL" \
+                 "will skip" >&2
+        fi
+    else
+        echo "ensure_opencl: Debian's PoCL (libpocl.so.2) is absent, and installing it needs" \
+             "root and apt-get; the tests of a second PoCL will skip." \
+             "Install it with: sudo apt-get install libpocl2" >&2
+    fi
+fi
+
+prefix=$("$PYTHON" -c 'import sys; print(sys.prefix)')/opencl-intel
+if [ ! -e "$prefix/lib/libintelocl.so" ]; then
+    echo "ensure_opencl: installing Intel's OpenCL CPU runtime (pip install intel-opencl-rt" \
+         "intel-cmplr-lib-rt) into $prefix"
+    if ! "$PYTHON" -m pip install --quiet --prefix "$prefix" intel-opencl-rt intel-cmplr-lib-rt \
+            >/dev/null || [ ! -e "$prefix/lib/libintelocl.so" ]; then
+        echo "ensure_opencl: installing Intel's OpenCL runtime failed; its tests will skip" >&2
+    fi
+fi
+exit 0
