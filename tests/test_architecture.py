@@ -218,7 +218,7 @@ CORE_MODULES_MAX, WING_MODULES_MAX = 11, 12
 #: ("mirrors ...") and may take what that signature takes.
 FUNCTION_LINES_MAX, POSITIONAL_MAX = 60, 7
 #: The public paths at the top: one facade per device API, and the documented entry points.
-PUBLIC_PATHS = {"opencl.py", "cuda.py", "triton.py", "torch.py", "worker.py", "pytest.py"}
+PUBLIC_PATHS = {"opencl.py", "cuda.py", "triton.py", "torch.py", "pytest.py"}
 
 
 def _modules_in(folder: Path) -> list[str]:
