@@ -103,6 +103,110 @@ def test_a_paced_process_gets_its_share_of_a_busy_machine_and_no_more():
     assert used >= 0.25 * share * window, used
 
 
+def test_a_paced_process_gets_no_more_than_its_share_of_an_idle_core():
+    """Every CPU second the floor lane runs is counted, also where it waits for no CPU: on
+    a quiet machine a lane at nice 0 that ran unpaced there took CPU a program's threads
+    wanted in bursts (issue 35), which its own wait for a CPU never showed."""
+    share, window = 0.1, 3.0
+    paced = subprocess.Popen([sys.executable, "-c", HOG, "30"])
+    try:
+        time.sleep(0.3)
+        pacer = floor.Pacer(share)
+        pacer.reset(paced.pid, cpu_of(paced.pid))
+        start, end = cpu_of(paced.pid), time.monotonic() + window
+        while time.monotonic() < end:
+            time.sleep(pacer.look(cpu_of(paced.pid)))
+        used = cpu_of(paced.pid) - start
+        pacer.release()
+    finally:
+        paced.kill()
+        paced.wait()
+    assert used <= 1.5 * share * window, used
+
+
+class _Judged:
+    """An idle lane as :func:`supervisor._no_idle_cpu` sees it: its last window's verdict."""
+
+    pacer = None
+
+    def __init__(self, fed):
+        self.fed = fed
+
+    def judge(self, share, window):
+        return self.fed
+
+
+def test_the_floor_waits_while_an_idle_lane_gets_idle_cpu():
+    """One idle lane that got the share over its last window says the machine has idle
+    CPU: the floor lane stores nothing then, whatever another lane got; only lanes that
+    got less say it has none; lanes with no verdict yet change nothing."""
+    from kdb.worker import supervisor
+
+    no_idle = supervisor._no_idle_cpu
+    assert no_idle([_Judged(True), _Judged(False)], 0.1, True) is False
+    assert no_idle([_Judged(None), _Judged(False)], 0.1, False) is True
+    assert no_idle([_Judged(None), _Judged(None)], 0.1, True) is True
+    assert no_idle([_Judged(None), _Judged(None)], 0.1, False) is False
+
+
+def test_an_idle_lane_judges_the_cpu_it_got_over_a_window(cache_dir, run_py):
+    """A real idle lane that got no CPU over a window (stopped, as a lane gets none on a
+    machine that is never idle) starved; its verdict holds until its next window ends, and
+    it has none before its first one has."""
+    from kdb.worker.lane import Lane
+
+    jobs = make_jobs(run_py, cache_dir, 1)
+    (job,) = sorted(jobs.glob("*.job"))[:1]
+    lane = Lane(slow=False)
+    lane.start(job)
+    try:
+        os.kill(lane.proc.pid, signal.SIGSTOP)
+        lane.window = (time.monotonic(), lane.clock())  # its start-up aside
+        assert lane.judge(0.1, 0.5) is None
+        time.sleep(0.6)
+        assert lane.judge(0.1, 0.5) is False and lane.starved(0.1, 0.5)
+        time.sleep(0.2)
+        assert lane.judge(0.1, 0.5) is False
+    finally:
+        os.kill(lane.proc.pid, signal.SIGCONT)
+        lane.close()
+
+
+#: A worker whose judgement of the machine is fixed (``{none}``: no idle CPU there), that
+#: says which lanes took jobs.
+FIXED = """
+    import sys
+    from pathlib import Path
+    from kdb.worker import lane, supervisor
+    supervisor._no_idle_cpu = lambda lanes, share, before: {none}
+    took = []
+    start = lane.Lane.start
+    def noted(self, path, *args, **kwargs):
+        took.append("floor" if self.pacer else "slow" if self.slow else "idle")
+        return start(self, path, *args, **kwargs)
+    lane.Lane.start = noted
+    supervisor.supervise(Path({jobs!r}), share=0.5)
+    print(" ".join(sorted(set(took))))
+"""
+
+
+def test_the_floor_lane_stores_nothing_while_the_machine_has_idle_cpu(cache_dir, run_py,
+                                                                    tmp_path):
+    """With idle CPU the idle lanes store every job and the floor lane (nice 0) takes none,
+    not even the first: on a quiet machine it would compete with the program's threads
+    (issue 35's first run, 1.27x with it against 1.05x without). With none, it takes the
+    first job at once."""
+    jobs = make_jobs(run_py, cache_dir, 2)
+    quiet = run_py(FIXED.format(none=False, jobs=str(jobs)))
+    assert quiet.stdout.split() == ["idle"], quiet.stderr
+    assert stored(cache_dir) == 2, worker_log(cache_dir)
+    other = tmp_path / "busy"
+    jobs = make_jobs(run_py, other, 2)
+    busy = run_py(FIXED.format(none=True, jobs=str(jobs)))
+    assert "floor" in busy.stdout.split(), busy.stderr
+    assert stored(other) == 2, worker_log(other)
+
+
 def start_worker(jobs: Path) -> subprocess.Popen:
     """The spool's worker, started as :func:`kdb.storing.spool.ensure_worker` starts it."""
     with open(jobs.parent.parent / spool.LOG_NAME, "ab") as log:

@@ -103,6 +103,55 @@ def test_alembic_sees_no_difference_at_head(tmp_path):
     engine.dispose()
 
 
+def test_a_new_file_is_made_as_the_migrations_make_it(tmp_path):
+    """The statements a new user file is made from (no alembic) are what the migrations
+    leave at the head: after a new revision, ``python -m kdb.file.migrate`` prints them."""
+    migrated = tmp_path / "migrated.kdb"
+    migrate.upgrade_sqlite(migrated)
+    conn = sqlite3.connect(migrated)
+    try:
+        now = migrate.snapshot(conn)
+    finally:
+        conn.close()
+    head = (migrate.HEAD_SCHEMA_REVISION, migrate.HEAD_SCHEMA, migrate.HEAD_ROWS)
+    assert head == (migrate.HEAD, *now), \
+        "kdb/file/migrate.py's head schema is stale; it is now:\n" + migrate.render(
+            migrate.HEAD, *now)
+
+
+def test_a_first_write_imports_neither_alembic_nor_sqlalchemy(cache_dir, run_py, tmp_path):
+    """A cold cache's first store (a program's exit keeping PoCL's files, a store worker's
+    lane) makes the user file without importing the migrations, and makes the file they
+    would have made."""
+    proc = run_py("""
+        import sys
+        import kdb
+        db = kdb.KernelDB(use_system=False)
+        ok = db.put(kdb.HashAttributes(backend="test", source="__kernel void k() {}",
+                                       arch="a1", name="k"), b"a binary")
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("alembic", "sqlalchemy"))
+        print(ok, heavy)
+    """)
+    assert proc.stdout.split() == ["True", "[]"], proc.stderr
+    made = cache_dir / "v1" / "a1.kdb"
+    assert revision(made) == migrate.HEAD
+    assert sql(made, "SELECT name FROM kernels") == [("k",)]
+    migrated = tmp_path / "migrated.kdb"
+    migrate.upgrade_sqlite(migrated)
+    assert tables(made) == tables(migrated)
+    assert sql(made, "SELECT value FROM meta WHERE name = 'entries'") == [("1",)]
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import create_engine
+
+    from kdb.file import schema
+
+    engine = create_engine(f"sqlite:///{made}")
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), schema.metadata) == []
+    engine.dispose()
+
+
 def test_the_hot_path_reads_columns_the_schema_has(tmp_path):
     from kdb.file import schema, kernelfile as store
 

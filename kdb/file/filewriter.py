@@ -2,8 +2,9 @@
 
 Runs off the hit path (the background writer, the store worker, ``put``, ``kdb evict``):
 :class:`kdb.file.kernelfile.KernelFile` imports this module only when it writes. It is the one place
-a user file is created or upgraded (alembic, under the file's upgrade lock); readers take
-every revision whose columns they need as it is.
+a user file is created (from the head revision's statements, without alembic) or upgraded
+(alembic), under the file's upgrade lock; readers take every revision whose columns
+they need as it is.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def _upgraded(f: KernelFile, ident: tuple[int, int]) -> bool:
         f.checked = False
         f.connection()  # reports the future revision once
         return False
-    if not _migrate(f, lambda: _check_there(f, ident)):
+    made = _create if rev is None else _migrate  # a new file: no alembic
+    if not made(f, lambda: _check_there(f, ident)):
         return False
     if rev is None:
         _describe(f)
@@ -354,6 +356,28 @@ def change(f: KernelFile, what: str, change, default):
         return default
 
 
+
+
+def _create(f: KernelFile, check_there) -> bool:
+    """Make a new, empty file a kdb file at the head revision from the statements the
+    migrations leave there (:func:`.migrate.create_at_head`: plain SQL, no alembic or
+    SQLAlchemy to import); a failure is a fault, as a failed upgrade is."""
+    from . import migrate
+
+    if migrate.HEAD_SCHEMA_REVISION != HEAD:  # a revision without its snapshot: tests say
+        return _migrate(f, check_there)
+    conn = f.open_connection()  # autocommit: the transaction is create_at_head()'s own
+    try:
+        migrate.create_at_head(conn)
+    except DAMAGE as err:
+        check_there()
+        f.usable = False
+        faults.fault(f"{f.path} could not be created ({err}); kernels are compiled instead. "
+                     "Delete it to start afresh.", once="upgrade:" + str(f.path))
+        return False
+    finally:
+        conn.close()
+    return True
 
 
 def _migrate(f: KernelFile, check_there) -> bool:

@@ -1,8 +1,10 @@
-"""Alembic upgrades of a kdb file, and the lock that lets one process do one at a time.
+"""Alembic upgrades of a kdb file, a new file made at the head without them, and the lock
+that lets one process do one at a time.
 
 Only writers import this module (a new or older user file, ``kdb pack``, ``kdb migrate``,
 the shared tier); what a revision means is :mod:`kdb.file.fileformat`'s, re-exported here.
-SQLAlchemy and alembic are imported inside the functions that run them. One process upgrades
+SQLAlchemy and alembic are imported inside the functions that run them; a new user file
+needs neither (:func:`create_at_head`). One process upgrades
 a file at a time (an ``flock`` on ``<file>.lock``); the others wait, then find it current.
 """
 
@@ -19,8 +21,9 @@ from .fileformat import COMPACT_FROM, HEAD, REVISIONS, at_least, revision_of
 if TYPE_CHECKING:
     from typing import Iterator
 
-__all__ = ["HEAD", "REVISIONS", "alembic_config", "file_lock", "migrations_dir",
-           "revision_of", "script_heads", "script_revisions", "upgrade_sqlite"]
+__all__ = ["HEAD", "HEAD_ROWS", "HEAD_SCHEMA", "HEAD_SCHEMA_REVISION", "REVISIONS",
+           "alembic_config", "create_at_head", "file_lock", "migrations_dir", "revision_of",
+           "script_heads", "script_revisions", "snapshot", "upgrade_sqlite"]
 
 
 def migrations_dir() -> Path:
@@ -166,3 +169,162 @@ def script_revisions() -> list[str]:
 
     script = ScriptDirectory.from_config(alembic_config())
     return [r.revision for r in reversed(list(script.walk_revisions()))]
+
+
+# -- a new file, without alembic ------------------------------------------------------------
+#
+# The migrations are the schema's one definition. Running them on a new file costs about half
+# a second, nearly all of it importing alembic and SQLAlchemy, which the first store of a cold
+# cache paid on the program's exit (early stores) or in the store worker's floor lane. So the
+# writer makes a new file from what the migrations leave at the head: the ``CREATE``
+# statements of ``sqlite_master`` in their order and the rows they insert, taken from a
+# migrated file by :func:`snapshot`; a test holds them equal to what the migrations make
+# (alembic's cookbook does the same with ``create_all`` and ``stamp``:
+# alembic.sqlalchemy.org/en/latest/cookbook.html#building-an-up-to-date-database-from-scratch).
+# After a new revision, ``python -m kdb.file.migrate`` prints them anew.
+
+#: The revision :data:`HEAD_SCHEMA` and :data:`HEAD_ROWS` make.
+HEAD_SCHEMA_REVISION = "0006"
+
+#: ``sqlite_master``'s statements at the head, in the order the migrations leave them.
+HEAD_SCHEMA: tuple[str, ...] = (
+    ('CREATE TABLE alembic_version (\n'
+     '\tversion_num VARCHAR(32) NOT NULL, \n'
+     '\tCONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n'
+     ')'),
+    ('CREATE TABLE meta (\n'
+     '\tname TEXT NOT NULL, \n'
+     '\tvalue TEXT NOT NULL, \n'
+     '\tPRIMARY KEY (name)\n'
+     ')'),
+    ('CREATE TABLE compile_log (\n'
+     '\tid INTEGER NOT NULL, \n'
+     '\tat FLOAT NOT NULL, \n'
+     '\t"key" TEXT NOT NULL, \n'
+     "\tname TEXT DEFAULT '' NOT NULL, \n"
+     '\tarch TEXT NOT NULL, \n'
+     "\tbackend TEXT DEFAULT '' NOT NULL, \n"
+     '\tseconds FLOAT NOT NULL, \n'
+     "\tmissed TEXT DEFAULT '' NOT NULL, \n"
+     "\treason TEXT DEFAULT '' NOT NULL, \n"
+     "\tpid INTEGER DEFAULT '0' NOT NULL, \n"
+     '\tPRIMARY KEY (id)\n'
+     ')'),
+    'CREATE INDEX ix_compile_log_at ON compile_log (at)',
+    ('CREATE TABLE counters (\n'
+     '\tname TEXT NOT NULL, \n'
+     "\tvalue FLOAT DEFAULT '0' NOT NULL, \n"
+     '\tPRIMARY KEY (name)\n'
+     ')'),
+    ('CREATE TABLE sources (\n'
+     '\tdigest TEXT NOT NULL, \n'
+     '\tbody BLOB NOT NULL, \n'
+     '\tsize INTEGER NOT NULL, \n'
+     '\tPRIMARY KEY (digest)\n'
+     ')'),
+    ('CREATE TABLE "kernels" (\n'
+     '\t"key" TEXT NOT NULL, \n'
+     '\tarch TEXT NOT NULL, \n'
+     '\tbackend TEXT NOT NULL, \n'
+     "\tname TEXT DEFAULT ('') NOT NULL, \n"
+     '\tcodec TEXT NOT NULL, \n'
+     '\tdict_id INTEGER, \n'
+     '\tblob BLOB NOT NULL, \n'
+     '\traw_size INTEGER NOT NULL, \n'
+     '\tstored_size INTEGER NOT NULL, \n'
+     '\tchecksum TEXT NOT NULL, \n'
+     "\tcompile_seconds FLOAT DEFAULT '0' NOT NULL, \n"
+     '\tcreated FLOAT NOT NULL, \n'
+     '\tlast_access FLOAT NOT NULL, \n'
+     "\thits INTEGER DEFAULT '0' NOT NULL, \n"
+     "\tdetails TEXT DEFAULT '{}' NOT NULL, \n"
+     '\tcompiler_free_key TEXT, \n'
+     '\tsigner TEXT, \n'
+     '\tsignature BLOB, \n'
+     '\tattrs BLOB NOT NULL, \n'
+     '\tsource TEXT, \n'
+     '\tattributes_sha256 TEXT NOT NULL, \n'
+     '\tPRIMARY KEY ("key")\n'
+     ')'),
+    'CREATE INDEX ix_kernels_last_access ON kernels (last_access)',
+    'CREATE INDEX ix_kernels_name ON kernels (name)',
+    'CREATE INDEX ix_kernels_compiler_free_key ON kernels (compiler_free_key)',
+    'CREATE INDEX ix_kernels_source ON kernels (source)',
+)
+
+#: The rows the migrations insert into a new file: (table, columns, values).
+HEAD_ROWS: tuple[tuple[str, tuple[str, ...], tuple], ...] = (
+    ('alembic_version', ('version_num',), ('0006',)),
+    ('meta', ('name', 'value'), ('entries', '0')),
+    ('meta', ('name', 'value'), ('raw_bytes', '0')),
+    ('meta', ('name', 'value'), ('stored_bytes', '0')),
+)
+
+
+def create_at_head(conn: sqlite3.Connection) -> None:
+    """Make the empty file ``conn`` is open on (autocommit: ``isolation_level=None``) a kdb
+    file at :data:`HEAD_SCHEMA_REVISION`, in one immediate transaction: a writer killed
+    halfway leaves an empty file, never half a schema. The caller holds the upgrade lock."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in HEAD_SCHEMA:
+            conn.execute(statement)
+        for table, columns, values in HEAD_ROWS:
+            conn.execute(_insert(table, columns), values)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _insert(table: str, columns: tuple[str, ...]) -> str:
+    """The ``INSERT`` of one of :data:`HEAD_ROWS` (names from this module only; values bound)."""
+    names = ", ".join(f'"{c}"' for c in columns)
+    return f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})'
+
+
+def snapshot(conn: sqlite3.Connection) -> tuple[tuple[str, ...], tuple]:
+    """``(HEAD_SCHEMA, HEAD_ROWS)`` as they are in the file ``conn`` is open on: what they
+    must be for a file the migrations brought to the head."""
+    schema = tuple(r[0] for r in conn.execute(
+        "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid"))
+    tables = [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+        "ORDER BY rowid")]
+    rows = []
+    for table in tables:
+        columns = tuple(r[1] for r in conn.execute("SELECT * FROM pragma_table_info(?)",
+                                                    (table,)))
+        names = ", ".join(f'"{c}"' for c in columns)
+        for values in conn.execute(f'SELECT {names} FROM "{table}" ORDER BY rowid'):  # noqa: S608
+            rows.append((table, columns, tuple(values)))
+    return schema, tuple(rows)
+
+
+def render(revision: str, schema: tuple[str, ...], rows: tuple) -> str:
+    """The head's constants for a snapshot, as Python source (``python -m`` prints them)."""
+    lines = [f"HEAD_SCHEMA_REVISION = {revision!r}", "", "HEAD_SCHEMA: tuple[str, ...] = ("]
+    for statement in schema:  # one line of SQL a line
+        parts = [repr(p) for p in statement.splitlines(keepends=True)]
+        lines.append(f"    {parts[0]}," if len(parts) == 1 else
+                     "    (" + "\n     ".join(parts) + "),")
+    lines += [")", "", "HEAD_ROWS: tuple[tuple[str, tuple[str, ...], tuple], ...] = ("]
+    lines += [f"    {r!r}," for r in rows]
+    return "\n".join([*lines, ")"])
+
+
+def _main() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "head.kdb"
+        upgrade_sqlite(path)
+        conn = sqlite3.connect(path)
+        try:
+            print(render(HEAD, *snapshot(conn)))
+        finally:
+            conn.close()
+
+
+if __name__ == "__main__":
+    _main()

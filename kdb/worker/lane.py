@@ -177,6 +177,8 @@ class Lane:
         self.pstart = 0  # the child's start time (kdb.claims.progress.start_time)
         self.pacer = Pacer(share) if share else None
         self.apart = apart
+        self.window = (0.0, 0.0)  # the wall clock and its CPU seconds as a window began
+        self.fed: bool | None = None  # its last full window: it got the share (idle CPU)
 
     def start(self, path: Path, build: tuple = (), limit: float | None = None) -> None:
         """Have the child store ``path``, in ``limit`` CPU seconds at most (None: no bound)."""
@@ -199,6 +201,7 @@ class Lane:
                 self.pacer.reset(self.proc.pid, self.clock())
         self.job, self.started, self.taken_at = path, self.clock(), time.monotonic()
         self.limit = limit
+        self.window, self.fed = (self.taken_at, self.started), None
         self.proc.stdin.write(os.fsencode(path) + b"\n")
         self.proc.stdin.flush()
 
@@ -241,13 +244,23 @@ class Lane:
             return 0.1
         return self.pacer.look(self.clock())
 
-    def starved(self, share: float, after: float) -> bool:
-        """Whether an idle lane's store got less than ``share`` of one core since it was taken,
-        at least ``after`` seconds ago (the machine has no idle CPU for it)."""
+    def judge(self, share: float, window: float) -> bool | None:
+        """For an idle lane storing a job: whether it got at least ``share`` of one core over
+        its last full ``window`` seconds (True: the machine has idle CPU for it; False: it
+        has none); None until it has stored one job that long."""
         if self.job is None or self.proc is None:
-            return False
-        held = time.monotonic() - self.taken_at
-        return held >= after and self.clock() - self.started < share * held
+            return None
+        now = time.monotonic()
+        began, cpu = self.window
+        if now - began >= window:
+            self.window = (now, self.clock())
+            self.fed = self.window[1] - cpu >= share * (now - began)
+        return self.fed
+
+    def starved(self, share: float, window: float) -> bool:
+        """Whether an idle lane's store got less than ``share`` of one core over its last
+        full ``window`` seconds (:meth:`judge`)."""
+        return self.judge(share, window) is False
 
     def hand_over(self) -> Path | None:
         """Stop storing the job now (the lane is ended) and queue it again, as it was before

@@ -46,8 +46,9 @@ SLOW_MIN_S = 5.0
 #: ``SCAN_S`` (else every ``RESCAN_S``): a long queue costs the supervisor little per job.
 SCAN_S = 0.25
 RESCAN_S = 2.0
-#: Seconds an idle lane keeps a job while it gets less than the floor's share, before the
-#: floor lane, with nothing queued for it, takes the job over.
+#: The window over which the idle lanes' CPU time tells whether the machine has idle CPU:
+#: the floor lane stores only once an idle lane got less than its share over one (and no
+#: other got more), and then, with nothing queued, takes the job of such a lane over.
 TAKE_OVER_S = 2.0
 
 
@@ -231,15 +232,20 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
     import select
 
     idle_since = time.monotonic()
+    no_idle_cpu = False  # until an idle lane starves: where CPU is idle, the floor waits
     while True:
         ended = [lane.poll() for lane in lanes]
         busy = {lane.job.stem for lane in lanes if lane.job is not None}
         queue.scan(busy)
         before = len(busy)
+        if share:
+            no_idle_cpu = _no_idle_cpu(lanes, share, no_idle_cpu)
         for lane in lanes:
-            path = _pick(queue, lane, busy) if lane.job is None else None
-            if path is None and lane.pacer is not None and lane.job is None:
-                path = _take_over(lanes, share)
+            path = None
+            if lane.job is None and (lane.pacer is None or no_idle_cpu):
+                path = _pick(queue, lane, busy)
+                if path is None and lane.pacer is not None:
+                    path = _take_over(lanes, share)
             if path is not None:
                 _, seconds, _, build = queue.jobs[path.stem]
                 lane.start(path, build, None if path.suffix == SLOW
@@ -267,9 +273,20 @@ def _pick(queue: _Queue, lane: Lane, busy: set[str]) -> Path | None:
     return queue.pick(False, busy) or queue.pick(True, busy)
 
 
+def _no_idle_cpu(lanes: list[Lane], share: float, before: bool) -> bool:
+    """Whether the machine has no idle CPU for the stores, as the idle lanes storing jobs
+    found it over their last :data:`TAKE_OVER_S`: one that got the floor's share says there
+    is idle CPU, else one that got less says there is none; else as ``before``."""
+    judged = [lane.judge(share, TAKE_OVER_S) for lane in lanes if lane.pacer is None]
+    if True in judged:
+        return False
+    return True if False in judged else before
+
+
 def _take_over(lanes: list[Lane], share: float) -> Path | None:
-    """For the floor lane, with nothing queued: the job of an idle lane that got less than
-    the floor's share since it took it (no idle CPU here), queued again and handed over."""
+    """For the floor lane, with nothing queued (and no idle CPU): the job of an idle lane
+    that got less than the floor's share over its last :data:`TAKE_OVER_S`, queued again and
+    handed over."""
     for lane in lanes:
         if lane.pacer is None and lane.starved(share, TAKE_OVER_S):
             path = lane.hand_over()
