@@ -462,6 +462,32 @@ def test_the_private_files_are_removed_at_exit_or_after_a_kill(tmp_path, triton_
     assert list(base.iterdir()) == []
 
 
+def test_a_live_process_s_files_are_kept_where_its_pid_cannot_be_seen(tmp_path):
+    """A sweeper in another PID namespace (a container sharing ``/dev/shm``) sees a pid that
+    is not its own process's: the directory's lock, held while its process lives, keeps it
+    (issue 37 item 8). Once that process is gone, it is swept."""
+    from kdb.backends.triton import groups
+
+    base = tmp_path / "run"
+    base.mkdir(mode=0o700)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from kdb.backends.triton import groups; "
+         "print(groups.private_dir('k' * 64), flush=True); sys.stdin.read()"],
+        env={**os.environ, "XDG_RUNTIME_DIR": str(base)}, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True)
+    try:
+        made = Path(holder.stdout.readline().strip()).parent
+        unseen = base / f"kdb-triton-{os.getuid()}-{2 ** 22 + 4321}-elsewhere"
+        made.rename(unseen)  # its pid as the other namespace sees it: no such process here
+        groups.remove_stale(str(base), os.getuid())
+        assert unseen.is_dir()
+    finally:
+        holder.stdin.close()
+        holder.wait(60)
+    groups.remove_stale(str(base), os.getuid())
+    assert not unseen.exists()
+
+
 def test_the_files_go_to_a_memory_file_system_where_there_is_one(monkeypatch, tmp_path):
     from kdb.backends.triton import groups
 

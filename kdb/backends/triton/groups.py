@@ -130,6 +130,7 @@ def _new_root(bases: list[str], root: list | None = None) -> None:
             continue
         why = fs.stat_problem(os.fstat(fd))
         if why is None:
+            _hold(fd)
             root[:] = [os.getpid(), path, fd, base == tempfile.gettempdir()]
             _made.append((os.getpid(), path))
             return
@@ -137,6 +138,35 @@ def _new_root(bases: list[str], root: list | None = None) -> None:
         _refuse(path, path, why)
     raise OSError(errno.EACCES, "no directory nobody else can change for Triton's files in "
                   f"{', '.join(bases)}" + (f" ({failed})" if failed else ""))
+
+
+def _hold(fd: int) -> None:
+    """A shared ``flock`` on the private directory, held while this process (or a child it
+    forked) lives: a sweeper that cannot see our pid (another PID namespace sharing
+    ``/dev/shm``: a container run with ``--ipc=host``) still sees the directory in use."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        pass  # a file system without flock: the pid alone says whether it is in use
+
+
+def _in_use(path: str) -> bool:
+    """Whether a live process holds ``path``'s lock (:func:`_hold`), in any PID namespace."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return True  # gone, or not ours to judge: left alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _refuse(base: str, where: str, why: str) -> None:
@@ -181,7 +211,8 @@ def runtime_dirs() -> list[str]:
 
 def remove_stale(base: str, uid: int) -> None:
     """Remove this user's directories left by processes that died without their exit hooks
-    (a kill): their names carry the pid."""
+    (a kill): their names carry the pid, and no process holds their lock (:func:`_hold`; a
+    pid this process cannot see may live in another PID namespace)."""
     prefix = f"kdb-triton-{uid}-"
     try:
         names = [n for n in os.listdir(base) if n.startswith(prefix)]
@@ -196,7 +227,8 @@ def remove_stale(base: str, uid: int) -> None:
             st = os.lstat(path)
         except OSError:
             continue
-        if st.st_uid == uid and os.path.isdir(path) and not os.path.islink(path):
+        if st.st_uid == uid and os.path.isdir(path) and not os.path.islink(path) \
+                and not _in_use(path):
             shutil.rmtree(path, ignore_errors=True)
 
 
