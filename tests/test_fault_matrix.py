@@ -336,6 +336,34 @@ def _entries_at_0005(case, good):
     _downgrade(_copy_good(case, good), "0005")
 
 
+def _full_disk_at_0005(case, good):
+    """A file at revision 0005 on a disk with less free space than the file (room for its
+    journal, not for its copy): its upgrade, every entry rewritten in one transaction,
+    cannot be written (issue 37 item 13)."""
+    from test_compact import _downgrade
+
+    old = _copy_good(case, good, case.root / "old" / "v1" / "a.kdb")
+    _downgrade(old, "0005")  # made off the small disk: the downgrade needs room too
+    size = old.stat().st_size
+    _mount(case, "-t", "tmpfs", "-o", f"size={3 * size + (256 << 10)},mode=0700", "tmpfs")
+    case.env["KDB_CACHE_DIR"] = str(case.root / "mnt")
+    _copy_good(case, old)
+    free = os.statvfs(case.root / "mnt").f_bavail * os.statvfs(case.root / "mnt").f_frsize
+    with open(case.root / "mnt" / "filler", "wb") as f:
+        f.write(b"\0" * max(free - size // 2, 0))
+
+
+def _upgrade_room_named(case: Case, warnings: list[str]) -> None:
+    """The warning says the disk is full and how much room the upgrade needs; the file is
+    left as it was."""
+    from conftest import sql
+
+    said = [w for w in warnings if "could not be upgraded" in w]
+    assert said and all("file system is full" in w and "MiB free beside the file" in w
+                        for w in said), warnings
+    assert sql(case.user_file, "SELECT version_num FROM alembic_version") == [("0005",)]
+
+
 def _upgraded_in_place(case: Case, warnings: list[str]) -> None:
     from conftest import sql
 
@@ -803,6 +831,8 @@ STATES: dict[str, State] = {
     "read-only-dir": State(_read_only_dir, 0, needs="setpriv"),
     "read-only-mount": State(_read_only_mount, 0, needs="mount"),
     "full-disk": State(_full_disk, 0, needs="mount"),
+    "full-disk-at-revision-0005": State(_full_disk_at_0005, 0, needs="mount",
+                                        check=_upgrade_room_named),
     "stuck-upgrader": State(_stuck_upgrader, 0),
     "being-migrated": State(_being_migrated, 0),
     "being-created": State(_being_created, 0),

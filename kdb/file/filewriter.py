@@ -391,13 +391,32 @@ def _migrate(f: KernelFile, check_there) -> bool:
     except Exception as err:  # noqa: BLE001 - SQLAlchemy/alembic errors must not propagate
         check_there()
         f.usable = False
-        faults.fault(
-            f"{f.path} could not be upgraded to schema revision {HEAD} ({err}); "
-            "it is left as is and kernels are compiled instead. Delete it to start afresh.",
-            once="upgrade:" + str(f.path),
-        )
+        faults.fault(_upgrade_failed(f.path, err), once="upgrade:" + str(f.path))
         return False
     return True
+
+
+def _upgrade_failed(path, err: Exception) -> str:
+    """What a user reads when an upgrade failed: for a full disk, the room it needs. An
+    upgrade rewrites the file's entries in one transaction, so it needs about the file's
+    size free beside it; until then nothing is stored in it."""
+    from .fs import free_bytes
+
+    text = str(err)
+    if "disk is full" in text or "No space left" in text:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        free = free_bytes(os.path.dirname(path) or ".")
+        have = f"{free / 2**20:.1f} MiB" if free is not None else "an unknown amount"
+        return (f"{path} could not be upgraded to schema revision {HEAD}: its file system is "
+                f"full (the upgrade needs about {size / 2**20:.1f} MiB free beside the file, "
+                f"the file's size; {have} is free). Until then kernels are compiled and not "
+                "stored. Free that much space (the next process to store upgrades it), or "
+                "delete the file to start afresh.")
+    return (f"{path} could not be upgraded to schema revision {HEAD} ({err}); it is left as "
+            "is and kernels are compiled instead. Delete it to start afresh.")
 
 
 def _json_text(details: dict | None) -> str:
