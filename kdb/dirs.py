@@ -1,5 +1,6 @@
 """The directories kdb makes for itself: the home its default cache lives under (or a private
-stand-in when there is none) and private directories (a cache holds code the user will run).
+stand-in when there is none) and private directories (a cache holds code the user will run);
+and how a file found in one is opened for reading without trusting what it is.
 """
 
 from __future__ import annotations
@@ -75,3 +76,14 @@ def make_private_dir(path: str | os.PathLike[str]) -> Path:
         except FileExistsError:
             pass
     return target
+
+
+def open_regular(path: Path) -> int:
+    """``path`` opened for reading, without blocking: a FIFO or a device where a job file
+    (or any file kdb keeps for itself) should be would hold the reader in ``open()`` for ever. ``OSError`` unless it is a
+    regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd

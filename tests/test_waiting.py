@@ -377,3 +377,31 @@ def test_a_loaded_machine_still_compiles_each_kernel_once(tmp_path, cl_ctx, load
     """Each compile and store takes many times its wall time under the load, far past
     KDB_WAIT_TIMEOUT=1; the holders make progress all along, so nobody compiles twice."""
     assert _lockstep(tmp_path, 4, 3, {"KDB_WAIT_TIMEOUT": "1"}) == 3
+
+
+def test_the_account_of_waits_for_other_nodes_is_one_budget_and_survives_damage(tmp_path):
+    """kdb.claims.nodes: waits in vain add up to one budget (10 x the timeout) shared by the
+    node's processes; an entry clears it; old waits are forgotten; garbage, a FIFO or a
+    directory where the account should be cost nothing and never block."""
+    from kdb.claims import nodes
+
+    assert nodes.left(tmp_path, 1.0) == 10.0
+    nodes.add(tmp_path, 4.0)
+    nodes.add(tmp_path, 3.5)
+    assert nodes.spent(tmp_path, 1.0) == pytest.approx(7.5)
+    assert nodes.left(tmp_path, 1.0) == pytest.approx(2.5)
+    nodes.clear(tmp_path)  # a wait that ended with the other node's entry
+    assert nodes.left(tmp_path, 1.0) == 10.0
+    nodes.add(tmp_path, 20.0)
+    assert nodes.left(tmp_path, 1.0) == 0.0
+    old = time.time() - nodes.window(1.0) - 1
+    with open(tmp_path / nodes.NAME, "w") as f:  # a wait from before the window, and damage
+        f.write(f"{old} 20.0\nnot numbers\n1 2 3\n{time.time()} -5\n{time.time()} nan\n\x00\x00")
+    assert nodes.spent(tmp_path, 1.0) == 0.0
+    for make in (os.mkfifo, os.mkdir):
+        path = tmp_path / make.__name__
+        path.mkdir()
+        make(str(path / nodes.NAME))
+        start = time.monotonic()
+        nodes.add(path, 5.0)
+        assert nodes.spent(path, 1.0) == 0.0 and time.monotonic() - start < 1.0

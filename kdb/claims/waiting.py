@@ -22,6 +22,7 @@ from . import (
     WAITING,
     holder,
     longest,
+    nodes,
     progress,
     try_claim,
     want,
@@ -37,8 +38,8 @@ log = logs.get("kdb")
 #: Seconds a holder that makes no progress is waited for beyond what its compile takes.
 STALL_S = 2.0
 #: Another node's heartbeat is its word: a node is waited for at most this many times
-#: ``KDB_WAIT_TIMEOUT`` of wall time, whatever it says.
-NODE_WALL = 10
+#: ``KDB_WAIT_TIMEOUT`` of wall time, whatever it says, and in all (:mod:`kdb.claims.nodes`).
+NODE_WALL = nodes.NODE_WALL
 
 
 def pending_wait(compile_seconds: float) -> float:
@@ -72,6 +73,8 @@ class Watch:
         self.timeout = timeout
         self.ident: tuple | None = None
         self.began = self.moved = 0.0
+        #: When this process began waiting for another node (whoever its heartbeat names).
+        self.node_began: float | None = None
         self.cpu0 = self.cpu = 0.0
 
     def verdict(self, ident: tuple, state: str, seconds: float, since: float,
@@ -184,6 +187,8 @@ def _wait(directory, key, label, find, timeout, *, shared, idle=None, queued=Non
             if hit is not None:
                 if locked:
                     shared.unlock(key)
+                if claim is not None and claim.state == WAITING:
+                    nodes.clear(directory)  # the other node was slow, not rogue
                 if claim is not None and not claim.handed:
                     claim.release()
                 return hit
@@ -261,15 +266,17 @@ def _look(directory, key, label, claim, shared, watch):
             claim.mark(WAITING)  # this node's other processes wait with us
         shared.want(key)
         ident, seen = shared.holder_progress(key)
-        verdict = watch.verdict(ident, COMPILING, 0.0, 0.0, seen)
-        if verdict is None and time.monotonic() - watch.began >= NODE_WALL * watch.timeout:
-            verdict = (f"its heartbeat went on past {NODE_WALL} x KDB_WAIT_TIMEOUT", True)
+        verdict = _judge_node(directory, ident, seen, watch)
         who = "another node"
     if verdict is None:
         return None
     why, stuck = verdict
     if stuck and claim is None and held_by.pid:
         _given_up.add(held_by.pid)
+    if claim is not None:  # the other node's wait was in vain: it counts against the budget
+        nodes.add(directory, time.monotonic() - watch.node_began)
+        if stuck:
+            nodes.given_up.add(ident)
     (log.warning if stuck else log.debug)(
         "kdb: waited %.1f s for %s to compile %s, and %s; compiling it here%s",
         time.monotonic() - watch.began, who, label, why,
@@ -277,3 +284,21 @@ def _look(directory, key, label, claim, shared, watch):
     if claim is not None:
         claim.mark(COMPILING)
     return (claim,)  # ours if this node's claim is: its other processes wait for us
+
+
+def _judge_node(directory, ident, seen, watch):
+    """Whether to go on waiting for the node whose heartbeat says ``ident`` and ``seen``:
+    ``None``, or ``(why, stuck)``. :meth:`Watch.verdict` judges its progress; on top of it
+    the wall time is bounded per kernel and, over this node's waits in vain, in all
+    (:mod:`kdb.claims.nodes`), whoever the heartbeat names from one look to the next."""
+    now = time.monotonic()
+    if watch.node_began is None:
+        watch.node_began = now
+    waited = now - watch.node_began
+    if ident in nodes.given_up and seen is not None:
+        return "it was given up on before, and holds this key too", True
+    left = nodes.left(directory, watch.timeout)
+    if waited >= left:
+        return (f"this node has waited {nodes.spent(directory, watch.timeout) + waited:.0f} s "
+                f"in vain for other nodes lately ({NODE_WALL} x KDB_WAIT_TIMEOUT at most)"), True
+    return watch.verdict(ident, COMPILING, 0.0, 0.0, seen)

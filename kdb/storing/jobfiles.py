@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import time
 from pathlib import Path
 from typing import Callable
 
 from ..file import fs
+from ..dirs import open_regular
 from ..lifecycle import alive
 
 JOB = ".job"
@@ -36,17 +36,6 @@ def slow_path(path: Path) -> Path:
 
 def taken_path(path: Path) -> Path:
     return path.with_suffix(TAKEN)
-
-
-def open_regular(path: Path) -> int:
-    """``path`` opened for reading, without blocking: a FIFO or a device where a job file
-    should be would hold the reader in ``open()`` for ever. ``OSError`` unless it is a
-    regular file."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(f"{path} is not a regular file")
-    return fd
 
 
 def _flocked(path: Path) -> int | None:

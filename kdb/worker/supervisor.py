@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from .. import config
-from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, open_regular,
-                                publish_lanes, remove, rename, sweep_partial, take,
-                                taken_path)
+from ..dirs import open_regular
+from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove,
+                                rename, sweep_partial, take, taken_path)
 from ..storing.jobs import StoreJob
 from ..storing.spool import LOCK, worker_running
 from .lane import Lane, inherit
