@@ -28,8 +28,12 @@ $(TORCH): $(STAMP)
 
 setup: $(STAMP)
 
+# OPENCL: pip's PoCL, or where it does not know this CPU, an ICD folder naming one that does
+# (tools/default_opencl.py; tests/conftest.py makes the same choice for the tests).
+OPENCL = $$($(BIN)/python tools/default_opencl.py --install)
+
 demo: $(STAMP)
-	$(BIN)/kdb demo
+	env $(OPENCL) $(BIN)/kdb demo
 
 test: $(STAMP) $(TRITON) $(TORCH)
 	bash tools/ensure_postgres.sh
@@ -37,7 +41,7 @@ test: $(STAMP) $(TRITON) $(TORCH)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP) $(TRITON) $(TORCH)
-	$(BIN)/python benchmarks/run.py
+	env $(OPENCL) $(BIN)/python benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -26,8 +27,32 @@ for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE
 # of no files hides those installed system-wide (a second PoCL from pocl-opencl-icd lists
 # first, under the same platform name the tests pick by). tests/test_opencl_impls.py names
 # the others in its children's OCL_ICD_VENDORS. A caller's own OCL_ICD_VENDORS is kept.
-os.environ.setdefault("OCL_ICD_VENDORS", str(_SESSION_TMP / "no-icds"))
+# Where pip's PoCL does not know this CPU, the suite runs on the one tools/default_opencl.py
+# chooses (Debian's PoCL: `make test` installs it), listed first.
 (_SESSION_TMP / "no-icds").mkdir(exist_ok=True)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import default_opencl  # noqa: E402 - a tool of this repository, not a package
+
+sys.path.pop(0)
+
+
+@functools.cache
+def pip_pocl() -> tuple[bool, str]:
+    """Whether pip's PoCL builds a kernel on this CPU, and what it said (once a session)."""
+    return default_opencl.pip_pocl()
+
+
+def need_pip_pocl() -> None:
+    """Skip a test of pip's PoCL itself where it builds nothing on this CPU."""
+    works, said = pip_pocl()
+    if not works:
+        pytest.skip(f"pip's PoCL builds no kernel on this CPU ({said}): "
+                    "tools/default_opencl.py says why")
+
+
+if "OCL_ICD_VENDORS" not in os.environ:
+    os.environ["OCL_ICD_VENDORS"] = (default_opencl.choose(pip=pip_pocl())
+                                     or str(_SESSION_TMP / "no-icds"))
 # Children store before they exit (tests read what they stored right after); the default,
 # the store worker, has its own tests (tests/test_spool.py).
 os.environ["KDB_STORE_AT_EXIT"] = "wait"

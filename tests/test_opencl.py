@@ -567,7 +567,7 @@ def test_arch_id_and_compiler_identity_come_from_the_device(cl_ctx):
     dev = cl_ctx.devices[0]
     if "HSTR:" not in dev.version or "x86_64" not in dev.version:
         pytest.skip(f"not a PoCL x86-64 device: {dev.version}")
-    assert re.fullmatch(r"pocl-x86_64-[a-z0-9_]+", kdb.opencl.arch_of(dev))
+    assert re.fullmatch(r"pocl-x86_64-[a-z0-9_-]+", kdb.opencl.arch_of(dev))
     ident = dict(kdb.opencl.compiler_identity(dev))
     assert ident["platform"] == dev.platform.name
     assert ident["driver_version"] == dev.driver_version

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import sql
+from conftest import need_pip_pocl, sql
 from test_spool import run_json, wait_for_worker
 
 cl = pytest.importorskip("pyopencl")
@@ -56,6 +56,7 @@ def _vendors(tmp_path: Path, *libraries: str) -> dict[str, str]:
 @pytest.fixture
 def two_pocls(tmp_path) -> dict[str, str]:
     """Debian's PoCL listed first, pip's second: what a machine with pocl-opencl-icd has."""
+    need_pip_pocl()
     return {**_vendors(tmp_path, _debian_pocl()), "DEBIAN_POCL": _debian_pocl()}
 
 
@@ -204,7 +205,8 @@ def test_the_demo_names_the_implementation_it_read_binaries_from(tmp_path, capsy
 
 
 SCALE = "__kernel void scale(__global float *a) { a[get_global_id(0)] *= 3.0f; }"
-OTHER_ISA = "pocl-x86_64-skylake-avx512"  # a class this machine's pip PoCL is not
+#: Instruction-set classes of PoCL: the first that is not this machine's device's is used.
+OTHER_ISAS = ("pocl-x86_64-skylake-avx512", "pocl-x86_64-znver3")
 
 
 def _system_file(built: Path, arch: str, directory: Path, as_arch: str) -> Path:
@@ -237,16 +239,16 @@ def test_a_binary_for_another_instruction_set_is_never_served(cl_ctx, tmp_path, 
     from kdb.storing import background
 
     here = kdb.opencl.arch_of(cl_ctx.devices[0])
-    assert here != OTHER_ISA
+    isa = [other for other in OTHER_ISAS if other != here][0]
     built = tmp_path / "built"
     db = KernelDB(cache_dir=built, system_path=[])
     kdb.opencl.build(cl_ctx, SCALE, db=db)  # this key, this arch
-    kdb.opencl.build(cl_ctx, SCALE, db=db, arch=OTHER_ISA)  # the same, stored for another
+    kdb.opencl.build(cl_ctx, SCALE, db=db, arch=isa)  # the same, stored for another
     db.flush()
     db.close()
     background.drain()
-    other_named = _system_file(built, here, tmp_path / "sys-a", OTHER_ISA)
-    mislabelled = _system_file(built, OTHER_ISA, tmp_path / "sys-b", here)
+    other_named = _system_file(built, here, tmp_path / "sys-a", isa)
+    mislabelled = _system_file(built, isa, tmp_path / "sys-b", here)
 
     queue = cl.CommandQueue(cl_ctx)
     for system in (other_named.parent, mislabelled.parent):
@@ -273,4 +275,53 @@ def test_a_binary_for_another_instruction_set_is_never_served(cl_ctx, tmp_path, 
     data = json.loads(result.output)
     other = [e for e in data["nearest"] if e["tier"] == "system"]
     assert other and list(other[0]["differs"]) == ["arch"], data["nearest"]
-    assert OTHER_ISA in other[0]["differs"]["arch"] and here in other[0]["differs"]["arch"]
+    assert isa in other[0]["differs"]["arch"] and here in other[0]["differs"]["arch"]
+
+
+def test_an_opencl_that_does_not_know_this_cpu_is_named_as_the_cause(run_py, tmp_path):
+    """pip's PoCL 3.0 (LLVM 14) on a CPU newer than LLVM 14 builds nothing ("unknown target
+    CPU 'generic'"): kdb's error says the OpenCL's compiler does not know this CPU and what
+    to install, not "fix the kernel source"."""
+    from conftest import pip_pocl
+
+    if pip_pocl()[0]:
+        pytest.skip("pip's PoCL builds kernels on this CPU: nothing to name")
+    (tmp_path / "no-icds").mkdir()
+    out = run_py("""
+        import pyopencl as cl
+        import kdb, kdb.opencl
+        ctx = cl.Context(cl.get_platforms()[0].get_devices())
+        try:
+            kdb.opencl.build(ctx, "__kernel void k(__global int *a) { a[0] = 1; }")
+        except kdb.CompileError as err:
+            print(str(err).splitlines()[0])
+    """, env={"OCL_ICD_VENDORS": str(tmp_path / "no-icds")}).stdout
+    assert "does not know this CPU" in out and "pocl-opencl-icd" in out, out
+    assert "fix the kernel source" not in out, out
+
+
+def test_pack_native_skips_an_opencl_that_builds_nothing_and_says_so(tmp_path, caplog):
+    """``kdb pack --arch native`` on a machine whose pip PoCL does not know the CPU (listed
+    beside a PoCL that works): the working device's arch is packed, the other is skipped
+    with one warning naming it and why."""
+    import logging
+
+    from conftest import pip_pocl
+    from test_pack import SMALL_MANIFEST, invoke
+
+    works, _ = pip_pocl()
+    if works:
+        pytest.skip("pip's PoCL builds kernels on this CPU: nothing to skip")
+    from kdb.pack.compiling import opencl_arches
+
+    broken = [a for a, dev in opencl_arches().items() if "PoCL 3.0" in dev.platform.version]
+    manifest = tmp_path / "small.toml"
+    manifest.write_text(SMALL_MANIFEST)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        result = invoke("pack", "--arch", "native", "--manifest", manifest, "--out",
+                        tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert broken and all(not (tmp_path / "out" / f"{a}.kdb").exists() for a in broken)
+    assert len(list((tmp_path / "out").glob("*.kdb"))) >= 1
+    said = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(said) == 1 and broken[0] in said[0] and "builds no kernel" in said[0], said

@@ -12,7 +12,10 @@
 # only as root with apt-get. Otherwise it says why and those tests skip with that reason.
 # It never fails the build.
 #
-# Usage: PYTHON=.venv/bin/python bash tools/ensure_opencl.sh
+# On a CPU that pip's PoCL does not know (tools/default_opencl.py), Debian's PoCL is also the
+# OpenCL the demo and the tests run on; `--debian-only` installs just it (for `make demo`).
+#
+# Usage: PYTHON=.venv/bin/python bash tools/ensure_opencl.sh [--debian-only]
 set -uo pipefail
 PYTHON=${PYTHON:-python3}
 
@@ -34,6 +37,8 @@ if ! have_debian_pocl; then
              "Install it with: sudo apt-get install libpocl2" >&2
     fi
 fi
+
+[ "${1:-}" = --debian-only ] && exit 0
 
 prefix=$("$PYTHON" -c 'import sys; print(sys.prefix)')/opencl-intel
 if [ ! -e "$prefix/lib/libintelocl.so" ]; then

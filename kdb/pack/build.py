@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from .. import config
+from .. import config, logs
 from ..errors import InvalidArgumentError, PackError
 from .manifest import KernelSpec, applicable, load_manifest
 from .compiling import Progress, compile_manifest, opencl_arches
@@ -29,6 +29,8 @@ from .inputs import (
     wait_for_stores,
 )
 from .systemfile import PackResult, write_system_db
+
+log = logs.get("kdb")
 
 __all__ = ["PENDING_WAIT_S", "KernelSpec", "PackError", "PackResult", "Progress", "Step",
            "applicable", "compile_manifest", "load_manifest", "log_keys", "opencl_arches",
@@ -45,15 +47,32 @@ def resolve_arches(arches: Iterable[str]) -> list[str]:
     out: list[str] = []
     for a in arches:
         if a == "native":
-            present = sorted(opencl_arches())
+            devices = opencl_arches()
+            present = sorted(a for a, dev in devices.items() if _builds(a, dev))
             if not present:
-                raise PackError("--arch native: no OpenCL device is present here")
+                raise PackError("--arch native: no OpenCL device that builds kernels is "
+                                f"present here (found: {', '.join(sorted(devices)) or 'none'})")
             out += present
         else:
             out.append(config.check_arch(a))
     if not out:
         raise InvalidArgumentError("give at least one --arch (or --arch native)")
     return list(dict.fromkeys(out))
+
+
+def _builds(arch: str, device) -> bool:
+    """Whether ``device`` builds a kernel at all: ``native`` skips, with a warning, one whose
+    compiler does not (pip's PoCL on a CPU its LLVM does not know calls it ``generic``)."""
+    import pyopencl as cl
+
+    try:
+        cl.Program(cl.Context([device]), "__kernel void k(__global int *a) { *a = 1; }").build()
+        return True
+    except cl.Error as err:
+        said = [x for x in str(err).splitlines() if x.startswith("error:")] or [str(err)]
+        log.warning("kdb pack --arch native: skipping %s (%s): its compiler builds no kernel "
+                    "here (%s)", arch, device.platform.version.strip(), said[0].strip())
+        return False
 
 
 def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str | None = None,

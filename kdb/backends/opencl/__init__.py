@@ -77,9 +77,21 @@ def build(ctx: cl.Context, source: str | bytes, options: str | Sequence[str] | N
         return _build(ctx, source, options, devices, db, name, arch, pyopencl_errors=False)
     except cl.RuntimeError as err:
         raise CompileError(
-            f"OpenCL build of {name or _label(_text(source))} failed; fix the kernel source "
-            "or options shown below", log=str(err), options=tuple(split_options(options)),
+            f"OpenCL build of {name or _label(_text(source))} failed; {_remedy(str(err))}",
+            log=str(err), options=tuple(split_options(options)),
         ) from err
+
+
+def _remedy(log: str) -> str:
+    """What to do about a failed build: fix the kernel, unless the OpenCL's compiler cannot
+    build anything on this CPU (pip's PoCL 3.0, LLVM 14, calls a CPU newer than it knows
+    ``generic`` and then refuses it: AMD's Zen 4 and 5, for example)."""
+    if "unknown target CPU" in log:
+        return ("the OpenCL's compiler does not know this CPU (\"unknown target CPU\"), "
+                "so it builds no kernel at all. Use an OpenCL built with a newer LLVM: "
+                "Debian's or Ubuntu's PoCL (apt-get install pocl-opencl-icd), Intel's CPU "
+                "runtime (pip install intel-opencl-rt), or a newer PoCL")
+    return "fix the kernel source or options shown below"
 
 
 
