@@ -84,7 +84,8 @@ def choose(install: bool = False, pip: tuple[bool, str] | None = None) -> str | 
         return None
     _say(f"pip's PoCL cannot build a kernel on this CPU ({said})")
     if install and debian_pocl() is None:
-        subprocess.run(["bash", str(HERE / "ensure_opencl.sh"), "--debian-only"], check=False)
+        subprocess.run(["bash", str(HERE / "ensure_opencl.sh"), "--debian-only"], check=False,
+                       stdout=sys.stderr)  # stdout is for OCL_ICD_VENDORS alone
     folder = Path(sys.prefix, "opencl-default")
     for name, library in (("Debian's PoCL", debian_pocl()), ("Intel's runtime", intel_runtime())):
         if library is None:
