@@ -986,8 +986,17 @@ def test_the_cap_holds_with_four_writers_at_once(shared_url, pg, tmp_path):
                                  "SELECT value FROM meta WHERE name = 'stored_bytes'")
     assert int(meta_total) == int(total)  # the totals kept by every writer still add up
     (evicted,), = shared_rows(pg, shared_url,
-                              "SELECT value FROM counters WHERE name = 'evictions'")
+                              "SELECT value FROM counters WHERE name = 'evicted'")
     assert int(evicted) + int(n) == 120
+    # Named as a user file names it; the rows an older kdb wrote as "evictions" add in.
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    pg.sql("INSERT INTO counters (name, value) VALUES ('evictions', 5)",
+           shared_url.rsplit("/", 1)[1])
+    data = json.loads(CliRunner().invoke(cli, ["stats", "--json"]).output)
+    assert data["shared"]["evicted"] == int(evicted) + 5
 
 
 def test_the_least_recently_used_entries_go_first(shared_url, pg, tmp_path, monkeypatch):

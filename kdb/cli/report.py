@@ -79,7 +79,9 @@ def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
         click.echo(f"shared tier {where}: " + (
             f"{shared['entries']} entries, {human_bytes(shared['stored_bytes'])} stored, "
             f"{shared['hits']} hits and {shared['compiles']} compiles by every node, "
-            f"{shared['hits_here']} hits here" if not shared["problem"]
+            f"{shared['hits_here']} hits here"
+            + (f", {shared['evicted']} evicted" if shared.get("evicted") else "")
+            if not shared["problem"]
             else shared["problem"]))
 
 

@@ -30,7 +30,7 @@ def summary(tier) -> dict[str, Any]:
     out: dict[str, Any] = {"url": tier.shown, "namespace": tier.namespace, "reachable": False,
                            "revision": None, "problem": None, "entries": 0, "raw_bytes": 0,
                            "stored_bytes": 0, "hits": 0, "compiles": 0,
-                           "compile_seconds": 0.0, "arches": {}}
+                           "compile_seconds": 0.0, "evicted": 0, "arches": {}}
     try:
         engine = pgserver.create_engine(tier.url, tier.namespace)
     except Exception as err:  # noqa: BLE001 - a bad URL: say so
@@ -105,6 +105,8 @@ def _read_totals(conn: Connection, out: dict[str, Any]) -> None:
     out["hits"] = int(ctr.get("hits", 0))
     out["compiles"] = int(ctr.get("compiles", 0))
     out["compile_seconds"] = float(ctr.get("compile_seconds", 0.0))
+    # "evictions": what kdb before 2026-12 named the counter that files name "evicted".
+    out["evicted"] = int(ctr.get("evicted", 0)) + int(ctr.get("evictions", 0))
     # Per arch: an aggregate (a scan), for the CLI only, never on a lookup.
     for arch, n, size in conn.execute(select(
             kernels.c.arch, func.count(), func.coalesce(func.sum(kernels.c.stored_size), 0))

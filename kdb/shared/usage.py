@@ -132,7 +132,7 @@ def evict(conn: Connection, cap: int, namespace: str | None = None) -> int | Non
         drop_unused_sources(conn, held)
         bump_meta(conn, {"entries": -len(picked), "raw_bytes": -freed_raw,
                          "stored_bytes": -freed})
-        bump_counters(conn, {"evictions": len(picked)})
+        bump_counters(conn, {"evicted": len(picked)})  # named as in a file
     return len(picked)
 
 
