@@ -128,8 +128,22 @@ def _print(name: str, out: Outcome, seconds: float) -> None:
     sys.stdout.flush()
 
 
+def _default_opencl() -> None:
+    """Where pip's PoCL builds nothing on this CPU, run on the OpenCL the tests and the demo
+    use (tools/default_opencl.py); a caller's own OCL_ICD_VENDORS is kept."""
+    if "OCL_ICD_VENDORS" in os.environ:
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import default_opencl
+
+    chosen = default_opencl.choose()
+    if chosen:
+        os.environ["OCL_ICD_VENDORS"] = chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    _default_opencl()
     opts = Options(quick=args.quick, runs=args.runs, kernels=args.kernels,
                    verbose=not args.silent)
     ws = Workspace(opts)
