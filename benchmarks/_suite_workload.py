@@ -47,8 +47,14 @@ def _queue() -> cl.CommandQueue:
     want = os.environ.get("KDB_BENCH_PLATFORM", "Portable Computing Language")
     for plat in cl.get_platforms():
         if want in plat.name:
-            return cl.CommandQueue(cl.Context(plat.get_devices()[:1]))
+            # Held here: Intel's runtime lets a context go with its last Context object, and
+            # the queue's context then answers INVALID_CONTEXT (PoCL's queue keeps it).
+            _CONTEXTS.append(cl.Context(plat.get_devices()[:1]))
+            return cl.CommandQueue(_CONTEXTS[-1])
     raise SystemExit(f"no {want} platform")
+
+
+_CONTEXTS: list = []
 
 
 def _close(got, want, what: str) -> None:

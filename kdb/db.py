@@ -114,7 +114,8 @@ class KernelDB:
         if isinstance(compile_seconds, bool) or not isinstance(compile_seconds, (int, float)):
             raise InvalidArgumentError(
                 f"compile_seconds must be a number, not {type(compile_seconds).__name__}")
-        return self.tiers.put(attrs, binary, compile_seconds=compile_seconds, details=details)
+        return self.tiers.storing.put(attrs, binary, compile_seconds=compile_seconds,
+                                      details=details)
 
     def flush(self) -> None:
         """Finish background stores and write batched bookkeeping; strict mode re-raises."""

@@ -10,18 +10,21 @@ way wherever it came from.
 memory until stored) and the hit policy: a hit is :meth:`Tiers.lookup` read top to bottom (one
 loop over the tiers, each row verified, trusted, a lower tier's hit copied up, a counter bumped
 in memory; no lock, no write, no SQLAlchemy). A miss claims the key or waits for its compiler
-(:mod:`kdb.claims`); the store side is :mod:`kdb.storing.stores`, which ``Tiers`` inherits.
-Back ends and the store worker reach it as ``KernelDB.tiers``; a program calls
-:class:`kdb.KernelDB`.
+(:mod:`kdb.claims`), compiles, and hands the binary to the store side
+(:class:`~kdb.storing.stores.Storing`, a part ``Tiers`` holds as ``tiers.storing``): the miss
+policy, :meth:`Tiers.get_or_compile`, reads here beside the hit policy. Back ends and the
+store worker reach it as ``KernelDB.tiers``; a program calls :class:`kdb.KernelDB`.
 """
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import bookkeeping, config, faults, logs
 from .bookkeeping import Book, add
+from .errors import InvalidArgumentError
 from .file import discovery
 from .file.codec import decode
 from .file.kernelfile import KernelFile
@@ -114,11 +117,11 @@ class _UserFiles(dict):
         return f
 
 
-class Tiers(Storing):
+class Tiers:
     """The tiers behind one :class:`kdb.KernelDB`, what it owns (the user files, the system
-    files found, the in-flight binaries) and the policy over them: lookup, claims, compile
-    records and (inherited from :class:`~kdb.storing.stores.Storing`) a miss's compile and
-    stores. The arguments are :class:`kdb.KernelDB`'s, which checks them.
+    files found, the in-flight binaries) and the policy over them: lookup, claims, a miss's
+    compile and its records; ``storing`` (a :class:`~kdb.storing.stores.Storing` made with
+    what it writes to) stores. The arguments are :class:`kdb.KernelDB`'s, which checks them.
 
     This is the named interface back ends and the store worker use (``db.tiers``); a
     program uses :class:`kdb.KernelDB`.
@@ -146,6 +149,11 @@ class Tiers(Storing):
         # Batched hit counts, counters and log rows (kdb.bookkeeping): written by the
         # background store, a flush, the exit, or when this instance is collected.
         self._book = Book(self._user.__getitem__, self.disabled)
+        #: The store side: puts, spools, stores and drops entries, and flushes.
+        self.storing = Storing(user_dir=self.user_dir, cache_root=self.cache_root,
+                               user_file=self.user_file, book=self._book,
+                               inflight=self._inflight, shared=self._shared,
+                               disabled=self.disabled)
 
     def __del__(self) -> None:
         # Collected without a flush: its batched bookkeeping is not lost.
@@ -236,7 +244,7 @@ class Tiers(Storing):
         """A row that failed :func:`verified`: the user's is dropped, the shared tier's
         dropped and published anew, a system file's (immutable) skipped."""
         if tier.name == "user":
-            self.discard(attrs, reason)
+            self.storing.discard(attrs, reason)
         elif tier.name == "shared":
             faults.fault(f"entry {attrs.key[:16]} in the shared tier {tier.describe()} is "
                          f"unusable: {reason}; it is dropped and compiled again",
@@ -288,8 +296,8 @@ class Tiers(Storing):
                 return None  # another process of this node copied it first
             return raw
 
-        self.put_later(attrs, produce, compile_seconds=row.compile_seconds,
-                       details=details, publish=False, signed=signed, claim=claim)
+        self.storing.put_later(attrs, produce, compile_seconds=row.compile_seconds,
+                               details=details, publish=False, signed=signed, claim=claim)
         stored = _stored_key(row, attrs.key)
         stores.submit(lambda: shared.touch(stored))
 
@@ -302,7 +310,7 @@ class Tiers(Storing):
         end that cannot name its arch yet.
 
         Returns the :class:`Hit` another process published meanwhile, a
-        :class:`~kdb.claims.Claim` (this process compiles; pass it to :meth:`put_later`,
+        :class:`~kdb.claims.Claim` (this process compiles; pass it to ``storing.put_later``,
         which releases it once stored), or ``None`` when coordination is unavailable or the
         wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway): :mod:`kdb.claims.waiting`'s
         policy, and :mod:`kdb.storing.queued`'s for a store an exited process queued."""
@@ -313,7 +321,7 @@ class Tiers(Storing):
         if self.disabled or claims.held_here(attrs.key):
             return None  # this process compiled it and is storing it: never wait on oneself
         user = self.user_file(attrs.arch)
-        if not self._user_trusted(user):
+        if not self.storing.user_trusted(user):
             return None  # claims live beside the user file: none in a directory others own
         shared = self._shared()  # shared tier: the cross-node lock and its hits (None: off)
         if shared is None and not user.usable:
@@ -331,6 +339,42 @@ class Tiers(Storing):
                                      queued=lambda _: queued.plan(self.user_dir, attrs))
 
     # -- misses ---------------------------------------------------------------------------
+
+    def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
+                       details: dict[str, Any] | None = None,
+                       recheck: Callable[[], tuple] | None = None) -> bytes:
+        """The miss policy: the stored binary (:meth:`lookup`), else the one another process
+        published while this one waited (:meth:`claim_or_wait`), else ``compile_fn()``'s
+        result, served from memory until ``storing`` has stored it in the background
+        (unless ``recheck()``, the headers as they are after the compile, differ from the
+        key's: :func:`kdb.storing.stores.headers_changed`)."""
+        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
+        hit = self.lookup(attrs)
+        if hit is not None:
+            return hit.binary
+        got = self.claim_or_wait(attrs)
+        if isinstance(got, Hit):
+            return got.binary
+        try:
+            start = time.perf_counter()
+            binary = compile_fn()
+            seconds = time.perf_counter() - start
+            if not isinstance(binary, (bytes, bytearray, memoryview)):
+                raise InvalidArgumentError(
+                    f"compile_fn must return bytes, returned {type(binary).__name__}")
+        except BaseException:
+            if got is not None:
+                got.release()
+            raise
+        binary = bytes(binary)
+        rec = self.record_compile(attrs, seconds)
+        if not self.disabled:
+            # The store waits for a quiet moment; until then this process answers a repeated
+            # request from memory instead of waiting on its own claim.
+            self._inflight[attrs.key] = binary
+        self.storing.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details,
+                               log=rec, claim=got, recheck=recheck)
+        return binary
 
     def record_compile(self, attrs: HashAttributes, seconds: float,
                        reason: str | None = None) -> CompileRecord:
@@ -376,10 +420,7 @@ class Tiers(Storing):
 
     def flush(self) -> None:
         """Finish background stores and write batched bookkeeping; strict mode re-raises."""
-        errors = stores.drain()
-        self._book.write_all()
-        if errors and config.flag(config.ENV_STRICT):
-            raise errors[0]
+        self.storing.flush()
 
     def close(self) -> None:
         """Flush, then close every open file."""

@@ -32,18 +32,27 @@ def test_every_public_member_says_what_it_does():
 
 
 def test_the_back_end_interface_has_every_member_the_page_names():
+    """``db.tiers``' members, then those of the store side it holds (``db.tiers.storing``)."""
+    from kdb.storing.stores import Storing
+
     section = API_PAGE.read_text(encoding="utf-8").split("## For back ends", 1)[1]
-    named = set(re.findall(r"`(\w+)(?:\(\w*\))?`", section)) - {"HashAttributes", "db"}
-    assert named and all(callable(getattr(Tiers, n, None)) for n in named), \
-        sorted(n for n in named if not callable(getattr(Tiers, n, None)))
+    policy, store_side = section.split("`db.tiers.storing`", 1)
+    for text, cls in ((policy, Tiers), (store_side, Storing)):
+        named = set(re.findall(r"`(\w+)(?:\(\w*\))?`", text)) - {"HashAttributes", "db",
+                                                                     "recheck", "Tiers"}
+        named -= {"get_or_compile"} if cls is Storing else set()  # "like get_or_compile"
+        assert named and all(callable(getattr(cls, n, None)) for n in named), \
+            (cls.__name__, sorted(n for n in named if not callable(getattr(cls, n, None))))
 
 
 def test_internals_are_not_reachable_through_kernel_db(cache_dir):
     db = kdb.KernelDB()
-    for name in ("claim_or_wait", "spool", "store", "can_store", "record_compile",
-                 "write_bookkeeping", "put_later", "discard", "user_file", "system_files"):
+    for name in ("claim_or_wait", "record_compile", "user_file", "system_files"):
         assert not hasattr(db, name), name
         assert callable(getattr(db.tiers, name)), name
+    for name in ("spool", "store", "can_store", "write_bookkeeping", "put_later", "discard"):
+        assert not hasattr(db, name) and not hasattr(db.tiers, name), name
+        assert callable(getattr(db.tiers.storing, name)), name
     with pytest.raises(AttributeError):
         db.anything_else = 1  # a fixed surface: no attribute added by accident
 

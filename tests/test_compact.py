@@ -131,11 +131,11 @@ def test_entries_that_share_a_source_store_it_once_and_the_last_one_takes_it(cac
     assert list(explained["nearest"][0]["differs"]) == ["build_options"]
     db = KernelDB(use_system=False)
     for a in items[:-2]:
-        db.tiers.discard(a, "a test drops it")
+        db.tiers.storing.discard(a, "a test drops it")
     db.flush()
     assert sql(path, "SELECT count(*) FROM sources") == [(2,)]  # one entry still names it
     assert db.get(items[-2]) is not None
-    db.tiers.discard(items[-2], "a test drops it")
+    db.tiers.storing.discard(items[-2], "a test drops it")
     db.flush()
     assert sql(path, "SELECT count(*) FROM sources") == [(1,)]
     [(last,)] = sql(path, "SELECT stored_size FROM kernels")

@@ -209,7 +209,7 @@ def test_discard_drops_a_user_entry(cache_dir, caplog):
     db = KernelDB()
     db.put(a, BINARY)
     with caplog.at_level(logging.WARNING, logger="kdb"):
-        db.tiers.discard(a, "the driver refused it")
+        db.tiers.storing.discard(a, "the driver refused it")
     db.flush()
     assert "the driver refused it" in caplog.text
     assert db.get(a) is None

@@ -124,12 +124,12 @@ def test_a_provisional_entry_replaces_no_binary_and_a_store_replaces_it(cache_di
     two = _attrs(cl_ctx, "__kernel void p2(__global int *a) { a[0] = 2; }")
     stand_in = early.pack("AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFG", [("program.bc", b"BC")])
     assert db.put(one, b"a binary")
-    db.tiers.store_provisional([(one, stand_in, 0.1, None), (two, stand_in, 0.1, None)])
+    db.tiers.storing.store_provisional([(one, stand_in, 0.1, None), (two, stand_in, 0.1, None)])
     assert db.get(one) == b"a binary"
     assert db.get(two) == stand_in
     assert db.tiers.user_file(two.arch).stored([one.key, two.key]) == {one.key}
     newer = early.pack("AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFH", [("program.bc", b"BC")])
-    db.tiers.store_provisional([(two, newer, 0.1, None)])  # a stand-in replaces a stand-in
+    db.tiers.storing.store_provisional([(two, newer, 0.1, None)])  # a stand-in replaces a stand-in
     assert db.get(two) == newer
     assert db.put(two, b"its binary")
     assert db.get(two) == b"its binary"
@@ -147,7 +147,7 @@ def test_files_pocl_does_not_use_cost_one_compile_and_are_replaced(cache_dir, cl
     attrs = _attrs(cl_ctx, source)
     bogus = early.pack("AB/CDEFGHIJKLMNOPABCDEFGHIJKLMNOPABCDEFG",
                        [("program.bc", b"not bitcode")])
-    db.tiers.store_provisional([(attrs, bogus, 0.1, None)])
+    db.tiers.storing.store_provisional([(attrs, bogus, 0.1, None)])
     from kdb import bookkeeping
 
     before = len(bookkeeping.records())
@@ -212,8 +212,8 @@ def test_a_pack_from_the_user_file_ships_binaries_not_provisional_entries(cache_
     kept = _attrs(cl_ctx, "__kernel void q1(__global int *a) { a[0] = 1; }")
     binary = _attrs(cl_ctx, "__kernel void q2(__global int *a) { a[0] = 2; }")
     assert db.put(binary, b"a binary")
-    db.tiers.store_provisional([(kept, early.pack("AB/" + "C" * 37, [("program.bc", b"B")]),
-                                 0.1, None)])
+    db.tiers.storing.store_provisional([(kept, early.pack("AB/" + "C" * 37, [("program.bc", b"B")]),
+                                         0.1, None)])
     db.close()
     out = tmp_path / "pack"
     res = CliRunner().invoke(cli, ["--cache-dir", str(cache_dir), "pack", "--arch", kept.arch,

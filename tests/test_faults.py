@@ -973,7 +973,7 @@ def test_a_bad_setting_never_ends_or_soils_a_program(name, value, cache_dir, run
         db = KernelDB(use_system=False)
         a = HashAttributes(backend="test", source="x", arch="a1")
         assert db.get_or_compile(a, lambda: b"compiled") == b"compiled"
-        db.tiers.put_later(a, lambda: b"compiled")
+        db.tiers.storing.put_later(a, lambda: b"compiled")
         print("done")
     """, env={name: value})
     assert proc.stdout.strip() == "done"

@@ -472,7 +472,7 @@ def test_can_store_is_false_where_the_user_dir_is_refused_even_with_a_shared_tie
     with caplog.at_level(logging.WARNING, logger="kdb"):
         db = KernelDB()  # the shared tier is consulted with the system tier
         assert db.tiers._shared() is not None
-        assert db.tiers.can_store("a1") is False
+        assert db.tiers.storing.can_store("a1") is False
         assert db.tiers.claim_or_wait(attrs("new")) is None  # no claim file in their directory
     assert "owned by another user" in caplog.text
     assert not (cache_dir / "v1" / "claims").exists()
@@ -485,7 +485,7 @@ def test_can_store_is_false_under_a_cache_root_others_can_write(cache_dir, caplo
     cache_dir.chmod(0o777)  # others could rename v1 away and put their own in its place
     db = KernelDB(use_system=False)
     with caplog.at_level(logging.WARNING, logger="kdb"):
-        assert db.tiers.can_store("a1") is False
+        assert db.tiers.storing.can_store("a1") is False
         assert db.put(attrs("put"), BINARY) is False
     notes = warnings_of(caplog)
     assert len(notes) == 1 and f"{cache_dir} is refused" in notes[0], notes

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from kdb import HashAttributes, KernelDB
+from kdb.storing.stores import make_entry
 
 PASSWORD = "pw-Xq7-s3cret"
 BINARY = b"\x7fELF pretend kernel binary " * 200
@@ -409,7 +410,7 @@ def test_the_shared_tier_answers_publish_and_drop_as_a_file_tier_does(shared_url
     from kdb.shared.tier import SharedTier
     from kdb.tiers import FileTier
 
-    entry = KernelDB(cache_dir=tmp_path / "x").tiers._entry(attrs(5), BINARY, 0.1, None)
+    entry = make_entry(attrs(5), BINARY, 0.1, None)
     user = FileTier(KernelFile(tmp_path / "a1.kdb", tier="user", readonly=False))
     for tier in (user, SharedTier(shared_url)):
         assert tier.publish([entry]) is True, tier
@@ -461,7 +462,7 @@ def test_claim_waits_for_the_other_node_and_takes_its_entry(shared_url, cache_di
     def publish_later():
         time.sleep(0.5)
         node = KernelDB(cache_dir=tmp_path / "node-x")
-        other.publish([node.tiers._entry(attrs(3), BINARY, 0.1, None)])
+        other.publish([make_entry(attrs(3), BINARY, 0.1, None)])
         other.unlock(attrs(3).key)
 
     t = threading.Thread(target=publish_later)

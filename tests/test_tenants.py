@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from kdb import KernelDB
+from kdb.storing.stores import make_entry
 from kdb.cli import cli
 from test_shared import BINARY, PASSWORD, attrs, pg, shared_url  # noqa: F401 - fixtures
 
@@ -144,7 +145,7 @@ def test_another_tenants_role_cannot_read_or_write_with_hand_written_sql(two, pg
 
     a, b = two
     tier_a = SharedTier(a.url, a.namespace)
-    tier_a.publish([KernelDB(cache_dir=tmp_path).tiers._entry(attrs(1), BINARY, 0.1, None)])
+    tier_a.publish([make_entry(attrs(1), BINARY, 0.1, None)])
     assert rows(pg, a, "SELECT count(*) FROM {s}.kernels") == [(1,)]
     s = a.schema
     refused = []

@@ -42,7 +42,7 @@ SLOW_HOLDER = """
         while time.monotonic() - t < 0.02:
             pass
         time.sleep(0.04)
-    db.tiers.put_later(a, lambda: b"slow" * 20, compile_seconds=1.0, claim=got)
+    db.tiers.storing.put_later(a, lambda: b"slow" * 20, compile_seconds=1.0, claim=got)
     db.flush()
     time.sleep(60)
 """

@@ -431,6 +431,6 @@ def test_counts_handed_to_the_worker_land_before_any_store_made_the_file(cache_d
     p = Pending()
     p.counters.update({"compiles": 1.0, "misses": 1.0})
     db = kdb.KernelDB(use_system=False)
-    db.tiers.write_bookkeeping({"pocl-test": p.to_json()})
+    db.tiers.storing.write_bookkeeping({"pocl-test": p.to_json()})
     f = cache_dir / "v1" / "pocl-test.kdb"
     assert dict(sql(f, "SELECT name, value FROM counters")) == {"compiles": 1.0, "misses": 1.0}

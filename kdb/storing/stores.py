@@ -1,14 +1,14 @@
-"""What a miss compiles and how an entry reaches the writable tiers: the store side of
-:class:`kdb.tiers.Tiers` (the hit side, lookup and its policy, is :mod:`kdb.tiers`).
+"""How an entry reaches the writable tiers: the store side of a kernel database, a part
+:class:`kdb.tiers.Tiers` holds (``tiers.storing``; the hit and miss policy is :mod:`kdb.tiers`).
 
-A lookup never writes; a miss compiles (:meth:`Storing.get_or_compile`, after the lookup and
-:meth:`~kdb.tiers.Tiers.claim_or_wait`), and what it compiled is stored by one of these, off
-the caller's critical path where it can be: now (:meth:`Storing.put`), on the background
-thread (:meth:`Storing.put_later`), by the store worker (:meth:`Storing.spool`,
-:mod:`kdb.storing.spool`), as the worker's batch (:meth:`Storing.store`), and a bad entry
-dropped (:meth:`Storing.discard`). With the shared tier, each is also published there before
-the claim it holds is released. ``Tiers`` inherits these; they use the user files and the
-in-memory copies (``_inflight``) it owns, and its batched bookkeeping (``_book``).
+A lookup never writes; a miss compiles (:meth:`kdb.tiers.Tiers.get_or_compile`), and what it
+compiled is stored by one of these, off the caller's critical path where it can be: now
+(:meth:`Storing.put`), on the background thread (:meth:`Storing.put_later`), by the store
+worker (:meth:`Storing.spool`, :mod:`kdb.storing.spool`), as the worker's batch
+(:meth:`Storing.store`), and a bad entry dropped (:meth:`Storing.discard`). With the shared
+tier, each is also published there before the claim it holds is released. A ``Storing`` is
+given what it writes to when it is made: the user files, the in-memory copies served until
+stored, the batched bookkeeping, and the shared tier (a callable: read when used).
 
 What is stored is what was keyed: a back end whose key holds headers hands each store a
 ``recheck`` (the headers as they are now, found as the key found them); right before an
@@ -19,15 +19,12 @@ built while a header changed is not stored.
 from __future__ import annotations
 
 import sys
-import time
 from typing import TYPE_CHECKING
 
 from .. import config, faults, logs
 from ..bookkeeping import Pending
-from ..errors import InvalidArgumentError
 from ..file.kernelfile import CompileRecord, Entry
 from ..file.rows import PROVISIONAL
-from ..file.rows import Hit
 from ..signing import policy as signing
 
 if TYPE_CHECKING:  # annotations are strings here
@@ -80,50 +77,40 @@ def _not_stored(attrs: HashAttributes, reason: str) -> None:
 
 
 class Storing:
-    """The miss and store side of a kernel database (mixed into :class:`kdb.tiers.Tiers`);
-    the caller's arguments were checked by :class:`kdb.KernelDB` or come from a back end."""
+    """The store side of one kernel database: stores and drops entries in the user tier
+    (and the shared tier), and flushes. Made by :class:`kdb.tiers.Tiers` with what it owns:
 
-    def get_or_compile(self, attrs: HashAttributes, compile_fn: Callable[[], bytes], *,
-                       details: dict[str, Any] | None = None,
-                       recheck: Callable[[], tuple] | None = None) -> bytes:
-        """The stored binary, or ``compile_fn()``'s result, stored in the background (unless
-        ``recheck()``, the headers as they are after the compile, differ from the key's:
-        :func:`kdb.storing.stores.headers_changed`)."""
-        config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
-        hit = self.lookup(attrs)
-        if hit is not None:
-            return hit.binary
-        got = self.claim_or_wait(attrs)
-        if isinstance(got, Hit):
-            return got.binary
-        try:
-            start = time.perf_counter()
-            binary = compile_fn()
-            seconds = time.perf_counter() - start
-            if not isinstance(binary, (bytes, bytearray, memoryview)):
-                raise InvalidArgumentError(
-                    f"compile_fn must return bytes, returned {type(binary).__name__}")
-        except BaseException:
-            if got is not None:
-                got.release()
-            raise
-        binary = bytes(binary)
-        rec = self.record_compile(attrs, seconds)
-        if not self.disabled:
-            # The store waits for a quiet moment; until then this process answers a repeated
-            # request from memory instead of waiting on its own claim.
-            self._inflight[attrs.key] = binary
-        self.put_later(attrs, lambda: binary, compile_seconds=seconds, details=details, log=rec,
-                       claim=got, recheck=recheck)
-        return binary
+    ``user_dir`` and ``cache_root`` (where the user files, claims and spools live),
+    ``user_file(arch)`` (the user tier's :class:`~kdb.file.kernelfile.KernelFile`), ``book``
+    (the batched :class:`~kdb.bookkeeping.Book`), ``inflight`` (binaries served from memory
+    until stored: this side adds and removes them), ``shared()`` (the shared tier or None)
+    and ``disabled`` (``KDB_DISABLE_CACHE``: nothing is stored).
+    """
+
+    def __init__(self, *, user_dir, cache_root, user_file: Callable[[str], Any], book,
+                 inflight: dict[str, bytes], shared: Callable[[], Any],
+                 disabled: bool) -> None:
+        self.user_dir, self.cache_root = user_dir, cache_root
+        self.user_file, self._book, self._inflight = user_file, book, inflight
+        self._shared, self.disabled = shared, disabled
+
+    def __repr__(self) -> str:
+        return f"Storing(user_dir={str(self.user_dir)!r})"
+
+    def flush(self) -> None:
+        """Finish background stores and write batched bookkeeping; strict mode re-raises."""
+        errors = drain()
+        self._book.write_all()
+        if errors and config.flag(config.ENV_STRICT):
+            raise errors[0]
 
     def put(self, attrs: HashAttributes, binary: bytes, *, compile_seconds: float = 0.0,
             details: dict[str, Any] | None = None) -> bool:
         """Store ``binary`` for ``attrs`` in the user tier now; True if it was written."""
-        if self.disabled or not self._user_trusted(self.user_file(attrs.arch)):
+        if self.disabled or not self.user_trusted(self.user_file(attrs.arch)):
             return False
         self.flush()
-        entry = self._entry(attrs, bytes(binary), compile_seconds, details)
+        entry = make_entry(attrs, bytes(binary), compile_seconds, details)
         pending = self._book.take(attrs.arch) or Pending()  # written in the same transaction
         pending.entries.append(entry)
         written = self._book.write_pending(attrs.arch, pending)
@@ -139,16 +126,17 @@ class Storing:
                   recheck: Recheck | None = None) -> None:
         """Store what ``produce()`` returns, on the background thread (None: store nothing).
 
-        ``claim``, from :meth:`claim_or_wait`, is released once the entry is stored (in the
-        user tier, and published to the shared tier unless ``publish`` is false). ``signed``:
-        the ``(signer, signature)`` the binary already carries (a copy of a shared entry).
-        ``recheck``: the headers now (:func:`headers_changed`), compared with ``attrs``'
-        right before the entry is written; a change stores nothing.
+        ``claim``, from :meth:`kdb.tiers.Tiers.claim_or_wait`, is released once the entry is
+        stored (in the user tier, and published to the shared tier unless ``publish`` is
+        false).
+        ``signed``: the ``(signer, signature)`` the binary already carries (a copy of a
+        shared entry). ``recheck``: the headers now (:func:`headers_changed`), compared with
+        ``attrs``' right before the entry is written; a change stores nothing.
         """
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         if log is not None:
             self._book.add_log(attrs.arch, log)
-        if self.disabled or not self._user_trusted(self.user_file(attrs.arch)):
+        if self.disabled or not self.user_trusted(self.user_file(attrs.arch)):
             if claim is not None:
                 claim.release()
             return
@@ -169,7 +157,7 @@ class Storing:
                     self._inflight.pop(attrs.key, None)  # nor served from memory any more
                     _not_stored(attrs, why)
                 if raw is not None:
-                    entry = self._entry(attrs, bytes(raw), compile_seconds, details, signed)
+                    entry = make_entry(attrs, bytes(raw), compile_seconds, details, signed)
                     self._inflight[entry.key] = entry.raw
                     self._book.add_entry(attrs.arch, entry)
                 if entry is not None or log is not None or claim is not None:
@@ -215,7 +203,7 @@ class Storing:
         claims and spools live there); else False when the user file was refused (newer
         than kdb, not a file) and no shared tier is set."""
         f = self.user_file(arch)
-        if not self._user_trusted(f):
+        if not self.user_trusted(f):
             return False
         return self._shared() is not None or (f.usable and not self._disk_full())
 
@@ -230,7 +218,7 @@ class Storing:
                          once=f"disk-full:{self.user_dir}")
         return why is not None
 
-    def _user_trusted(self, f) -> bool:
+    def user_trusted(self, f) -> bool:
         """The user file ``f``, its directory and the cache root are this user's alone (a
         warning, once, names the first that is not)."""
         from ..file import fs
@@ -255,7 +243,7 @@ class Storing:
         by_arch: dict[str, list[Entry]] = {}
         for attrs, binary, seconds, details in items:
             by_arch.setdefault(attrs.arch, []).append(
-                self._entry(attrs, bytes(binary), seconds, details))
+                make_entry(attrs, bytes(binary), seconds, details))
         rows: dict[str, list[CompileRecord]] = {}
         for rec in logs:
             rows.setdefault(rec.arch, []).append(rec)
@@ -277,12 +265,12 @@ class Storing:
         of one, never published to the shared tier. True if every item was written."""
         by_arch: dict[str, list[Entry]] = {}
         for attrs, binary, seconds, details in items:
-            by_arch.setdefault(attrs.arch, []).append(self._entry(
+            by_arch.setdefault(attrs.arch, []).append(make_entry(
                 attrs, bytes(binary), seconds, {**(details or {}), PROVISIONAL: True}))
         ok = True
         for arch, entries in sorted(by_arch.items()):
             f = self.user_file(arch)
-            ok = (self._user_trusted(f) and f.usable and not self._disk_full()
+            ok = (self.user_trusted(f) and f.usable and not self._disk_full()
                   and f.write(entries, [], {}, {}) and ok)
         return ok
 
@@ -310,23 +298,23 @@ class Storing:
         if shared is not None:
             submit(lambda: shared.drop([attrs.key]))
 
-    @staticmethod
-    def _entry(attrs: HashAttributes, raw: bytes, seconds: float,
+
+def make_entry(attrs: HashAttributes, raw: bytes, seconds: float,
                details: dict[str, Any] | None, signed: tuple | None = None) -> Entry:
-        """The entry to write, signed with ``KDB_SIGNING_KEY`` when one is set. ``signed``:
-        the ``(signer, signature)`` a copy of a shared entry carries, kept as it is (never
-        signed here: a node vouches only for what it compiled)."""
-        attributes = attrs.encoded().decode("utf-8")
-        signer = signature = None
-        if signed is not None:
-            signer, signature = signed
-        else:
-            policy = signing.current()
-            if policy is not None and policy.signer is not None:
-                signer, signature = policy.sign(attrs.key, attributes, signing.digest(raw))
-        return Entry(key=attrs.key, arch=attrs.arch, backend=attrs.backend, name=attrs.name,
-                     attributes=attributes, raw=raw, compile_seconds=seconds,
-                     details=details, signer=signer, signature=signature)
+    """The entry to write, signed with ``KDB_SIGNING_KEY`` when one is set. ``signed``: the
+    ``(signer, signature)`` a copy of a shared entry carries, kept as it is (never signed
+    here: a node vouches only for what it compiled)."""
+    attributes = attrs.encoded().decode("utf-8")
+    signer = signature = None
+    if signed is not None:
+        signer, signature = signed
+    else:
+        policy = signing.current()
+        if policy is not None and policy.signer is not None:
+            signer, signature = policy.sign(attrs.key, attributes, signing.digest(raw))
+    return Entry(key=attrs.key, arch=attrs.arch, backend=attrs.backend, name=attrs.name,
+                 attributes=attributes, raw=raw, compile_seconds=seconds,
+                 details=details, signer=signer, signature=signature)
 
 
 _USER_TIER = ("loading a binary from it would run code someone else can change",

@@ -125,14 +125,14 @@ def store_job_file(path: Path, dbs: dict | None = None) -> None:
         dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
     db = dbs[job.cache_dir]
     if job.kind == BOOKKEEPING:
-        db.tiers.write_bookkeeping(job.archs)
+        db.tiers.storing.write_bookkeeping(job.archs)
         return
     if job.kind == REFRESH:  # binaries stored before their programs generated more code
         for line in backend_module(job.backend).refresh_job(db, job):
             say(line)
         return
     if _stored_already(db, job):  # the same program compiled again before it was stored
-        db.tiers.store([], [CompileRecord(*row) for row in job.logs])
+        db.tiers.storing.store([], [CompileRecord(*row) for row in job.logs])
         _stored(job, path)
         return
     start = time.process_time()

@@ -191,8 +191,8 @@ def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
         return err.binary
     seconds = time.perf_counter() - start
     rec = db.tiers.record_compile(req.attrs, seconds)
-    db.tiers.put_later(req.attrs, lambda: binary, compile_seconds=seconds, details=req.details(),
-                       log=rec, recheck=req.headers_now)
+    db.tiers.storing.put_later(req.attrs, lambda: binary, compile_seconds=seconds,
+                               details=req.details(), log=rec, recheck=req.headers_now)
     return binary
 
 

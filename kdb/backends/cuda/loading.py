@@ -112,7 +112,7 @@ class SourceModule:
         except getattr(drv, "Error", Exception) as err:
             if compiled:
                 raise  # nvcc's own fresh output: not a cache fault
-            db.tiers.discard(req.attrs, f"the driver refused the stored cubin ({err})")
+            db.tiers.storing.discard(req.attrs, f"the driver refused the stored cubin ({err})")
             self.module = drv.module_from_buffer(_compile_and_store(db, req))
         self._bind_module()
 
@@ -128,7 +128,7 @@ class SourceModule:
             try:
                 module = drv.module_from_buffer(cand.binary)
             except error as err:
-                db.tiers.discard(cand.attrs, f"the driver refused the stored cubin ({err})")
+                db.tiers.storing.discard(cand.attrs, f"the driver refused the stored cubin ({err})")
                 if i == len(builds) - 1:
                     raise
                 continue

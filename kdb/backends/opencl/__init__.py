@@ -210,8 +210,9 @@ def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: s
         except (cl.RuntimeError, cl.LogicError) as err:
             for a, h in zip(attrs, hits):
                 if h.tier in ("user", "shared", "memory"):
-                    db.tiers.discard(a.with_(name=name or _label(text)),
-                                     f"the driver refused the stored binary ({err})", h.tier)
+                    db.tiers.storing.discard(
+                        a.with_(name=name or _label(text)),
+                        f"the driver refused the stored binary ({err})", h.tier)
             hits = [None] * len(attrs)  # rebuilt from source and stored again
     return None, hits, held, None
 
@@ -282,7 +283,7 @@ def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hit
             why = f"PoCL's files could not be put back and built ({err})"
         else:
             if all(early.used(top, u[0], start_ns) for u in filter(None, unpacked)):
-                db.tiers.resume_stores([a.key for a in attrs])  # the full binaries still due
+                db.tiers.storing.resume_stores([a.key for a in attrs])  # full binaries still due
                 return raw, True, None
             built = (raw, time.perf_counter() - start, start_ns, time.time_ns())
             why = "PoCL did not use the files put back (its build hash differs)"

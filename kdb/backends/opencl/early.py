@@ -295,7 +295,7 @@ def _unstored(tiers, builds: list[Build]) -> list[Build]:
     entry: one this process compiled anyway is one PoCL did not take, and is replaced)."""
     out = []
     for b in builds:
-        if not tiers.can_store(b.attrs[0].arch):  # refused, or the disk is full
+        if not tiers.storing.can_store(b.attrs[0].arch):  # refused, or the disk is full
             continue
         keys = [a.key for a in b.attrs]
         if set(keys) - tiers.user_file(b.attrs[0].arch).stored(keys):
@@ -322,7 +322,7 @@ def keep(top: str, builds: list[Build]) -> int:
         items += [(a, binary, seconds, {"early": "pocl-cache"}) for a in b.attrs]
     written = True
     for tiers, items in by_tiers.values():
-        written = tiers.store_provisional(items) and written
+        written = tiers.storing.store_provisional(items) and written
     return kept if written else 0
 
 
@@ -342,7 +342,7 @@ def keep_now(build: Build) -> bool:
     the same programs): what it needs, at a scan's cost, instead of reading the binaries
     back. True when its entries are in the user file, kept now or stored before."""
     top = _top()
-    if top is None or not build.tiers.can_store(build.attrs[0].arch):
+    if top is None or not build.tiers.storing.can_store(build.attrs[0].arch):
         return False
     return not _unstored(build.tiers, [build]) or keep(top, [build]) > 0
 

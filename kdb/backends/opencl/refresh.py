@@ -124,9 +124,9 @@ def _at_exit() -> None:
 
     for tiers, entries in wanted.items():
         rows = sorted([arch, key] for key, arch in entries.items())
-        tiers.spool(StoreJob(kind=REFRESH, backend=BACKEND,
-                             seconds=SECONDS_PER_ENTRY * len(rows),
-                             extra={"refresh": {"pocl_cache": top, "entries": rows}}))
+        tiers.storing.spool(StoreJob(kind=REFRESH, backend=BACKEND,
+                                     seconds=SECONDS_PER_ENTRY * len(rows),
+                                     extra={"refresh": {"pocl_cache": top, "entries": rows}}))
 
 
 def _forget() -> None:

@@ -160,7 +160,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
     stamp = build_stamp(raw, devs)
     ptrs = program.pop("ptrs") if program is not None else []
     recs = [db.tiers.record_compile(a, per_device) for a in attrs]
-    if not attrs or db.tiers.disabled or not db.tiers.can_store(attrs[0].arch):
+    if not attrs or db.tiers.disabled or not db.tiers.storing.can_store(attrs[0].arch):
         for claim in held.values():
             claim.release()
         return
@@ -171,15 +171,15 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
         store_now = _storer(db, devs, attrs, recs, per_device=per_device, forget=forget,
                             in_process=in_process, recheck=recheck, build=early_build,
                             program=program)
-        if db.tiers.spool(job, claims, store_now):
+        if db.tiers.storing.spool(job, claims, store_now):
             refresh.compiled(db.tiers, attrs)  # launches may outrun the store: see at exit
             return
         held.update((c.key, c) for c in claims)
     read = _reader(raw, devs, stamp, forget, in_process, program)
     for d, a, rec in zip(devs, attrs, recs):
-        db.tiers.put_later(a, lambda ptr=d.int_ptr: read(ptr), compile_seconds=per_device,
-                           details=device_details(d), log=rec, claim=held.pop(a.key, None),
-                           recheck=recheck)
+        db.tiers.storing.put_later(a, lambda ptr=d.int_ptr: read(ptr),
+                                   compile_seconds=per_device, details=device_details(d),
+                                   log=rec, claim=held.pop(a.key, None), recheck=recheck)
 
 
 def _job(devs, attrs: list[HashAttributes], recs: list, seconds: float, program: dict,
@@ -217,9 +217,9 @@ def _storer(db: KernelDB, devs, attrs: list[HashAttributes], recs: list, *,
             raise LookupError("the program was built under this process's first build "
                               "variables, not its key's; the store worker stores it")
         binaries = _binaries(held_raw, devs, program)
-        db.tiers.store([(a, binaries[d.int_ptr], per_device, device_details(d))
-                        for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
-                       recheck)
+        db.tiers.storing.store([(a, binaries[d.int_ptr], per_device, device_details(d))
+                                for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
+                               recheck)
     return store_now
 
 
@@ -330,7 +330,7 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
         if binary:
             items.append((attrs, binary, e["seconds"], e["details"]))
     try:  # not edited while it built, either
-        db.tiers.store(items, [CompileRecord(*row) for row in job.logs], recheck)
+        db.tiers.storing.store(items, [CompileRecord(*row) for row in job.logs], recheck)
     except HeaderChangedError as err:
         raise HeaderChangedError(f"job dropped: {err} ({_NEXT_RUN})") from None
     if len(items) < len(job.entries):

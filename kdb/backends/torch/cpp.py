@@ -118,8 +118,8 @@ def _through_kdb(attrs: HashAttributes, target: str, compile_) -> None:
         raise
     seconds = time.perf_counter() - start
     rec = tiers.record_compile(attrs, seconds)
-    tiers.put_later(attrs, lambda: binary, compile_seconds=seconds, log=rec, claim=claim,
-                    details={"module": os.path.basename(target)})
+    tiers.storing.put_later(attrs, lambda: binary, compile_seconds=seconds, log=rec, claim=claim,
+                            details={"module": os.path.basename(target)})
     return None
 
 

@@ -67,8 +67,8 @@ class Backend(RemoteCacheBackend[bytes]):
         blob = bytes(data)
         tiers = default_db().tiers
         rec = tiers.record_compile(attrs, seconds)
-        tiers.put_later(attrs, lambda: blob, compile_seconds=seconds,
-                        details={"inductor_key": key}, log=rec, claim=claim)
+        tiers.storing.put_later(attrs, lambda: blob, compile_seconds=seconds,
+                                details={"inductor_key": key}, log=rec, claim=claim)
 
 
 def _served(tiers, attrs: HashAttributes, hit: Hit) -> bytes | None:
@@ -81,7 +81,7 @@ def _served(tiers, attrs: HashAttributes, hit: Hit) -> bytes | None:
     except ValueError:
         ok = False
     if not ok:
-        tiers.discard(attrs, "not an Inductor cache entry", hit.tier)
+        tiers.storing.discard(attrs, "not an Inductor cache entry", hit.tier)
         return None
     return raw
 

@@ -212,9 +212,9 @@ class CacheManager(_TritonCacheManager):
         seconds = time.perf_counter() - start if start is not None else 0.0
         blob = groups.pack(files)
         rec = tiers.record_compile(attrs, seconds)
-        tiers.put_later(attrs, lambda: blob, compile_seconds=seconds,
-                        details={"target": target, "files": sorted(files)}, log=rec,
-                        claim=claim)
+        tiers.storing.put_later(attrs, lambda: blob, compile_seconds=seconds,
+                                details={"target": target, "files": sorted(files)}, log=rec,
+                                claim=claim)
         return filename
 
     # -- helpers --------------------------------------------------------------------------
@@ -226,7 +226,7 @@ class CacheManager(_TritonCacheManager):
     def _served(self, tiers, attrs: HashAttributes, hit: Hit) -> dict[str, str] | None:
         files = groups.unpack(hit.binary)
         if files is None:
-            tiers.discard(attrs, "not a Triton artifact group", hit.tier)
+            tiers.storing.discard(attrs, "not a Triton artifact group", hit.tier)
             return None
         try:
             return groups.write_files(self.key, files)

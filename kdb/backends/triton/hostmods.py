@@ -120,7 +120,7 @@ class HostModule:
             files = groups.unpack(hit.binary)
             data = files.get(self.filename) if files is not None and len(files) == 1 else None
             if data is None or not whole_elf(data):
-                tiers.discard(attrs, "not a whole Triton host module", hit.tier)
+                tiers.storing.discard(attrs, "not a whole Triton host module", hit.tier)
                 continue
             try:
                 path = groups.write_files(self.key, files, loadable=True)[self.filename]
@@ -139,7 +139,7 @@ class HostModule:
         seconds = time.perf_counter() - self._asked
         if self._served is not None:  # Triton could not load what kdb served: rebuilt
             attrs, tier = self._served
-            self.tiers.discard(attrs, "Triton could not load the host module", tier)
+            self.tiers.storing.discard(attrs, "Triton could not load the host module", tier)
             self._served = None
         path = groups.write_files(self.key, {self.filename: data}, loadable=True)[self.filename]
         if whole_elf(data):
@@ -157,7 +157,7 @@ def flush(arch: str) -> None:
         tiers = module.tiers
         attrs = module.attrs(arch)
         rec = tiers.record_compile(attrs, seconds)
-        tiers.put_later(attrs, lambda blob=blob: blob, compile_seconds=seconds,
-                        details={"host_module": module.filename}, log=rec)
+        tiers.storing.put_later(attrs, lambda blob=blob: blob, compile_seconds=seconds,
+                                details={"host_module": module.filename}, log=rec)
         log.debug("kdb: Triton host module %s built in %.2f s, stored for %s", module.name,
                   seconds, arch)
