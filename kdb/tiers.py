@@ -406,9 +406,9 @@ class Tiers:
         url = config.shared_url()
         if url is None or self.disabled or not self.use_system:
             return None
-        from .shared import tier as shared  # SQLAlchemy loads here, never on a local hit
+        from . import registry  # the tier its URL's scheme names (SQLAlchemy loads there)
 
-        return shared.tier(url)
+        return registry.load(registry.shared_tier_module(url)).tier(url)
 
     # -- bookkeeping ----------------------------------------------------------------------
 

@@ -211,7 +211,8 @@ def test_the_check_sees_a_private_name_taken_from_another_package(tmp_path):
 
 #: The house's size: the top of ``kdb/`` holds the core and the public module paths, every
 #: other module a wing (a folder) small enough to read as one room.
-CORE_MODULES_MAX, WING_MODULES_MAX = 11, 12
+# 12: kdb.registry, the one table every layer reads, sits at the root with the base.
+CORE_MODULES_MAX, WING_MODULES_MAX = 12, 12
 #: A function is one step: at most this many lines of body (its docstring aside) and this
 #: many positional parameters (``self`` and ``cls`` aside; keyword-only ones are free). A
 #: function that mirrors another library's signature says so on its ``def`` lines

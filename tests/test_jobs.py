@@ -42,9 +42,11 @@ def test_a_bookkeeping_job_carries_only_its_rows():
 
 
 def test_the_registry_names_each_back_end_and_refuses_an_unknown_one():
-    assert jobs.BACKENDS["opencl"] == "kdb.backends.opencl"
-    with pytest.raises(LookupError, match="unknown back end"):
-        jobs.backend_module("nosuch")
+    assert jobs.job_backends() == ["opencl"]  # the one whose stores the worker redoes
+    assert jobs.backend_module("opencl").__name__ == "kdb.backends.opencl"
+    for name in ("nosuch", "cuda"):  # unknown, or one that hands the worker no jobs
+        with pytest.raises(LookupError, match="unknown back end"):
+            jobs.backend_module(name)
 
 
 def test_a_job_that_is_not_an_object_is_refused():

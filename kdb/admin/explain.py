@@ -13,6 +13,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from .. import registry
 from ..errors import InvalidArgumentError
 from ..file import compact
 from ..file.fileformat import DAMAGE
@@ -175,9 +176,13 @@ def _nearest(files: list, kernel: tuple[str, str, str, str], target: dict | None
 def _without_compiler(backend: str, builds: list[tuple[str, str, list]]) -> dict | None:
     """Which of the builds that differ only in the compiler a process with no compiler
     installed is served (:mod:`kdb.backends.fallback`): the newest compiler's, system tier first."""
-    if backend != "cuda" or not builds:
-        return None  # only CUDA's compiler can be absent where its binaries load
-    from ..backends.cuda import compiler_rank
+    try:
+        rank_path = registry.get(backend).compiler_rank
+    except LookupError:
+        rank_path = None
+    if rank_path is None or not builds:
+        return None  # only some back ends' compilers can be absent where binaries load
+    compiler_rank = registry.load(rank_path)
     from ..backends.fallback import describe
 
     order = {"system": 0, "user": 1}

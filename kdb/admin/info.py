@@ -151,11 +151,33 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "devices_note": note,
         "missing_system": missing,
         "cuda": cuda,
+        "backends": backends(),
         "shared": shared_summary(),
         "auto": auto.status(),
         "trust": trust_status(),
         "settings": settings(),
     }
+
+
+def backends() -> list[dict[str, Any]]:
+    """Every back end of :mod:`kdb.registry`: its name and label, whether ``kdb pack``
+    compiles it from a manifest, and whether what that needs can be imported here (found,
+    not imported: a report loads no compiler)."""
+    import importlib.util
+
+    from .. import registry
+
+    out = []
+    for b in registry.backends():
+        needs = b.requires[0] if b.requires else None
+        try:
+            found = needs is None or importlib.util.find_spec(needs) is not None
+        except (ImportError, ValueError):
+            found = False
+        out.append({"name": b.name, "label": b.label, "packs": b.pack is not None,
+                    "needs": needs, "extra": b.requires[1] if b.requires else None,
+                    "available": found, "stores_jobs": b.stores_jobs})
+    return out
 
 
 def settings() -> list[dict[str, Any]]:

@@ -118,10 +118,11 @@ def claim_or_wait(directory: Path, key: str, label: str, find: Callable[[], Any]
     """After a miss: claim ``key`` for compiling, or wait while another process compiles it.
 
     Polls with bounded back-off: this node's claim first, then (with ``shared``, the shared
-    tier) the cross-node lock; ``find()`` looks for the entry another process may have
-    published meanwhile. Returns what ``find()`` found, a :class:`Claim` (this process
-    compiles; with ``shared`` it also holds the cross-node lock), or ``None`` (compile
-    without coordination: the directory is unusable, or the holder was given up on).
+    tier's :class:`~kdb.claims.crossnode.CrossNode` side) the cross-node lock; ``find()``
+    looks for the entry another process may have published meanwhile. Returns what
+    ``find()`` found, a :class:`Claim` (this process compiles; with ``shared`` it also holds
+    the cross-node lock), or ``None`` (compile without coordination: the directory is
+    unusable, or the holder was given up on).
 
     How long a holder is waited for is :class:`Watch`'s: as long as it makes progress,
     however loaded the machine. A process that holds this node's claim while another node

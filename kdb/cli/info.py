@@ -71,7 +71,18 @@ def info(obj: Settings, as_json: bool) -> None:
                                          f"MISSING ({d['arch']}.kdb): kernels compile at "
                                          "first use"))
     _echo_cuda(data["cuda"])
+    _echo_backends(data["backends"])
     _echo_settings(data["settings"])
+
+
+def _echo_backends(rows: list[dict[str, Any]]) -> None:
+    """One line per back end of kdb.registry: what packs it, what it needs."""
+    click.echo("back ends:")
+    for b in rows:
+        need = ("" if b["needs"] is None else f"  needs {b['needs']}" + (
+            "" if b["available"] else f" (not installed: pip install '{b['extra']}')"))
+        click.echo(f"  {b['name']:<8} {b['label']}" + ("  [kdb pack: manifest]" if b["packs"]
+                                                        else "") + need)
 
 
 def _echo_settings(rows: list[dict[str, Any]]) -> None:

@@ -11,36 +11,18 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import bookkeeping
+from .. import bookkeeping, registry
 from ..errors import BackendUnavailableError, CompileError, PackError
 from .manifest import KernelSpec, applicable
 from ..file.kernelfile import KernelFile
 
 Progress = Callable[[int, int, str], None]  # (done, total, current kernel)
 
-#: The module each back end packs with, where pip's extras do not always bring it, and the
-#: extra that does. CUDA needs none: its compilers (nvcc, NVRTC) are found at the compile,
-#: which says what to install when neither is.
-REQUIRES = {"opencl": ("pyopencl", "kdb[opencl]"), "triton": ("triton", "kdb[triton]")}
-
-
 def opencl_arches() -> dict[str, object]:
     """``{arch id: device}`` of the OpenCL devices present (first device per arch)."""
-    try:
-        import pyopencl as cl
-    except ImportError:
-        return {}
-    from ..backends.opencl import arch_of
+    from ..backends.opencl import packing
 
-    found: dict[str, object] = {}
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error:
-        return {}
-    for plat in platforms:
-        for dev in plat.get_devices():
-            found.setdefault(arch_of(dev), dev)
-    return found
+    return packing.arches()
 
 
 def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
@@ -49,10 +31,11 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
     """Compile the specs for ``arch`` into a user file under ``work_dir``; returns its path
     and the failures ``(kernel name, why, with the build log)``.
 
-    OpenCL kernels are built on a device of that arch, which must be present; CUDA kernels
-    are cross-compiled by nvcc or NVRTC and Triton kernels by Triton, no GPU needed. Both go through the same functions a framework
-    calls at run time (:func:`kdb.opencl.build`, :func:`kdb.backends.cuda.compile`), so the
-    keys are those it will look up.
+    Each kernel goes to its back end's ``pack`` module (:mod:`kdb.registry`): OpenCL kernels
+    are built on a device of that arch, which must be present; CUDA kernels are
+    cross-compiled by nvcc or NVRTC and Triton kernels by Triton, no GPU needed. All go
+    through the functions a framework calls at run time (:func:`kdb.opencl.build`,
+    :func:`kdb.backends.cuda.compile`), so the keys are those it will look up.
     """
     from ..db import KernelDB
 
@@ -61,22 +44,18 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
         raise PackError(f"the manifest lists no kernel for arch {arch!r} (each names other "
                         "'arches', or is a CUDA kernel and this is not a CUDA arch)")
     backends = {s.backend for s in todo}
-    known = {"opencl", "cuda", "triton"}
-    if backends - known:
-        raise PackError(f"unknown back end(s) {sorted(backends - known)} in the manifest; kdb "
-                        "packs 'opencl', 'cuda' and 'triton' kernels")
-    for backend in sorted(backends & REQUIRES.keys()):
-        require(backend, [s.name for s in todo if s.backend == backend])
-    ctx = None
-    if "opencl" in backends:
-        devices = opencl_arches()
-        if arch not in devices:
-            present = ", ".join(sorted(devices)) or "none"
-            raise PackError(f"no OpenCL device of arch {arch!r} is present, and OpenCL kernels "
-                            f"compile on the device; OpenCL arches present here: {present}")
-        import pyopencl as cl
-
-        ctx = cl.Context([devices[arch]])
+    known = registry.packable()
+    if backends - set(known):
+        raise PackError(f"unknown back end(s) {sorted(backends - set(known))} in the manifest; "
+                        f"kdb packs {', '.join(repr(k) for k in known)} kernels")
+    packers = {}
+    for backend in sorted(backends):
+        entry = registry.get(backend)
+        if entry.requires is not None:
+            require(backend, [s.name for s in todo if s.backend == backend])
+        packers[backend] = registry.load(entry.pack)
+        if hasattr(packers[backend], "prepare"):
+            packers[backend].prepare(arch)
 
     db = KernelDB(cache_dir=work_dir, system_path=[], use_system=False, disabled=False)
     failures: list[tuple[str, str]] = []
@@ -87,7 +66,7 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
                 progress(i, len(todo), spec.name)
             seen = len(bookkeeping.records())
             try:
-                _compile_one(spec, arch, ctx, db)
+                packers[spec.backend].compile_spec(spec, arch, db)
             except CompileError as err:
                 failures.append((spec.name, "the build failed; build log:\n"
                                  + (err.log or str(err)).rstrip()))
@@ -117,7 +96,7 @@ def require(backend: str, kernels: list[str]) -> None:
     """Raise :class:`BackendUnavailableError`, in one line that names the extra to install,
     when the module ``backend``'s kernels are compiled with cannot be imported here; checked
     before anything compiles."""
-    module, extra = REQUIRES[backend]
+    module, extra = registry.get(backend).requires
     try:
         importlib.import_module(module)
     except ImportError as err:
@@ -126,23 +105,6 @@ def require(backend: str, kernels: list[str]) -> None:
         raise BackendUnavailableError(
             f"the manifest's {backend} kernel(s) {shown} need {module}, which cannot be "
             f"imported here ({err}): pip install '{extra}'") from err
-
-
-def _compile_one(spec: KernelSpec, arch: str, ctx: object, db: object) -> None:
-    if spec.backend == "opencl":
-        from ..backends.opencl import build
-
-        build(ctx, spec.source, spec.build_options(), db=db, name=spec.name)
-    elif spec.backend == "triton":
-        from ..backends.triton import packing
-
-        packing.compile_spec(spec, arch, db)
-    else:
-        from ..backends import cuda
-
-        cuda.compile(spec.source, arch=arch, options=list(spec.options),
-                     include_dirs=list(spec.include_dirs), db=db, name=spec.name,
-                     compiler=spec.compiler)
 
 
 def _stored_keys(path: Path) -> set[str]:

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import config
+from .. import config, registry
 from ..errors import InvalidArgumentError
 
 
@@ -147,9 +147,10 @@ def _spec(k: dict, name: str, base: Path, defaults: dict, where: str) -> KernelS
     except InvalidArgumentError as err:
         raise InvalidArgumentError(f"{where} ({name}): {err}") from err
     backend = k.get("backend", defaults.get("backend", "opencl"))
-    if backend not in ("opencl", "cuda", "triton"):
+    if backend not in registry.packable():
         raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
-                                   "packs; use 'opencl', 'cuda' or 'triton'")
+                                   "packs; use "
+                                   + " or ".join(repr(b) for b in registry.packable()))
     if backend == "triton":
         return _triton_spec(k, name, source, base, arches, where)
     if set(k) & {"function", "signature", "constexprs", "specialization"}:

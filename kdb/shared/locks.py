@@ -53,8 +53,9 @@ def want_id(key: str, namespace: str | None = None) -> int:
 
 
 class CrossNodeLocks:
-    """Advisory locks on a connection of their own; mixed into :class:`kdb.shared.tier.SharedTier`,
-    whose ``engine()``, ``failed()``, ``namespace`` and lock state (``_locker``, ``_held``,
+    """Advisory locks on a connection of their own: the :class:`kdb.claims.crossnode.CrossNode`
+    side of single flight, mixed into :class:`kdb.shared.tier.SharedTier`, whose
+    ``engine()``, ``failed()``, ``namespace`` and lock state (``_locker``, ``_held``,
     ``_wants``, ``_checked``, ``_beater``, ``_beats``) it uses."""
 
     def _on_locker(self, doing: str, sql: str, params: dict[str, Any]) -> Any:

@@ -1,11 +1,11 @@
-"""A deferred store as a typed, serialisable job, and the registry that names back ends.
+"""A deferred store as a typed, serialisable job, and the back end that redoes it.
 
 A process that compiled hands the store to the store worker (:mod:`kdb.storing.spool`) as a job
 file: what to build again (back-end data such as OpenCL's ``program``), the entries'
 attributes and its start-up latency rows. The job names its back end by a short name; the
-worker asks :func:`backend_module` for that back end and calls its ``rebuild_and_store(db, data)``
-with the job's JSON data. Core modules never import a back end: this table is the one
-place that knows where they live. A second kind of job carries the bookkeeping an exiting
+worker asks :func:`backend_module` for that back end (:mod:`kdb.registry`, those that
+``stores_jobs``) and calls its ``rebuild_and_store(db, data)`` with the job's JSON data.
+Core modules never import a back end: the registry says where they live. A second kind of job carries the bookkeeping an exiting
 process left for a user file that does not exist yet; a third names stored entries whose
 programs generated more code after their store (``refresh``: the back end's
 ``refresh_job(db, job)``, e.g. :mod:`kdb.backends.opencl.refresh`).
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 
-#: Back end name -> the module whose ``rebuild_and_store(db, job_data)`` redoes a deferred store.
-BACKENDS = {"opencl": "kdb.backends.opencl"}
 
 STORE = "store"
 BOOKKEEPING = "bookkeeping"
@@ -124,11 +122,23 @@ class StoreJob:
         return cls.from_dict(json.loads(text))
 
 
+def job_backends() -> list[str]:
+    """The back ends whose deferred stores the store worker redoes (:mod:`kdb.registry`)."""
+    from .. import registry
+
+    return [b.name for b in registry.backends() if b.stores_jobs]
+
+
 def backend_module(name: str):
-    """The module of back end ``name`` (:data:`BACKENDS`); ``LookupError`` if unknown."""
+    """The module of back end ``name``, one that stores jobs; ``LookupError`` if unknown."""
     import importlib
 
-    path = BACKENDS.get(name)
-    if path is None:
+    from .. import registry
+
+    try:
+        entry = registry.get(name)
+    except LookupError:
+        entry = None
+    if entry is None or not entry.stores_jobs:
         raise LookupError(f"a store job names an unknown back end {name!r}")
-    return importlib.import_module(path)
+    return importlib.import_module(entry.module)

@@ -104,9 +104,9 @@ def serve(slow: bool = False, urgent: bool = False, floor: bool = False) -> int:
 
 def _load_backends() -> None:
     """Import every back end a job may name, before the first job (its wait starts then)."""
-    from ..storing.jobs import BACKENDS
+    from ..storing.jobs import job_backends
 
-    for name in BACKENDS:
+    for name in job_backends():
         try:
             backend_module(name)
         except Exception:  # noqa: BLE001, S112 - a job of this back end fails and says why
