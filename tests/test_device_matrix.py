@@ -15,12 +15,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import pip_pocl
+from test_opencl_impls import _debian_pocl, _intel_runtime
 from test_spool import wait_for_worker
 
 pytest.importorskip("pyopencl")
@@ -72,23 +72,7 @@ def _pip_library() -> str:
     return found[0]
 
 
-def _debian_library() -> str:
-    found = sorted(glob.glob("/usr/lib/*/libpocl.so.2"))
-    if not found:
-        pytest.skip("Debian's PoCL (libpocl.so.2) is not installed: tools/ensure_opencl.sh "
-                    "installs it as root with apt-get (apt-get install libpocl2)")
-    return found[0]
-
-
-def _intel_library() -> str:
-    lib = Path(sys.prefix) / "opencl-intel" / "lib" / "libintelocl.so"
-    if not lib.exists():
-        pytest.skip("Intel's OpenCL CPU runtime is not installed: tools/ensure_opencl.sh "
-                    "installs it into <venv>/opencl-intel")
-    return str(lib)
-
-
-IMPLS = {"pip-pocl": _pip_library, "debian-pocl": _debian_library, "intel": _intel_library}
+IMPLS = {"pip-pocl": _pip_library, "debian-pocl": _debian_pocl, "intel": _intel_runtime}
 
 
 @pytest.fixture(params=sorted(IMPLS))
