@@ -70,7 +70,10 @@ def run_in_venv(python: str, name: str, requirements: list[str], test_file: str,
              *requirements], capture_output=True, text=True)
         row["install_s"] = round(time.monotonic() - start, 1)
         if install.returncode != 0:
-            row.update(result="install failed", detail=install.stderr.strip()[-800:])
+            said = [ln for ln in (install.stdout + install.stderr).splitlines()
+                    if ln.strip() and not ln.startswith("WARNING: Location")]
+            why = [ln.strip() for ln in said if "requested" in ln or "conflict" in ln.lower()]
+            row.update(result="install failed", detail="; ".join(why or said)[-800:])
             return row
         tests = time.monotonic()
         proc = subprocess.run(
