@@ -68,7 +68,9 @@ def uninstall() -> None:
 
 
 def build(lock_path: str, cpp_builders) -> None:  # mirrors Inductor's _worker_compile_cpp
-    """A module (its compile and link steps) from kdb, else built by Inductor and stored."""
+    """A module (its compile and link steps) from kdb, else built by Inductor and stored.
+    ``cpp_builders``: the steps in order (torch 2.8 on), or the one ``CppBuilder`` that
+    builds the module (torch 2.7)."""
     def compile_() -> None:
         _inside.on = True
         try:
@@ -76,8 +78,9 @@ def build(lock_path: str, cpp_builders) -> None:  # mirrors Inductor's _worker_c
         finally:
             _inside.on = False
 
-    target = cpp_builders[-1].get_target_file_path()
-    attrs = None if os.path.exists(target) else attrs_for(cpp_builders)
+    steps = list(cpp_builders) if isinstance(cpp_builders, (list, tuple)) else [cpp_builders]
+    target = steps[-1].get_target_file_path()
+    attrs = None if os.path.exists(target) else attrs_for(steps)
     if attrs is None:
         return compile_()
     return _through_kdb(attrs, target, compile_)
