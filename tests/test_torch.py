@@ -105,3 +105,22 @@ def test_install_keeps_a_remote_cache_the_program_chose(monkeypatch):
     finally:
         kdb.torch.uninstall()
     assert remote_cache.RemoteAOTAutogradCache.backend_override_cls is None
+
+
+def test_a_source_that_includes_a_header_by_absolute_path_is_keyed_by_its_content(tmp_path):
+    """torch 2.7's C++ sources include their prefix header from Inductor's cache directory
+    by absolute path: the key holds the header's content, not the directory, so another
+    cache directory (another machine) hits, and an edited header misses."""
+    from kdb.backends.torch.cpp import _source_digest
+
+    digests = []
+    for where, prefix in (("a", "int x;"), ("b", "int x;"), ("c", "int y;")):
+        (tmp_path / where).mkdir()
+        header = tmp_path / where / "prefix.h"
+        header.write_text(prefix)
+        source = tmp_path / where / "module.cpp"
+        source.write_text(f'#include "{header}"\nextern "C" void kernel() {{}}\n')
+        digests.append(_source_digest(str(source)))
+    assert digests[0] == digests[1] != digests[2]
+    (tmp_path / "a" / "prefix.h").unlink()
+    assert _source_digest(str(tmp_path / "a" / "module.cpp")) is None  # cannot key: built

@@ -53,6 +53,9 @@ def install() -> bool:
     warning) where the program has switched every one of them itself."""
     import importlib
 
+    # torch 2.7's remote_cache, imported before torch._dynamo, imports itself in a circle
+    # (through torch.compiler._cache); torch.compile imports torch._dynamo anyway.
+    import torch._dynamo  # noqa: F401
     from torch._inductor import remote_cache
 
     from . import cpp, entries

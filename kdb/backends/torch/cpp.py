@@ -139,8 +139,10 @@ def attrs_for(cpp_builders) -> HashAttributes | None:
             if word in outputs:
                 word = outputs[word]
             elif word.startswith("/") and os.path.isfile(word) and word.endswith((".cpp", ".c")):
-                with open(word, "rb") as f:
-                    sources.append(sha256(f.read()).hexdigest())
+                digest = _source_digest(word)
+                if digest is None:
+                    return None
+                sources.append(digest)
                 word = f"{{src{len(sources) - 1}}}"
             else:
                 for path, name in places:
@@ -159,6 +161,32 @@ def attrs_for(cpp_builders) -> HashAttributes | None:
         headers=[(f"src{i}", digest) for i, digest in enumerate(sources)],
         compiler=(*identity(), ("cxx", cxx_identity(compiler))),
         name=f"cpp:{os.path.basename(cpp_builders[-1].get_target_file_path())[:13]}")
+
+
+#: An ``#include`` of a file by its absolute path (torch 2.7's sources name their prefix
+#: header in Inductor's cache directory so: another directory on every machine).
+_ABSOLUTE_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"(/[^"]+)"', re.M)
+
+
+def _source_digest(path: str) -> str | None:
+    """The digest of a source Inductor wrote: its text with each header it includes by
+    absolute path replaced by that header's content digest, so the key holds no directory
+    of this machine and still changes with the header; None when such a header cannot be
+    read (the module is then built, not cached)."""
+    with open(path, "rb") as f:
+        text = f.read()
+
+    def by_content(match: re.Match) -> bytes:
+        with open(match.group(1), "rb") as header:
+            digest = sha256(header.read()).hexdigest()
+        return match.group(0).replace(match.group(1), b"{header:" + digest.encode() + b"}")
+
+    try:
+        text = _ABSOLUTE_INCLUDE.sub(by_content, text)
+    except OSError as err:
+        log.debug("kdb: C++ module not cached: a header its source includes: %s", err)
+        return None
+    return sha256(text).hexdigest()
 
 
 def _places() -> list[tuple[str, str]]:
