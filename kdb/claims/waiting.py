@@ -278,9 +278,10 @@ def _look(directory, key, label, claim, shared, watch):
         nodes.add(directory, time.monotonic() - watch.node_began)
         if stuck:
             nodes.given_up.add(ident)
+    began = watch.began if claim is None else watch.node_began  # a node: whoever beat
     (log.warning if stuck else log.debug)(
         "kdb: waited %.1f s for %s to compile %s, and %s; compiling it here%s",
-        time.monotonic() - watch.began, who, label, why,
+        time.monotonic() - began, who, label, why,
         ", and not waiting for that process again" if stuck and claim is None else "")
     if claim is not None:
         claim.mark(COMPILING)
@@ -298,8 +299,8 @@ def _judge_node(directory, ident, seen, watch):
     waited = now - watch.node_began
     if ident in nodes.given_up and seen is not None:
         return "it was given up on before, and holds this key too", True
-    left = nodes.left(directory, watch.timeout)
-    if waited >= left:
-        return (f"this node has waited {nodes.spent(directory, watch.timeout) + waited:.0f} s "
-                f"in vain for other nodes lately ({NODE_WALL} x KDB_WAIT_TIMEOUT at most)"), True
+    spent = nodes.spent(directory, watch.timeout)  # one read of the account a look
+    if waited >= nodes.budget(watch.timeout) - spent:
+        return (f"this node has waited {spent + waited:.0f} s in vain for other nodes lately "
+                f"({NODE_WALL} x KDB_WAIT_TIMEOUT at most)"), True
     return watch.verdict(ident, COMPILING, 0.0, 0.0, seen)
