@@ -79,6 +79,8 @@ register(BackEnd("opencl", "kdb.backends.opencl", "OpenCL", stores_jobs=True,
                  pack="kdb.backends.opencl.packing", requires=("pyopencl", "kdb[opencl]")))
 register(BackEnd("cuda", "kdb.backends.cuda", "CUDA", pack="kdb.backends.cuda.packing",
                  compiler_rank="kdb.backends.cuda:compiler_rank"))
+register(BackEnd("hip", "kdb.backends.hip", "HIP",
+                 compiler_rank="kdb.backends.hip:compiler_rank"))
 register(BackEnd("triton", "kdb.backends.triton", "Triton",
                  pack="kdb.backends.triton.packing", requires=("triton", "kdb[triton]")))
 register(BackEnd("torch", "kdb.backends.torch", "torch.compile"))

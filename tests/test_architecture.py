@@ -22,7 +22,7 @@ REPO_MAP = PACKAGE.parent / "docs" / "architecture.md"
 TOP_MODULES = {"_kdb_auto": Path(_kdb_auto.__file__).resolve()}
 
 #: Back ends: they import core, never the other way round.
-BACKENDS = ("kdb.backends", "kdb.opencl", "kdb.cuda", "kdb.triton", "kdb.torch")
+BACKENDS = ("kdb.backends", "kdb.opencl", "kdb.cuda", "kdb.hip", "kdb.triton", "kdb.torch")
 #: The front ends docs/architecture.md allows to import a back end.
 DEVICE_FRONT_ENDS = {"kdb.admin.explain", "kdb.admin.info", "kdb.adopt.auto",
                      "kdb.pack.compiling", "kdb.demo.programs"}
@@ -219,7 +219,7 @@ CORE_MODULES_MAX, WING_MODULES_MAX = 12, 12
 #: ("mirrors ...") and may take what that signature takes.
 FUNCTION_LINES_MAX, POSITIONAL_MAX = 60, 7
 #: The public paths at the top: one facade per device API, and the documented entry points.
-PUBLIC_PATHS = {"opencl.py", "cuda.py", "triton.py", "torch.py", "pytest.py"}
+PUBLIC_PATHS = {"opencl.py", "cuda.py", "hip.py", "triton.py", "torch.py", "pytest.py"}
 
 
 def _modules_in(folder: Path) -> list[str]:

@@ -1,0 +1,199 @@
+"""HIP builds: a request compiled by hipcc or HIPRTC, served from kdb, or from the stored
+builds of another compiler where none is installed (:mod:`kdb.backends.fallback`).
+
+Every code object served is checked against the request's target (its ELF header names the
+processor and features): one for another target is dropped, never served.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from typing import Iterable, Sequence
+
+from ... import logs
+from ...db import KernelDB, default_db
+from ...errors import BackendUnavailableError, CompileError
+from . import hipcc as _hipcc
+from . import hiprtc as _hiprtc
+from .hiprtc import HiprtcIdentity
+from .keys import Request, compiler_kind, compiler_rank, request
+from .targets import code_object_target
+
+log = logs.get("kdb")
+
+
+class UnkeyedRead(Exception):
+    """hipcc read a file the key does not hold: the code object is served, not stored."""
+
+    def __init__(self, binary: bytes, why: str) -> None:
+        super().__init__(why)
+        self.binary = binary
+
+
+def _run_hipcc(req: Request) -> bytes:
+    """hipcc in a temporary directory; its failure is a :class:`kdb.CompileError`. Its
+    ``-MD`` list of what it read is checked against the key (:class:`UnkeyedRead`)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kdb-hipcc-") as tmp:
+        with open(os.path.join(tmp, "kernel.hip"), "w", encoding="utf-8") as f:
+            f.write(req.text)
+        cmd = req.command("kernel.hip", "kernel.co")
+        try:
+            proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
+                                  env=_hipcc.run_env(), capture_output=True)
+        except OSError as err:
+            raise BackendUnavailableError(f"cannot run {cmd[0]}: {err}; {_hipcc.INSTALL}") \
+                from err
+        said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
+        out_path = os.path.join(tmp, "kernel.co")
+        if proc.returncode != 0 or not os.path.isfile(out_path):
+            why = f"exit status {proc.returncode}" if proc.returncode else "no output file"
+            raise CompileError(
+                f"hipcc failed ({why}) building {req.attrs.name} for {req.target}; fix the "
+                f"source or options. Command (run in a temporary directory, HIP_PLATFORM=amd): "
+                f"{shlex.join(cmd)}", log=said, options=req.options)
+        with open(out_path, "rb") as f:
+            data = f.read()
+        unkeyed = _unkeyed_reads(req, tmp)
+    if said.strip():
+        log.debug("kdb: hipcc said, building %s: %s", req.attrs.name, said.strip())
+    if unkeyed:
+        raise UnkeyedRead(data, f"hipcc read {unkeyed!r}, a file kdb's include model did not "
+                                "find, so the key would not see its edits")
+    return data
+
+
+def _unkeyed_reads(req: Request, tmp: str) -> str | None:
+    """The first file hipcc read that is neither the program, nor under clang's default
+    directories, nor a header the key holds; None when none."""
+    from ..cuda.builds import dependency_paths
+
+    try:
+        with open(os.path.join(tmp, "kernel.d"), encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return "its dependency list (hipcc wrote none)"
+    system = tuple(os.path.join(d, "") for d in req.tool.system_dirs)  # type: ignore[union-attr]
+    for dep in dependency_paths(text)[1:]:
+        path = os.path.realpath(os.path.join(tmp, dep))
+        if path.startswith(system):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            return dep
+        if (st.st_dev, st.st_ino) not in req.header_files:
+            return dep
+    return None
+
+
+def _build(req: Request) -> bytes:
+    """Run the request's compiler; a code object for another target is a CompileError."""
+    if isinstance(req.tool, HiprtcIdentity):
+        data, said = _hiprtc.run(req.tool.path, req.text, req.target, req.options,
+                                 req.attrs.name)
+        if said.strip():
+            log.debug("kdb: HIPRTC said, building %s: %s", req.attrs.name, said.strip())
+    else:
+        data = _run_hipcc(req)
+    got = code_object_target(data)
+    if got != req.target:
+        raise CompileError(f"{req.tool.release if req.tool else 'the compiler'} built a code "
+                           f"object for {got or 'an unknown target'} when asked for "
+                           f"{req.target}; kdb stores nothing for it")
+    return data
+
+
+def _uncached(db: KernelDB, req: Request, why: str) -> bytes:
+    """A build neither looked up nor stored: kdb cannot be sure what it reads."""
+    if not db.tiers.disabled:
+        logs.warn_once(f"hip-includes:{why[:40]}", "kdb: %s; such HIP programs are built "
+                       "without the cache", why)
+    if req.tool is None:
+        raise BackendUnavailableError(
+            f"no HIP compiler is installed, and {req.attrs.name} cannot be served from kdb: "
+            f"{why}. Install one: {_hipcc.INSTALL}")
+    try:
+        return _build(req)
+    except UnkeyedRead as err:
+        return err.binary
+
+
+def _cached(db: KernelDB, req: Request) -> bytes:
+    """The code object from kdb, or built now and stored; one stored for another target is
+    dropped and built again."""
+    if req.uncertain:
+        return _uncached(db, req, req.uncertain)
+    try:
+        data = db.tiers.get_or_compile(req.attrs, lambda: _build(req), details=req.details(),
+                                       recheck=req.headers_now)
+    except UnkeyedRead as err:
+        logs.warn_once("hip-includes:unkeyed", "kdb: %s; such HIP programs are built "
+                       "without the cache", err)
+        return err.binary
+    got = code_object_target(data)
+    if got == req.target:
+        return data
+    what = got or "no known target"
+    db.tiers.storing.discard(req.attrs, f"the stored code object is for {what}, not {req.target}")
+    return _compile_and_store(db, req)
+
+
+def _compile_and_store(db: KernelDB, req: Request) -> bytes:
+    """A miss: compile now, log the compile, store the result in the background."""
+    start = time.perf_counter()
+    try:
+        binary = _build(req)
+    except UnkeyedRead as err:
+        return err.binary
+    seconds = time.perf_counter() - start
+    rec = db.tiers.record_compile(req.attrs, seconds)
+    db.tiers.storing.put_later(req.attrs, lambda: binary, compile_seconds=seconds,
+                               details=req.details(), log=rec, recheck=req.headers_now)
+    return binary
+
+
+def _stored(db: KernelDB, req: Request) -> bytes:
+    """With no compiler here: the newest compiler's stored build that matches on all but
+    the compiler and is for this exact target; none raises, naming what to install."""
+    from ..fallback import candidates, served
+
+    accept = None if req.wanted is None else (lambda c: compiler_kind(c) == req.wanted)
+    for cand in candidates(db, req.attrs, compiler_rank, accept):
+        if code_object_target(cand.binary) == req.target:
+            served(db, req.attrs, cand)
+            return cand.binary
+        db.tiers.storing.discard(cand.attrs, f"the stored code object is not for {req.target}")
+    raise BackendUnavailableError(
+        f"no HIP compiler is installed and no stored code object of {req.attrs.name} for "
+        f"{req.target} matches this request (these options and headers). Install a "
+        f"compiler: {_hipcc.INSTALL}; or the system database for {req.attrs.arch} "
+        f"(KDB_SYSTEM_DB_PATH for a directory). Looked for: {req.missing}")
+
+
+def compile(source: str | bytes, arch: str = "gfx90a",  # noqa: A001 - the natural name
+            options: str | Sequence[str] | None = (),
+            include_dirs: Iterable[str | os.PathLike[str]] | None = (), *,
+            db: KernelDB | None = None, name: str | None = None,
+            hipcc: str | os.PathLike[str] | None = None, compiler: str | None = None) -> bytes:
+    """The code object (ELF) of ``source`` for ``arch``, a target ID such as ``"gfx90a"`` or
+    ``"gfx90a:sramecc+:xnack-"``, from kdb when it holds it.
+
+    ``compiler``: ``"hipcc"``, ``"hiprtc"``, or ``None`` (hipcc where found, else HIPRTC).
+    Include directories (``include_dirs``, ``-I`` in ``options``) go to the compiler; the
+    headers they bring in enter the key by content. With no compiler installed, the newest
+    stored build that matches on everything else answers. Raises
+    :class:`kdb.InvalidArgumentError` for an arch the compiler does not build,
+    :class:`kdb.CompileError` with the compiler's message when it fails,
+    :class:`kdb.BackendUnavailableError` when there is no compiler and no stored build.
+    """
+    db = db or default_db()
+    req = request(source, arch, options, include_dirs, hipcc=hipcc, memo_dir=db.cache_root,
+                  name=name, compiler=compiler)
+    if req.tool is None and not req.uncertain:
+        return _stored(db, req)
+    return _cached(db, req)

@@ -1,0 +1,234 @@
+"""hipcc: finding it, the environment it runs in, and its identity for the key.
+
+hipcc is a Perl script that picks a platform and a clang and adds flags of its own
+(``-O3``, ``-mllvm`` options, the device libraries); Debian's picks NVIDIA's wherever
+``nvcc`` is on PATH and ``clang++`` is not, so kdb always runs it with ``HIP_PLATFORM=amd``.
+The compiler enters the key by content: ``hipcc --version`` (HIP's and clang's versions),
+the sha256 of the script and its modules, the GNU build IDs of clang, lld and their LLVM
+libraries, and the sha256 of the device libraries and HIP's headers, all found through
+hipcc's own verbose report, never by path. That costs a few subprocesses, so it is done once
+per machine (``<cache root>/hipcc.json``) and once per process.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ... import config
+from ..digests import library_id, machine_digest, machine_memo
+from ...errors import BackendUnavailableError
+from .targets import ROCM52, sort_processors
+
+#: The variables Debian's hipcc 5.2 (hipcc.pl, hipvars.pm) and its clang read that change
+#: the code object it writes. Left out: HIP_PLATFORM (kdb sets it), HIPCC_VERBOSE (prints),
+#: HCC_AMDGPU_TARGET (read only with no --offload-arch), HIPCC_LINK_FLAGS_APPEND and
+#: CUDA_PATH (link steps and NVIDIA's platform, never run by --genco on AMD's).
+ENV_VARS = ("HIP_PATH", "ROCM_PATH", "HIP_CLANG_PATH", "HIP_ROCCLR_HOME", "HSA_PATH",
+            "HIP_LIB_PATH", "DEVICE_LIB_PATH", "HIP_DEVICE_LIB_PATH", "HIP_COMPILER",
+            "HIP_RUNTIME", "HIPCC_COMPILE_FLAGS_APPEND", "HIP_CLANG_HCC_COMPAT_MODE",
+            "HIP_COMPILE_CXX_AS_HIP")
+INSTALL = "apt-get install hipcc (Debian/Ubuntu: ROCm 5.2's hipcc, clang and device libraries)"
+_PROBE_TIMEOUT_S = 120.0
+#: Any target kdb knows to exist: a probe that names one runs no GPU enumerator.
+_PROBE_ARCH = "gfx900"
+
+
+@dataclass(frozen=True)
+class HipccIdentity:
+    """What identifies a hipcc: its ``--version`` text and its pieces' digests."""
+
+    path: str  # the hipcc kdb runs: metadata, never in the key
+    version: str
+    digests: tuple[tuple[str, str], ...]  # (piece name, sha256 or build id)
+    system_dirs: tuple[str, ...] = ()  # clang's default include dirs: metadata
+    llvm: tuple[str, ...] = ()  # the processors its LLVM knows: metadata
+    built: tuple[str, ...] = ()  # those its device libraries cover: metadata
+
+    @property
+    def compiler(self) -> tuple[tuple[str, str], ...]:
+        """The key's compiler attributes."""
+        return (("hipcc_version", self.version),
+                *((f"{name}_id", digest) for name, digest in self.digests))
+
+    @property
+    def release(self) -> str:
+        m = re.search(r"HIP version: (\S+)", self.version)
+        return f"hipcc {m.group(1)}" if m else "hipcc"
+
+
+def run_env(overrides: dict[str, str] | None = None, drop: tuple[str, ...] = ()
+            ) -> dict[str, str]:
+    """The environment hipcc runs in: the caller's, on AMD's platform."""
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    return {**env, "HIP_PLATFORM": "amd", **(overrides or {})}
+
+
+def find_hipcc(explicit: str | os.PathLike[str] | None = None) -> str:
+    """The hipcc to run: ``explicit``, else ``$ROCM_PATH/bin/hipcc``, else the one on PATH."""
+    if explicit is not None:
+        p = os.path.abspath(os.fspath(explicit))
+        if not (os.path.isfile(p) and os.access(p, os.X_OK)):
+            raise BackendUnavailableError(
+                f"hipcc={os.fspath(explicit)!r} is not an executable file: pass the path of "
+                "hipcc (e.g. /usr/bin/hipcc)")
+        return p
+    variables = config.read_variables(("ROCM_PATH", "PATH"))
+    rocm = (variables["ROCM_PATH"] or "").strip()
+    if rocm and os.access(os.path.join(rocm, "bin", "hipcc"), os.X_OK):
+        return os.path.join(rocm, "bin", "hipcc")
+    found = shutil.which("hipcc", path=variables["PATH"])
+    if found is None:
+        raise BackendUnavailableError(
+            f"hipcc not found on PATH (nor in $ROCM_PATH/bin). Install it: {INSTALL}, or "
+            "ROCm's own packages")
+    return os.path.abspath(found)
+
+
+def environment() -> tuple[tuple[str, str], ...]:
+    """The variables of :data:`ENV_VARS` that are set, for the key."""
+    variables = config.read_variables(ENV_VARS)
+    return tuple((k, v) for k in ENV_VARS if (v := variables[k]) is not None)
+
+
+_identities: dict[tuple, HipccIdentity] = {}
+
+
+def identity(path: str, memo_dir: str | os.PathLike[str] | None = None) -> HipccIdentity:
+    """The identity of the hipcc at ``path`` in this environment: once per process, and once
+    per machine in ``memo_dir``."""
+    env = environment()
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise BackendUnavailableError(f"cannot use hipcc at {path}: {err}; {INSTALL}") from err
+    memo = (path, st.st_size, st.st_mtime_ns, env)
+    ident = _identities.get(memo)
+    if ident is None:
+        root = Path(memo_dir) if memo_dir is not None else config.cache_root()
+        rec = machine_memo(root, "hipcc", path, lambda: _probe(path, root, env),
+                           lambda r: _still_valid(r, env))
+        ident = HipccIdentity(path, rec["version"], tuple(sorted(rec["ids"].items())),
+                              tuple(rec["include_dirs"]), tuple(rec["llvm"]),
+                              tuple(rec["built"]))
+        _identities[memo] = ident
+    return ident
+
+
+def _run(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
+         drop: tuple[str, ...] = ()):
+    import subprocess
+
+    try:
+        return subprocess.run(cmd, cwd=cwd, env=run_env(env, drop), capture_output=True,
+                              timeout=_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise BackendUnavailableError(f"cannot run {' '.join(cmd)}: {err}; {INSTALL}") from err
+
+
+def _probe(path: str, memo_dir: Path, env: tuple) -> dict[str, Any]:
+    """hipcc's verbose ``--version`` (its paths, its clang), and the digests of its pieces."""
+    proc = _run([path, f"--offload-arch={_PROBE_ARCH}", "--version"], env={"HIPCC_VERBOSE": "3"})
+    said = proc.stdout.decode("utf-8", "replace").replace("\r\n", "\n")
+    if proc.returncode != 0 or "HIP version" not in said:
+        raise BackendUnavailableError(
+            f"{path} --version failed (exit {proc.returncode}): "
+            f"{proc.stderr.decode('utf-8', 'replace').strip()[:400]}; is it hipcc? {INSTALL}")
+    paths = dict(re.findall(r"^([A-Z_]+)=(.*)$", said, re.MULTILINE))
+    cmd = re.search(r"^hipcc-cmd: (\S+)", said, re.MULTILINE)
+    clang = os.path.realpath(cmd.group(1)) if cmd else ""
+    if not os.path.isfile(clang):
+        raise BackendUnavailableError(f"{path} names no clang that exists ({clang!r}); {INSTALL}")
+    version = "\n".join(line for line in said.splitlines()
+                        if not re.match(r"[A-Z_]+=|hipcc-cmd:|InstalledDir:", line)).strip()
+    pieces = _pieces(path, clang, paths)
+    ids, stamps = {}, []
+    for name, p in pieces.items():
+        st = os.stat(p)
+        stamps.append(f"{p}|{st.st_size}|{st.st_mtime_ns}")
+        ids[name] = (library_id(p, memo_dir) if name.startswith("bin/")
+                     else "sha256:" + machine_digest(p, memo_dir))
+    llvm, built = _processors(clang, paths.get("DEVICE_LIB_PATH", ""))
+    return {"version": version, "ids": ids, "stamps": stamps, "env": [list(e) for e in env],
+            "include_dirs": _default_dirs(path), "llvm": llvm, "built": built}
+
+
+def _pieces(path: str, clang: str, paths: dict[str, str]) -> dict[str, str]:
+    """The files that make a code object, by name: hipcc's scripts, clang, lld and their
+    LLVM libraries, the device libraries, HIP's headers."""
+    here = os.path.dirname(os.path.realpath(path))
+    bindir = os.path.dirname(clang)
+    found = {"hipcc": os.path.realpath(path)}
+    for name in ("hipcc.pl", "hipvars.pm"):
+        found[name] = os.path.join(here, name)
+    found["bin/clang"] = clang
+    found["bin/lld"] = os.path.realpath(os.path.join(bindir, "ld.lld"))
+    for lib in ("libclang-cpp.so*", "libLLVM*.so*"):
+        for p in sorted(glob.glob(os.path.join(bindir, os.pardir, "lib", lib))):
+            found["bin/" + os.path.basename(p)] = os.path.realpath(p)
+    bitcode = paths.get("DEVICE_LIB_PATH", "")
+    for bc in sorted(glob.glob(os.path.join(bitcode, "*.bc"))):
+        found["bitcode/" + os.path.basename(bc)] = bc
+    include = paths.get("HIP_INCLUDE_PATH", "")
+    for h in sorted(glob.glob(os.path.join(include, "hip", "**", "*"), recursive=True)):
+        found["include/" + os.path.relpath(h, include)] = h
+    return {n: os.path.realpath(p) for n, p in found.items() if p and os.path.isfile(p)}
+
+
+def _processors(clang: str, bitcode: str) -> tuple[list[str], list[str]]:
+    """The processors the LLVM beside ``clang`` knows (``llc -mcpu=help``), and those of
+    them the device libraries in ``bitcode`` cover (``oclc_isa_version_*.bc``)."""
+    llc = os.path.join(os.path.dirname(clang), "llc")
+    proc = _run([llc, "-march=amdgcn", "-mcpu=help"]) if os.path.isfile(llc) else None
+    text = (proc.stdout + proc.stderr).decode("utf-8", "replace") if proc else ""
+    llvm = sort_processors(re.findall(r"^\s+(gfx[0-9a-f]{3,4})\s", text, re.MULTILINE))
+    isa = {"gfx" + m for m in re.findall(r"oclc_isa_version_([0-9a-f]+)\.bc",
+                                         " ".join(os.listdir(bitcode)) if bitcode and
+                                         os.path.isdir(bitcode) else "")}
+    if not llvm:  # no llc to ask: what ROCm 5.2's device libraries hold
+        llvm = list(ROCM52)
+    return llvm, sort_processors(p for p in llvm if p in isa) if isa else list(llvm)
+
+
+def _default_dirs(path: str) -> list[str]:
+    """The include directories clang searches with no option (``-E -v``), real paths."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kdb-hipcc-probe-") as tmp:
+        open(os.path.join(tmp, "probe.hip"), "w").close()
+        proc = _run([path, "--genco", f"--offload-arch={_PROBE_ARCH}", "-E", "-v", "probe.hip",
+                     "-o", "probe.i"], cwd=tmp, drop=_SEARCH_VARIABLES)
+    dirs, inside = [], False
+    for line in (proc.stderr + proc.stdout).decode("utf-8", "replace").splitlines():
+        if line.startswith("#include <...> search starts here"):
+            inside = True
+        elif line.startswith("End of search list"):
+            inside = False
+        elif inside and line.startswith(" "):
+            dirs.append(os.path.realpath(line.strip()))
+    return sorted(set(dirs))
+
+
+#: Variables that add to the default search; unset for the probe of the defaults.
+_SEARCH_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "HIPCC_COMPILE_FLAGS_APPEND")
+
+
+def _still_valid(rec: Any, env: tuple) -> bool:
+    """A remembered identity holds in the environment it was probed in, while every piece
+    has the size and mtime it had."""
+    try:
+        if [tuple(e) for e in rec["env"]] != list(env):
+            return False
+        for stamp in rec["stamps"]:
+            p, size, mtime = stamp.rsplit("|", 2)
+            st = os.stat(p)
+            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
+                return False
+        return all(isinstance(rec[k], list) for k in ("include_dirs", "llvm", "built"))
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return False

@@ -1,0 +1,203 @@
+"""HIPRTC, HIP's runtime compiler: code objects for an explicit target with no hipcc.
+
+Debian ships it inside the HIP runtime (``libamdhip64.so.5``, package ``libamdhip64-5``),
+with its builtins in ``libhiprtc-builtins5`` and the compiling done by ``libamd_comgr``.
+kdb calls its C API through :mod:`ctypes`, so the library it identifies is the one it
+loads, and a lookup loads nothing. The compiler enters the key as HIPRTC's version and the
+GNU build IDs of the three libraries, worked out once per machine
+(``<cache root>/hiprtc.json``) and once per process.
+
+HIPRTC 5.2 aborts the process on a target it does not know, so every target is checked
+against the processors this ROCm builds (:mod:`.targets`) before it gets here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ... import config
+from ..digests import library_id, machine_memo
+from ...errors import BackendUnavailableError, CompileError
+from .targets import ROCM52
+
+INSTALL = ("apt-get install libamdhip64-5 libhiprtc-builtins5 (Debian/Ubuntu; hipcc brings "
+           "both)")
+_NAMES = ("libamdhip64.so", "libamdhip64.so.5", "libamdhip64.so.6")
+
+
+@dataclass(frozen=True)
+class HiprtcIdentity:
+    """What identifies a HIPRTC: its version and its libraries' build IDs."""
+
+    path: str  # metadata, never in the key
+    version: str
+    libraries: tuple[tuple[str, str], ...]
+    built: tuple[str, ...] = ROCM52  # the processors it builds: metadata
+
+    @property
+    def compiler(self) -> tuple[tuple[str, str], ...]:
+        """The key's compiler attributes."""
+        return (("hiprtc_version", self.version), *self.libraries)
+
+    @property
+    def release(self) -> str:
+        return f"HIPRTC {self.version}"
+
+
+def _dirs() -> list[str]:
+    """Where the HIP runtime is installed: ``$ROCM_PATH/lib``, ``/opt/rocm/lib``, the
+    system's library directories."""
+    import sysconfig
+
+    rocm = (config.read_variables(("ROCM_PATH",))["ROCM_PATH"] or "").strip()
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    out = [os.path.join(rocm, "lib")] if rocm else []
+    out += ["/opt/rocm/lib", *(f"{d}/{multiarch}" for d in ("/usr/lib", "/lib") if multiarch),
+            "/usr/lib64", "/usr/lib"]
+    return out
+
+
+def find_hiprtc(explicit: str | os.PathLike[str] | None = None) -> str:
+    """The ``libamdhip64`` to load: ``explicit``, else the first of :func:`_dirs` holding one."""
+    if explicit is not None:
+        p = os.path.abspath(os.fspath(explicit))
+        if not os.path.isfile(p):
+            raise BackendUnavailableError(
+                f"hiprtc={os.fspath(explicit)!r} is not libamdhip64.so: point it at the library")
+        return p
+    for d in _dirs():
+        for name in _NAMES:
+            p = os.path.join(d, name)
+            if os.path.isfile(p):
+                return p
+    raise BackendUnavailableError(
+        f"HIPRTC not found (libamdhip64.so in $ROCM_PATH/lib, /opt/rocm/lib or the system's "
+        f"library directories). Install it: {INSTALL}")
+
+
+_identities: dict[tuple, HiprtcIdentity] = {}
+
+
+def identity(path: str, memo_dir: str | os.PathLike[str] | None = None) -> HiprtcIdentity:
+    """The identity of the HIPRTC in ``path``: once per process, and once per machine."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise BackendUnavailableError(f"cannot use HIPRTC at {path}: {err}; {INSTALL}") from err
+    memo = (path, st.st_size, st.st_mtime_ns)
+    ident = _identities.get(memo)
+    if ident is None:
+        root = Path(memo_dir) if memo_dir is not None else config.cache_root()
+        rec = machine_memo(root, "hiprtc", path, lambda: _probe(path, root), _still_valid)
+        ident = HiprtcIdentity(path, rec["version"], tuple(sorted(rec["libraries"].items())))
+        _identities[memo] = ident
+    return ident
+
+
+def _companions(path: str) -> dict[str, str]:
+    """The libraries HIPRTC loads from its own directory: its builtins and comgr."""
+    d = os.path.dirname(os.path.realpath(path))
+    out = {}
+    for prefix, name in (("libhiprtc-builtins.so", "libhiprtc-builtins"),
+                         ("libamd_comgr.so", "libamd_comgr")):
+        found = sorted(os.path.realpath(os.path.join(d, n)) for n in os.listdir(d)
+                       if n.startswith(prefix))
+        if found:
+            out[name] = found[-1]
+    return out
+
+
+def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
+    import ctypes
+
+    lib = _load(path)
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check(lib, lib.hiprtcVersion(ctypes.byref(major), ctypes.byref(minor)), "hiprtcVersion")
+    files = {"libamdhip64": os.path.realpath(path), **_companions(path)}
+    return {"version": f"{major.value}.{minor.value}",
+            "libraries": {n: library_id(p, memo_dir) for n, p in files.items()},
+            "stamps": [_stamp(p) for p in files.values()]}
+
+
+def _stamp(path: str) -> str:
+    st = os.stat(path)
+    return f"{path}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def _still_valid(rec: Any) -> bool:
+    try:
+        for stamp in rec["stamps"]:
+            p, size, mtime = stamp.rsplit("|", 2)
+            st = os.stat(p)
+            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
+                return False
+        return isinstance(rec["version"], str) and isinstance(rec["libraries"], dict)
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return False
+
+
+_libs: dict[str, Any] = {}
+
+
+def _load(path: str) -> Any:
+    lib = _libs.get(path)
+    if lib is None:
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as err:
+            raise BackendUnavailableError(f"cannot load HIPRTC from {path}: {err}; {INSTALL}") \
+                from err
+        lib.hiprtcGetErrorString.restype = ctypes.c_char_p
+        _libs[path] = lib
+    return lib
+
+
+def _check(lib: Any, status: int, what: str) -> None:
+    if status != 0:
+        raise BackendUnavailableError(
+            f"HIPRTC {what} failed: {lib.hiprtcGetErrorString(status).decode('utf-8', 'replace')}")
+
+
+def _log(lib: Any, prog: Any) -> str:
+    import ctypes
+
+    size = ctypes.c_size_t()
+    if lib.hiprtcGetProgramLogSize(prog, ctypes.byref(size)) != 0 or size.value <= 1:
+        return ""
+    buf = ctypes.create_string_buffer(size.value)
+    lib.hiprtcGetProgramLog(prog, buf)
+    return buf.value.decode("utf-8", "replace")
+
+
+def run(path: str, text: str, target: str, options: Sequence[str], name: str
+        ) -> tuple[bytes, str]:
+    """Compile ``text`` for ``target`` (a checked target ID) with the HIPRTC in ``path``;
+    returns (code object, HIPRTC's log). A failed build raises :class:`kdb.CompileError`."""
+    import ctypes
+
+    lib = _load(path)
+    opts = [f"--offload-arch={target}", *options]
+    prog = ctypes.c_void_p()
+    _check(lib, lib.hiprtcCreateProgram(ctypes.byref(prog), text.encode("utf-8"),
+                                        b"kernel.hip", 0, None, None), "hiprtcCreateProgram")
+    try:
+        argv = (ctypes.c_char_p * len(opts))(*(o.encode("utf-8") for o in opts))
+        status = lib.hiprtcCompileProgram(prog, len(opts), argv)
+        said = _log(lib, prog)
+        if status != 0:
+            why = lib.hiprtcGetErrorString(status).decode("utf-8", "replace")
+            raise CompileError(
+                f"HIPRTC failed ({why}) building {name} for {target}; fix the source or "
+                f"options. Options: {' '.join(opts)}", log=said, options=tuple(options))
+        size = ctypes.c_size_t()
+        _check(lib, lib.hiprtcGetCodeSize(prog, ctypes.byref(size)), "reading the code size")
+        buf = ctypes.create_string_buffer(size.value)
+        _check(lib, lib.hiprtcGetCode(prog, buf), "reading the code object")
+        return buf.raw, said
+    finally:
+        lib.hiprtcDestroyProgram(ctypes.byref(prog))
