@@ -2,8 +2,8 @@
 
 Debian ships it inside the HIP runtime (``libamdhip64.so.5``, package ``libamdhip64-5``),
 with its builtins in ``libhiprtc-builtins5`` and the compiling done by ``libamd_comgr``.
-kdb calls its C API through :mod:`ctypes`, so the library it identifies is the one it
-loads, and a lookup loads nothing. The compiler enters the key as HIPRTC's version and the
+kdb calls its C API through :mod:`ctypes` in a child process (:data:`_CHILD` says why), so
+the library it identifies is the one it loads, and a lookup loads nothing. The compiler enters the key as HIPRTC's version and the
 GNU build IDs of the three libraries, worked out once per machine
 (``<cache root>/hiprtc.json``) and once per process.
 
@@ -111,13 +111,11 @@ def _companions(path: str) -> dict[str, str]:
 
 
 def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
-    import ctypes
-
-    lib = _load(path)
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    _check(lib, lib.hiprtcVersion(ctypes.byref(major), ctypes.byref(minor)), "hiprtcVersion")
+    got = _in_child({"op": "version", "path": path})
+    if got["status"] != 0:
+        raise BackendUnavailableError(f"HIPRTC hiprtcVersion failed: {got['error']}; {INSTALL}")
     files = {"libamdhip64": os.path.realpath(path), **_companions(path)}
-    return {"version": f"{major.value}.{minor.value}",
+    return {"version": got["version"],
             "libraries": {n: library_id(p, memo_dir) for n, p in files.items()},
             "stamps": [_stamp(p) for p in files.values()]}
 
@@ -139,65 +137,71 @@ def _still_valid(rec: Any) -> bool:
         return False
 
 
-_libs: dict[str, Any] = {}
+#: What a child process runs: HIPRTC loads comgr and its own LLVM, which can clash with
+#: another LLVM in the caller's process (PoCL's, seen aborting in clGetPlatformIDs), and
+#: HIPRTC 5.2 aborts on a target it does not know; a child keeps both out of the caller.
+_CHILD = r"""
+import ctypes, json, sys
+a = json.loads(sys.stdin.read())
+lib = ctypes.CDLL(a["path"])
+lib.hiprtcGetErrorString.restype = ctypes.c_char_p
+err = lambda s: lib.hiprtcGetErrorString(s).decode("utf-8", "replace")
+if a["op"] == "version":
+    ma, mi = ctypes.c_int(), ctypes.c_int()
+    s = lib.hiprtcVersion(ctypes.byref(ma), ctypes.byref(mi))
+    print(json.dumps({"status": s, "error": err(s), "version": f"{ma.value}.{mi.value}"}))
+    sys.exit(0)
+prog = ctypes.c_void_p()
+s = lib.hiprtcCreateProgram(ctypes.byref(prog), a["text"].encode(), b"kernel.hip", 0, None, None)
+out = {"status": s, "error": err(s), "log": "", "stage": "create"}
+if s == 0:
+    opts = [o.encode() for o in a["options"]]
+    s = lib.hiprtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    n = ctypes.c_size_t()
+    if lib.hiprtcGetProgramLogSize(prog, ctypes.byref(n)) == 0 and n.value > 1:
+        buf = ctypes.create_string_buffer(n.value)
+        lib.hiprtcGetProgramLog(prog, buf)
+        out["log"] = buf.value.decode("utf-8", "replace")
+    out.update(status=s, error=err(s), stage="compile")
+    if s == 0:
+        s = lib.hiprtcGetCodeSize(prog, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(n.value)
+        s = s or lib.hiprtcGetCode(prog, buf)
+        out.update(status=s, error=err(s), stage="code", code=buf.raw.hex())
+    lib.hiprtcDestroyProgram(ctypes.byref(prog))
+print(json.dumps(out))
+"""
 
 
-def _load(path: str) -> Any:
-    lib = _libs.get(path)
-    if lib is None:
-        import ctypes
+def _in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """Run :data:`_CHILD` on ``request``; a child that dies is a BackendUnavailableError."""
+    import json
+    import subprocess
+    import sys
 
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError as err:
-            raise BackendUnavailableError(f"cannot load HIPRTC from {path}: {err}; {INSTALL}") \
-                from err
-        lib.hiprtcGetErrorString.restype = ctypes.c_char_p
-        _libs[path] = lib
-    return lib
-
-
-def _check(lib: Any, status: int, what: str) -> None:
-    if status != 0:
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(request),
+                              capture_output=True, text=True, timeout=600)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as err:
+        said = locals().get("proc")
+        tail = said.stderr.strip()[-400:] if said is not None else ""
         raise BackendUnavailableError(
-            f"HIPRTC {what} failed: {lib.hiprtcGetErrorString(status).decode('utf-8', 'replace')}")
-
-
-def _log(lib: Any, prog: Any) -> str:
-    import ctypes
-
-    size = ctypes.c_size_t()
-    if lib.hiprtcGetProgramLogSize(prog, ctypes.byref(size)) != 0 or size.value <= 1:
-        return ""
-    buf = ctypes.create_string_buffer(size.value)
-    lib.hiprtcGetProgramLog(prog, buf)
-    return buf.value.decode("utf-8", "replace")
+            f"HIPRTC at {request['path']} failed in its process ({err}) {tail}; {INSTALL}") \
+            from err
 
 
 def run(path: str, text: str, target: str, options: Sequence[str], name: str
         ) -> tuple[bytes, str]:
-    """Compile ``text`` for ``target`` (a checked target ID) with the HIPRTC in ``path``;
-    returns (code object, HIPRTC's log). A failed build raises :class:`kdb.CompileError`."""
-    import ctypes
-
-    lib = _load(path)
+    """Compile ``text`` for ``target`` (a checked target ID) with the HIPRTC in ``path``, in
+    a child process; returns (code object, HIPRTC's log). A failed build raises
+    :class:`kdb.CompileError`."""
     opts = [f"--offload-arch={target}", *options]
-    prog = ctypes.c_void_p()
-    _check(lib, lib.hiprtcCreateProgram(ctypes.byref(prog), text.encode("utf-8"),
-                                        b"kernel.hip", 0, None, None), "hiprtcCreateProgram")
-    try:
-        argv = (ctypes.c_char_p * len(opts))(*(o.encode("utf-8") for o in opts))
-        status = lib.hiprtcCompileProgram(prog, len(opts), argv)
-        said = _log(lib, prog)
-        if status != 0:
-            why = lib.hiprtcGetErrorString(status).decode("utf-8", "replace")
-            raise CompileError(
-                f"HIPRTC failed ({why}) building {name} for {target}; fix the source or "
-                f"options. Options: {' '.join(opts)}", log=said, options=tuple(options))
-        size = ctypes.c_size_t()
-        _check(lib, lib.hiprtcGetCodeSize(prog, ctypes.byref(size)), "reading the code size")
-        buf = ctypes.create_string_buffer(size.value)
-        _check(lib, lib.hiprtcGetCode(prog, buf), "reading the code object")
-        return buf.raw, said
-    finally:
-        lib.hiprtcDestroyProgram(ctypes.byref(prog))
+    got = _in_child({"op": "compile", "path": path, "text": text, "options": opts})
+    if got["status"] != 0 and got["stage"] == "compile":
+        raise CompileError(
+            f"HIPRTC failed ({got['error']}) building {name} for {target}; fix the source or "
+            f"options. Options: {' '.join(opts)}", log=got["log"], options=tuple(options))
+    if got["status"] != 0:
+        raise BackendUnavailableError(f"HIPRTC {got['stage']} failed: {got['error']}; {INSTALL}")
+    return bytes.fromhex(got["code"]), got["log"]
