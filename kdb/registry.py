@@ -26,6 +26,8 @@ class BackEnd:
     ``requires``: the module a pack needs and the extra that brings it. ``compiler_rank``:
     ``"module:function"`` ranking the compilers of builds that differ only in the compiler,
     for a back end whose binaries load where no compiler is installed (``kdb explain``).
+    ``per_python``: its entries serve only the Python they name, so a pack of them is tagged
+    for that Python (:mod:`kdb.pack.builtfor`).
     """
 
     name: str
@@ -35,6 +37,7 @@ class BackEnd:
     pack: str | None = None
     requires: tuple[str, str] | None = None
     compiler_rank: str | None = None
+    per_python: bool = False
 
 
 _BACKENDS: dict[str, BackEnd] = {}
@@ -83,7 +86,7 @@ register(BackEnd("hip", "kdb.backends.hip", "HIP",
                  compiler_rank="kdb.backends.hip:compiler_rank"))
 register(BackEnd("triton", "kdb.backends.triton", "Triton",
                  pack="kdb.backends.triton.packing", requires=("triton", "kdb[triton]")))
-register(BackEnd("torch", "kdb.backends.torch", "torch.compile"))
+register(BackEnd("torch", "kdb.backends.torch", "torch.compile", per_python=True))
 
 
 #: URL scheme (before any ``+driver``) -> the module whose ``tier(url)`` is the shared tier.

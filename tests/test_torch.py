@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -56,11 +57,20 @@ def test_a_fresh_process_with_kdb_warm_compiles_nothing_and_gives_the_same_bits(
 
 @pytest.mark.slow
 def test_an_entry_made_by_another_torch_is_a_miss(cold, tmp_path):
-    """The same graphs, the same kdb cache, keyed as another torch's: all compiled."""
-    env, _, _ = cold
+    """The same graphs, the same kdb cache, keyed as another torch's: all compiled, and
+    ``kdb explain`` names the cause."""
+    env, root, _ = cold
     other = step(env, tmp_path / "other", "kdb", "other-torch")
     assert other["fx_hit"] == 0 and other["fx_miss"] >= 2, other
     assert other["cpp_builds"] > 0, other
+    [kdb_file] = (root / "kdb" / "v1").glob("cpu-*.kdb")
+    with sqlite3.connect(kdb_file) as conn:
+        name = conn.execute("SELECT name FROM kernels WHERE name LIKE 'fx-graph%'").fetchone()[0]
+    kdb = Path(sys.executable).with_name("kdb")
+    why = subprocess.run([str(kdb), "explain", name, "--json"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert why.returncode == 0, why.stderr
+    assert "differs in compiler (another torch)" in json.loads(why.stdout)["why"], why.stdout
 
 
 def test_keys_hold_no_path_of_this_machine(tmp_path, monkeypatch):

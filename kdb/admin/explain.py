@@ -165,6 +165,8 @@ def _nearest(files: list, kernel: tuple[str, str, str, str], target: dict | None
                 builds.append((e["key"], e["tier"], attrs.get("compiler") or []))
             e["differs"] = {k: describe_difference(k, target.get(k), attrs.get(k))
                             for k in diff}
+            if "compiler" in diff:
+                e["another"] = another(target.get("compiler"), attrs.get("compiler"))
         else:
             e["differs"] = None
         ranked.append(e)
@@ -205,8 +207,26 @@ def _why(records: list[dict], stored: list[dict], ranked: list[dict], name: str,
     best = ranked[0]
     if best["differs"] is None:
         return f"{reason}; its attributes were not stored, so no comparison is possible"
+    parts = [f"{k} (another {', another '.join(best['another'])})"
+             if k == "compiler" and best.get("another") else k for k in best["differs"]]
     return (f"{reason}; the nearest stored entry ({best['key'][:12]}) differs in "
-            + ", ".join(best["differs"]))
+            + ", ".join(parts))
+
+
+def another(mine: Any, other: Any) -> list[str]:
+    """The parts of a compiler identity (``[[name, value], ...]``) that differ, so that a
+    miss reads "another torch" rather than a list of versions.
+
+    >>> another([["torch", "2.13.0"], ["python", "cpython-311"]],
+    ...         [["torch", "2.12.1"], ["python", "cpython-311"]])
+    ['torch']
+    """
+    def pairs(value: Any) -> dict:
+        ok = isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value)
+        return {str(p[0]): p[1] for p in value} if ok else {}
+
+    a, b = pairs(mine), pairs(other)
+    return [name for name in dict.fromkeys([*a, *b]) if a.get(name) != b.get(name)]
 
 
 def describe_difference(name: str, mine: Any, other: Any) -> str:

@@ -97,6 +97,7 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
     if sum(x for x in (manifest is not None, from_log, from_db is not None and not from_log)) != 1:
         raise InvalidArgumentError("give exactly one input: --manifest FILE, --from-db [PATH] "
                                    "or --from-log")
+    from .builtfor import built_for
     from .wheel import build_wheel, check_version, dist_name
 
     out = Path(out_dir)
@@ -132,7 +133,8 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         result.failures = failures
         if version is not None:
             step(arch, f"building the wheel {dist_name(arch, dist_prefix)} {version}")
-            result.wheel = build_wheel(result.path, arch, version, out, dist_prefix=dist_prefix)
+            result.wheel = build_wheel(result.path, arch, version, out, dist_prefix=dist_prefix,
+                                       built=built_for(result.path))
         result.seconds = time.perf_counter() - start
         results.append(result)
     return results

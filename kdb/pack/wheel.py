@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..file.discovery import DEFAULT_PREFIX, GROUP, dist_name
 from ..errors import InvalidArgumentError, WheelBuildError
+
+if TYPE_CHECKING:
+    from .builtfor import BuiltFor
 
 
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?"
@@ -42,8 +46,11 @@ def module_name(arch: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def build_wheel(kdb_file: Path, arch: str, version: str, out_dir: Path,
-                dist_prefix: str = DEFAULT_PREFIX) -> Path:
-    """Write ``<module>-<version>-py3-none-any.whl`` around ``kdb_file``, reproducibly.
+                dist_prefix: str = DEFAULT_PREFIX, built: BuiltFor | None = None) -> Path:
+    """Write ``<module>-<version>-<python>-none-any.whl`` around ``kdb_file``, reproducibly.
+
+    ``built``: what the entries are built for (:mod:`kdb.pack.builtfor`), named in the
+    metadata; the Python tag is ``py3`` unless they load into one Python only (``cp311``).
 
     The same file, arch, version and prefix give the same bytes: entries in a fixed order
     (the package, then ``*.dist-info`` with ``RECORD`` last), every timestamp
@@ -53,6 +60,9 @@ def build_wheel(kdb_file: Path, arch: str, version: str, out_dir: Path,
     """
     import zipfile
 
+    from .builtfor import BuiltFor
+
+    built = built or BuiltFor()
     check_version(version)
     kdb_file = Path(kdb_file)
     if kdb_file.name != f"{arch}.kdb":
@@ -70,15 +80,16 @@ def build_wheel(kdb_file: Path, arch: str, version: str, out_dir: Path,
         (f"{mod}/__init__.py", f'"""System kernel database for arch {arch} (data only; kdb '
                                f'reads {arch}.kdb)."""\n'.encode()),
         (f"{mod}/{arch}.kdb", data),
-        (f"{info}/METADATA", _METADATA.format(dist=dist, version=version, arch=arch).encode()),
-        (f"{info}/WHEEL", _WHEEL.format(generator=_generator()).encode()),
+        (f"{info}/METADATA", _metadata(dist, version, arch, built).encode()),
+        (f"{info}/WHEEL", _WHEEL.format(generator=_generator(),
+                                        tag=built.python_tag()).encode()),
         (f"{info}/entry_points.txt", f"[{GROUP}]\n{arch} = {mod}\n".encode()),
         (f"{info}/top_level.txt", f"{mod}\n".encode()),
     ]
     record = "".join(f"{name},sha256={_b64_sha256(body)},{len(body)}\n" for name, body in files)
     files.append((f"{info}/RECORD", (record + f"{info}/RECORD,,\n").encode()))
     stamp = zip_timestamp()
-    target = out_dir / f"{mod}-{version}-py3-none-any.whl"
+    target = out_dir / f"{mod}-{version}-{built.python_tag()}-none-any.whl"
     tmp = target.with_name(f".{target.name}.tmp")
     try:
         with zipfile.ZipFile(tmp, "w") as z:
@@ -194,17 +205,18 @@ def _generator() -> str:
     return f"kdb ({__version__})"
 
 
-_METADATA = """\
-Metadata-Version: 2.1
-Name: {dist}
-Version: {version}
-Summary: kdb system kernel database for arch {arch} (prebuilt kernel binaries)
-Requires-Python: >=3.8
-"""
+def _metadata(dist: str, version: str, arch: str, built: BuiltFor) -> str:
+    """The wheel's METADATA: its name, version, arch, and what its entries are for."""
+    summary = f"kdb system kernel database for arch {arch} (prebuilt kernel binaries)"
+    if built.describe():
+        summary += f"; built for {built.describe()}"
+    return (f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\nSummary: {summary}\n"
+            f"Requires-Python: {built.requires_python()}\n")
+
 
 _WHEEL = """\
 Wheel-Version: 1.0
 Generator: {generator}
 Root-Is-Purelib: true
-Tag: py3-none-any
+Tag: {tag}-none-any
 """

@@ -108,7 +108,7 @@ def _through_kdb(attrs: HashAttributes, target: str, compile_) -> None:
         claimed = tiers.claim_or_wait(attrs)
         hit = claimed if isinstance(claimed, Hit) else None
         claim = claimed if isinstance(claimed, Claim) else None
-    if hit is not None and _write(target, bytes(hit.binary)):
+    if hit is not None and _write(target, _whole(tiers, attrs, hit)):
         return None
     start = time.perf_counter()
     try:
@@ -123,6 +123,19 @@ def _through_kdb(attrs: HashAttributes, target: str, compile_) -> None:
     rec = tiers.record_compile(attrs, seconds)
     tiers.storing.put_later(attrs, lambda: binary, compile_seconds=seconds, log=rec, claim=claim,
                             details={"module": os.path.basename(target)})
+    return None
+
+
+def _whole(tiers, attrs: HashAttributes, hit: Hit) -> bytes | None:
+    """The served module's bytes if they are a whole shared library, else None: the entry is
+    dropped and the module compiled (kdb's checksum catches a damaged frame; this catches a
+    module stored cut short, which Inductor would fail to load)."""
+    from ..triton.hostmods import whole_elf
+
+    data = bytes(hit.binary)
+    if whole_elf(data) or not sys.platform.startswith("linux") and data:
+        return data
+    tiers.storing.discard(attrs, "not a whole C++ module", hit.tier)
     return None
 
 
@@ -201,8 +214,10 @@ def _places() -> list[tuple[str, str]]:
                   key=lambda item: -len(item[0]))
 
 
-def _write(target: str, binary: bytes) -> bool:
+def _write(target: str, binary: bytes | None) -> bool:
     """The served module where Inductor loads it from (a whole file or none)."""
+    if binary is None:
+        return False
     try:
         folder = os.path.dirname(target)
         os.makedirs(folder, exist_ok=True)
