@@ -220,3 +220,95 @@ def test_a_pack_from_the_user_file_ships_binaries_not_provisional_entries(cache_
                                    "--from-db", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert sql(out / f"{kept.arch}.kdb", "SELECT key FROM kernels") == [(binary.key,)]
+
+
+#: Two programs with their stores left queued (no worker): one with an include directory in
+#: the temporary directory, one without; prints the job files' ``first`` flags by kernel.
+FIRST = """
+    import json, pathlib
+    import pyopencl as cl
+    import kdb.opencl, kdb.storing.spool
+    kdb.storing.spool.ensure_worker = lambda spool: None
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    inc = {inc!r}
+    # A header that names __FILE__: no copy of its directory is faithful (tempincludes).
+    pathlib.Path(inc, "one.h").write_text("#define ONE 1\\n#define WHERE __FILE__\\n")
+    kdb.opencl.build(ctx, '#include "one.h"\\n__kernel void t(__global int *a) {{ a[0] = ONE; }}',
+                     options=["-I", inc])
+    kdb.opencl.build(ctx, "__kernel void s(__global int *a) {{ a[0] = 2; }}")
+"""
+
+
+def test_a_store_nothing_stands_in_for_is_queued_first(cache_dir, tmp_path):
+    """A program built with an include directory in the temporary directory (a test's
+    ``tmp_path``) that kdb cannot copy faithfully (a header names ``__FILE__``) gets an
+    early entry the next process cannot use (PoCL's build hash holds the path, and the next
+    process names another): its job is marked ``first``, which the store worker takes
+    before older jobs; a program without one is not."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    env = {**os.environ, **DETACH, "KDB_CACHE_DIR": str(cache_dir),
+           "POCL_CACHE_DIR": str(tmp_path / "pocl")}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(FIRST.format(inc=str(inc)))],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    flags = {}
+    for path in (cache_dir / "v1" / "spool").glob("*/*.job"):
+        job = json.loads(path.read_text())
+        if job.get("kind") == "store":
+            flags[job["entries"][0]["name"]] = job.get("first", False)
+    assert flags == {"t": True, "s": False}, flags
+
+
+#: A program whose header is in a new temporary directory in every process (a test's
+#: ``tmp_path``, a script's ``mkdtemp``); prints the compiles, the result and the options
+#: PoCL was given.
+TEMP_INCLUDE = """
+    import json, tempfile, pathlib
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    inc = tempfile.mkdtemp(prefix="inc-")
+    pathlib.Path(inc, "sub").mkdir()
+    pathlib.Path(inc, "two.h").write_text('#include "sub/three.h"\\n#define TWO (THREE - 1)\\n')
+    pathlib.Path(inc, "sub", "three.h").write_text("#define THREE 3\\n")
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    q = cl.CommandQueue(ctx)
+    prg = cl.Program(ctx, '#include "two.h"\\n__kernel void u(__global float *a) '
+                          '{ a[get_global_id(0)] = TWO; }').build(options=["-I", inc])
+    a = np.zeros(16, np.float32)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+    prg.u(q, (16,), None, buf)
+    cl.enqueue_copy(q, a, buf)
+    opts = prg.get_build_info(ctx.devices[0], cl.program_build_info.OPTIONS)
+    print(json.dumps({"compiles": len(kdb.bookkeeping.records()), "got": float(a[3]),
+                      "inc": inc, "options": opts}))
+"""
+
+
+def test_a_temporary_include_directory_of_another_name_compiles_nothing_again(cache_dir,
+                                                                             tmp_path):
+    """Each process makes its own temporary include directory with the same headers: the
+    build is given a copy named by their content (kdb.backends.opencl.tempincludes), so the
+    next process's build computes the same PoCL build hash and its early entry stands in,
+    with no store worker ever run. A header changed since is a new copy and a compile."""
+    env = {**os.environ, **DETACH, "KDB_CACHE_DIR": str(cache_dir),
+           "POCL_CACHE_DIR": str(tmp_path / "pocl-1"), "KDB_AUTO": "1"}
+    held = _hold_worker_lock(cache_dir, env)
+    try:
+        first = _run(TEMP_INCLUDE, env)
+        assert first["compiles"] == 1 and first["got"] == 2.0, first
+        copies = list((cache_dir / "v1" / "includes").iterdir())
+        assert len(copies) == 1 and str(copies[0]) in first["options"], first
+        assert first["inc"] not in first["options"]
+        second = _run(TEMP_INCLUDE, {**env, "POCL_CACHE_DIR": str(tmp_path / "pocl-2")})
+        assert second["compiles"] == 0 and second["got"] == 2.0, second
+        assert second["inc"] != first["inc"]
+        changed = TEMP_INCLUDE.replace("THREE 3", "THREE 5")
+        third = _run(changed, env)
+        assert third["compiles"] == 1 and third["got"] == 4.0, third
+        assert len(list((cache_dir / "v1" / "includes").iterdir())) == 2
+    finally:
+        os.close(held)

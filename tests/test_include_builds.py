@@ -49,6 +49,13 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def not_copied(directory: Path) -> None:
+    """Make ``directory`` (in the temporary directory) one kdb builds from as it is, not
+    from a copy named by its content (:mod:`kdb.backends.opencl.tempincludes`: a link in
+    it refuses the copy), so a header edited there reaches the compiler."""
+    (directory / "link.h").symlink_to("h.h")
+
+
 #: id: (the include line(s), options given the include dir ``d``, the header K lives in,
 #: relative to the working directory ``w``). d is w/inc.
 CASES = {
@@ -332,6 +339,7 @@ def _child(code: str, src: str, inc: Path, after: str = "pass") -> str:
 
 def test_a_header_edited_before_the_worker_stores_is_not_stored(cache_dir, run_py, tmp_path):
     h = write(tmp_path / "inc" / "h.h", "#define K 2\n")
+    not_copied(h.parent)
     src = '#include "h.h"\n' + KERNEL
     edit = f"open({str(h)!r}, 'w').write('#define K 3\\n')"
     first = run_py(_child(HELD_OFF, src, h.parent, edit), env={"KDB_STORE_AT_EXIT": "detach"})
@@ -351,6 +359,7 @@ def test_a_header_edited_before_the_worker_stores_is_not_stored(cache_dir, run_p
 
 def test_a_deleted_header_drops_the_job_and_says_why(cache_dir, run_py, tmp_path):
     h = write(tmp_path / "tmpinc" / "h.h", "#define K 2\n")
+    not_copied(h.parent)
     src = '#include "h.h"\n' + KERNEL
     gone = f"shutil.rmtree({str(h.parent)!r})"
     first = run_py(_child(HELD_OFF, src, h.parent, gone), env={"KDB_STORE_AT_EXIT": "detach"})
@@ -378,6 +387,7 @@ def test_a_header_edited_while_the_worker_rebuilds_is_not_stored(cache_dir, cl_c
                                                                  monkeypatch):
     """The digests are taken again after the rebuild: an edit during it drops the job."""
     h = write(tmp_path / "inc" / "h.h", "#define K 2\n")
+    not_copied(h.parent)
     src = '#include "h.h"\n' + KERNEL
     monkeypatch.setenv("KDB_STORE_AT_EXIT", "detach")
     held = _hold_off_the_worker(cache_dir)
@@ -436,6 +446,7 @@ def test_a_header_saved_while_the_process_compiles_is_not_stored(store, cache_di
     it was saved. The process (``wait``; ``detach``: its store worker) checks the headers
     again before it stores, so the binary of ``K 3`` never lands under the key of ``K 2``."""
     h = write(tmp_path / "inc" / "h.h", "#define K 2\n")
+    not_copied(h.parent)
     src = '#include "h.h"\n' + KERNEL
     code = f"HEADER = {str(h)!r}\n" + _child(SAVED_WHILE_COMPILING, src, h.parent)
     first = run_py(code, env={"KDB_STORE_AT_EXIT": store})

@@ -434,3 +434,25 @@ def test_counts_handed_to_the_worker_land_before_any_store_made_the_file(cache_d
     db.tiers.storing.write_bookkeeping({"pocl-test": p.to_json()})
     f = cache_dir / "v1" / "pocl-test.kdb"
     assert dict(sql(f, "SELECT name, value FROM counters")) == {"compiles": 1.0, "misses": 1.0}
+
+
+def test_a_job_nothing_stands_in_for_is_stored_before_older_ones(tmp_path):
+    """The queue's order: a job another process waits for, then one marked ``first`` (the
+    next process would compile its programs: no early entry stands in), then the oldest;
+    a ``first`` job too young to take leaves the older ones takeable."""
+    from kdb.storing.jobs import StoreJob
+    from kdb.worker import supervisor as worker
+
+    now = time.time_ns()
+    jobs = {f"{now - 9_000_000_000 - i:020d}-1-{i}": False for i in range(3)}
+    jobs[f"{now - 5_000_000_000:020d}-1-7"] = True   # old enough, put first
+    jobs[f"{now:020d}-1-8"] = True                    # too young yet
+    for stem, first in jobs.items():
+        job = StoreJob(backend="opencl", entries=[{"key": stem}], first=first)
+        (tmp_path / (stem + spool.JOB)).write_text(job.to_json())
+    queue = worker._Queue(tmp_path)
+    queue.scan(set(), force=True)
+    order = [queue.pick(False, set()) for _ in range(4)]
+    stems = sorted(jobs)
+    assert [p.stem for p in order] == [stems[3], stems[0], stems[1], stems[2]]
+    assert queue.pick(False, set()) is None  # the young one waits for its age

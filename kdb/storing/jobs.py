@@ -21,11 +21,11 @@ BOOKKEEPING = "bookkeeping"
 REFRESH = "refresh"
 
 _FIELDS = ("kind", "backend", "seconds", "entries", "logs", "cache_dir", "claims_dir", "archs",
-           "environment")
+           "environment", "first")
 #: What each field must be: a job that says otherwise is malformed (the worker sets it aside).
 _TYPES = {"kind": (str,), "backend": (str,), "seconds": (int, float, type(None)),
           "entries": (list,), "logs": (list,), "cache_dir": (str,), "claims_dir": (str,),
-          "archs": (dict,), "environment": (dict,)}
+          "archs": (dict,), "environment": (dict,), "first": (bool,)}
 
 #: Variables a job's ``environment`` may not name: they choose the programs and libraries
 #: the worker runs (the dynamic loader's, Python's, the OpenCL ICD loader's), or kdb's own
@@ -50,15 +50,18 @@ class StoreJob:
     seconds, details and the back end's own fields), latency ``logs`` rows, the ``cache_dir``
     and ``claims_dir`` it belongs to, ``archs`` (bookkeeping: arch -> rows), ``environment``
     (every variable the entries' keys consider, to its value or ``None`` for unset: the
-    worker rebuilds in a process that has exactly these) and ``extra``: the back end's data
-    (e.g. ``program``, or a refresh job's ``refresh``), carried as it is."""
+    worker rebuilds in a process that has exactly these), ``first`` (nothing stands in for
+    its entries until it is stored, so the next process compiles them: the worker stores it
+    before older jobs) and ``extra``: the back end's data (e.g. ``program``, or a refresh
+    job's ``refresh``), carried as it is."""
 
     __slots__ = _FIELDS + ("extra",)
 
     def __init__(self, kind: str = STORE, backend: str = "", seconds: float = 0.0, *,
                  entries: list | None = None, logs: list | None = None, cache_dir: str = "",
                  claims_dir: str = "", archs: dict | None = None,
-                 environment: dict | None = None, extra: dict | None = None) -> None:
+                 environment: dict | None = None, first: bool = False,
+                 extra: dict | None = None) -> None:
         self.kind = kind
         self.backend = backend
         self.seconds = float(seconds or 0.0)
@@ -68,6 +71,7 @@ class StoreJob:
         self.claims_dir = claims_dir
         self.archs = dict(archs or {})
         self.environment = dict(environment or {})
+        self.first = bool(first)
         self.extra = dict(extra or {})
 
     def __repr__(self) -> str:
@@ -91,6 +95,8 @@ class StoreJob:
                 "cache_dir": self.cache_dir, "claims_dir": self.claims_dir}
         if self.environment:
             data["environment"] = self.environment
+        if self.first:
+            data["first"] = True
         return data
 
     @classmethod

@@ -45,6 +45,8 @@ SLOW_MIN_S = 5.0
 #: The spool and claims directories are listed when their mtime changed, at most every
 #: ``SCAN_S`` (else every ``RESCAN_S``): a long queue costs the supervisor little per job.
 SCAN_S = 0.25
+#: Queued jobs read to find those put ahead of the oldest (:meth:`_Queue._ahead`).
+MAX_READ = 2000
 RESCAN_S = 2.0
 #: The window over which the idle lanes' CPU time tells whether the machine has idle CPU:
 #: the floor lane stores only once an idle lane got less than its share over one (and no
@@ -115,7 +117,7 @@ class _Queue:
                 with os.fdopen(open_regular(path), "rb") as f:  # a FIFO: set aside
                     job = StoreJob.from_json(f.read().decode("utf-8"))
                 got = ([k for k in job.keys if k], job.seconds, job.claims_dir,
-                       tuple(sorted(job.environment.items())))
+                       tuple(sorted(job.environment.items())), job.first)
                 if job.claims_dir:
                     self._wants.setdefault(job.claims_dir, set())
             except FileNotFoundError:
@@ -149,22 +151,21 @@ class _Queue:
         return (self.job(stem, suffix) or ((),))[0]
 
     def pick(self, slow: bool, busy: set[str]) -> Path | None:
-        """The next job for a lane. Normal lane: one another process waits for, else the
-        oldest that is old enough; a job whose keys a slow job already holds joins the slow
-        ones. Slow lane: the oldest slow job."""
+        """The next job for a lane. Normal lane: one another process waits for, else one
+        nothing stands in for (``first``), else the oldest, each old enough; a job whose
+        keys a slow job already holds joins the slow ones. Slow lane: the oldest slow job."""
         while slow and self.slow:
             stem = self.slow.pop(0)
             if self.job(stem, SLOW) is not None:
                 return self.spool / (stem + SLOW)
         if slow:
             return None
-        waited = []
-        if self.wanted:  # a waited-for key may be in any job: read those not read yet
-            waited = [s for s in self.normal if not self.wanted.isdisjoint(self.keys(s))]
+        ahead, young = self._ahead(), set()
         slow_keys = {k for s in self.slow + list(busy) for k in self.keys(s, SLOW)}
         while self.normal:
-            stem = waited.pop(0) if waited else first_ready(self.normal, [*self.slow, *busy,
-                                                                          *self.foreign])
+            put_ahead = bool(ahead)
+            stem = ahead.pop(0) if ahead else first_ready(
+                [s for s in self.normal if s not in young], [*self.slow, *busy, *self.foreign])
             if stem is None:
                 return None
             job = self.job(stem, JOB)
@@ -180,10 +181,23 @@ class _Queue:
             except ValueError:
                 born = 0
             if self.wanted.isdisjoint(job[0]) and (time.time_ns() - born) / 1e9 < MIN_AGE_S:
+                if put_ahead:
+                    young.add(stem)  # too young, put ahead: an older one may be ready
+                    continue
                 return None  # the oldest is too young, and so are the others
             self.normal.pop(stem, None)
             return self.spool / (stem + JOB)
         return None
+
+    def _ahead(self) -> list[str]:
+        """The queued stems taken before the oldest: those with a key another process waits
+        for, then those marked ``first`` (nothing stands in for them: the next process
+        would compile them), oldest first in each. Every queued job is read once for it
+        (``MAX_READ`` at most, oldest first)."""
+        stems = list(self.normal)[:MAX_READ]
+        waited = [s for s in stems if self.wanted and not self.wanted.isdisjoint(self.keys(s))]
+        first = [s for s in stems if s not in waited and (self.job(s, JOB) or (0,) * 5)[4]]
+        return waited + first
 
     def has_jobs(self) -> bool:  # a foreign .taken too: its taker may die before storing it
         return bool(self.normal or self.slow or self.foreign)
@@ -247,7 +261,7 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
                 if path is None and lane.pacer is not None:
                     path = _take_over(lanes, share)
             if path is not None:
-                _, seconds, _, build = queue.jobs[path.stem]
+                _, seconds, _, build, _ = queue.jobs[path.stem]
                 lane.start(path, build, None if path.suffix == SLOW
                            else max(SLOW_MIN_S, SLOW_FACTOR * seconds))
                 busy.add(path.stem)

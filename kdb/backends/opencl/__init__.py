@@ -40,7 +40,7 @@ from .keys import (
     plan_for,
     split_options,
 )
-from . import early
+from . import early, tempincludes
 from .poclbin import private_copies
 from .refresh import loaded as _refresh_loaded
 from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
@@ -174,6 +174,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     if built is not None:  # compiled by this process, its binaries not read back yet
         _count("hits.memory", len(attrs))
         return _wrap(built, wrapper)
+    if plan.temporary and not db.tiers.disabled:  # built from a copy of each: one hash
+        plan = _with_copies(plan, db, headers, text)
     hits: list = [None] * len(attrs)
     held: dict[str, Claim] = {}
     built = None
@@ -184,6 +186,14 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     return _compile_and_store(ctx, source, text, plan, db, attrs=attrs, hits=hits, held=held,
                               name=name, memory_key=memory_key,
                               pyopencl_errors=pyopencl_errors, wrapper=wrapper, built=built)
+
+
+def _with_copies(plan: _Plan, db: KernelDB, headers, text: str) -> _Plan:
+    """``plan`` building with its temporary include directories given as their copies in
+    kdb's cache (:mod:`.tempincludes`), where faithful copies can be made; else as it is."""
+    options = tempincludes.rewritten(plan.opt_bytes, plan.temporary,
+                                     str(db.user_dir / "includes"), headers, text)
+    return plan if options is None else plan.with_options(options)
 
 
 def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: str,
@@ -253,9 +263,11 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
                               kernel_names(text), recheck)
     else:
         kept = None
+    # An early entry PoCL did not take (``built``) or none: the next process compiles too.
+    first = kept is None or built is not None or not early.stands_in(plan.search)
     store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
                 seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs),
-                recheck=recheck, early_build=kept)
+                recheck=recheck, early_build=kept, first=first)
     return prg
 
 

@@ -97,6 +97,22 @@ def compiled(tiers, attrs, start_ns: int, end_ns: int, names, recheck) -> Build 
     return build
 
 
+def stands_in(search) -> bool:
+    """Whether an early entry of a build with the include search ``search`` can serve the
+    next process. Not when an include path lies in a temporary directory (one
+    :mod:`.tempincludes` could not copy): the next process's build names another one, and
+    PoCL's build hash holds the option text and the headers' paths, so it compiles; the
+    full store is then all that serves it, and the store worker takes it first.
+
+    >>> from kdb.backends.cloptions import parse_search
+    >>> stands_in(parse_search("-I /opt/x/include")), stands_in(parse_search("-I/tmp/t1"))
+    (True, False)
+    """
+    from .tempincludes import temporary_dirs
+
+    return not temporary_dirs(search, forced=True)
+
+
 def is_early(binary: bytes) -> bool:
     """Whether a stored binary is an early entry (PoCL's files) rather than a binary."""
     return binary[:len(MAGIC)] == MAGIC

@@ -26,6 +26,7 @@ from ..includes import IncludeSearch, read_headers
 from ...keys import HashAttributes
 from . import archs
 from .binaries import library_of
+from .tempincludes import temporary_dirs
 from ..common import label
 
 log = logs.get("kdb")
@@ -271,7 +272,7 @@ class _Plan:
     """
 
     __slots__ = ("devs", "dev_ptrs", "user_rest", "added_rest", "opt_bytes", "search",
-                 "archs", "compilers", "environment")
+                 "archs", "compilers", "environment", "temporary")
 
     def __init__(self, ctx, devices, options, arch, memo: str, forced: str | None,
                  env: tuple[tuple[str, str], ...]) -> None:
@@ -285,6 +286,18 @@ class _Plan:
         self.archs = [arch or arch_of(d) for d in self.devs]
         self.compilers = [compiler_identity(d, memo) for d in self.devs]
         self.environment = env
+        self.temporary = temporary_dirs(self.search)  # include dirs to build from a copy
+
+    def with_options(self, opt_bytes: bytes) -> "_Plan":
+        """This plan, building with ``opt_bytes`` (the same options for the key: include
+        directories given as their copies, :mod:`.tempincludes`)."""
+        other = object.__new__(_Plan)
+        for name in self.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.opt_bytes = opt_bytes
+        other.search = search_of(opt_bytes, self.environment)
+        other.temporary = temporary_dirs(other.search)
+        return other
 
 
 #: Per context object: plans by (devices, options, arch, cache root, environment).

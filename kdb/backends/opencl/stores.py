@@ -150,12 +150,14 @@ def _built_as_keyed(attrs: HashAttributes) -> bool:
 
 def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: float,
                 held: dict[str, Claim], *, forget: tuple = (), program: dict | None = None,
-                recheck: Callable[[], tuple] | None = None, early_build=None) -> None:
+                recheck: Callable[[], tuple] | None = None, early_build=None,
+                first: bool = False) -> None:
     """Record the compile now; hand the store to the store worker (:mod:`kdb.storing.spool`), or, with
     ``KDB_STORE_AT_EXIT=wait`` or no worker possible, to the background thread. ``recheck``
     gives the build's headers as they are now (:func:`recheck_for`): what this process
     stores itself is checked against the key with it first. ``early_build``: the build as
-    :mod:`.early` noted it, kept for a process that waits for it before any binary is read."""
+    :mod:`.early` noted it, kept for a process that waits for it before any binary is read;
+    ``first``: nothing stands in for it, the store worker takes its job first."""
     per_device = seconds / max(len(devs), 1)
     stamp = build_stamp(raw, devs)
     ptrs = program.pop("ptrs") if program is not None else []
@@ -167,6 +169,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
     in_process = _built_as_keyed(attrs[0])
     if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
         job = _job(devs, attrs, recs, seconds, program, ptrs)
+        job.first = first
         claims = [held.pop(a.key) for a in attrs if a.key in held]
         store_now = _storer(db, devs, attrs, recs, per_device=per_device, forget=forget,
                             in_process=in_process, recheck=recheck, build=early_build,

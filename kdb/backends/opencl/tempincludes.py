@@ -1,0 +1,190 @@
+"""Temporary include directories, built from a copy named by its content.
+
+A program built with ``-I`` naming a temporary directory (a test's ``tmp_path``, a script's
+``mkdtemp``) names another directory in every process. kdb's key holds the headers by
+content, so the key is the same; but PoCL's build hash holds the option text and the
+headers' paths, so every process compiles again, PoCL's cache never answers, an early entry
+(:mod:`.early`) never stands in, and the store worker's rebuild fails once the directory is
+gone. Only a full store would serve it, which a machine that is never idle does not afford.
+
+So such a build is given, in the directory's place, a copy of it in kdb's cache named by
+the digest of its files' names and bytes (``<user dir>/includes/<digest>/``): the compiler
+finds the same names with the same bytes in the same order of the search, and every process
+with those headers builds with the same option text. Only where the copy is faithful:
+
+- the directory is small (:data:`MAX_FILES`, :data:`MAX_BYTES`) and holds only directories
+  and regular files, no two names of one file (``#pragma once`` goes by the file), no link;
+- no include name of the build climbs out of a directory (``..``: the copy's parent is not
+  the directory's);
+- neither the source nor a file of the directory names ``__FILE__`` or ``__BASE_FILE__``
+  (the path would show in the kernel);
+- no option token is quoted.
+
+Otherwise the build runs as asked. The copy is made whole or not at all (a temporary name,
+then a rename) in this user's cache, and checked against its name before each use: a copy
+changed since is replaced. Build logs name the copy's path.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+#: Files a temporary include directory may hold to be copied.
+MAX_FILES = 256
+#: Bytes its files may hold in all.
+MAX_BYTES = 4 << 20
+#: Where a program's temporary files go (besides ``TMPDIR``, ``TEMP``, ``TMP``): what
+#: :mod:`tempfile` would choose, without importing it.
+TEMPORARY_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+#: What would show a header's path in the kernel.
+PATH_MACROS = (b"__FILE__", b"__BASE_FILE__")
+_FLAGS = ("-I", "-isystem", "-iquote")
+
+
+def _temporary_roots() -> list[str]:
+    names = (*TEMPORARY_DIRS, *(os.environ.get(v, "") for v in ("TMPDIR", "TEMP", "TMP")))
+    return [os.path.realpath(d).rstrip("/") + "/" for d in dict.fromkeys(names) if d]
+
+
+def temporary(path: str) -> bool:
+    """Whether ``path`` lies in a temporary directory (below it, not the directory itself).
+
+    >>> temporary("/tmp/pytest-1/inc"), temporary("/opt/x/include"), temporary("/tmp")
+    (True, False, False)
+    """
+    real = os.path.realpath(path)
+    return any(real.startswith(root) for root in _temporary_roots())
+
+
+def temporary_dirs(search, forced: bool = False) -> list[str]:
+    """The include directories of ``search`` (a :class:`kdb.backends.includes.IncludeSearch`)
+    that lie in a temporary directory, as written; with ``forced``, ``-include`` files too."""
+    found = (*search.quote, *search.dirs, *(search.forced if forced else ()))
+    return [r[0] for r in found if r and temporary(r[0])]
+
+
+def files_of(top: str) -> list[tuple[str, bytes]] | None:
+    """``(relative path, content)`` of every file below ``top``, sorted; None where a copy
+    would not be faithful (a link, a special file, two names of one file, too many or too
+    large, a path macro) or ``top`` cannot be read."""
+    out: list[tuple[str, bytes]] = []
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for here, dirs, names in os.walk(top, onerror=_raise):
+        for name in dirs:
+            if os.path.islink(os.path.join(here, name)):
+                return None
+        for name in names:
+            path = os.path.join(here, name)
+            st = os.lstat(path)
+            ident = (st.st_dev, st.st_ino)
+            if not stat.S_ISREG(st.st_mode) or ident in seen or len(out) >= MAX_FILES:
+                return None
+            seen.add(ident)
+            with open(path, "rb") as f:
+                content = f.read(MAX_BYTES + 1 - total)
+            total += len(content)
+            if total > MAX_BYTES or any(m in content for m in PATH_MACROS):
+                return None
+            out.append((os.path.relpath(path, top), content))
+    return sorted(out)
+
+
+def _raise(err: OSError) -> None:
+    raise err
+
+
+def digest_of(files: list[tuple[str, bytes]]) -> str:
+    """The copy's name: a digest of the files' names and bytes."""
+    import hashlib
+
+    h = hashlib.sha256(b"kdb-includes-1\0")
+    for rel, content in files:
+        h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
+        h.update(hashlib.sha256(content).digest())
+    return h.hexdigest()[:40]
+
+
+def copy_of(top: str, root: str) -> str | None:
+    """The path of the content-named copy of the directory ``top`` in ``root``, made if
+    missing or changed since; None where no faithful copy can be made."""
+    try:
+        files = files_of(top)
+        if files is None:
+            return None
+        name = digest_of(files)
+        target = os.path.join(root, name)
+        if _intact(target, files):
+            return target
+        _write(root, target, files)
+    except OSError:
+        return None
+    return target if _intact(target, files) else None
+
+
+def _intact(target: str, files: list[tuple[str, bytes]]) -> bool:
+    try:
+        return files_of(target) == files
+    except OSError:
+        return False
+
+
+def _write(root: str, target: str, files: list[tuple[str, bytes]]) -> None:
+    """Write ``files`` under a temporary name in ``root``, then rename it to ``target`` (a
+    changed copy already there is moved aside and removed first)."""
+    import shutil
+
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    temp = f"{target}.{os.getpid()}.tmp"
+    shutil.rmtree(temp, ignore_errors=True)
+    os.mkdir(temp, 0o700)
+    try:
+        for rel, content in files:
+            path = os.path.join(temp, rel)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            with open(path, "xb") as f:
+                f.write(content)
+        if os.path.lexists(target):
+            stale = f"{target}.{os.getpid()}.stale"
+            os.rename(target, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(temp, target)
+        except OSError:  # another process put the same copy there first
+            pass
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def rewritten(options: bytes, dirs: list[str], root: str, headers, source: str) -> bytes | None:
+    """``options`` with each of ``dirs`` (temporary include directories, as written) given
+    as its copy in ``root``; None where a faithful rewrite cannot be made (then the build
+    runs as asked)."""
+    from ..cloptions import compiler_tokens
+
+    if any(m.decode() in source for m in PATH_MACROS):
+        return None
+    if any(".." in label or label.lstrip("+").startswith("/") for label, _ in headers):
+        return None
+    tokens = compiler_tokens(options.decode("utf-8", "surrogateescape"))
+    if any(alt is not None for _, alt in tokens):
+        return None
+    copies: dict[str, str | None] = {}
+    out, i = [], 0
+    while i < len(tokens):
+        tok = tokens[i][0]
+        flag = next((f for f in _FLAGS if tok.startswith(f)), None)
+        apart = tok == flag and i + 1 < len(tokens)  # "-I dir", else "-Idir"
+        value = tokens[i + 1][0] if apart else tok[len(flag):] if flag else None
+        if value and value in dirs:
+            if value not in copies:
+                copies[value] = copy_of(value, root)
+            if copies[value] is None:
+                return None
+            out += [flag, copies[value]]
+            i += 2 if apart else 1
+            continue
+        out.append(tok)
+        i += 1
+    return " ".join(out).encode("utf-8", "surrogateescape")
