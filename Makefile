@@ -37,6 +37,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(TRITON) $(TORCH)
 	bash tools/ensure_postgres.sh
+	bash tools/ensure_hip.sh
 	PYTHON=$(BIN)/python bash tools/ensure_opencl.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -40,6 +40,7 @@ from _adopt import adopt
 from _batch import batch
 from _busy import busy
 from _fresh import fresh
+from _hip import hip
 from _many import many
 from _triton import triton
 from _trust import trust
@@ -1018,7 +1019,7 @@ def auto(ws: Workspace, o: Outcome) -> None:
 
 
 SCENARIOS: dict[str, Callable[[Workspace, Outcome], None]] = {
-    "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda,
+    "warm": warm, "cold": cold, "hit": hit, "many": many, "scale": scale, "cuda": cuda, "hip": hip,
     "suite": suite, "auto": auto, "script": script, "adopt": adopt, "triton": triton,
     "trust": trust, "uncached": uncached, "fresh": fresh, "busy": busy,
     "batch": batch, "xdist": xdist,
