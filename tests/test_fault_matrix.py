@@ -726,23 +726,50 @@ def _header_edited(case, good):
     (the store worker has not stored yet); the test restores it before the second."""
     _user_dir(case)
     case.env["KDB_STORE_AT_EXIT"] = "detach"
-    (case.root / "inc").mkdir()
-    (case.root / "inc" / HEADER_NAME).write_text(HEADER_TEXT)
+    _header_dir(case)
 
 
 HEADER_NAME, HEADER_TEXT = "mx.h", "#define K 2\n"
+
+
+def _header_dir(case) -> None:
+    """The header's directory, in the temporary directory but built from as it is: a link
+    in it refuses kdb's copy (kdb.backends.opencl.tempincludes), so an edit reaches the
+    compiler (a copied one shields it: tests/test_early.py)."""
+    (case.root / "inc").mkdir()
+    (case.root / "inc" / HEADER_NAME).write_text(HEADER_TEXT)
+    (case.root / "inc" / "link.h").symlink_to(HEADER_NAME)
 
 
 def _header_saved(case, good):
     """The workload includes a header, which its first process saves while it compiles
     (``KDB_STORE_AT_EXIT=wait``: it stores itself); the test restores it before the second."""
     _user_dir(case)
-    (case.root / "inc").mkdir()
-    (case.root / "inc" / HEADER_NAME).write_text(HEADER_TEXT)
+    _header_dir(case)
 
 
 def _header_named(case: Case, warnings: list[str]) -> None:
     assert any(f"header {HEADER_NAME!r} was edited" in w for w in warnings), warnings
+
+
+def _tampered_copy(case, good):
+    """The workload includes a header from a directory kdb builds from a copy of
+    (kdb.backends.opencl.tempincludes); the copy in the cache, under the name of the
+    header's digest, says another K (edited, or planted by a process of this user)."""
+    from kdb.backends.opencl import tempincludes
+
+    _user_dir(case)
+    (case.root / "inc").mkdir()
+    (case.root / "inc" / HEADER_NAME).write_text(HEADER_TEXT)
+    name = tempincludes.digest_of(tempincludes.files_of(str(case.root / "inc")))
+    planted = case.cache / "v1" / "includes" / name
+    planted.mkdir(parents=True)
+    (planted / HEADER_NAME).write_text("#define K 7\n")
+    case.facts["copy"] = str(planted)
+
+
+def _copy_made_again(case: Case, warnings: list[str]) -> None:
+    assert (Path(case.facts["copy"]) / HEADER_NAME).read_text() == HEADER_TEXT
 
 
 def _drain(case: Case, ignore: set[str], timeout: float = 45) -> None:
@@ -862,6 +889,9 @@ STATES: dict[str, State] = {
                                           check=_marks_not_followed),
     "header-saved-while-compiling": State(_header_saved, 0, header=True, edit="during",
                                           check=_header_named),
+    # issue 35
+    "tampered-include-copy": State(_tampered_copy, 0, header=True, edit="",
+                                   check=_copy_made_again),
 }
 
 
