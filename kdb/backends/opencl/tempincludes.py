@@ -42,9 +42,18 @@ PATH_MACROS = (b"__FILE__", b"__BASE_FILE__")
 _FLAGS = ("-I", "-isystem", "-iquote")
 
 
+_roots: dict[tuple, list[str]] = {}
+
+
 def _temporary_roots() -> list[str]:
+    """The temporary directories, resolved, each ending in ``/`` (memoized by the
+    variables that name them)."""
     names = (*TEMPORARY_DIRS, *(os.environ.get(v, "") for v in ("TMPDIR", "TEMP", "TMP")))
-    return [os.path.realpath(d).rstrip("/") + "/" for d in dict.fromkeys(names) if d]
+    got = _roots.get(names)
+    if got is None:
+        got = _roots[names] = [os.path.realpath(d).rstrip("/") + "/"
+                               for d in dict.fromkeys(names) if d]
+    return got
 
 
 def temporary(path: str) -> bool:
@@ -106,21 +115,46 @@ def digest_of(files: list[tuple[str, bytes]]) -> str:
     return h.hexdigest()[:40]
 
 
+#: (directory, root) -> (the directory's stamps, its copy, the copy's stamps) as last
+#: checked by this process: a build whose files have the same stamps reads nothing again.
+_checked: dict[tuple[str, str], tuple[tuple, str, tuple]] = {}
+
+
 def copy_of(top: str, root: str) -> str | None:
     """The path of the content-named copy of the directory ``top`` in ``root``, made if
     missing or changed since; None where no faithful copy can be made."""
+    memo = (os.path.abspath(top), root)
     try:
+        before = _stamps(top)  # before the reads: a change after them shows next time
+        known = _checked.get(memo)
+        if known is not None and known[0] == before and _stamps(known[1]) == known[2]:
+            return known[1]
         files = files_of(top)
         if files is None:
             return None
-        name = digest_of(files)
-        target = os.path.join(root, name)
-        if _intact(target, files):
-            return target
-        _write(root, target, files)
+        target = os.path.join(root, digest_of(files))
+        if not _intact(target, files):
+            _write(root, target, files)
+        copied = _stamps(target)
+        if not _intact(target, files):
+            return None
     except OSError:
         return None
-    return target if _intact(target, files) else None
+    _checked[memo] = (before, target, copied)
+    return target
+
+
+def _stamps(top: str) -> tuple:
+    """``(relative path, (device, inode, size, mtime, ctime))`` of everything below ``top``:
+    what tells a changed file or directory from the one read before, without reading it."""
+    from ..digests import stamp
+
+    out = []
+    for here, dirs, names in os.walk(top, onerror=_raise):
+        for name in dirs + names:
+            path = os.path.join(here, name)
+            out.append((os.path.relpath(path, top), stamp(os.lstat(path))))
+    return tuple(sorted(out))
 
 
 def _intact(target: str, files: list[tuple[str, bytes]]) -> bool:
