@@ -21,8 +21,10 @@ class BackEnd:
     ``module``: its package. ``label``: its name in reports. ``stores_jobs``: the store
     worker redoes its deferred stores (``module.rebuild_and_store(db, data)``, and
     ``refresh_job(db, job)`` where it has one). ``pack``: the module ``kdb pack`` compiles a
-    manifest kernel with (``compile_spec(spec, arch, db)``, and ``prepare(arch)``, called
-    once before any compiles, where it has one); None where a manifest cannot name it.
+    manifest kernel with (``compile_spec(spec, arch, db)``; ``check(specs, arches)``,
+    called once with all its kernels and arches before anything compiles, and
+    ``prepare(arch)``, called before each arch's compiles, where it has them); None where a
+    manifest cannot name it.
     ``requires``: the module a pack needs and the extra that brings it. ``compiler_rank``:
     ``"module:function"`` ranking the compilers of builds that differ only in the compiler,
     for a back end whose binaries load where no compiler is installed (``kdb explain``).
@@ -82,7 +84,7 @@ register(BackEnd("opencl", "kdb.backends.opencl", "OpenCL", stores_jobs=True,
                  pack="kdb.backends.opencl.packing", requires=("pyopencl", "kdb[opencl]")))
 register(BackEnd("cuda", "kdb.backends.cuda", "CUDA", pack="kdb.backends.cuda.packing",
                  compiler_rank="kdb.backends.cuda:compiler_rank"))
-register(BackEnd("hip", "kdb.backends.hip", "HIP",
+register(BackEnd("hip", "kdb.backends.hip", "HIP", pack="kdb.backends.hip.packing",
                  compiler_rank="kdb.backends.hip:compiler_rank"))
 register(BackEnd("triton", "kdb.backends.triton", "Triton",
                  pack="kdb.backends.triton.packing", requires=("triton", "kdb[triton]")))

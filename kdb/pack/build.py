@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import config, logs
 from ..errors import InvalidArgumentError, PackError
 from .manifest import KernelSpec, applicable, load_manifest
-from .compiling import Progress, compile_manifest, opencl_arches
+from .compiling import Progress, check_manifest, compile_manifest, opencl_arches
 from .inputs import (
     PENDING_WAIT_S,
     Step,
@@ -115,6 +115,8 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
     signer, vouch = _signing(sign, copying=specs is None)
     if specs is None:
         wait_for_stores(from_db, on_step)
+    else:
+        check_manifest(specs, arch_list)
     results = []
     for arch in arch_list:
         start = time.perf_counter()

@@ -92,6 +92,23 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
     return path, failures
 
 
+def check_manifest(specs: list[KernelSpec], arches: list[str]) -> None:
+    """Each back end's ``check(specs, arches)`` (where its pack module has one) with its
+    kernels and the arches they go to, before anything compiles: an arch its toolchain
+    cannot build fails the pack at once, not after the other arches are built."""
+    for backend in sorted({s.backend for s in specs}):
+        entry = registry.get(backend)
+        mine = [s for s in specs if s.backend == backend]
+        to = [a for a in arches if applicable(mine, a)]
+        if entry.pack is None or not to:
+            continue
+        if entry.requires is not None:
+            require(backend, [s.name for s in mine])
+        module = registry.load(entry.pack)
+        if hasattr(module, "check"):
+            module.check(mine, to)
+
+
 def require(backend: str, kernels: list[str]) -> None:
     """Raise :class:`BackendUnavailableError`, in one line that names the extra to install,
     when the module ``backend``'s kernels are compiled with cannot be imported here; checked

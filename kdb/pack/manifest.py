@@ -7,11 +7,16 @@ Each kernel's option list is the one a framework passes at run time, so that the
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config, registry
 from ..errors import InvalidArgumentError
+
+
+#: The compilers a kernel of each back end may name (``compiler = ...``).
+COMPILERS = {"cuda": ("nvcc", "nvrtc"), "hip": ("hipcc", "hiprtc")}
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,8 @@ class KernelSpec:
     include_dirs: tuple[str, ...] = ()
     backend: str = "opencl"
     arches: tuple[str, ...] = ()  # empty: every arch being packed
-    compiler: str | None = None  # CUDA: "nvcc", "nvrtc", or None (nvcc where found, else NVRTC)
+    compiler: str | None = None  # CUDA: "nvcc", "nvrtc"; HIP: "hipcc", "hiprtc"; None: the
+    # first of those found
     # Triton: the module file holding the @triton.jit function, its name, the argument types
     # and the constexpr values, as Triton's ASTSource takes them.
     module: str = ""
@@ -32,6 +38,10 @@ class KernelSpec:
     signature: tuple[tuple[str, str], ...] = ()
     constexprs: tuple[tuple[str, object], ...] = ()
     specialization: tuple[tuple[str, str], ...] = ()
+
+    def processors(self) -> list[str]:
+        """The arches (system files) this kernel names: a HIP target ID's is its processor."""
+        return [processor(a) for a in self.arches] if self.backend == "hip" else list(self.arches)
 
     def build_options(self) -> list[str]:
         """Options as passed to the back end: the manifest's options, then ``-I`` dirs."""
@@ -49,16 +59,19 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
         [defaults]                     # optional, applies to every kernel
         options = ["-cl-mad-enable"]   # put before each kernel's own options
         include_dirs = ["include"]     # passed as -I <dir> after the options
-        backend = "opencl"             # or "cuda" (cross-compiled with nvcc or NVRTC)
-        compiler = "nvrtc"             # CUDA only: "nvcc" or "nvrtc" (default: nvcc where
-                                       # one is found, else NVRTC)
+        backend = "opencl"             # or "cuda" (cross-compiled with nvcc or NVRTC), or
+                                       # "hip" (hipcc or HIPRTC; code objects, no GPU needed)
+        compiler = "nvrtc"             # CUDA: "nvcc" or "nvrtc" (default: nvcc where one is
+                                       # found, else NVRTC); HIP: "hipcc" or "hiprtc"
 
         [[kernel]]
         name = "axpy"
         file = "kernels/axpy.cl"       # or: source = "..."
         options = ["-DT=float"]
         defines = { N = 64 }           # appended as -DN=64
-        arches = ["pocl-x86_64-znver3"]  # optional subset
+        arches = ["pocl-x86_64-znver3"]  # optional subset; a HIP kernel's may be target
+                                       # IDs ("gfx90a:sramecc+:xnack-"), each its own
+                                       # code object in its processor's file (gfx90a.kdb)
 
         [[kernel]]                     # a Triton kernel, compiled for each arch listed
         name = "add_64"
@@ -82,6 +95,10 @@ def load_manifest(path: str | os.PathLike[str]) -> list[KernelSpec]:
                                                           "compiler"}:
         raise InvalidArgumentError(f"manifest {path}: [defaults] may hold only 'options', "
                                    "'include_dirs', 'backend' and 'compiler'")
+    if "compiler" in defaults and not any(defaults["compiler"] in c for c in COMPILERS.values()):
+        raise InvalidArgumentError(f"manifest {path}: [defaults] compiler "
+                                   f"{defaults['compiler']!r} is none kdb runs: 'nvcc' or "
+                                   "'nvrtc' (CUDA), 'hipcc' or 'hiprtc' (HIP)")
     kernels = data.get("kernel", [])
     if not isinstance(kernels, list) or not kernels:
         raise InvalidArgumentError(f"manifest {path} lists no [[kernel]] tables")
@@ -141,26 +158,29 @@ def _spec(k: dict, name: str, base: Path, defaults: dict, where: str) -> KernelS
     dirs = [str((base / d).resolve()) for d in
             (*_strings(defaults.get("include_dirs", []), where, "defaults.include_dirs"),
              *_strings(k.get("include_dirs", []), where, "include_dirs"))]
-    try:
-        arches = tuple(config.check_arch(a)
-                       for a in _strings(k.get("arches", []), where, "arches"))
-    except InvalidArgumentError as err:
-        raise InvalidArgumentError(f"{where} ({name}): {err}") from err
     backend = k.get("backend", defaults.get("backend", "opencl"))
     if backend not in registry.packable():
         raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
                                    "packs; use "
                                    + " or ".join(repr(b) for b in registry.packable()))
+    try:  # a HIP kernel's arches may be target IDs: the processor names the file
+        arches = tuple(a for a in _strings(k.get("arches", []), where, "arches")
+                       if config.check_arch(processor(a) if backend == "hip" else a))
+    except InvalidArgumentError as err:
+        raise InvalidArgumentError(f"{where} ({name}): {err}") from err
     if backend == "triton":
         return _triton_spec(k, name, source, base, arches, where)
     if set(k) & {"function", "signature", "constexprs", "specialization"}:
         raise InvalidArgumentError(f"{where} ({name}): 'function', 'signature', "
                                    "'constexprs' and 'specialization' are for Triton "
                                    "kernels only")
-    compiler = k.get("compiler", defaults.get("compiler") if backend == "cuda" else None)
-    if compiler is not None and (backend != "cuda" or compiler not in ("nvcc", "nvrtc")):
+    takes = COMPILERS.get(backend, ())
+    compiler = k.get("compiler", defaults.get("compiler") if defaults.get("compiler") in takes
+                     else None)
+    if compiler is not None and compiler not in takes:
         raise InvalidArgumentError(f"{where} ({name}): compiler {compiler!r}: CUDA kernels "
-                                   "take 'nvcc' or 'nvrtc'; other back ends none")
+                                   "take 'nvcc' or 'nvrtc', HIP kernels 'hipcc' or 'hiprtc'; "
+                                   "other back ends none")
     return KernelSpec(name, source, tuple(options), tuple(dirs), backend, arches, compiler)
 
 
@@ -212,10 +232,27 @@ def _define(value: object) -> str:
 
 def applicable(specs: list[KernelSpec], arch: str) -> list[KernelSpec]:
     """The specs to build for ``arch``: those naming it, else every spec of a back end that
-    can target it (CUDA kernels go to CUDA arches only, OpenCL kernels to every arch; Triton
-    kernels always name theirs)."""
-    return [s for s in specs
-            if (arch in s.arches if s.arches else s.backend != "cuda" or _is_cuda_arch(arch))]
+    can target it (CUDA kernels go to CUDA arches only, HIP kernels to gfx processors only,
+    OpenCL kernels to every arch; Triton kernels always name theirs). A HIP kernel naming a
+    target ID (``gfx90a:xnack-``) is built for its processor's file."""
+    return [s for s in specs if (arch in s.processors() if s.arches else _may_target(s, arch))]
+
+
+def _may_target(spec: KernelSpec, arch: str) -> bool:
+    if spec.backend == "cuda":
+        return _is_cuda_arch(arch)
+    if spec.backend == "hip":
+        return re.fullmatch(r"gfx[0-9a-f]{3,4}", arch) is not None
+    return True
+
+
+def processor(arch: str) -> str:
+    """The processor of a HIP target ID, the arch of its file.
+
+    >>> processor("gfx90a:sramecc+:xnack-"), processor("gfx1030")
+    ('gfx90a', 'gfx1030')
+    """
+    return arch.split(":", 1)[0]
 
 
 def _is_cuda_arch(arch: str) -> bool:
@@ -224,6 +261,4 @@ def _is_cuda_arch(arch: str) -> bool:
     >>> _is_cuda_arch("sm_90a"), _is_cuda_arch("pocl-x86_64-znver3")
     (True, False)
     """
-    import re
-
     return re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", arch) is not None
