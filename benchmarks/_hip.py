@@ -4,6 +4,8 @@ hipcc and HIPRTC compile for an explicit gfx target on a machine without a GPU (
 ROCm 5.2: ``apt-get install hipcc``). Arms, each a fresh process: a miss (empty cache) and a
 hit (primed cache, then warm calls in that process) with each compiler, a hit in a process
 that finds no hipcc (served the stored build), and a bare ``hipcc --genco`` of the same kernel.
+A second table: ``kdb pack`` of 50 kernels for 3 arches, twice (time, size, byte-identical),
+against a loop of bare ``hipcc --genco`` runs building the same code objects.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import shutil
 from statistics import median
 
-from _harness import PYTHON, Metric, Outcome, Workspace, command, kdb_files
+from _harness import PYTHON, Check, Metric, Outcome, Workspace, command, kdb_files
 
 SOURCE = ('#include <hip/hip_runtime.h>\n'
           'extern "C" __global__ void saxpy(int n, float a, const float *x, float *y) {\n'
@@ -110,3 +112,82 @@ def hip(ws: Workspace, o: Outcome) -> None:
     if hit_compiles:
         o.notes.append(f"the hit arms compiled {hit_compiles} time(s): not served from the cache")
     o.info["code_object_size"] = p.data.get("binary_size")
+    _pack_table(ws, o, hipcc)
+
+
+#: The pack's arches: three processors Debian's ROCm 5.2 builds (gfx942 and gfx1100 need a
+#: newer one), one system file each.
+PACK_ARCHES = ("gfx90a", "gfx940", "gfx1030")
+#: Five kernels, each at ten values of its constant: the pack's 50 manifest entries.
+PACK_BODIES = {
+    "saxpy": "if (i < n) y[i] = K * x[i] + y[i];",
+    "scale": "if (i < n) y[i] = x[i] * K;",
+    "clamp": "if (i < n) y[i] = fminf(fmaxf(x[i], -K), K);",
+    "stencil": "if (i > 0 && i < n - 1) y[i] = (x[i - 1] + K * x[i] + x[i + 1]) / (K + 2);",
+    "poly": "if (i < n) { float v = x[i]; y[i] = ((K * v + 1.0f) * v + 2.0f) * v; }",
+}
+
+
+def _pack_manifest(ws: Workspace) -> tuple:
+    """The manifest of 50 HIP kernels (5 sources x 10 values of K) and their sources."""
+    (ws.path / "pack-src").mkdir(exist_ok=True)
+    lines, sources = ['[defaults]\nbackend = "hip"\n'], []
+    for name, body in PACK_BODIES.items():
+        path = ws.path / "pack-src" / f"{name}.hip"
+        path.write_text('#include <hip/hip_runtime.h>\n'
+                        f'extern "C" __global__ void {name}(int n, const float *x, float *y) {{\n'
+                        f'    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    {body}\n}}\n')
+        for k in range(1, 11):
+            lines.append(f'[[kernel]]\nname = "{name}_{k}"\nfile = "pack-src/{name}.hip"\n'
+                         f'defines = {{ K = "{k}.0f" }}\n')
+            sources.append((path, f"-DK={k}.0f"))
+    manifest = ws.path / "pack.toml"
+    manifest.write_text("\n".join(lines))
+    return manifest, sources
+
+
+def _pack_table(ws: Workspace, o: Outcome, hipcc: str) -> None:
+    """``kdb pack`` of 50 kernels for 3 arches, twice from empty caches, against bare hipcc."""
+    manifest, sources = _pack_manifest(ws)
+    t = o.table(f"kdb pack: {len(sources)} kernels x {len(PACK_ARCHES)} arches "
+                f"({', '.join(PACK_ARCHES)}), hipcc", "hipcc",
+                [Metric("wall", "time", unit="s"), Metric("files", "system files", unit="B"),
+                 Metric("wheels", "wheels", unit="B"),
+                 Metric("entries", "entries", unit="n", ratio=False)],
+                note="one run each; pack-2 is a second build from an empty cache, compared "
+                     "byte for byte with pack-1 (SOURCE_DATE_EPOCH set)")
+    t.arm("hipcc", f"hipcc --genco, {len(sources) * len(PACK_ARCHES)} runs in a loop")
+    outs = []
+    for run in ("pack-1", "pack-2"):
+        t.arm(run, "kdb pack --manifest ... --version 1.0.0" + (" (again)" if outs else ""))
+        out = ws.fresh(run)
+        ws.log(f"hip: {run}")
+        argv = [PYTHON, "-m", "kdb.cli", "pack", "--manifest", str(manifest), "--version",
+                "1.0.0", "--out", str(out), *(x for a in PACK_ARCHES for x in ("--arch", a))]
+        p = command(argv, ws.env(KDB_CACHE_DIR=ws.fresh("kdb-pack"),
+                                 SOURCE_DATE_EPOCH="1700000000"), timeout=1800)
+        t.add(run, "wall", p.wall)
+        t.add(run, "files", sum(f.stat().st_size for f in out.glob("*.kdb")))
+        t.add(run, "wheels", sum(f.stat().st_size for f in out.glob("*.whl")))
+        t.add(run, "entries", len(sources) * len(PACK_ARCHES))
+        outs.append({f.name: f.read_bytes() for f in sorted(out.iterdir())})
+    ws.log("hip: bare hipcc loop")
+    bare, size = ws.fresh("hipcc-loop"), 0
+    start = _now()
+    for i, (path, define) in enumerate(sources):
+        for arch in PACK_ARCHES:
+            co = bare / f"{i}-{arch}.co"
+            command([hipcc, "--genco", "--no-gpu-bundle-output", f"--offload-arch={arch}",
+                     define, "-o", str(co), str(path)], ws.env(HIP_PLATFORM="amd"))
+            size += co.stat().st_size
+    t.add("hipcc", "wall", _now() - start)
+    t.add("hipcc", "files", size)
+    same = len(outs[0]) == 2 * len(PACK_ARCHES) and outs[0] == outs[1]
+    o.checks.append(Check("HIP pack: a second build is byte-identical", "== 1", float(same),
+                          same, f"{len(outs[0])} files: " + ", ".join(outs[0])))
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
