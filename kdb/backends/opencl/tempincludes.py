@@ -126,6 +126,8 @@ def copy_of(top: str, root: str) -> str | None:
     memo = (os.path.abspath(top), root)
     try:
         before = _stamps(top)  # before the reads: a change after them shows next time
+        if before is None:
+            return None
         known = _checked.get(memo)
         if known is not None and known[0] == before and _stamps(known[1]) == known[2]:
             return known[1]
@@ -144,9 +146,10 @@ def copy_of(top: str, root: str) -> str | None:
     return target
 
 
-def _stamps(top: str) -> tuple:
+def _stamps(top: str) -> tuple | None:
     """``(relative path, (device, inode, size, mtime, ctime))`` of everything below ``top``:
-    what tells a changed file or directory from the one read before, without reading it."""
+    what tells a changed file or directory from the one read before, without reading it;
+    None for a tree too large to copy (it is not walked further)."""
     from ..digests import stamp
 
     out = []
@@ -154,6 +157,8 @@ def _stamps(top: str) -> tuple:
         for name in dirs + names:
             path = os.path.join(here, name)
             out.append((os.path.relpath(path, top), stamp(os.lstat(path))))
+        if len(out) > 2 * MAX_FILES:
+            return None
     return tuple(sorted(out))
 
 
