@@ -160,7 +160,9 @@ def test_a_process_with_no_hipcc_is_served_the_stored_code_object(cache_dir, tmp
     proc = run_py(_SERVE % (SRC, SRC), env=env)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert bytes.fromhex(out["co"]) == stored
-    assert "no compiler here" in proc.stderr and "built by hipcc" in proc.stderr
+    release = kdb.hip.identity(HIPCC).release  # "hipcc 5.2.21153-0": HIP's, not clang's
+    assert "no compiler here" in proc.stderr and f"built by {release}" in proc.stderr
+    assert "Thread model" not in proc.stderr
     assert "apt-get install hipcc" in out["miss"] and "gfx90a" in out["miss"]
 
 
@@ -250,3 +252,42 @@ def test_the_hip_back_end_is_registered():
 
     assert registry.get("hip").label == "HIP"
     assert registry.load(registry.get("hip").compiler_rank) is kdb.hip.compiler_rank
+
+
+# -- kdb info ---------------------------------------------------------------------------------
+
+@needs_hipcc
+@needs_hiprtc
+def test_kdb_info_shows_hipcc_and_hiprtc_with_their_releases(cache_dir):
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    release = kdb.hip.identity(kdb.hip.find_hipcc()).release
+    assert f"hipcc:     {kdb.hip.find_hipcc()}\n             {release}\n" in result.output
+    assert f"hiprtc:    {HIPRTC}\n             HIPRTC " in result.output
+    data = json.loads(CliRunner().invoke(cli, ["info", "--json"]).output)["hip"]
+    assert data["hipcc"]["release"] == release and data["default"] == "hipcc"
+    assert "gfx90a" in data["hipcc"]["arches"] and "gfx942" not in data["hipcc"]["arches"]
+    assert data["hiprtc"]["path"] == HIPRTC and not data["hiprtc"]["problem"]
+
+
+def test_kdb_info_without_hipcc_or_hiprtc_says_what_to_install(cache_dir, tmp_path,
+                                                              monkeypatch):
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    monkeypatch.delenv("ROCM_PATH", raising=False)
+    monkeypatch.setattr(hip_hiprtc, "_dirs", lambda: [str(tmp_path / "no-lib")])
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert "hipcc:     (not installed: hipcc not found" in result.output
+    assert "apt-get install hipcc" in result.output
+    assert "hiprtc:    (not installed: HIPRTC not found" in result.output
+    assert "apt-get install libamdhip64-5" in result.output
+    hip = result.output[result.output.index("HIP toolchain"):]
+    assert "compiles:  nothing: no compiler; stored builds are served" in hip

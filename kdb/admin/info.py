@@ -1,8 +1,9 @@
 """``kdb info``: this kdb's settings, every tier's files, and the devices and toolchains here.
 
-Reads only. The OpenCL devices come from pyopencl and the CUDA toolchain from
-:mod:`kdb.backends.cuda` and :mod:`kdb.backends.cuda.nvrtc`, each imported when asked (both are
-optional); the files are described by :func:`kdb.admin.report.describe_file`.
+Reads only. The OpenCL devices come from pyopencl, the CUDA toolchain from
+:mod:`kdb.backends.cuda` and :mod:`kdb.backends.cuda.nvrtc` and the HIP one from
+:mod:`kdb.backends.hip`, each imported when asked (all are optional); the files are described
+by :func:`kdb.admin.report.describe_file`.
 """
 
 from __future__ import annotations
@@ -115,6 +116,28 @@ def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
     return out
 
 
+def hip_toolchain(memo_dir: Path) -> dict[str, Any]:
+    """The hipcc and the HIPRTC ``kdb.hip`` would run, their releases, and the processors
+    they build (``default``: what ``compiler=None`` runs); ``problem`` says how to get one."""
+    from ..backends.hip import hipcc, hiprtc
+    from ..errors import KdbError
+
+    out: dict[str, Any] = {}
+    for name, find, identify in (("hipcc", hipcc.find_hipcc, hipcc.identity),
+                                 ("hiprtc", hiprtc.find_hiprtc, hiprtc.identity)):
+        row: dict[str, Any] = {"path": None, "release": "", "arches": [], "problem": ""}
+        try:
+            row["path"] = find()
+            ident = identify(row["path"], memo_dir)
+            row.update(release=ident.release, arches=list(ident.built))
+        except KdbError as err:
+            row["problem"] = str(err)
+        out[name] = row
+    out["default"] = next((n for n in ("hipcc", "hiprtc")
+                           if out[n]["path"] and not out[n]["problem"]), None)
+    return out
+
+
 def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
     """Everything ``kdb info`` shows: settings, user files, system databases, devices."""
     users = [describe_file(p, "user", p.name[: -len(".kdb")], "user dir")
@@ -151,6 +174,7 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "devices_note": note,
         "missing_system": missing,
         "cuda": cuda,
+        "hip": hip_toolchain(cache_root),
         "backends": backends(),
         "shared": shared_summary(),
         "auto": auto.status(),

@@ -117,15 +117,30 @@ def describe(compiler: Iterable[Iterable[str]]) -> str:
     'nvrtc 13.5'
     >>> describe([("nvcc_version", "nvcc: NVIDIA\\nCuda compilation tools, release 13.0, V13.0.88")])
     'nvcc release 13.0, V13.0.88'
+
+    hipcc's ``--version`` names HIP's release on its first line, clang's after it:
+
+    >>> describe([("hipcc_version", "HIP version: 5.2.21153-0\\nDebian clang version 15.0.6"
+    ...            "\\nTarget: x86_64-pc-linux-gnu\\nThread model: posix")])
+    'hipcc 5.2.21153-0'
     """
     parts = []
     for name, value in compiler:
         if name.endswith("_version"):
-            text = value.strip().splitlines()
-            short = next((line[line.index("release"):] for line in text if "release" in line),
-                         text[-1] if text else "")
-            parts.append(f"{name[:-len('_version')]} {short.strip()}")
+            parts.append(f"{name[:-len('_version')]} {_release(value)}")
     return ", ".join(parts) or "an unnamed compiler"
+
+
+def _release(version: str) -> str:
+    """The line of a ``--version`` text that names the release: nvcc's ``release``, hipcc's
+    ``HIP version:``, else the first line (clang's later lines name the host and threads)."""
+    lines = [line.strip() for line in version.strip().splitlines() if line.strip()]
+    for line in lines:
+        if "release" in line:
+            return line[line.index("release"):]
+        if line.startswith("HIP version:"):
+            return line[len("HIP version:"):].strip()
+    return lines[0] if lines else ""
 
 
 def _without_compiler(attributes: Any) -> dict:

@@ -71,6 +71,7 @@ def info(obj: Settings, as_json: bool) -> None:
                                          f"MISSING ({d['arch']}.kdb): kernels compile at "
                                          "first use"))
     _echo_cuda(data["cuda"])
+    _echo_hip(data["hip"])
     _echo_backends(data["backends"])
     _echo_settings(data["settings"])
 
@@ -152,6 +153,24 @@ def _echo_cuda(cuda: dict[str, Any]) -> None:
     click.echo(f"  system db: {' '.join(cuda['system_db']) or 'none for these arches'}")
     click.echo("  pycuda:    " + ("installed" if cuda["pycuda"] else
                                   "not installed (loading needs pip install 'kdb[pycuda]')"))
+
+
+def _echo_hip(hip: dict[str, Any]) -> None:
+    """hipcc's and HIPRTC's lines: path and release, or why there is none."""
+    click.echo("HIP toolchain (kdb.hip):")
+    for name in ("hipcc", "hiprtc"):
+        row = hip[name]
+        if row["path"] and not row["problem"]:
+            click.echo(f"  {name + ':':<10} {row['path']}")
+            click.echo(f"             {row['release']}")
+        else:
+            click.echo(f"  {name + ':':<10} (not installed: {row['problem']})")
+    default = hip["default"]
+    click.echo("  compiles:  " + (f"with {default} (compiler=None)" if default else
+                                  "nothing: no compiler; stored builds are served (newest "
+                                  "compiler first)"))
+    built = hip["hipcc"]["arches"] or hip["hiprtc"]["arches"]
+    click.echo(f"  arches:    {' '.join(built) or '(none listed)'}")
 
 
 def _problem(system: dict) -> str:
