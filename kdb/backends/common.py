@@ -1,9 +1,12 @@
-"""What every back end does the same way: source text in, a label for listings out."""
+"""What every back end does the same way: source text in, a label for listings out, and a
+compiler back end's miss (compile, log, store later)."""
 
 from __future__ import annotations
 
 import itertools
 import re
+import time
+from typing import Callable
 
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 
@@ -33,3 +36,29 @@ def label(kernel_re: re.Pattern[str], source: str, fallback: str) -> str:
     # The first five: a source of many kernels is not scanned to its end for a label.
     names = [m.group(1) for m in itertools.islice(kernel_re.finditer(source), 5)]
     return ",".join(names[:4]) + (",..." if len(names) > 4 else "") if names else fallback
+
+
+class UnkeyedRead(Exception):
+    """The compiler read a file the key does not hold (its dependency list names one the
+    include model did not find): the binary is served, not stored."""
+
+    def __init__(self, binary: bytes, why: str) -> None:
+        super().__init__(why)
+        self.binary = binary
+
+
+def compile_and_store(db, attrs, build: Callable[[], bytes], details: dict,
+                      recheck: Callable[[], tuple] | None) -> bytes:
+    """A miss of a compiler back end (CUDA, HIP): compile now, log the compile, store the
+    result in the background (its headers checked again first with ``recheck``); a build
+    that read a file the key does not hold is served and not stored."""
+    start = time.perf_counter()
+    try:
+        binary = build()
+    except UnkeyedRead as err:
+        return err.binary
+    seconds = time.perf_counter() - start
+    rec = db.tiers.record_compile(attrs, seconds)
+    db.tiers.storing.put_later(attrs, lambda: binary, compile_seconds=seconds,
+                               details=details, log=rec, recheck=recheck)
+    return binary

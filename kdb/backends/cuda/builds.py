@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import time
 from typing import Iterable, Sequence
 
 from ... import config, logs
@@ -17,6 +16,7 @@ from ...errors import BackendUnavailableError, CompileError
 from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
+from ..common import UnkeyedRead, compile_and_store
 
 log = logs.get("kdb")
 
@@ -59,14 +59,6 @@ def _run_nvcc(req: _Request) -> bytes:
         raise UnkeyedRead(data, f"nvcc read {unkeyed!r}, a file kdb's include model did not "
                                 "find, so the key would not see its edits")
     return data
-
-
-class UnkeyedRead(Exception):
-    """The compiler read a file the key does not hold: the binary is served, not stored."""
-
-    def __init__(self, binary: bytes, why: str) -> None:
-        super().__init__(why)
-        self.binary = binary
 
 
 def _unkeyed_reads(req: _Request, tmp: str) -> str | None:
@@ -182,18 +174,9 @@ def _stored_builds(db: KernelDB, req: _Request) -> list:
         f"({config.ENV_NVCC} or CUDA_HOME). Looked for: {req.missing}")
 
 
-def _compile_and_store(db: KernelDB, req: _Request) -> bytes:
+def _compile_and_store(db: KernelDB, req) -> bytes:
     """A miss: compile now, log the compile, store the result in the background."""
-    start = time.perf_counter()
-    try:
-        binary = _build(req)
-    except UnkeyedRead as err:
-        return err.binary
-    seconds = time.perf_counter() - start
-    rec = db.tiers.record_compile(req.attrs, seconds)
-    db.tiers.storing.put_later(req.attrs, lambda: binary, compile_seconds=seconds,
-                               details=req.details(), log=rec, recheck=req.headers_now)
-    return binary
+    return compile_and_store(db, req.attrs, lambda: _build(req), req.details(), req.headers_now)
 
 
 def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natural name

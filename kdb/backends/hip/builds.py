@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import time
 from typing import Iterable, Sequence
 
 from ... import logs
@@ -20,16 +19,9 @@ from . import hiprtc as _hiprtc
 from .hiprtc import HiprtcIdentity
 from .keys import Request, compiler_kind, compiler_rank, request
 from .targets import code_object_target
+from ..common import UnkeyedRead, compile_and_store
 
 log = logs.get("kdb")
-
-
-class UnkeyedRead(Exception):
-    """hipcc read a file the key does not hold: the code object is served, not stored."""
-
-    def __init__(self, binary: bytes, why: str) -> None:
-        super().__init__(why)
-        self.binary = binary
 
 
 def _run_hipcc(req: Request) -> bytes:
@@ -143,18 +135,9 @@ def _cached(db: KernelDB, req: Request) -> bytes:
     return _compile_and_store(db, req)
 
 
-def _compile_and_store(db: KernelDB, req: Request) -> bytes:
+def _compile_and_store(db: KernelDB, req) -> bytes:
     """A miss: compile now, log the compile, store the result in the background."""
-    start = time.perf_counter()
-    try:
-        binary = _build(req)
-    except UnkeyedRead as err:
-        return err.binary
-    seconds = time.perf_counter() - start
-    rec = db.tiers.record_compile(req.attrs, seconds)
-    db.tiers.storing.put_later(req.attrs, lambda: binary, compile_seconds=seconds,
-                               details=req.details(), log=rec, recheck=req.headers_now)
-    return binary
+    return compile_and_store(db, req.attrs, lambda: _build(req), req.details(), req.headers_now)
 
 
 def _stored(db: KernelDB, req: Request) -> bytes:
