@@ -108,6 +108,27 @@ def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
     return digest
 
 
+def file_stamp(path: str) -> str:
+    """``<real path>|<size>|<mtime ns>``: what a machine memo's value records of each file
+    it depends on beyond the one it is kept under (:func:`stamps_hold`)."""
+    st = os.stat(path)
+    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def stamps_hold(stamps) -> bool:
+    """Whether every file of ``stamps`` (:func:`file_stamp`) still has the size and mtime it
+    had; False for a file gone or a malformed stamp."""
+    try:
+        for stamp in stamps:
+            p, size, mtime = stamp.rsplit("|", 2)
+            st = os.stat(p)
+            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
+                return False
+    except (OSError, TypeError, ValueError, AttributeError):
+        return False
+    return True
+
+
 def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
                  compute: Callable[[], Any],
                  valid: Callable[[Any], bool] = lambda value: True) -> Any:

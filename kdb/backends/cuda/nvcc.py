@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import config
-from ..digests import machine_digest, machine_memo
+from ..digests import machine_digest, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError
 
 if TYPE_CHECKING:
@@ -246,14 +246,9 @@ def _pieces(path: str, variables: dict[str, str]) -> dict[str, str]:
 def _still_valid(rec: Any) -> bool:
     """A remembered identity holds while every piece has the size and mtime it had."""
     try:
-        for stamp in rec["stamps"].values():
-            p, size, mtime = stamp.rsplit("|", 2)
-            st = os.stat(p)
-            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
-                return False
-        return (isinstance(rec["version"], str) and isinstance(rec["sha256"], dict)
-                and isinstance(rec["include_dirs"], list))
-    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return (stamps_hold(rec["stamps"].values()) and isinstance(rec["version"], str)
+                and isinstance(rec["sha256"], dict) and isinstance(rec["include_dirs"], list))
+    except (KeyError, TypeError, AttributeError):
         return False
 
 

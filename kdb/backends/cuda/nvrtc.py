@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ... import config
-from ..digests import library_id, machine_memo
+from ..digests import file_stamp, library_id, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError, CompileError
 
 #: Where the ``nvidia-cuda-nvrtc`` wheels put the library, under the ``nvidia`` package:
@@ -171,29 +171,20 @@ def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
     major, minor = ctypes.c_int(), ctypes.c_int()
     _check(lib, lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
     libraries = {"libnvrtc": library_id(path, memo_dir)}
-    stamps = [_stamp(path)]
+    stamps = [file_stamp(path)]
     builtins = _builtins(path)
     if builtins is not None:
         libraries["libnvrtc-builtins"] = library_id(builtins, memo_dir)
-        stamps.append(_stamp(builtins))
+        stamps.append(file_stamp(builtins))
     return {"version": f"{major.value}.{minor.value}", "libraries": libraries,
             "stamps": stamps}
 
 
-def _stamp(path: str) -> str:
-    st = os.stat(path)
-    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
-
-
 def _still_valid(rec: Any) -> bool:
     try:
-        for stamp in rec["stamps"]:
-            p, size, mtime = stamp.rsplit("|", 2)
-            st = os.stat(p)
-            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
-                return False
-        return isinstance(rec["version"], str) and isinstance(rec["libraries"], dict)
-    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return (stamps_hold(rec["stamps"]) and isinstance(rec["version"], str)
+                and isinstance(rec["libraries"], dict))
+    except (KeyError, TypeError, AttributeError):
         return False
 
 

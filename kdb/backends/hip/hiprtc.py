@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ... import config
-from ..digests import library_id, machine_memo
+from ..digests import file_stamp, library_id, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError, CompileError
 from .targets import ROCM52
 
@@ -117,23 +117,14 @@ def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
     files = {"libamdhip64": os.path.realpath(path), **_companions(path)}
     return {"version": got["version"],
             "libraries": {n: library_id(p, memo_dir) for n, p in files.items()},
-            "stamps": [_stamp(p) for p in files.values()]}
-
-
-def _stamp(path: str) -> str:
-    st = os.stat(path)
-    return f"{path}|{st.st_size}|{st.st_mtime_ns}"
+            "stamps": [file_stamp(p) for p in files.values()]}
 
 
 def _still_valid(rec: Any) -> bool:
     try:
-        for stamp in rec["stamps"]:
-            p, size, mtime = stamp.rsplit("|", 2)
-            st = os.stat(p)
-            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
-                return False
-        return isinstance(rec["version"], str) and isinstance(rec["libraries"], dict)
-    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        return (stamps_hold(rec["stamps"]) and isinstance(rec["version"], str)
+                and isinstance(rec["libraries"], dict))
+    except (KeyError, TypeError, AttributeError):
         return False
 
 
