@@ -3,7 +3,9 @@
 torch's own cache counters, the C++ builds that ran, and the sha256 of the outputs and the
 updated weights (bitwise equality across runs). argv: ``kdb`` to call kdb.torch.install()
 from code (else kdb is on only through KDB_AUTO, or off); ``other-torch`` to key kdb's
-entries as another torch's. Used by benchmarks/torch_compile.py and tests/test_torch.py."""
+entries as another torch's; ``tiny`` for a model of one linear layer (fewer kernels: tests
+that run several processes at once). Used by benchmarks/torch_compile.py and
+tests/test_torch.py."""
 
 import hashlib
 import json
@@ -51,8 +53,17 @@ class Model(torch.nn.Module):
         return torch.softmax(self.l3(torch.relu(self.l2(h))), dim=-1)
 
 
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return torch.softmax(torch.relu(self.l1(x)), dim=-1)
+
+
 torch.manual_seed(0)
-model = Model()
+model = Tiny() if "tiny" in sys.argv else Model()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
 compiled = torch.compile(model)

@@ -126,8 +126,10 @@ def report(arms: dict[str, list[dict]], runs: int, procs: int) -> list[dict]:
         print(f"{name:34} {t:12.2f} {ratio} {row['fx_miss']:7d} "
               f"{row['cpp_builds']:10d}  {'equal' if row['bits_equal'] else 'DIFFER'}")
     for x in arms["8 at once, cold kdb"]:
-        print(f"8 at once: graphs compiled per process {[p['fx_miss'] for p in x['per_process']]}"
-              f" (total {x['fx_miss']}), C++ builds {[p['cpp_builds'] for p in x['per_process']]}"
+        each = x["per_process"]
+        print(f"8 at once: graphs compiled per process {[p['fx_miss'] for p in each]}"
+              f" (total {x['fx_miss']}), AOTAutograd entries traced {[p['aot_miss'] for p in each]}"
+              f" (total {x['aot_miss']}), C++ builds {[p['cpp_builds'] for p in each]}"
               f" (total {x['cpp_builds']}), all {procs} done in {x['wall']:.1f} s")
     print(f"torch {arms['cold, no kdb'][0]['torch']}; ratios: warm arms to the reference, "
           f"cold arms to cold without kdb; medians of {runs} runs; '8 at once': the last "

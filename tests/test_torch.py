@@ -73,6 +73,66 @@ def test_an_entry_made_by_another_torch_is_a_miss(cold, tmp_path):
     assert "differs in compiler (another torch)" in json.loads(why.stdout)["why"], why.stdout
 
 
+@pytest.mark.slow
+def test_processes_at_once_compile_each_graph_and_its_autograd_entry_once(tmp_path):
+    """Three fresh processes start one training step together on a cold kdb cache: one
+    compiles the forward and backward graphs and AOTAutograd's entry, the others wait and
+    get all three. AOTAutograd puts its entry only after the lazy backward's compile, once
+    the frame's compile has ended: released there, its claim sent waiters to trace again."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
+    env["KDB_CACHE_DIR"] = str(tmp_path / "kdb")
+    procs = []
+    for i in range(3):
+        where = tmp_path / f"p{i}"
+        (where / "tmp").mkdir(parents=True)
+        procs.append(subprocess.Popen(
+            [sys.executable, str(STEP), "kdb", "tiny"], text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env={**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "ind"),
+                                         "TMPDIR": str(where / "tmp")}))
+    each = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+        line = next(x for x in out.splitlines() if x.startswith("STEP-JSON:"))
+        each.append(json.loads(line.partition(":")[2]))
+    assert sum(x["fx_miss"] for x in each) == 2, each  # the forward and the backward graph
+    assert sorted(x["aot_miss"] for x in each) == [0, 0, 1], each
+    assert sorted(x["aot_hit"] for x in each) == [0, 1, 1], each
+    assert len({x["digest"] for x in each}) == 1
+
+
+def test_an_autograd_claim_outlives_its_frame_until_the_lazy_backward_compiled(monkeypatch):
+    """At a frame's end a claim that stored nothing is released, but AOTAutograd's is kept
+    (pending) until that frame's lazy backward has compiled, other frames ending meanwhile."""
+    import threading
+
+    from torch._dynamo.callback import CallbackArgs, CallbackTrigger
+
+    from kdb.backends.torch import entries
+
+    class Claim:
+        released, pending = False, None
+
+        def release(self):
+            self.released = True
+
+        def mark_pending(self, seconds):
+            self.pending = seconds
+
+    aot, fx = Claim(), Claim()
+    me = threading.get_ident()
+    monkeypatch.setattr(entries, "_compiling", {
+        "aot": entries._Compiling(aot, 0.0, me, aot=True),
+        "fx": entries._Compiling(fx, 0.0, me, aot=False)})
+    entries.release_unstored(CallbackArgs(CallbackTrigger.DYNAMO, "0/0"))
+    assert fx.released and not aot.released and aot.pending is not None
+    entries.release_unstored(CallbackArgs(CallbackTrigger.DYNAMO, "1/0"))
+    entries.release_unstored(CallbackArgs(CallbackTrigger.LAZY_BACKWARD, "1/0"))
+    assert not aot.released
+    entries.release_unstored(CallbackArgs(CallbackTrigger.LAZY_BACKWARD, "0/0"))
+    assert aot.released and not entries._compiling
+
+
 def test_keys_hold_no_path_of_this_machine(tmp_path, monkeypatch):
     """The C++ module's key: the venv's torch, the Python's headers and the cache directory
     are replaced by what they stand for; a path kdb cannot place makes no key at all."""

@@ -8,7 +8,10 @@ backend: a get is one kdb lookup (system tiers, user tier, shared tier); a miss 
 so that of many processes compiling one graph one compiles and the others wait for its entry;
 a put stores the entry off the critical path and releases the claim. A compile that ends
 without a put (Inductor decided not to cache it, or it raised) releases its claims when
-Dynamo's compile of the frame ends.
+Dynamo's compile of the frame ends, except an AOTAutograd entry's: AOTAutograd puts it only
+once the backward graph is compiled, which torch defers to the first backward call (its lazy
+backward), after the frame's compile has ended; that claim is released when the backward's
+compile ends (:func:`release_unstored`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass
 
 from torch._inductor.remote_cache import RemoteCacheBackend
 
@@ -28,8 +32,25 @@ from .targets import BACKEND, device_arch, identity
 
 log = logs.get("kdb")
 
-#: Claims this process holds for entries it is compiling: kdb key -> (claim, start, thread).
-_compiling: dict[str, tuple[Claim, float, int]] = {}
+#: How Inductor's AOTAutograd cache names its keys (``pt2:autograd-experimental::<key>``).
+AOT_PREFIX = "pt2:autograd-"
+
+
+@dataclass
+class _Compiling:
+    """A claim this process holds for an entry it is compiling, and whose compile it is."""
+
+    claim: Claim
+    start: float
+    thread: int
+    aot: bool
+    #: The frame's compile id once its compile ended before AOTAutograd put the entry: the
+    #: entry comes with that frame's lazy backward.
+    backward_of: str | None = None
+
+
+#: Claims this process holds for entries it is compiling, by kdb key.
+_compiling: dict[str, _Compiling] = {}
 _lock = threading.Lock()
 
 
@@ -53,8 +74,9 @@ class Backend(RemoteCacheBackend[bytes]):
             claimed = tiers.claim_or_wait(attrs)
             if isinstance(claimed, Claim):
                 with _lock:
-                    _compiling[attrs.key] = (claimed, time.perf_counter(),
-                                             threading.get_ident())
+                    _compiling[attrs.key] = _Compiling(claimed, time.perf_counter(),
+                                                       threading.get_ident(),
+                                                       key.startswith(AOT_PREFIX))
                 return None
             hit = claimed if isinstance(claimed, Hit) else None
         return None if hit is None else _served(tiers, attrs, hit)
@@ -62,8 +84,9 @@ class Backend(RemoteCacheBackend[bytes]):
     def _put(self, key: str, data: bytes) -> None:
         attrs = attrs_for(key)
         with _lock:
-            claim, start, _ = _compiling.pop(attrs.key, (None, None, None))
-        seconds = time.perf_counter() - start if start is not None else 0.0
+            held = _compiling.pop(attrs.key, None)
+        claim = held.claim if held is not None else None
+        seconds = time.perf_counter() - held.start if held is not None else 0.0
         blob = bytes(data)
         tiers = default_db().tiers
         rec = tiers.record_compile(attrs, seconds)
@@ -86,12 +109,33 @@ def _served(tiers, attrs: HashAttributes, hit: Hit) -> bytes | None:
     return raw
 
 
-def release_unstored(*_args) -> None:
-    """Dynamo's compile of a frame ended: a claim this thread still holds is a compile that
-    stored nothing; release it, or other processes would wait for an entry that never comes."""
-    me = threading.get_ident()
+def release_unstored(args=None) -> None:
+    """Dynamo's compile of a frame, or of its lazy backward, ended (``args``: torch's
+    ``CallbackArgs``): a claim this thread still holds is a compile that stored nothing;
+    release it, or other processes would wait for an entry that never comes.
+
+    Not an AOTAutograd entry's at a frame's end: AOTAutograd puts it once the backward graph
+    is compiled, at the first backward call. Its claim says pending (compiled in the time so
+    far: a waiter waits while the holder spends a few times that) until the end of that
+    backward's compile, which carries the frame's compile id."""
+    trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
+    compile_id = getattr(args, "compile_id", None)
+    me, now = threading.get_ident(), time.perf_counter()
+
+    def ends(held: _Compiling) -> bool:
+        if held.backward_of is not None:
+            return trigger == "LAZY_BACKWARD" and held.backward_of == compile_id
+        return held.thread == me
+
     with _lock:
-        mine = [k for k, v in _compiling.items() if v[2] == me]
-        claims = [_compiling.pop(k)[0] for k in mine]
+        ending = [k for k, v in _compiling.items() if ends(v)]
+        later = [k for k in ending if _compiling[k].aot and trigger == "DYNAMO"
+                 and compile_id is not None]
+        for key in later:
+            _compiling[key].backward_of = compile_id
+        pending = [_compiling[k] for k in later]
+        claims = [_compiling.pop(k).claim for k in ending if k not in later]
+    for held in pending:
+        held.claim.mark_pending(now - held.start)
     for claim in claims:
         claim.release()
