@@ -6,6 +6,7 @@ carried wheels alone, and the dry run of the GPU half's steps that need no GPU p
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -52,11 +53,17 @@ def test_the_dry_run_installs_from_the_carried_wheels_and_serves_without_a_gpu(p
     assert served["compiler_here"].startswith("none") and served["kdb"] == {"hits.system": 1}
     keys = fig["pack_keys_are_launch_keys"]  # a pack that launches would not find is no pack
     assert keys["compiles"] == 0 and keys["kdb"] == {"hits.system": 3}
+    if shutil.which("hipcc"):  # the hip part's steps that need no GPU
+        hip = fig["hip"]
+        assert hip["kdb"][0]["compiles"] == 1 and not hip["kdb"][1].get("compiles"), hip
+        assert hip["same_code_object"] and hip["ok"] == [{"target": True}] * 2
 
 
 def test_every_gpu_part_says_it_was_not_run(prepared):
     _, stdout, data = prepared
     for name in ("triton", "cuda", "pycuda", "pack", "inductor", "opencl", "timing"):
         assert data["parts"][name] == {"status": "skipped", "reason": "not run: no GPU"}
+    assert data["parts"]["hip"] == {"status": "skipped",
+                                    "reason": "no AMD GPU (not run: no GPU)"}
     assert data["verdict"].startswith("kdb GPU check: PREPARED, GPU half not run: no GPU")
     assert data["verdict"] in stdout

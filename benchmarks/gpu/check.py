@@ -11,15 +11,17 @@ pyopencl's, and the packs ``kdb pack`` builds without a GPU (sm_80, sm_90, gfx90
 the sm_XX wheels travel), prints the one command to run there and writes it to
 ``carry/command.txt``; then dry-runs what it can of the GPU half (the install from the carried
 wheels alone, Triton kernels compiled for sm_90, CUDA compiled, a cubin served from the pack
-by a process with no compiler). On the GPU machine, from the repository's root::
+by a process with no compiler, a HIP code object compiled then served). On the GPU machine,
+from the repository's root::
 
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu/check.py --out "$OUT"
 
 installs kdb from the carried wheels into a venv that sees that python's own packages
 (torch, Triton, CuPy), runs every part in fresh processes (``child.py``) and writes
-``gpu-check.json`` (every figure) and a one-line verdict. A part that cannot run says why; a
-part that fails is recorded and the others still run; the whole stays within ``--budget``
-seconds (default 450).
+``gpu-check.json`` (every figure) and a one-line verdict. The hip part runs only on an AMD
+GPU (``/dev/kfd`` and a HIP runtime that reports a device), else says "no AMD GPU". A part
+that cannot run says why; a part that fails is recorded and the others still run; the whole
+stays within ``--budget`` seconds (default 450).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ ON_THE_MACHINE = ("numpy",)
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64",
              "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64", "any")
 NO_GPU = "not run: no GPU"
+NO_AMD_GPU = "no AMD GPU"
 TRITON_KERNELS = ["add", "softmax", "layer_norm", "matmul"]
 #: Issue 36: Triton on a new node (kdb warm, Triton's cache empty) within 2% of Triton warm.
 FRESH_NODE_GOAL = 1.02
@@ -570,6 +573,7 @@ def dry_run(args, check: Check) -> dict:
     got["pack_served_without_compiler"] = serve_from_pack(check, sys.executable, python,
                                                           args.carry / "packs", "sm_90")
     got["pack_keys_are_launch_keys"] = launch_keys(check)
+    got["hip"] = hip_dry(check, python)
     if not args.quick:
         got[f"install_for_python_{DEVICE_PYTHON}"] = install_for_device_python(args, check)
     return got
@@ -760,6 +764,59 @@ def part_cuda(g: Gpu, rec: dict) -> None:
                             f"{compiler}: saxpy right")
         g.check.fail_unless(rec, counts[0].get("compiles") == 1 and
                             not counts[1].get("compiles"), f"{compiler}: compiles 1 then 0")
+
+
+AMD_PROBE = ("import json; from kdb.backends.hip import loading; "
+             "print(json.dumps(loading.probe()))")
+
+
+def amd_gpu(check: Check, python: str) -> str:
+    """Why there is no AMD GPU to run the hip part on ('' where there is one): no /dev/kfd,
+    no HIP runtime, or a runtime that reports no device (asked in a child: it may abort)."""
+    if not os.path.exists("/dev/kfd"):
+        return f"{NO_AMD_GPU} (no /dev/kfd)"
+    proc = subprocess.run([python, "-c", AMD_PROBE], env=base_env(), capture_output=True,
+                          text=True, timeout=max(5.0, min(120.0, check.left() - 3)))
+    if proc.returncode != 0:
+        return f"{NO_AMD_GPU} (the HIP runtime: {proc.stderr.strip()[-300:]})"
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if got["count"] < 1 or got["status"] != 0:
+        return f"{NO_AMD_GPU} (hipGetDeviceCount: {got['error']}, {got['count']} devices)"
+    return ""
+
+
+def part_hip(check: Check, python: str, rec: dict) -> None:
+    """On an AMD GPU: kdb.hip.compile for the device's target ID, loaded and launched through
+    ctypes on libamdhip64 (kdb.backends.hip.loading), saxpy checked; a second process is
+    served from kdb and compiles nothing. Anywhere else: skipped, saying why."""
+    why = amd_gpu(check, python)
+    if why:
+        raise Skip(why)
+    env = {**base_env(), "KDB_CACHE_DIR": check.fresh("kdb-hip"), "KDB_STORE_AT_EXIT": "wait"}
+    pair = [run_child(check, python, ["hip", "device", "launch"], env) for _ in range(2)]
+    counts = [p.get("kdb") or {} for p in pair]
+    rec["figures"].update(target=pair[0].get("target"), kdb=counts,
+                          ok=[p.get("ok") for p in pair],
+                          compile_s=[p["phases"].get("compile") for p in pair],
+                          same_code_object=pair[0]["code_object"] == pair[1]["code_object"])
+    check.fail_unless(rec, all(all(p["ok"].values()) for p in pair),
+                      "saxpy right, the code object for the device's target")
+    check.fail_unless(rec, counts[0].get("compiles") == 1 and not counts[1].get("compiles"),
+                      "compiles 1 then 0")
+    check.fail_unless(rec, pair[0].get("digests") == pair[1].get("digests"),
+                      "the same bits from both processes")
+
+
+def hip_dry(check: Check, python: str) -> dict:
+    """What the hip part does that needs no GPU: kdb.hip.compile for gfx90a in a first and a
+    second process (compiles 1, then 0, the same code object); no HIP compiler is said."""
+    env = {**base_env(), "KDB_CACHE_DIR": check.fresh("dry-hip"), "KDB_STORE_AT_EXIT": "wait"}
+    try:
+        pair = [run_child(check, python, ["hip", "gfx90a"], env) for _ in range(2)]
+    except RuntimeError as err:
+        return {"error": str(err)[-600:]}
+    return {"kdb": [p.get("kdb") for p in pair], "ok": [p.get("ok") for p in pair],
+            "same_code_object": pair[0]["code_object"] == pair[1]["code_object"]}
 
 
 def part_pycuda(g: Gpu, rec: dict, pycuda: str | None) -> None:
@@ -1040,7 +1097,7 @@ def gpu_half(args, check: Check) -> None:
     names = ("triton", "cuda", "pycuda", "pack", "inductor", "opencl", "timing")
     inst = parts["install"].get("figures") or {}
     if parts["install"]["status"] != "pass":
-        for n in names:
+        for n in (*names, "hip"):
             parts[n] = {"status": "skipped", "reason": "kdb could not be installed"}
         return
     python = inst["python"]
@@ -1055,6 +1112,12 @@ def gpu_half(args, check: Check) -> None:
         check.data["prepared"] = None
     check.data["machine"] = info = probe(python)
     info["env_not_inherited"] = stripped_env()
+    if args.only and "hip" not in args.only:
+        parts["hip"] = {"status": "skipped", "reason": "not asked for (--only)"}
+    else:
+        with check.part("hip", needs=30) as rec:  # AMD's GPU: not torch's nor NVIDIA's
+            if rec is not None:
+                part_hip(check, python, rec)
     if not info.get("gpu"):
         for n in names:
             parts[n] = {"status": "skipped",
@@ -1126,8 +1189,8 @@ def main(argv: list[str] | None = None) -> int:
                     "for --no-gpu)")
     ap.add_argument("--pairs", type=int, default=5, help="rounds of the timing part")
     ap.add_argument("--only", type=lambda v: set(v.split(",")), default=None,
-                    help="run these parts alone (comma-separated: triton, cuda, pycuda, "
-                    "pack, inductor, opencl, timing), to rerun one that failed")
+                    help="run these parts alone (comma-separated: hip, triton, cuda, "
+                    "pycuda, pack, inductor, opencl, timing), to rerun one that failed")
     ap.add_argument("--python", default=sys.executable,
                     help="the python whose packages the check uses (default: this one)")
     args = ap.parse_args(argv)
@@ -1147,6 +1210,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec["figures"] = dry_run(args, check)
             for name in ("triton", "cuda", "pycuda", "pack", "inductor", "opencl", "timing"):
                 data["parts"][name] = {"status": "skipped", "reason": NO_GPU}
+            data["parts"]["hip"] = {"status": "skipped", "reason": f"{NO_AMD_GPU} ({NO_GPU})"}
         else:
             gpu_half(args, check)
     finally:

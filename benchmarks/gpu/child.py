@@ -12,7 +12,8 @@ kernels keyed as their launches key them, no GPU), ``inductor`` (a small model's
 first training step under ``torch.compile``), ``cuda COMPILER ARCH`` (``kdb.cuda.compile``,
 loaded and launched through CuPy, else cuda-core), ``cuda-serve ARCH FILE`` (the cubin kdb
 serves, written to FILE), ``cuda-launch FILE``, ``pycuda kdb|plain`` (saxpy through kdb's or pycuda's SourceModule),
-``opencl`` (pyopencl on the NVIDIA driver).
+``opencl`` (pyopencl on the NVIDIA driver), ``hip ARCH|device [launch]``
+(``kdb.hip.compile``; launched through ctypes on libamdhip64 on an AMD GPU).
 """
 
 from __future__ import annotations
@@ -408,6 +409,47 @@ def cuda_launch_workload(path: str) -> None:
     launch_cubin(cubin)
 
 
+HIP_SAXPY = ('#include <hip/hip_runtime.h>\n'
+             'extern "C" __global__ void saxpy(float *y, const float *x, float a, int n) {\n'
+             '  int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
+             '  if (i < n) y[i] += a * x[i];\n'
+             '}\n')
+
+
+def hip_workload(arch: str, launch: str = "") -> None:
+    """``kdb.hip.compile`` of saxpy for ``arch`` ("device": the AMD GPU's own target ID);
+    with "launch", loaded and run through kdb.backends.hip.loading (ctypes on libamdhip64)."""
+    import ctypes
+    import struct
+
+    t = time.perf_counter()
+    import kdb.hip
+    from kdb.backends.hip import loading
+
+    rt = loading.Runtime() if arch == "device" or launch else None
+    target = rt.arch() if rt is not None and arch == "device" else arch
+    t = phase("import", t)
+    co = kdb.hip.compile(HIP_SAXPY, target)
+    t = phase("compile", t)
+    REPORT.update(code_object=digest(co), target=target,
+                  code_object_target=kdb.hip.code_object_target(co))
+    REPORT["ok"] = {"target": REPORT["code_object_target"] == kdb.hip.canonical(target)}
+    if rt is None:
+        return
+    fn = rt.function(loading.load_module(rt, HIP_SAXPY, arch=target), "saxpy")
+    n = 1 << 16
+    x, y = struct.pack(f"{n}f", *range(n)), struct.pack(f"{n}f", *([1.0] * n))
+    dx, dy = rt.to_device(x), rt.to_device(y)
+    rt.launch(fn, ((n + 255) // 256,), (256,), [dy, dx, ctypes.c_float(2.0), ctypes.c_int(n)])
+    out = rt.from_device(dy, 4 * n)
+    rt.free(dx)
+    rt.free(dy)
+    REPORT["ok"]["saxpy"] = struct.unpack(f"{n}f", out) == tuple(1.0 + 2.0 * i
+                                                                  for i in range(n))
+    REPORT["digests"] = {"saxpy": digest(out)}
+    phase("launch", t)
+
+
 def pycuda_workload(mode: str) -> None:
     """saxpy through ``SourceModule``: kdb's (``mode`` "kdb") or pycuda's own ("plain"), in a
     context pycuda.autoinit makes; launched and checked."""
@@ -498,6 +540,8 @@ def main(argv: list[str]) -> None:
             pycuda_workload(args[0])
         elif what == "opencl":
             opencl_workload()
+        elif what == "hip":
+            hip_workload(*args[:2])
         else:
             raise SystemExit(f"unknown workload {what!r}")
     finally:
