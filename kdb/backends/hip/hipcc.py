@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import config
-from ..digests import library_id, machine_digest, machine_memo
+from ..digests import file_stamp, library_id, machine_digest, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError
 from .targets import ROCM52, sort_processors
 
@@ -149,8 +149,7 @@ def _probe(path: str, memo_dir: Path, env: tuple) -> dict[str, Any]:
     pieces = _pieces(path, clang, paths)
     ids, stamps = {}, []
     for name, p in pieces.items():
-        st = os.stat(p)
-        stamps.append(f"{p}|{st.st_size}|{st.st_mtime_ns}")
+        stamps.append(file_stamp(p))
         ids[name] = (library_id(p, memo_dir) if name.startswith("bin/")
                      else "sha256:" + machine_digest(p, memo_dir))
     llvm, built = _processors(clang, paths.get("DEVICE_LIB_PATH", ""))
@@ -222,13 +221,8 @@ def _still_valid(rec: Any, env: tuple) -> bool:
     """A remembered identity holds in the environment it was probed in, while every piece
     has the size and mtime it had."""
     try:
-        if [tuple(e) for e in rec["env"]] != list(env):
+        if [tuple(e) for e in rec["env"]] != list(env) or not stamps_hold(rec["stamps"]):
             return False
-        for stamp in rec["stamps"]:
-            p, size, mtime = stamp.rsplit("|", 2)
-            st = os.stat(p)
-            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
-                return False
         return all(isinstance(rec[k], list) for k in ("include_dirs", "llvm", "built"))
-    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return False
