@@ -9,6 +9,9 @@ TRITON := $(VENV)/.triton
 # torch from the registry without a pin pulls about 3 GB of NVIDIA libraries instead.
 TORCH_PIN ?= torch==2.13.0
 TORCH  := $(VENV)/.torch
+# The tests in 2 processes (pytest-xdist; CI's machines have 2 cores), each test file whole in
+# one of them: 7.6 min here against 13 in one. PYTEST_JOBS=0: one process.
+PYTEST_JOBS ?= 2
 
 .PHONY: setup demo test bench clean
 
@@ -39,7 +42,7 @@ test: $(STAMP) $(TRITON) $(TORCH)
 	bash tools/ensure_postgres.sh
 	bash tools/ensure_hip.sh
 	PYTHON=$(BIN)/python bash tools/ensure_opencl.sh
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP) $(TRITON) $(TORCH)
 	env $(OPENCL) $(BIN)/python benchmarks/run.py
