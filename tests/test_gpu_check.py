@@ -67,3 +67,25 @@ def test_every_gpu_part_says_it_was_not_run(prepared):
                                     "reason": "no AMD GPU (not run: no GPU)"}
     assert data["verdict"].startswith("kdb GPU check: PREPARED, GPU half not run: no GPU")
     assert data["verdict"] in stdout
+
+
+def test_kdbs_wheel_builds_from_a_venv_whose_setuptools_predates_pep_639(tmp_path):
+    """The check's first step builds kdb's wheel; in a venv whose setuptools cannot read
+    pyproject's license string (before 77) it builds in pip's isolated environment instead
+    of failing ("project.license must be valid exactly by one definition")."""
+    import venv
+
+    venv.create(tmp_path / "v", with_pip=True)
+    py = str(tmp_path / "v" / "bin" / "python")
+    got = subprocess.run([py, "-m", "pip", "install", "--quiet", "setuptools==68.0.0"],
+                         capture_output=True, text=True, timeout=300)
+    if got.returncode != 0:
+        pytest.skip(f"setuptools 68 cannot be installed here: {got.stderr[-300:]}")
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+            "import check; print(check.isolation(check._setuptools_version())); "
+            "print(check.build_kdb_wheel(Path(sys.argv[2])).name)")
+    proc = subprocess.run([py, "-c", code, str(REPO / "benchmarks" / "gpu"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    flags, wheel = proc.stdout.split("\n")[:2]
+    assert flags == "[]" and wheel.startswith("kdb-") and wheel.endswith(".whl")

@@ -259,11 +259,35 @@ def pip_pack(machine_python: str, python: str, wheel: Path | None, remove: str =
 
 # -- the CPU half: what travels --------------------------------------------------------------
 
+def isolation(setuptools_version: str | None) -> list[str]:
+    """pip's flag for building kdb's wheel: with this venv's setuptools where it reads
+    pyproject's license string (PEP 639: setuptools 77), else none, so that pip builds in
+    an isolated environment with the setuptools pyproject asks for.
+
+    >>> isolation("80.9.0"), isolation("68.0.0"), isolation(None)
+    (['--no-build-isolation'], [], [])
+    """
+    try:
+        major = int((setuptools_version or "").split(".")[0])
+    except ValueError:
+        return []
+    return ["--no-build-isolation"] if major >= 77 else []
+
+
+def _setuptools_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("setuptools")
+    except PackageNotFoundError:
+        return None
+
+
 def build_kdb_wheel(dest: Path) -> Path:
     for old in dest.glob("kdb-*.whl"):
         old.unlink()
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-         "-w", dest, REPO], timeout=600)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation(_setuptools_version()),
+         "--quiet", "-w", dest, REPO], timeout=600)
     return sorted(dest.glob("kdb-*.whl"))[-1]
 
 
