@@ -84,3 +84,44 @@ def test_only_directories_below_a_temporary_directory_count(tmp_path, monkeypatc
     ti._roots.clear()
     assert ti.temporary(str(tmp_path / "scratch" / "t"))
     assert ti.temporary("/tmp/x") and not ti.temporary("/tmp") and not ti.temporary("/usr/include")
+
+
+def test_a_copy_another_process_just_made_is_kept_not_replaced(inc, tmp_path):
+    """Processes that start together each find no copy and write one: the first rename
+    wins, and a later writer keeps that copy (its builds may be reading it) instead of
+    moving it aside; only a copy that is not intact is replaced."""
+    root = str(tmp_path / "copies")
+    files = ti.files_of(str(inc))
+    target = os.path.join(root, ti.digest_of(files))
+    ti._write(root, target, files)  # the first process
+    first = os.stat(target).st_ino
+    ti._write(root, target, files)  # the second, which looked before the first renamed
+    assert os.stat(target).st_ino == first
+    assert sorted(os.listdir(root)) == [os.path.basename(target)]
+    (Path(target) / "two.h").write_text("changed\n")
+    ti._write(root, target, files)  # a copy changed since: replaced
+    assert os.stat(target).st_ino != first and ti._intact(target, files)
+
+
+def test_processes_starting_together_share_one_intact_copy(inc, tmp_path):
+    import multiprocessing as mp
+
+    root = str(tmp_path / "copies")
+    ctx = mp.get_context("fork")
+    start, results = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_copy_in_step, args=(start, results, str(inc), root))
+             for _ in range(6)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert len({path for path, _ in got}) == 1 and all(ok for _, ok in got), got
+    assert len([p for p in os.listdir(root) if not p.endswith((".tmp", ".stale"))]) == 1
+
+
+def _copy_in_step(start, results, top: str, root: str) -> None:
+    start.wait()
+    ti._checked.clear()
+    path = ti.copy_of(top, root)
+    results.put((path, path is not None and ti._intact(path, ti.files_of(top))))

@@ -56,14 +56,33 @@ def _temporary_roots() -> list[str]:
     return got
 
 
+_installed: list[str] = []
+
+
+def _installation() -> list[str]:
+    """This Python's own trees (its prefixes: the venv and the base installation), resolved,
+    each ending in ``/``: a package's include directory there (pyopencl's ``cl/``) stays
+    put between processes, even in a venv made under ``/tmp``."""
+    if not _installed:
+        import sys
+
+        names = dict.fromkeys((sys.prefix, sys.base_prefix, sys.exec_prefix))
+        _installed.extend(os.path.realpath(d).rstrip("/") + "/" for d in names if d)
+    return _installed
+
+
 def temporary(path: str) -> bool:
-    """Whether ``path`` lies in a temporary directory (below it, not the directory itself).
+    """Whether ``path`` lies in a temporary directory (below it, not the directory itself),
+    and not in this Python's installation.
 
     >>> temporary("/tmp/pytest-1/inc"), temporary("/opt/x/include"), temporary("/tmp")
     (True, False, False)
+    >>> import sys; temporary(sys.prefix + "/lib/site-packages/pyopencl/cl")
+    False
     """
     real = os.path.realpath(path)
-    return any(real.startswith(root) for root in _temporary_roots())
+    return (any(real.startswith(root) for root in _temporary_roots())
+            and not any((real + "/").startswith(own) for own in _installation()))
 
 
 def temporary_dirs(search, forced: bool = False) -> list[str]:
@@ -170,8 +189,10 @@ def _intact(target: str, files: list[tuple[str, bytes]]) -> bool:
 
 
 def _write(root: str, target: str, files: list[tuple[str, bytes]]) -> None:
-    """Write ``files`` under a temporary name in ``root``, then rename it to ``target`` (a
-    changed copy already there is moved aside and removed first)."""
+    """Write ``files`` under a temporary name in ``root``, then rename it to ``target``.
+    Where ``target`` exists (another process made it meanwhile, as processes starting
+    together do: kept, since its builds read it), it is replaced only when it is not
+    intact (a copy changed since: moved aside, then removed)."""
     import shutil
 
     os.makedirs(root, mode=0o700, exist_ok=True)
@@ -184,14 +205,16 @@ def _write(root: str, target: str, files: list[tuple[str, bytes]]) -> None:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             with open(path, "xb") as f:
                 f.write(content)
-        if os.path.lexists(target):
-            stale = f"{target}.{os.getpid()}.stale"
-            os.rename(target, stale)
-            shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(temp, target)
-        except OSError:  # another process put the same copy there first
-            pass
+            return
+        except OSError:
+            if _intact(target, files):
+                return  # made by another process: the same files
+        stale = f"{target}.{os.getpid()}.stale"
+        os.rename(target, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+        os.rename(temp, target)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
 
