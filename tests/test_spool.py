@@ -101,13 +101,22 @@ def test_a_process_leaves_its_stores_to_the_worker_and_exits_at_once(cache_dir, 
 
 
 def _stop_workers(cache: Path) -> list[int]:
-    """SIGSTOP every store worker of ``cache`` (its jobs then stay pending)."""
+    """SIGSTOP every store worker of ``cache`` and then its lanes (``python -m kdb.worker
+    --child``, which a pattern on the cache directory does not find: a lane that took a
+    job before the stop would store it meanwhile); its jobs then stay pending."""
     out = subprocess.run(["pgrep", "-f", f"kdb.worker {cache}"], capture_output=True,
                          text=True).stdout.split()
     pids = [int(p) for p in out]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
-    return pids
+    lanes = [int(p) for pid in pids for p in subprocess.run(
+        ["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    for pid in lanes:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    return pids + lanes
 
 
 def test_kdb_log_shows_a_run_s_compiles_before_they_are_stored(cache_dir, run_py):
