@@ -21,10 +21,10 @@ from ...file.rows import PROVISIONAL
 from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
 from ...storing.stores import HeaderChangedError, headers_changed
-from . import early, refresh
+from . import early, readback, refresh
 from .binaries import library_of, program_binaries
-from .keys import (BACKEND, ENV_VARS, compiler_identity, device_details, environment,
-                   headers_of)
+from .finddevices import NEXT_RUN as _NEXT_RUN, job_devices
+from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
 
 log = logs.get("kdb")
 
@@ -46,42 +46,6 @@ def program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
     return {"source": text, "options": options, "platform": platform.name,
             "platform_version": version, "library": library_of(platform.int_ptr) or "",
             "devices": where, "cwd": cwd, "ptrs": [d.int_ptr for d in devs]}
-
-
-def _platform_of(prog: dict):
-    """The platform a job names: name, version and library all equal (a job from before
-    they were written names one by name, taken only where no other has that name)."""
-    named = [p for p in cl.get_platforms() if p.name == prog["platform"]]
-    if "platform_version" in prog:
-        named = [p for p in named if p.version == prog["platform_version"]
-                 and (library_of(p.int_ptr) or "") == prog.get("library", "")]
-    if len(named) == 1:
-        return named[0]
-    what = " ".join(filter(None, (repr(prog["platform"]), prog.get("platform_version"),
-                                  prog.get("library") and f"({prog['library']})")))
-    raise LookupError(f"job dropped: {'no' if not named else 'more than one'} OpenCL platform "
-                      f"{what} in the store worker (its OCL_ICD_VENDORS or installed ICDs "
-                      f"differ from the process that built it; {_NEXT_RUN})")
-
-
-def job_devices(prog: dict, entries: list[tuple[int, HashAttributes]]) -> list:
-    """The devices a job names, each checked against the keys of its ``entries`` (``(device
-    index, attributes)``: the compiler identity): a job is stored for the device that
-    built it or not at all."""
-    plat = _platform_of(prog)
-    plat_devs = plat.get_devices()
-    devs = []
-    for name, index in prog["devices"]:
-        if index >= len(plat_devs) or plat_devs[index].name != name:
-            raise LookupError(f"job dropped: no device {name!r} at index {index} of "
-                              f"{prog['platform']!r} ({_NEXT_RUN})")
-        devs.append(plat_devs[index])
-    for index, attrs in entries:  # the device's compiler: platform and device versions, library
-        if tuple(map(tuple, attrs.compiler)) != compiler_identity(devs[index]):
-            raise LookupError(f"job dropped: device {devs[index].name!r} of {prog['platform']!r} "
-                              f"has not the compiler {attrs.name or attrs.key[:12]}'s key names "
-                              f"({_NEXT_RUN})")
-    return devs
 
 
 class _Recent(dict):
@@ -173,12 +137,13 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
         claims = [held.pop(a.key) for a in attrs if a.key in held]
         store_now = _storer(db, devs, attrs, recs, per_device=per_device, forget=forget,
                             in_process=in_process, recheck=recheck, build=early_build,
-                            program=program)
+                            program=program, ptrs=ptrs)
         if db.tiers.storing.spool(job, claims, store_now):
             refresh.compiled(db.tiers, attrs)  # launches may outrun the store: see at exit
             return
         held.update((c.key, c) for c in claims)
-    read = _reader(raw, devs, stamp, forget, in_process, program)
+    read = _reader(raw, devs, stamp, forget, in_process, program=program, ptrs=ptrs,
+                   build=_build_variables(attrs[0]))
     for d, a, rec in zip(devs, attrs, recs):
         db.tiers.storing.put_later(a, lambda ptr=d.int_ptr: read(ptr),
                                    compile_seconds=per_device, details=device_details(d),
@@ -190,19 +155,26 @@ def _job(devs, attrs: list[HashAttributes], recs: list, seconds: float, program:
     """The store worker's job for one build: the program, each device's entry, the latency
     rows, and the build variables the keys hold (one build: one environment for all)."""
     per_device = seconds / max(len(devs), 1)
-    keyed_env = dict(attrs[0].environment)
     return StoreJob(backend=BACKEND, seconds=seconds, extra={"program": program},
                     entries=[{"device": ptrs.index(d.int_ptr), "key": a.key, "name": a.name,
                               "attributes": a.encoded().decode("utf-8"),
                               "seconds": per_device, "details": device_details(d)}
                              for d, a in zip(devs, attrs)],
                     logs=[list(rec) for rec in recs],
-                    environment={k: keyed_env.get(k) for k in ENV_VARS})
+                    environment=dict(_build_variables(attrs[0])))
+
+
+def _build_variables(attrs: HashAttributes) -> tuple[tuple[str, str | None], ...]:
+    """The build variables (:data:`.keys.ENV_VARS`) as the key holds them, None for unset:
+    what a rebuild elsewhere must run with."""
+    keyed = dict(attrs.environment)
+    return tuple((k, keyed.get(k)) for k in ENV_VARS)
 
 
 def _storer(db: KernelDB, devs, attrs: list[HashAttributes], recs: list, *,
             per_device: float, forget: tuple, in_process: bool,
-            recheck, build=None, program: dict | None = None) -> Callable[[], str | None]:
+            recheck, build=None, program: dict | None = None,
+            ptrs: list[int] = ()) -> Callable[[], str | None]:
     """What stores a spooled job's entries from this process when another process waits
     for one of them while this one still holds the program (ranks starting together): no
     rebuild, no worker. First what PoCL's cache holds of it (:func:`.early.keep_now`: a
@@ -219,17 +191,25 @@ def _storer(db: KernelDB, devs, attrs: list[HashAttributes], recs: list, *,
         if not in_process:
             raise LookupError("the program was built under this process's first build "
                               "variables, not its key's; the store worker stores it")
-        binaries = _binaries(held_raw, devs, program)
+        binaries = _binaries(held_raw, devs, program, list(ptrs), _build_variables(attrs[0]))
         db.tiers.storing.store([(a, binaries[d.int_ptr], per_device, device_details(d))
                                 for d, a in zip(devs, attrs) if binaries.get(d.int_ptr)], recs,
                                recheck)
     return store_now
 
 
-def _binaries(raw, devs, program: dict | None) -> dict[int, bytes]:
-    """``raw``'s binaries by device. Where the driver does not say whose binary is whose
-    (PoCL 3.0, a program built for some of its context's devices: :mod:`.binaries`), those
-    of the same build made again in a context of just ``devs``, PoCL's cache answering."""
+def _binaries(raw, devs, program: dict | None, ptrs: list[int],
+              build: tuple = ()) -> dict[int, bytes]:
+    """``raw``'s binaries by device. Where reading them here could abort this process
+    (:func:`.readback.at_risk`), the helper's, built again there under the key's build
+    variables ``build``. Where the driver does not say whose binary is whose (PoCL 3.0, a
+    program built for some of its context's devices: :mod:`.binaries`), those of the same
+    build made again in a context of just ``devs``, PoCL's cache answering."""
+    if readback.at_risk(raw, devs):
+        if program is None:
+            raise LookupError("a PoCL before 6.0 could abort this process reading them, and "
+                              "the build cannot be made again elsewhere (sub-devices)")
+        return readback.read_elsewhere(program, ptrs, build)
     binaries = program_binaries(raw)
     if binaries or program is None or len(devs) == raw.get_info(cl.program_info.NUM_DEVICES):
         return binaries
@@ -243,8 +223,9 @@ def _binaries(raw, devs, program: dict | None) -> dict[int, bytes]:
     return program_binaries(again)
 
 
-def _reader(raw, devs, stamp: tuple | None, forget: tuple, in_process: bool,
-            program: dict | None = None) -> Callable[[int], bytes | None]:
+def _reader(raw, devs, stamp: tuple | None, forget: tuple, in_process: bool, *,
+            program: dict | None = None, ptrs: list[int] = (),
+            build: tuple = ()) -> Callable[[int], bytes | None]:
     """One device's binary of ``raw``, the program's binaries read once for all of them
     (on the first call, in the background store); none when ``raw`` was rebuilt since
     with other options (:func:`build_stamp`)."""
@@ -261,7 +242,7 @@ def _reader(raw, devs, stamp: tuple | None, forget: tuple, in_process: bool,
             binaries = {}
         if binaries is None:
             try:
-                binaries = _binaries(raw, devs, program)
+                binaries = _binaries(raw, devs, program, list(ptrs), build)
             except Exception as err:  # noqa: BLE001 - storing is best effort
                 log.warning("kdb: could not read program binaries: %s", err)
                 binaries = {}
@@ -341,8 +322,6 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
                           " device(s)")
     return {"build": build_s}
 
-
-_NEXT_RUN = "the next run that builds it stores it"
 
 
 def _same_environment(keyed: list[HashAttributes]) -> None:
