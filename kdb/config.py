@@ -44,6 +44,8 @@ ENV_WAIT_TIMEOUT = "KDB_WAIT_TIMEOUT"
 ENV_LOCK_TIMEOUT = "KDB_LOCK_TIMEOUT"
 ENV_NVCC = "KDB_NVCC"  # the nvcc kdb.cuda runs (else CUDA_HOME/bin/nvcc, else PATH)
 ENV_NVRTC = "KDB_NVRTC"  # the libnvrtc.so kdb.cuda loads (else the nvidia-cuda-nvrtc wheel)
+ENV_HIPCC = "KDB_HIPCC"  # the hipcc kdb.hip runs (else ROCM_PATH/bin/hipcc, else PATH)
+ENV_HIPRTC = "KDB_HIPRTC"  # the HIPRTC library kdb.hip loads (else libamdhip64 in the lib dirs)
 ENV_AUTO = "KDB_AUTO"  # read at start-up by _kdb_auto, which repeats the name to stay off kdb
 ENV_RUN_REPORT = "KDB_RUN_REPORT"
 
@@ -242,6 +244,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _flag(ENV_TRACE),
     _text(ENV_NVCC, "$CUDA_HOME/bin/nvcc, else nvcc on PATH"),
     _text(ENV_NVRTC, "the nvidia-cuda-nvrtc wheel, else $CUDA_HOME/lib64"),
+    _text(ENV_HIPCC, "$ROCM_PATH/bin/hipcc, else hipcc on PATH"),
+    _text(ENV_HIPRTC, "libamdhip64.so in $ROCM_PATH/lib, /opt/rocm/lib or the system's "
+          "library directories"),
     _text("SOURCE_DATE_EPOCH", "0 (1980-01-01 in zips)", "kdb pack refuses it"),
     _duration(ENV_WAIT_TIMEOUT, 60.0),  # waiting for another that compiles the same kernel
     _duration(ENV_LOCK_TIMEOUT, 10.0),  # waiting for another's upgrade lock on a user file

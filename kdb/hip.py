@@ -4,8 +4,9 @@
     co = kdb.hip.compile(source, arch="gfx90a", options=["-DN=64"])    # bytes: an ELF
     co = kdb.hip.compile(source, arch="gfx90a:sramecc+:xnack-", compiler="hiprtc")
 
-Compiling needs hipcc (``apt-get install hipcc``; ``$ROCM_PATH/bin``, else PATH) or HIPRTC
-(``libamdhip64``); with neither, stored builds are served (:mod:`kdb.backends.fallback`).
+Compiling needs hipcc (``apt-get install hipcc``; ``KDB_HIPCC``, else ``$ROCM_PATH/bin``,
+else PATH) or HIPRTC (``KDB_HIPRTC``, else ``libamdhip64``); with neither, stored builds are
+served (:mod:`kdb.backends.fallback`).
 """
 
 from __future__ import annotations

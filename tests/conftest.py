@@ -21,7 +21,7 @@ for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE
              "KDB_CACHE_MAX_SIZE", "KDB_SHARED_URL", "KDB_WAIT_TIMEOUT", "KDB_STORE_TIMEOUT",
              "KDB_NVCC", "KDB_NVRTC", "KDB_STORE_AT_EXIT", "KDB_AUTO", "KDB_RUN_REPORT",
              "KDB_LOCK_TIMEOUT", "KDB_SHARED_NAMESPACE", "KDB_TRUSTED_KEYS", "KDB_REQUIRE_SIGNED",
-             "KDB_SIGNING_KEY", "KDB_STORE_SHARE"):
+             "KDB_SIGNING_KEY", "KDB_STORE_SHARE", "KDB_HIPCC", "KDB_HIPRTC"):
     os.environ.pop(_var, None)
 # The suite runs on the OpenCL that pyopencl's own loader brings (pip's PoCL): an ICD folder
 # of no files hides those installed system-wide (a second PoCL from pocl-opencl-icd lists

@@ -9,6 +9,7 @@ from __future__ import annotations
 import doctest
 import json
 import os
+import re
 import shutil
 import struct
 import sys
@@ -254,6 +255,183 @@ def test_the_hip_back_end_is_registered():
     assert registry.load(registry.get("hip").compiler_rank) is kdb.hip.compiler_rank
 
 
+# -- KDB_HIPCC and KDB_HIPRTC --------------------------------------------------------------------
+
+@needs_hipcc
+def test_kdb_hipcc_names_the_hipcc_that_runs_and_the_key_is_its_own(db, counting_hipcc,
+                                                                    monkeypatch):
+    wrapper, log = counting_hipcc
+    base = kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=6.0f"])  # the hipcc on PATH
+    monkeypatch.setenv("KDB_HIPCC", str(wrapper))
+    monkeypatch.setenv("ROCM_PATH", os.path.dirname(os.path.dirname(HIPCC)))  # has bin/hipcc
+    assert hip_hipcc.locate_hipcc() == (str(wrapper), "KDB_HIPCC")  # before ROCM_PATH, PATH
+    assert hip_hipcc.locate_hipcc(HIPCC) == (HIPCC, "argument")  # hipcc= before it
+    kind, ident, _ = kdb.hip.find_compiler()
+    assert kind == "hipcc" and ident.path == str(wrapper)
+    co = kdb.hip.compile(SRC, "gfx90a", ["-DSCALE=6.0f"], db=db)
+    assert _compiles(log) == 1 and kdb.hip.code_object_target(co) == "gfx90a"
+    # The wrapper is a compiler of its own: its content is in the key, the variable is not.
+    monkeypatch.delenv("ROCM_PATH")
+    attrs = kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=6.0f"])
+    assert attrs.key != base.key and attrs.environment == base.environment
+    assert dict(attrs.compiler)["hipcc_id"] != dict(base.compiler)["hipcc_id"]
+    assert dict(attrs.compiler)["hipcc_version"] == dict(base.compiler)["hipcc_version"]
+
+
+def _linked_hipcc(where: Path, script: str | None = None) -> Path:
+    """``where/hipcc``, a link to the real hipcc, beside the hipcc.pl it runs (Debian's hipcc
+    runs the one in the directory it was run from): a link to the real one, or ``script``."""
+    real = Path(os.path.realpath(HIPCC)).parent
+    where.mkdir()
+    (where / "hipcc").symlink_to(real / "hipcc")
+    if script is None:
+        (where / "hipcc.pl").symlink_to(real / "hipcc.pl")
+    else:
+        (where / "hipcc.pl").write_text(script)
+        (where / "hipvars.pm").symlink_to(real / "hipvars.pm")  # beside the real hipcc.pl
+    return where / "hipcc"
+
+
+@needs_hipcc
+def test_kdb_hipcc_naming_a_link_keys_the_hipcc_it_runs(cache_dir, tmp_path, monkeypatch):
+    if not os.path.isfile(os.path.join(os.path.dirname(os.path.realpath(HIPCC)), "hipcc.pl")):
+        pytest.skip("this hipcc is not ROCm 5's script beside its hipcc.pl")
+    # A hipcc.pl that is not a link derives its ROCm from its own directory: pin the real one.
+    said = hip_hipcc._run([HIPCC, "--offload-arch=gfx900", "--version"],
+                          env={"HIPCC_VERBOSE": "3"}).stdout.decode()
+    for var in ("HIP_PATH", "ROCM_PATH", "HIP_CLANG_PATH"):
+        monkeypatch.setenv(var, re.search(rf"^{var}=(.*)$", said, re.MULTILINE).group(1))
+    base = kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=2.0f"])
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # KDB_HIPCC comes before ROCM_PATH
+    same = _linked_hipcc(tmp_path / "same")
+    monkeypatch.setenv("KDB_HIPCC", str(same))
+    kind, ident, _ = kdb.hip.find_compiler()
+    assert kind == "hipcc" and ident.path == str(same)
+    assert kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=2.0f"]).key == base.key
+    # A link to the same hipcc beside another hipcc.pl runs that one: another compiler, though
+    # the machine's memo of identities is kept per real path (the link's and hipcc's are one).
+    script = Path(os.path.realpath(HIPCC)).with_name("hipcc.pl").read_text()
+    other = _linked_hipcc(tmp_path / "other", script + "\n# edited\n")
+    monkeypatch.setenv("KDB_HIPCC", str(other))
+    edited = kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=2.0f"])
+    assert edited.key != base.key
+    assert dict(edited.compiler)["hipcc.pl_id"] != dict(base.compiler)["hipcc.pl_id"]
+    monkeypatch.setenv("KDB_HIPCC", str(same))
+    assert kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=2.0f"]).key == base.key
+
+
+@pytest.mark.parametrize("what", ["missing", "not executable", "a directory"])
+def test_kdb_hipcc_naming_no_hipcc_is_a_clear_error_not_a_fallback(cache_dir, tmp_path,
+                                                                   monkeypatch, what):
+    target = tmp_path / "hipcc"
+    if what == "not executable":
+        target.write_text("#!/bin/sh\n")
+        target.chmod(0o644)
+    elif what == "a directory":
+        target.mkdir()
+    monkeypatch.setenv("KDB_HIPCC", str(target))
+    with pytest.raises(BackendUnavailableError) as info:
+        hip_hipcc.find_hipcc()
+    said = str(info.value)
+    assert f"KDB_HIPCC={str(target)!r} is not an executable file" in said
+    assert "point it at hipcc" in said and "unset it" in said
+    # compiler=None raises too: no quiet HIPRTC, no stored build from another compiler.
+    for call in (lambda: kdb.hip.compile(SRC, "gfx90a", ["-DSCALE=1"]),
+                 lambda: kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=1"]),
+                 lambda: kdb.hip.compile(SRC, "gfx90a", ["-DSCALE=1"], compiler="hipcc")):
+        with pytest.raises(BackendUnavailableError, match="KDB_HIPCC"):
+            call()
+
+
+@needs_hipcc
+def test_kdb_hipcc_may_name_a_command_on_path_and_is_never_in_the_key(cache_dir, monkeypatch):
+    monkeypatch.setenv("KDB_HIPCC", "hipcc")
+    assert hip_hipcc.locate_hipcc() == (HIPCC, "KDB_HIPCC")
+    attrs = kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=1"])
+    assert "KDB_HIPCC" not in dict(attrs.environment)
+    monkeypatch.delenv("KDB_HIPCC")
+    assert kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=1"]).key == attrs.key
+
+
+def test_a_missing_toolchain_names_the_variables_too(cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    with pytest.raises(BackendUnavailableError) as info:
+        hip_hipcc.find_hipcc()
+    assert "KDB_HIPCC is not set" in str(info.value)
+    assert "set KDB_HIPCC=/path/to/hipcc" in str(info.value)
+
+
+@needs_hiprtc
+def test_kdb_hiprtc_names_the_library_that_compiles(db, tmp_path, monkeypatch):
+    base = kdb.hip.attributes_for(SRC, "gfx1030", ["-DSCALE=3.0f"], compiler="hiprtc")
+    link = tmp_path / "libhiprtc.so"
+    link.symlink_to(os.path.realpath(HIPRTC))
+    monkeypatch.setenv("KDB_HIPRTC", str(link))
+    assert hip_hiprtc.locate_hiprtc() == (str(link), "KDB_HIPRTC")
+    assert hip_hiprtc.locate_hiprtc(HIPRTC) == (HIPRTC, "argument")
+    kind, ident, _ = kdb.hip.find_compiler("hiprtc")
+    assert kind == "hiprtc" and ident.path == str(link)
+    ran = []
+    real_run = hip_hiprtc.run
+
+    def spy(path, *args, **kw):
+        ran.append(path)
+        return real_run(path, *args, **kw)
+
+    monkeypatch.setattr(hip_hiprtc, "run", spy)
+    co = kdb.hip.compile(SRC, "gfx1030", ["-DSCALE=3.0f"], db=db, compiler="hiprtc")
+    assert ran == [str(link)] and kdb.hip.code_object_target(co) == "gfx1030"
+    # The same library by another name: the same compiler, the same key.
+    again = kdb.hip.attributes_for(SRC, "gfx1030", ["-DSCALE=3.0f"], compiler="hiprtc")
+    assert again.key == base.key
+    # The HIP runtime that loads code objects is not chosen by KDB_HIPRTC.
+    from kdb.backends.hip import loading
+
+    monkeypatch.setenv("KDB_HIPRTC", str(tmp_path / "nowhere.so"))
+    assert loading._library(None) == HIPRTC
+
+
+@needs_hiprtc
+def test_kdb_hiprtc_naming_a_file_that_is_not_hiprtc_is_a_clear_error(cache_dir, tmp_path,
+                                                                      monkeypatch):
+    bogus = tmp_path / "libhiprtc.so"
+    bogus.write_text("not a library\n")
+    monkeypatch.setenv("KDB_HIPRTC", str(bogus))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no hipcc: HIPRTC is the choice
+    monkeypatch.delenv("ROCM_PATH", raising=False)
+    with pytest.raises(BackendUnavailableError, match="set KDB_HIPRTC="):
+        kdb.hip.compile(SRC, "gfx1030", ["-DSCALE=1"])
+
+
+@pytest.mark.parametrize("what", ["missing", "a directory"])
+def test_kdb_hiprtc_naming_no_file_is_a_clear_error_not_a_fallback(cache_dir, tmp_path,
+                                                                   monkeypatch, what):
+    target = tmp_path / "libhiprtc.so"
+    if what == "a directory":
+        target.mkdir()
+    monkeypatch.setenv("KDB_HIPRTC", str(target))
+    with pytest.raises(BackendUnavailableError) as info:
+        hip_hiprtc.find_hiprtc()
+    said = str(info.value)
+    assert f"KDB_HIPRTC={str(target)!r} is not a file" in said and "unset it" in said
+    with pytest.raises(BackendUnavailableError, match="KDB_HIPRTC"):
+        kdb.hip.compile(SRC, "gfx1030", ["-DSCALE=1"], compiler="hiprtc")
+    # With no hipcc, compiler=None raises as well, rather than serve stored builds.
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    with pytest.raises(BackendUnavailableError, match="KDB_HIPRTC"):
+        kdb.hip.compile(SRC, "gfx1030", ["-DSCALE=1"])
+
+
+@needs_hipcc
+@needs_hiprtc
+def test_compiler_hiprtc_does_not_read_kdb_hipcc(cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("KDB_HIPCC", str(tmp_path / "nowhere"))
+    kind, _, _ = kdb.hip.find_compiler("hiprtc")
+    assert kind == "hiprtc"
+
+
 # -- kdb info ---------------------------------------------------------------------------------
 
 @needs_hipcc
@@ -265,9 +443,11 @@ def test_kdb_info_shows_hipcc_and_hiprtc_with_their_releases(cache_dir):
 
     result = CliRunner().invoke(cli, ["info"])
     assert result.exit_code == 0, result.output
-    release = kdb.hip.identity(kdb.hip.find_hipcc()).release
-    assert f"hipcc:     {kdb.hip.find_hipcc()}\n             {release}\n" in result.output
-    assert f"hiprtc:    {HIPRTC}\n             HIPRTC " in result.output
+    path, how = hip_hipcc.locate_hipcc()
+    release = kdb.hip.identity(path).release
+    assert f"hipcc:     {path} (from {how})\n             {release}\n" in result.output
+    how = hip_hiprtc.locate_hiprtc()[1]
+    assert f"hiprtc:    {HIPRTC} (from {how})\n             HIPRTC " in result.output
     data = json.loads(CliRunner().invoke(cli, ["info", "--json"]).output)["hip"]
     assert data["hipcc"]["release"] == release and data["default"] == "hipcc"
     assert "gfx90a" in data["hipcc"]["arches"] and "gfx942" not in data["hipcc"]["arches"]
@@ -291,3 +471,28 @@ def test_kdb_info_without_hipcc_or_hiprtc_says_what_to_install(cache_dir, tmp_pa
     assert "apt-get install libamdhip64-5" in result.output
     hip = result.output[result.output.index("HIP toolchain"):]
     assert "compiles:  nothing: no compiler; stored builds are served" in hip
+
+
+@needs_hipcc
+def test_kdb_info_says_which_variable_chose_hipcc_or_names_none_that_works(
+        cache_dir, counting_hipcc, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    wrapper, _ = counting_hipcc
+    monkeypatch.setenv("KDB_HIPCC", str(wrapper))
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert f"hipcc:     {wrapper} (from KDB_HIPCC)\n" in result.output
+    assert "compiles:  with hipcc (compiler=None)" in result.output
+    data = json.loads(CliRunner().invoke(cli, ["info", "--json"]).output)
+    assert data["hip"]["hipcc"]["found_by"] == "KDB_HIPCC"
+    assert {"name": "KDB_HIPCC", "value": str(wrapper),
+            "default": "$ROCM_PATH/bin/hipcc, else hipcc on PATH"} in data["settings"]
+    monkeypatch.setenv("KDB_HIPCC", str(tmp_path / "nowhere"))
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert f"hipcc:     (unusable: KDB_HIPCC={str(tmp_path / 'nowhere')!r} is not an " \
+        in result.output
+    assert "compiles:  nothing: KDB_HIPCC names no working compiler" in result.output

@@ -117,25 +117,43 @@ def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
 
 
 def hip_toolchain(memo_dir: Path) -> dict[str, Any]:
-    """The hipcc and the HIPRTC ``kdb.hip`` would run, their releases, and the processors
-    they build (``default``: what ``compiler=None`` runs); ``problem`` says how to get one."""
+    """The hipcc and the HIPRTC ``kdb.hip`` would run, how each was found (``found_by``:
+    ``KDB_HIPCC`` / ``KDB_HIPRTC``, ``ROCM_PATH``, ``PATH``...), their releases, and the
+    processors they build (``default``: what ``compiler=None`` runs); ``problem`` says how
+    to get one, or what is wrong with the one named."""
     from ..backends.hip import hipcc, hiprtc
     from ..errors import KdbError
 
     out: dict[str, Any] = {}
-    for name, find, identify in (("hipcc", hipcc.find_hipcc, hipcc.identity),
-                                 ("hiprtc", hiprtc.find_hiprtc, hiprtc.identity)):
-        row: dict[str, Any] = {"path": None, "release": "", "arches": [], "problem": ""}
+    named = config.read_variables((config.ENV_HIPCC, config.ENV_HIPRTC))
+    for name, locate, identify, variable in (
+            ("hipcc", hipcc.locate_hipcc, hipcc.identity, config.ENV_HIPCC),
+            ("hiprtc", hiprtc.locate_hiprtc, hiprtc.identity, config.ENV_HIPRTC)):
+        row: dict[str, Any] = {"path": None, "found_by": None, "release": "", "arches": [],
+                               "problem": ""}
         try:
-            row["path"] = find()
+            row["path"], row["found_by"] = locate()
             ident = identify(row["path"], memo_dir)
             row.update(release=ident.release, arches=list(ident.built))
         except KdbError as err:
             row["problem"] = str(err)
+            if row["found_by"] is None and (named[variable] or "").strip():
+                row["found_by"] = variable  # it names one that is not there
         out[name] = row
-    out["default"] = next((n for n in ("hipcc", "hiprtc")
-                           if out[n]["path"] and not out[n]["problem"]), None)
+    out["default"], out["blocked"] = _hip_default(out)
     return out
+
+
+def _hip_default(rows: dict[str, Any]) -> tuple[str | None, str]:
+    """What ``kdb.hip.compile(compiler=None)`` runs: the first of hipcc and HIPRTC that
+    works; and, where a variable names one that does not (compile raises), which."""
+    for name in ("hipcc", "hiprtc"):
+        row = rows[name]
+        if row["path"] and not row["problem"]:
+            return name, ""
+        if row["found_by"] in (config.ENV_HIPCC, config.ENV_HIPRTC):
+            return None, row["found_by"]
+    return None, ""
 
 
 def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:

@@ -161,12 +161,16 @@ def _echo_hip(hip: dict[str, Any]) -> None:
     for name in ("hipcc", "hiprtc"):
         row = hip[name]
         if row["path"] and not row["problem"]:
-            click.echo(f"  {name + ':':<10} {row['path']}")
+            click.echo(f"  {name + ':':<10} {row['path']} (from {row['found_by']})")
             click.echo(f"             {row['release']}")
+        elif row["path"] or row["found_by"]:  # found, or named, but not one that works
+            click.echo(f"  {name + ':':<10} (unusable: {row['problem']})")
         else:
             click.echo(f"  {name + ':':<10} (not installed: {row['problem']})")
-    default = hip["default"]
+    default, blocked = hip["default"], hip.get("blocked")
     click.echo("  compiles:  " + (f"with {default} (compiler=None)" if default else
+                                  f"nothing: {blocked} names no working compiler (kdb.hip "
+                                  "raises; fix it or unset it)" if blocked else
                                   "nothing: no compiler; stored builds are served (newest "
                                   "compiler first)"))
     built = hip["hipcc"]["arches"] or hip["hiprtc"]["arches"]

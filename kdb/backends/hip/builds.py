@@ -11,7 +11,7 @@ import os
 import shlex
 from typing import Iterable, Sequence
 
-from ... import logs
+from ... import config, logs
 from ...db import KernelDB, default_db
 from ...errors import BackendUnavailableError, CompileError
 from . import hipcc as _hipcc
@@ -38,8 +38,9 @@ def _run_hipcc(req: Request) -> bytes:
             proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
                                   env=_hipcc.run_env(), capture_output=True)
         except OSError as err:
-            raise BackendUnavailableError(f"cannot run {cmd[0]}: {err}; {_hipcc.INSTALL}") \
-                from err
+            raise BackendUnavailableError(
+                f"cannot run {cmd[0]}: {err}; {_hipcc.POINT} of a working hipcc, or install "
+                f"one: {_hipcc.INSTALL}") from err
         said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
         out_path = os.path.join(tmp, "kernel.co")
         if proc.returncode != 0 or not os.path.isfile(out_path):
@@ -108,7 +109,8 @@ def _uncached(db: KernelDB, req: Request, why: str) -> bytes:
     if req.tool is None:
         raise BackendUnavailableError(
             f"no HIP compiler is installed, and {req.attrs.name} cannot be served from kdb: "
-            f"{why}. Install one: {_hipcc.INSTALL}")
+            f"{why}. Install one: {_hipcc.INSTALL}; or point kdb at one "
+            f"({config.ENV_HIPCC}, {config.ENV_HIPRTC})")
     try:
         return _build(req)
     except UnkeyedRead as err:
@@ -154,7 +156,8 @@ def _stored(db: KernelDB, req: Request) -> bytes:
     raise BackendUnavailableError(
         f"no HIP compiler is installed and no stored code object of {req.attrs.name} for "
         f"{req.target} matches this request (these options and headers). Install a "
-        f"compiler: {_hipcc.INSTALL}; or the system database for {req.attrs.arch} "
+        f"compiler: {_hipcc.INSTALL} (or point kdb at one: {config.ENV_HIPCC}, "
+        f"{config.ENV_HIPRTC}); or the system database for {req.attrs.arch} "
         f"(KDB_SYSTEM_DB_PATH for a directory). Looked for: {req.missing}")
 
 

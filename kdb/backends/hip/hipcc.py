@@ -8,6 +8,10 @@ the sha256 of the script and its modules, the GNU build IDs of clang, lld and th
 libraries, and the sha256 of the device libraries and HIP's headers, all found through
 hipcc's own verbose report, never by path. That costs a few subprocesses, so it is done once
 per machine (``<cache root>/hipcc.json``) and once per process.
+
+The hipcc is ``hipcc=``, else ``KDB_HIPCC``, else ``$ROCM_PATH/bin/hipcc``, else PATH's; the
+variable is not in the key, the identity of the hipcc it names is (a wrapper script is a
+compiler of its own; a link runs, and is keyed with, the ``hipcc.pl`` beside it).
 """
 
 from __future__ import annotations
@@ -69,25 +73,60 @@ def run_env(overrides: dict[str, str] | None = None, drop: tuple[str, ...] = ()
     return {**env, "HIP_PLATFORM": "amd", **(overrides or {})}
 
 
+#: The variables that choose the hipcc (not in the key: the hipcc's identity is).
+_FIND_VARIABLES = (config.ENV_HIPCC, "ROCM_PATH", "PATH")
+#: How to point kdb at a hipcc, for the messages that say there is none that works.
+POINT = (f"set {config.ENV_HIPCC}=/path/to/hipcc (or ROCM_PATH=/path/to/rocm, holding "
+         "bin/hipcc)")
+
+
+def _executable(candidate: str, path: str | None) -> str | None:
+    """``candidate`` as an absolute path if it is an executable file; a bare name is looked
+    up on ``path``."""
+    if os.sep in candidate or (os.altsep and os.altsep in candidate):
+        p = os.path.abspath(os.path.expanduser(candidate))
+        return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
+    found = shutil.which(candidate, path=path)
+    return os.path.abspath(found) if found else None
+
+
 def find_hipcc(explicit: str | os.PathLike[str] | None = None) -> str:
-    """The hipcc to run: ``explicit``, else ``$ROCM_PATH/bin/hipcc``, else the one on PATH."""
+    """The hipcc to run: ``explicit``, else ``KDB_HIPCC``, else ``$ROCM_PATH/bin/hipcc``,
+    else the one on PATH."""
+    return locate_hipcc(explicit)[0]
+
+
+def locate_hipcc(explicit: str | os.PathLike[str] | None = None) -> tuple[str, str]:
+    """``(path, found_by)`` of the hipcc :func:`find_hipcc` finds; ``found_by`` is
+    ``"argument"``, ``"KDB_HIPCC"``, ``"ROCM_PATH"`` or ``"PATH"``."""
+    variables = config.read_variables(_FIND_VARIABLES)
     if explicit is not None:
         p = os.path.abspath(os.fspath(explicit))
         if not (os.path.isfile(p) and os.access(p, os.X_OK)):
             raise BackendUnavailableError(
                 f"hipcc={os.fspath(explicit)!r} is not an executable file: pass the path of "
                 "hipcc (e.g. /usr/bin/hipcc)")
-        return p
-    variables = config.read_variables(("ROCM_PATH", "PATH"))
+        return p, "argument"
+    env = (variables[config.ENV_HIPCC] or "").strip()
+    if env:
+        found = _executable(env, variables["PATH"])
+        if found is None:
+            raise BackendUnavailableError(
+                f"{config.ENV_HIPCC}={env!r} is not an executable file: point it at hipcc "
+                "(e.g. /usr/bin/hipcc or /opt/rocm/bin/hipcc), or unset it to use ROCM_PATH "
+                "or PATH")
+        return found, config.ENV_HIPCC
     rocm = (variables["ROCM_PATH"] or "").strip()
-    if rocm and os.access(os.path.join(rocm, "bin", "hipcc"), os.X_OK):
-        return os.path.join(rocm, "bin", "hipcc")
+    if rocm:
+        found = _executable(os.path.join(rocm, "bin", "hipcc"), None)
+        if found is not None:
+            return found, "ROCM_PATH"
     found = shutil.which("hipcc", path=variables["PATH"])
     if found is None:
         raise BackendUnavailableError(
-            f"hipcc not found on PATH (nor in $ROCM_PATH/bin). Install it: {INSTALL}, or "
-            "ROCm's own packages")
-    return os.path.abspath(found)
+            f"hipcc not found on PATH (nor in $ROCM_PATH/bin; {config.ENV_HIPCC} is not set). "
+            f"Install it: {INSTALL}, or ROCm's own packages; or {POINT}")
+    return os.path.abspath(found), "PATH"
 
 
 def environment() -> tuple[tuple[str, str], ...]:
@@ -106,13 +145,15 @@ def identity(path: str, memo_dir: str | os.PathLike[str] | None = None) -> Hipcc
     try:
         st = os.stat(path)
     except OSError as err:
-        raise BackendUnavailableError(f"cannot use hipcc at {path}: {err}; {INSTALL}") from err
+        raise BackendUnavailableError(
+            f"cannot use hipcc at {path}: {err}; {POINT} of a working hipcc, or install one: "
+            f"{INSTALL}") from err
     memo = (path, st.st_size, st.st_mtime_ns, env)
     ident = _identities.get(memo)
     if ident is None:
         root = Path(memo_dir) if memo_dir is not None else config.cache_root()
         rec = machine_memo(root, "hipcc", path, lambda: _probe(path, root, env),
-                           lambda r: _still_valid(r, env))
+                           lambda r: _still_valid(r, env) and _same_script(r, path))
         ident = HipccIdentity(path, rec["version"], tuple(sorted(rec["ids"].items())),
                               tuple(rec["include_dirs"]), tuple(rec["llvm"]),
                               tuple(rec["built"]))
@@ -128,7 +169,9 @@ def _run(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = No
         return subprocess.run(cmd, cwd=cwd, env=run_env(env, drop), capture_output=True,
                               timeout=_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise BackendUnavailableError(f"cannot run {' '.join(cmd)}: {err}; {INSTALL}") from err
+        raise BackendUnavailableError(
+            f"cannot run {' '.join(cmd)}: {err}; {POINT} of a working hipcc, or install one: "
+            f"{INSTALL}") from err
 
 
 def _probe(path: str, memo_dir: Path, env: tuple) -> dict[str, Any]:
@@ -138,7 +181,8 @@ def _probe(path: str, memo_dir: Path, env: tuple) -> dict[str, Any]:
     if proc.returncode != 0 or "HIP version" not in said:
         raise BackendUnavailableError(
             f"{path} --version failed (exit {proc.returncode}): "
-            f"{proc.stderr.decode('utf-8', 'replace').strip()[:400]}; is it hipcc? {INSTALL}")
+            f"{proc.stderr.decode('utf-8', 'replace').strip()[:400]}; is it hipcc? {POINT} "
+            f"of a working hipcc, or install one: {INSTALL}")
     paths = dict(re.findall(r"^([A-Z_]+)=(.*)$", said, re.MULTILINE))
     cmd = re.search(r"^hipcc-cmd: (\S+)", said, re.MULTILINE)
     clang = os.path.realpath(cmd.group(1)) if cmd else ""
@@ -154,17 +198,17 @@ def _probe(path: str, memo_dir: Path, env: tuple) -> dict[str, Any]:
                      else "sha256:" + machine_digest(p, memo_dir))
     llvm, built = _processors(clang, paths.get("DEVICE_LIB_PATH", ""))
     return {"version": version, "ids": ids, "stamps": stamps, "env": [list(e) for e in env],
+            "script": _script(path),
             "include_dirs": _default_dirs(path), "llvm": llvm, "built": built}
 
 
 def _pieces(path: str, clang: str, paths: dict[str, str]) -> dict[str, str]:
     """The files that make a code object, by name: hipcc's scripts, clang, lld and their
     LLVM libraries, the device libraries, HIP's headers."""
-    here = os.path.dirname(os.path.realpath(path))
     bindir = os.path.dirname(clang)
-    found = {"hipcc": os.path.realpath(path)}
-    for name in ("hipcc.pl", "hipvars.pm"):
-        found[name] = os.path.join(here, name)
+    script = _script(path)
+    found = {"hipcc": os.path.realpath(path), "hipcc.pl": script,
+             "hipvars.pm": os.path.join(os.path.dirname(script), "hipvars.pm")}
     found["bin/clang"] = clang
     found["bin/lld"] = os.path.realpath(os.path.join(bindir, "ld.lld"))
     for lib in ("libclang-cpp.so*", "libLLVM*.so*"):
@@ -215,6 +259,21 @@ def _default_dirs(path: str) -> list[str]:
 
 #: Variables that add to the default search; unset for the probe of the defaults.
 _SEARCH_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "HIPCC_COMPILE_FLAGS_APPEND")
+
+
+def _script(path: str) -> str:
+    """The ``hipcc.pl`` the hipcc at ``path`` runs, a real path: the one beside ``path`` as
+    given, not beside the file it links to (hipcc takes its own directory unresolved, and
+    hipcc.pl the ``hipvars.pm`` beside its real self). For hipcc run as itself, the same."""
+    return os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(path)), "hipcc.pl"))
+
+
+def _same_script(rec: Any, path: str) -> bool:
+    """A remembered identity (kept per real path) is of the ``hipcc.pl`` this ``path`` runs:
+    a link to hipcc elsewhere may run another. One remembered before ``script`` was kept
+    named the one beside the real path."""
+    legacy = os.path.join(os.path.dirname(os.path.realpath(path)), "hipcc.pl")
+    return isinstance(rec, dict) and rec.get("script", os.path.realpath(legacy)) == _script(path)
 
 
 def _still_valid(rec: Any, env: tuple) -> bool:

@@ -60,22 +60,49 @@ def _dirs() -> list[str]:
     return out
 
 
-def find_hiprtc(explicit: str | os.PathLike[str] | None = None) -> str:
-    """The ``libamdhip64`` to load: ``explicit``, else the first of :func:`_dirs` holding one."""
+#: How to point kdb at a HIPRTC, for the messages that say there is none that works.
+POINT = f"set {config.ENV_HIPRTC}=/path/to/libamdhip64.so (or ROCm 6's libhiprtc.so)"
+
+
+def find_hiprtc(explicit: str | os.PathLike[str] | None = None, *, variable: bool = True
+                ) -> str:
+    """The HIPRTC library to load: ``explicit``, else ``KDB_HIPRTC`` (unless ``variable``
+    is false: the HIP runtime's own lookup), else the first ``libamdhip64`` of
+    :func:`_dirs`."""
+    return locate_hiprtc(explicit, variable=variable)[0]
+
+
+def locate_hiprtc(explicit: str | os.PathLike[str] | None = None, *, variable: bool = True
+                  ) -> tuple[str, str]:
+    """``(path, found_by)`` of the library :func:`find_hiprtc` finds; ``found_by`` is
+    ``"argument"``, ``"KDB_HIPRTC"``, ``"ROCM_PATH"`` or ``"library search"``."""
     if explicit is not None:
         p = os.path.abspath(os.fspath(explicit))
         if not os.path.isfile(p):
             raise BackendUnavailableError(
                 f"hiprtc={os.fspath(explicit)!r} is not libamdhip64.so: point it at the library")
-        return p
+        return p, "argument"
+    variables = config.read_variables((config.ENV_HIPRTC, "ROCM_PATH"))
+    env = (variables[config.ENV_HIPRTC] or "").strip() if variable else ""
+    if env:
+        p = os.path.abspath(os.path.expanduser(env))
+        if not os.path.isfile(p):
+            raise BackendUnavailableError(
+                f"{config.ENV_HIPRTC}={env!r} is not a file: point it at the library HIPRTC is "
+                "in (libamdhip64.so; ROCm 6 and later: libhiprtc.so), or unset it to search "
+                "$ROCM_PATH/lib, /opt/rocm/lib and the system's library directories")
+        return p, config.ENV_HIPRTC
+    rocm = (variables["ROCM_PATH"] or "").strip()
     for d in _dirs():
         for name in _NAMES:
             p = os.path.join(d, name)
             if os.path.isfile(p):
-                return p
+                return p, ("ROCM_PATH" if rocm and d == os.path.join(rocm, "lib")
+                           else "library search")
+    unset, point = (f"; {config.ENV_HIPRTC} is not set", f"; or {POINT}") if variable else ("", "")
     raise BackendUnavailableError(
         f"HIPRTC not found (libamdhip64.so in $ROCM_PATH/lib, /opt/rocm/lib or the system's "
-        f"library directories). Install it: {INSTALL}")
+        f"library directories{unset}). Install it: {INSTALL}{point}")
 
 
 _identities: dict[tuple, HiprtcIdentity] = {}
@@ -86,7 +113,8 @@ def identity(path: str, memo_dir: str | os.PathLike[str] | None = None) -> Hiprt
     try:
         st = os.stat(path)
     except OSError as err:
-        raise BackendUnavailableError(f"cannot use HIPRTC at {path}: {err}; {INSTALL}") from err
+        raise BackendUnavailableError(
+            f"cannot use HIPRTC at {path}: {err}; {POINT}, or install it: {INSTALL}") from err
     memo = (path, st.st_size, st.st_mtime_ns)
     ident = _identities.get(memo)
     if ident is None:
@@ -113,7 +141,8 @@ def _companions(path: str) -> dict[str, str]:
 def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
     got = _in_child({"op": "version", "path": path})
     if got["status"] != 0:
-        raise BackendUnavailableError(f"HIPRTC hiprtcVersion failed: {got['error']}; {INSTALL}")
+        raise BackendUnavailableError(f"HIPRTC hiprtcVersion failed: {got['error']}; is "
+                                      f"{path} HIPRTC? {POINT}, or install it: {INSTALL}")
     files = {"libamdhip64": os.path.realpath(path), **_companions(path)}
     return {"version": got["version"],
             "libraries": {n: library_id(p, memo_dir) for n, p in files.items()},
@@ -178,8 +207,8 @@ def _in_child(request: dict[str, Any]) -> dict[str, Any]:
         said = locals().get("proc")
         tail = said.stderr.strip()[-400:] if said is not None else ""
         raise BackendUnavailableError(
-            f"HIPRTC at {request['path']} failed in its process ({err}) {tail}; {INSTALL}") \
-            from err
+            f"HIPRTC at {request['path']} failed in its process ({err}) {tail}; {POINT}, or "
+            f"install it: {INSTALL}") from err
 
 
 def run(path: str, text: str, target: str, options: Sequence[str], name: str

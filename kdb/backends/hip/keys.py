@@ -103,11 +103,18 @@ def compiler_kind(compiler: Iterable[tuple[str, str]]) -> str | None:
 Identity = HipccIdentity | HiprtcIdentity
 
 
+def _configured(explicit: object, variable: str) -> bool:
+    if explicit is not None:
+        return True
+    return bool((config.read_variables((variable,))[variable] or "").strip())
+
+
 def find_compiler(compiler: str | None = None, hipcc: str | os.PathLike[str] | None = None,
                   memo_dir: str | os.PathLike[str] | None = None
                   ) -> tuple[str | None, Identity | None, str]:
     """``(kind, identity, "")`` of the compiler to run, or ``(None, None, why)`` when none
-    is installed; a ``hipcc=`` that is not there raises."""
+    is installed. A compiler named in ``KDB_HIPCC`` / ``KDB_HIPRTC`` (or ``hipcc=``) that
+    is not there raises: that is a mistake to fix, not a machine without a compiler."""
     if compiler not in (None, *COMPILERS):
         raise InvalidArgumentError(f"compiler {compiler!r} is not one of None, 'hipcc', "
                                    "'hiprtc' (None: hipcc where one is found, else HIPRTC)")
@@ -119,7 +126,7 @@ def find_compiler(compiler: str | None = None, hipcc: str | os.PathLike[str] | N
             path = _hipcc.find_hipcc(hipcc)
             return "hipcc", _hipcc.identity(path, memo_dir), ""
         except BackendUnavailableError as err:
-            if hipcc is not None:
+            if _configured(hipcc, config.ENV_HIPCC):
                 raise
             why.append(str(err))
         if compiler == "hipcc":
@@ -128,6 +135,8 @@ def find_compiler(compiler: str | None = None, hipcc: str | os.PathLike[str] | N
         path = _hiprtc.find_hiprtc()
         return "hiprtc", _hiprtc.identity(path, memo_dir), ""
     except BackendUnavailableError as err:
+        if _configured(None, config.ENV_HIPRTC):
+            raise
         why.append(str(err))
     return None, None, " ".join(why)
 

@@ -67,9 +67,10 @@ def probe(path: str | None = None) -> dict[str, Any]:
 
 def _library(path: str | None) -> str:
     """The ``libamdhip64`` to load (HIPRTC's: HIPRTC lives in the runtime), or what to
-    install."""
+    install. ``KDB_HIPRTC`` chooses the compiler, not the runtime (ROCm 6's HIPRTC is a
+    library of its own, ``libhiprtc.so``, with no runtime in it)."""
     try:
-        return hiprtc.find_hiprtc(path)
+        return hiprtc.find_hiprtc(path, variable=False)
     except BackendUnavailableError as err:
         raise BackendUnavailableError(f"no HIP runtime to load code objects with: {err}") \
             from err
