@@ -71,8 +71,9 @@ def stored(cache: Path) -> int:
         return 0
 
 
-def wait_for_worker(cache: Path, timeout: float = 120) -> None:
-    """Until the spool is empty and no worker runs."""
+def wait_for_worker(cache: Path, timeout: float = 300) -> None:
+    """Until the spool is empty and no worker runs (beside CPU hogs only the floor lane,
+    a tenth of one core, may store: minutes for a few jobs)."""
     v1 = cache / "v1"
     deadline = time.monotonic() + timeout
     while spool.jobs(v1) or any(spool.worker_running(d) for d in (v1 / "spool").glob("*")):
@@ -474,3 +475,19 @@ def test_a_spool_holding_max_jobs_takes_no_more(tmp_path):
     for p in list(spool_dir.iterdir())[:10]:  # the worker stored some meanwhile
         p.unlink()
     jobfiles.check_room(tmp_path, spool_dir)
+
+
+def test_a_job_swapped_for_a_fifo_is_set_aside_when_a_lane_would_take_it(tmp_path):
+    """A worker that read a job before it was swapped for a FIFO still lists it as a job:
+    the lane that would take it sets it aside (``.bad``), so the worker does not hand it
+    out for ever (a worker that never exits, nothing stored after it)."""
+    from kdb.storing import jobfiles
+
+    job = tmp_path / "00000000000000000001-1-0.job"
+    os.mkfifo(job)
+    assert jobfiles.take(job) is None
+    assert not job.exists() and job.with_suffix(jobfiles.BAD).exists()
+    os.mkdir(tmp_path / "00000000000000000002-1-0.job")
+    assert jobfiles.take(tmp_path / "00000000000000000002-1-0.job") is None
+    assert (tmp_path / "00000000000000000002-1-0.bad").is_dir()
+    assert jobfiles.take(tmp_path / "00000000000000000003-1-0.job") is None  # none: no file

@@ -9,8 +9,10 @@ never what fills a disk (:func:`check_room`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Callable
@@ -40,12 +42,19 @@ def taken_path(path: Path) -> Path:
 
 def _flocked(path: Path) -> int | None:
     """``path`` opened and ``flock``-ed (exclusive, not blocking) through the returned fd; -1
-    when another process holds its lock; None when there is no such file."""
+    when another process holds its lock; None when there is no such file, or where it is
+    not a regular file (a FIFO, a directory: set aside as ``.bad``, or a worker that read
+    the job before it was swapped would hand it to its lanes for ever)."""
     import fcntl
 
     try:
         fd = open_regular(path)
+    except FileNotFoundError:
+        return None
     except OSError:
+        with contextlib.suppress(OSError):
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                os.rename(path, path.with_suffix(BAD))
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
