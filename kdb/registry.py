@@ -86,7 +86,7 @@ register(BackEnd("cuda", "kdb.backends.cuda", "CUDA", pack="kdb.backends.cuda.pa
                  compiler_rank="kdb.backends.cuda:compiler_rank"))
 register(BackEnd("hip", "kdb.backends.hip", "HIP", pack="kdb.backends.hip.packing",
                  compiler_rank="kdb.backends.hip:compiler_rank"))
-register(BackEnd("triton", "kdb.backends.triton", "Triton",
+register(BackEnd("triton", "kdb.backends.triton", "Triton", per_python=True,
                  pack="kdb.backends.triton.packing", requires=("triton", "kdb[triton]")))
 register(BackEnd("torch", "kdb.backends.torch", "torch.compile", per_python=True))
 

@@ -38,7 +38,7 @@ def test_what_travels_fits_the_device_machine(prepared):
     assert any(w.startswith("kdb-") for w in wheels)
     assert not any(w.startswith("numpy-") for w in wheels)  # the machine has it
     assert [p.name for p in (carry / "packs").iterdir()] == [
-        "kdb_system_sm_90-1.0.0-py3-none-any.whl"]
+        f"kdb_system_sm_90-1.0.0-cp{sys.version_info[0]}{sys.version_info[1]}-none-any.whl"]
 
 
 def test_the_dry_run_installs_from_the_carried_wheels_and_serves_without_a_gpu(prepared):

@@ -611,6 +611,8 @@ arches = ["sm_90", "gfx942"]
 '''
 
 ARCHES = ["sm_80", "sm_90", "gfx90a", "gfx942"]
+#: A Triton pack's wheel is tagged for the Python its entries name (kdb.pack.builtfor).
+PY_TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
 
 
 def amd_launches_keyed(tmp_path) -> bool:
@@ -657,9 +659,14 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
                     "TRITON_CACHE_DIR": str(tmp_path / "tc-b")}, tmp_path / "b", arches)
     built = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert built == sorted([f"{a}.kdb" for a in arches]
-                           + [f"kdb_system_{a}-1.0.0-py3-none-any.whl" for a in arches])
+                           + [f"kdb_system_{a}-1.0.0-{PY_TAG}-none-any.whl" for a in arches])
     for name in built:  # byte for byte, files and wheels
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "a" / f"kdb_system_sm_90-1.0.0-{PY_TAG}-none-any.whl") as z:
+        meta = next(z.read(n).decode() for n in z.namelist() if n.endswith("/METADATA"))
+    assert f"Requires-Python: =={sys.version_info[0]}.{sys.version_info[1]}.*" in meta
     with sqlite3.connect(tmp_path / "a" / "sm_80.kdb") as conn:
         assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
 
@@ -676,7 +683,7 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
     venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
     python = tmp_path / "venv" / "bin" / "python"
     wheels = [*(tmp_path / "kdb-dist").glob("kdb-*.whl"),
-              *(tmp_path / "a" / f"kdb_system_{a}-1.0.0-py3-none-any.whl"
+              *(tmp_path / "a" / f"kdb_system_{a}-1.0.0-{PY_TAG}-none-any.whl"
                 for a in ("sm_90", "gfx942") if a in arches)]
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
                     "--no-deps", "--quiet", *map(str, wheels)], check=True, timeout=600)
