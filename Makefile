@@ -43,7 +43,7 @@ test: $(STAMP) $(TRITON) $(TORCH)
 	bash tools/ensure_postgres.sh
 	bash tools/ensure_hip.sh
 	PYTHON=$(BIN)/python bash tools/ensure_opencl.sh
-	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP) $(TRITON) $(TORCH)
 	env $(OPENCL) $(BIN)/python benchmarks/run.py
