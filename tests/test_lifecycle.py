@@ -85,3 +85,17 @@ def test_a_forked_child_that_exits_normally_does_not_count_the_parents_hits(cach
     path = cache_dir / "v1" / "forkarch.kdb"
     assert sql(path, "SELECT hits FROM kernels WHERE key = ?", (attrs.key,)) == [(3,)]
     assert sql(path, "SELECT value FROM counters WHERE name = 'hits.user'") == [(3,)]
+
+
+def test_a_drain_runs_the_stores_not_started_in_the_waiting_thread():
+    """The background thread stores at the lowest priority; a thread that waits for its
+    stores (at exit, a flush) runs those not started itself, at its own priority: beside
+    CPU-bound work a nice-19 store would not land within KDB_STORE_TIMEOUT."""
+    import threading
+
+    from kdb.storing import background
+
+    ran = []
+    background.submit(lambda: ran.append(threading.get_ident()))
+    assert background.drain(30) == [] and background.pending() == 0
+    assert ran == [threading.get_ident()]

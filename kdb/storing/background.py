@@ -63,19 +63,22 @@ def _next_job() -> Callable[[], None]:
 
 
 def _run() -> None:
-    global _unfinished
     _lower_priority()
     while True:
-        job = _next_job()
-        try:
-            job()
-        except BaseException as err:  # noqa: BLE001 - a store failure must not kill the thread
-            _errors.append(err)
-            log.warning("kdb: background store failed: %s", err, exc_info=log.isEnabledFor(10))
-        finally:
-            with _cond:
-                _unfinished -= 1
-                _cond.notify_all()
+        _run_one(_next_job())
+
+
+def _run_one(job: Callable[[], None]) -> None:
+    global _unfinished
+    try:
+        job()
+    except BaseException as err:  # noqa: BLE001 - a store failure must not kill the thread
+        _errors.append(err)
+        log.warning("kdb: background store failed: %s", err, exc_info=log.isEnabledFor(10))
+    finally:
+        with _cond:
+            _unfinished -= 1
+            _cond.notify_all()
 
 
 def submit(job: Callable[[], None]) -> None:
@@ -100,7 +103,10 @@ def pending() -> int:
 def drain(timeout: float | None = None) -> list[BaseException]:
     """Run every submitted job now and wait for them (at most ``timeout`` seconds).
 
-    Returns (and forgets) the jobs' errors. Jobs left when the timeout expires stay queued.
+    A job the background thread has not started is run by the calling thread, at its
+    priority, not the background thread's lowest (the caller waits for it: at exit, or a
+    flush); one already started is waited for. Returns (and forgets) the jobs' errors. Jobs
+    left when the timeout expires stay queued.
     """
     global _hurry
     if (_thread is not None and _pid == os.getpid() and _thread.is_alive()
@@ -114,6 +120,14 @@ def drain(timeout: float | None = None) -> list[BaseException]:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
+                    if _jobs:
+                        job = _jobs.popleft()
+                        _cond.release()
+                        try:
+                            _run_one(job)
+                        finally:
+                            _cond.acquire()
+                        continue
                     _cond.wait(left)
             finally:
                 _hurry = False

@@ -68,6 +68,7 @@ class _Helper:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.pid = os.getpid()
+        self.lock = threading.Lock()  # one request at a time
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kdb.backends.opencl", "--read-binaries"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
@@ -91,41 +92,47 @@ class _Helper:
         return [self.proc.stdout.read(size) for size in header["sizes"]]
 
     def close(self) -> None:
+        """Never waits for a request in flight: at exit, one the stores' timeout gave up on
+        (the reader then gets :class:`HelperError`)."""
         if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+            self.proc.kill()
+        self.proc.wait()
 
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # the table below; each helper has its own for requests
 _helpers: dict[tuple, _Helper] = {}
+
+
+def _nice() -> int:
+    """The calling thread's nice value: a helper runs at the priority of the thread that
+    waits for it (the background store thread's lowest, or a flushing or exiting thread's)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    except (OSError, AttributeError):
+        return 0
 
 
 def read_elsewhere(program: dict, ptrs: list[int], build=()) -> dict[int, bytes]:
     """The binaries of ``program`` (a job's program, :func:`.stores.program_spec`) built
-    again in the helper, by device pointer (``ptrs``: its devices here, in its order), under
+    again in a helper, by device pointer (``ptrs``: its devices here, in its order), under
     the build variables ``build`` (``(name, value)`` pairs, None for unset)."""
     from ...storing.spool import job_environment
 
+    key = (tuple(build), _nice())
     with _lock:
-        key = tuple(build)
         helper = _helpers.get(key)
         if helper is None or helper.proc.poll() is not None:
-            env = job_environment(None, build=build)
-            helper = _helpers[key] = _Helper(env)
+            helper = _helpers[key] = _Helper(job_environment(None, build=build))
+    with helper.lock:
         binaries = helper.read(program)
     return {ptr: b for ptr, b in zip(ptrs, binaries) if b}
 
 
 def _close_all() -> None:
-    with _lock:
-        for helper in _helpers.values():
-            if helper.pid == os.getpid():
-                helper.close()
-        _helpers.clear()
+    for helper in list(_helpers.values()):
+        if helper.pid == os.getpid():
+            helper.close()
+    _helpers.clear()
 
 
 def _after_fork() -> None:
