@@ -246,3 +246,24 @@ def test_zstd_frames_carry_their_own_checksum_and_thorough_checks_the_sha256():
     # A wrong sha256 column is caught by the thorough check (kdb verify, kdb pack).
     assert codec.decode(kind, blob, len(raw), "0" * 64, thorough=True) is None
     assert codec.decode(kind, blob, len(raw) + 1, right) is None
+
+
+def test_a_read_error_on_a_file_replaced_meanwhile_is_no_fault(user, monkeypatch):
+    """``kdb clear`` removed the file with its -wal and -shm and another process made a new
+    one: this thread's connection then fails ("disk I/O error"). That is the file gone, not
+    a broken cache: no fault (strict mode raises on one), and the next read opens the new
+    file. Before, only a file still missing counted; a new one there disabled the tier."""
+    monkeypatch.setenv("KDB_STRICT", "1")
+    assert user.write([entry("k1")], [], {}, {})
+    assert user.fetch("k1") is not None  # this thread's connection, to the first file
+    for p in user.path.parent.glob(user.path.name + "*"):
+        p.unlink()
+    other = KernelFile(user.path, tier="user", readonly=False)
+    assert other.write([entry("k2")], [], {}, {})  # the new file
+    moved = user.replaced()
+    user.close()
+    user.damaged(sqlite3.OperationalError("disk I/O error"), moved=moved)
+    assert moved and user.usable
+    assert user.fetch("k1") is None and user.fetch("k2") is not None
+    with pytest.raises(CacheFaultError, match="cannot use"):  # a file still there: a fault
+        user.damaged(sqlite3.OperationalError("disk I/O error"), moved=user.replaced())

@@ -113,6 +113,7 @@ class KernelFile:
         if not self.readonly and not self.checked and not _writable(self.filename):
             self._read_only_cache()
         conn = None
+        ident = identity(self.filename)  # before the open: a file replaced since counts as so
         try:
             conn = self.open_connection()
             if not self.checked and not self._check(conn):
@@ -121,10 +122,10 @@ class KernelFile:
         except DAMAGE as err:
             if conn is not None:
                 conn.close()
-            self.damaged(err)
+            self.damaged(err, moved=identity(self.filename) != ident)
             return None
         self._local.conn, self._local.pid = conn, os.getpid()
-        self._local.ident = identity(self.filename)
+        self._local.ident = ident
         return conn
 
     def replaced(self) -> bool:
@@ -237,11 +238,14 @@ class KernelFile:
             once="walsys:" + self.filename)
         return not wal
 
-    def damaged(self, err: Exception) -> None:
+    def damaged(self, err: Exception, moved: bool = False) -> None:
         """The file failed with ``err``: not used again in this process (a corrupt one is
-        moved aside), unless it was only removed meanwhile."""
+        moved aside), unless it was only removed meanwhile, or replaced (``moved``: the path
+        no longer leads to the file this thread's connection read, whose ``-wal`` and
+        ``-shm`` went with it: SQLite says "disk I/O error")."""
         self.usable = False
-        if isinstance(err, sqlite3.OperationalError) and not Path(self.filename).exists():
+        if isinstance(err, sqlite3.OperationalError) and (
+                moved or not Path(self.filename).exists()):
             self.usable = True  # removed meanwhile (kdb clear): the next use makes a new one
             self.close()
             self.checked = False
@@ -291,8 +295,9 @@ class KernelFile:
                 faults.fault(f"{self.filename} is locked ({err}); treating as a miss",
                              once="locked")
                 return None
+            moved = self.replaced()
             self.close()
-            self.damaged(err)
+            self.damaged(err, moved=moved)
             return None
         if row is None:
             return None
@@ -329,8 +334,9 @@ class KernelFile:
                 faults.fault(f"{self.filename} is locked ({err}); treating as a miss",
                              once="locked")
                 return []
+            moved = self.replaced()
             self.close()
-            self.damaged(err)
+            self.damaged(err, moved=moved)
             return []
         return [(r[0], Row(*r[1:6], float(r[6]) if isinstance(r[6], (int, float)) else 0.0))
                 for r in rows]
