@@ -87,3 +87,27 @@ def open_regular(path: Path) -> int:
         os.close(fd)
         raise OSError(f"{path} is not a regular file")
     return fd
+
+
+def remove_unheld_lock(path: Path) -> bool:
+    """Remove the lock file ``path`` if no process holds its ``flock``; True if removed. It is
+    held while unlinked, so a process that opened it meanwhile and locks it next sees that
+    the path names another file now, and locks that one (``kdb.file.migrate.file_lock``, a
+    claim): one holder at a time, though the file was removed."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        st, here = os.stat(path), os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (here.st_dev, here.st_ino):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False  # a live holder, or gone meanwhile
+    finally:
+        os.close(fd)

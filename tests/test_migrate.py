@@ -353,3 +353,53 @@ def test_a_failed_upgrade_raises_in_strict_mode(cache_dir, monkeypatch):
     assert KernelDB().get(a) == BINARY  # read as it is: a lookup does not upgrade
     with pytest.raises(CacheFaultError, match="could not be upgraded"):
         KernelDB().put(attrs("__kernel void new() {}"), b"new")
+
+
+def test_the_upgrade_lock_is_never_removed_from_under_its_holder(tmp_path):
+    """``kdb clear`` removes ``<file>.lock`` only while no upgrader holds it; a waiter that
+    opened a lock file removed meanwhile (by hand) locks the file at the path instead, so
+    two processes never migrate one new file at once ("table alembic_version already
+    exists" beside a ``kdb clear`` loop)."""
+    import fcntl
+    import os
+    import threading
+
+    from kdb.admin.maintenance import clear
+    from kdb.file.migrate import file_lock
+
+    db, lock = tmp_path / "a.kdb", tmp_path / "a.kdb.lock"
+    with file_lock(db):
+        assert clear([lock]) == ([], [])  # held: left alone
+        assert lock.exists()
+    assert clear([lock]) == ([str(lock)], [])  # not held: removed
+
+    held, release, inside, done = (threading.Event() for _ in range(4))
+
+    def holder():
+        with file_lock(db):
+            held.set()
+            release.wait(10)
+
+    def waiter():
+        with file_lock(db, timeout=10):
+            inside.set()
+            done.wait(10)
+
+    first = threading.Thread(target=holder)
+    first.start()
+    held.wait(10)
+    second = threading.Thread(target=waiter)
+    second.start()  # opens the lock file the holder holds, and waits
+    time.sleep(0.2)
+    lock.unlink()  # removed by hand while held
+    release.set()
+    first.join(10)
+    assert inside.wait(10)
+    fd = os.open(lock, os.O_RDWR)  # the file at the path now: the waiter holds it
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+        done.set()
+        second.join(10)

@@ -125,12 +125,16 @@ def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:
     could not be (a read-only cache) with why. A claim file taken again since, or a spool
     directory that got a new job since, is left alone."""
     from ..claims import remove_if_stale
+    from ..dirs import remove_unheld_lock
 
     removed, failed = [], []
     for p in paths:
         try:
             if p.parent.name == "claims" and p.suffix == ".lock":
                 if not remove_if_stale(p):
+                    continue
+            elif p.name.endswith(".kdb.lock"):  # an upgrader's: never from under its holder
+                if not remove_unheld_lock(p):
                     continue
             elif p.is_dir() and not p.is_symlink():
                 p.rmdir()

@@ -250,32 +250,17 @@ def _remove_files(directory: Path, key: str) -> None:
 
 def remove_if_stale(path: Path) -> bool:
     """Remove the claim file ``path`` (``<key>.lock``) if no process holds its ``flock``
-    (its holder is gone), with its ``.want``; True if removed. Held while unlinking, so a
-    process that opens it meanwhile finds the inode changed and takes a new file."""
-    import fcntl
+    (its holder is gone), with its ``.want``; True if removed
+    (:func:`kdb.dirs.remove_unheld_lock`)."""
+    from ..dirs import remove_unheld_lock
 
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    if not remove_unheld_lock(path):
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(path.with_suffix(".want"))
     except OSError:
-        os.close(fd)
-        return False  # a live holder
-    try:
-        if os.fstat(fd).st_ino != os.stat(path).st_ino:
-            return False
-        os.unlink(path)
-        try:
-            os.unlink(path.with_suffix(".want"))
-        except OSError:
-            pass
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+        pass
+    return True
 
 
 def _after_fork() -> None:

@@ -72,7 +72,13 @@ def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                if _same_file(fd, lock_path):
+                    break
+                # Removed (kdb clear) or replaced while we waited: a lock on it excludes
+                # nobody who opens the path now. Lock the file that is there.
+                os.close(fd)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+                continue
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
@@ -86,6 +92,16 @@ def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
 
 
 def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -> None:
