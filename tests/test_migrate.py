@@ -403,3 +403,19 @@ def test_the_upgrade_lock_is_never_removed_from_under_its_holder(tmp_path):
         os.close(fd)
         done.set()
         second.join(10)
+
+
+def test_clear_leaves_the_wal_and_shm_of_a_file_made_again_since(tmp_path):
+    """``kdb clear`` removes the database, then its ``-wal`` and ``-shm``, by name: a process
+    that made a new file in between owns those names now; removing them from under its open
+    connection gave it "disk I/O error" (beside a clear loop)."""
+    from kdb.admin.maintenance import clear
+
+    db = tmp_path / "a.kdb"
+    side = [tmp_path / "a.kdb-wal", tmp_path / "a.kdb-shm"]
+    migrate.upgrade_sqlite(db)  # made again before the clear came to its side files
+    for p in side:
+        p.write_bytes(b"x")  # its own (what they hold does not matter here)
+    assert clear(side) == ([], []) and all(p.exists() for p in side)
+    db.unlink()  # no database there: they are leftovers
+    assert clear(side) == ([str(p) for p in side], [])

@@ -136,6 +136,8 @@ def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:
             elif p.name.endswith(".kdb.lock"):  # an upgrader's: never from under its holder
                 if not remove_unheld_lock(p):
                     continue
+            elif p.name.endswith((".kdb-wal", ".kdb-shm")) and Path(str(p)[:-4]).exists():
+                continue  # the database was removed above: this one is a new file's
             elif p.is_dir() and not p.is_symlink():
                 p.rmdir()
             else:
