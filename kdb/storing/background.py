@@ -38,6 +38,7 @@ _pid = 0
 _errors: list[BaseException] = []
 _last_submit = 0.0
 _hurry = False  # set while someone waits in drain(): no more quiet period
+_busy = False  # a job is running (on the background thread or a draining one)
 
 
 def _lower_priority() -> None:
@@ -51,14 +52,17 @@ def _lower_priority() -> None:
 
 def _next_job() -> Callable[[], None]:
     """The next job once it may run: the process is quiet, in a hurry, or someone waits."""
+    global _busy
     with _cond:
         while True:
-            if _jobs:
+            if _jobs and not _busy:
                 quiet = QUIET_S - (time.monotonic() - _last_submit)
                 if _hurry or quiet <= 0:
+                    _busy = True
                     return _jobs.popleft()
             _cond.wait(0.05 if _jobs else None)
-            if _jobs and not _hurry and claims.any_wanted():  # another process waits for us
+            if _jobs and not _busy and not _hurry and claims.any_wanted():  # another waits
+                _busy = True
                 return _jobs.popleft()
 
 
@@ -69,7 +73,9 @@ def _run() -> None:
 
 
 def _run_one(job: Callable[[], None]) -> None:
-    global _unfinished
+    """Run ``job`` (taken with ``_busy`` set: one job at a time, in order, whichever thread
+    runs it: a drop and a store of one key must not swap)."""
+    global _unfinished, _busy
     try:
         job()
     except BaseException as err:  # noqa: BLE001 - a store failure must not kill the thread
@@ -78,6 +84,7 @@ def _run_one(job: Callable[[], None]) -> None:
     finally:
         with _cond:
             _unfinished -= 1
+            _busy = False
             _cond.notify_all()
 
 
@@ -108,7 +115,7 @@ def drain(timeout: float | None = None) -> list[BaseException]:
     flush); one already started is waited for. Returns (and forgets) the jobs' errors. Jobs
     left when the timeout expires stay queued.
     """
-    global _hurry
+    global _hurry, _busy
     if (_thread is not None and _pid == os.getpid() and _thread.is_alive()
             and threading.current_thread() is not _thread):
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -120,7 +127,8 @@ def drain(timeout: float | None = None) -> list[BaseException]:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
-                    if _jobs:
+                    if _jobs and not _busy:
+                        _busy = True
                         job = _jobs.popleft()
                         _cond.release()
                         try:
@@ -155,8 +163,9 @@ def finish() -> None:
 
 
 def _after_fork() -> None:
-    global _cond, _thread, _finished, _unfinished, _hurry
+    global _cond, _thread, _finished, _unfinished, _hurry, _busy
     _finished = False
+    _busy = False
     _cond = threading.Condition()
     _jobs.clear()
     _unfinished = 0
