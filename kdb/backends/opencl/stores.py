@@ -21,7 +21,7 @@ from ...file.rows import PROVISIONAL
 from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
 from ...storing.stores import HeaderChangedError, headers_changed
-from . import early, readback, refresh
+from . import early, refresh
 from .binaries import library_of, program_binaries
 from .finddevices import NEXT_RUN as _NEXT_RUN, job_devices
 from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
@@ -205,6 +205,8 @@ def _binaries(raw, devs, program: dict | None, ptrs: list[int],
     variables ``build``. Where the driver does not say whose binary is whose (PoCL 3.0, a
     program built for some of its context's devices: :mod:`.binaries`), those of the same
     build made again in a context of just ``devs``, PoCL's cache answering."""
+    from . import readback  # the store path only: a hit imports nothing of it (3 ms)
+
     if readback.at_risk(raw, devs):
         if program is None:
             raise LookupError("a PoCL before 6.0 could abort this process reading them, and "
