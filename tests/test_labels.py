@@ -59,43 +59,59 @@ def test_cuda_kernel_names(source, names):
     assert cuda_names(source) == names
 
 
-def _adversarial_opencl() -> dict[str, str]:
+def _adversarial_opencl() -> dict[str, object]:
+    """Sources of about ``size`` bytes, built to make a backtracking scan blow up."""
     group = "__attribute__((x(y))) "
     return {
-        "200 attribute groups, no void": "__kernel " + "__attribute__((x)) " * 200 + "int f() {}",
-        "1 MB of such kernels": ("__kernel " + group * 200 + "int f() {}\n") * (MB // 4400),
-        "1 MB of unclosed attributes": "kernel __attribute__((" * (MB // 22),
-        "1 MB of nested groups in one attribute": "kernel __attribute__((a" + "(b)" * (MB // 3),
-        "1 MB of two-deep groups": "kernel __attribute__((a" + "(b(c)d)" * (MB // 7),
-        "1 MB of blanks after kernel": "kernel " + " " * MB,
-        "1 MB of one-group kernels": "kernel __attribute__((a)) " * (MB // 26),
-        "1 MB inside one attribute": "kernel __attribute__((" + "a" * MB,
+        "attribute groups, no void":
+            lambda size: "__kernel " + "__attribute__((x)) " * (size // 19) + "int f() {}",
+        "such kernels": lambda size: ("__kernel " + group * 200 + "int f() {}\n") * (size // 4400),
+        "unclosed attributes": lambda size: "kernel __attribute__((" * (size // 22),
+        "nested groups in one attribute": lambda size: "kernel __attribute__((a" + "(b)" * (size // 3),
+        "two-deep groups": lambda size: "kernel __attribute__((a" + "(b(c)d)" * (size // 7),
+        "blanks after kernel": lambda size: "kernel " + " " * size,
+        "one-group kernels": lambda size: "kernel __attribute__((a)) " * (size // 26),
+        "inside one attribute": lambda size: "kernel __attribute__((" + "a" * size,
     }
 
 
-def _adversarial_cuda() -> dict[str, str]:
+def _adversarial_cuda() -> dict[str, object]:
     return {
-        "1 MB of unclosed launch bounds": "__global__ __launch_bounds__(" * (MB // 29),
-        "1 MB of nested groups": "__global__ __launch_bounds__(a" + "(b)" * (MB // 3),
-        "1 MB of blanks": "__global__ " + " " * MB,
+        "unclosed launch bounds": lambda size: "__global__ __launch_bounds__(" * (size // 29),
+        "nested groups": lambda size: "__global__ __launch_bounds__(a" + "(b)" * (size // 3),
+        "blanks": lambda size: "__global__ " + " " * size,
     }
 
 
-@pytest.mark.parametrize("rx, case, source",
+def _scan_cpu_time(rx, source: str, runs: int = 2) -> float:
+    """The least CPU time of ``runs`` scans (and labels) of ``source``: the least is the one
+    other work on the machine disturbed least."""
+    spent = []
+    for _ in range(runs):
+        with _limit(10):
+            start = time.process_time()
+            rx.findall(source)
+            label(rx, source, "program")
+            spent.append(time.process_time() - start)
+    return min(spent)
+
+
+@pytest.mark.parametrize("rx, case, make",
                          [pytest.param(OPENCL_RE, k, v, id=f"opencl: {k}")
                           for k, v in _adversarial_opencl().items()]
                          + [pytest.param(CUDA_RE, k, v, id=f"cuda: {k}")
                             for k, v in _adversarial_cuda().items()])
-def test_kernel_scan_is_linear_in_the_source(rx, case, source):
-    """Each such source is scanned (and labelled) in well under a second of CPU time. The
-    OpenCL scan took 3 s for 24 attribute groups (x4 per two more); CUDA's rescanned the
-    rest of the source from each unclosed ``__launch_bounds__(`` (20 s for 232 KB)."""
-    with _limit(10):
-        start = time.process_time()
-        rx.findall(source)
-        label(rx, source, "program")
-        spent = time.process_time() - start
-    assert spent < 0.6, (case, spent)
+def test_kernel_scan_is_linear_in_the_source(rx, case, make):
+    """Four times the source costs about four times the scan, not 16 (quadratic) or more,
+    and each scan finishes within the 10 s guard. Both sizes are past the step a scan's
+    backtracking stack takes when it outgrows the CPU's cache (0.01 s at 512 KB, 0.09 s at
+    1 MB for CUDA's nested groups, then linear). The OpenCL scan once took 3 s for 24 attribute
+    groups (x4 per two more); CUDA's rescanned the rest of the source from each unclosed
+    ``__launch_bounds__(`` (20 s for 232 KB). The figure is a ratio of CPU times, so a busy
+    machine (CI's may be) slows both sides alike."""
+    small = _scan_cpu_time(rx, make(MB), runs=3)
+    large = _scan_cpu_time(rx, make(4 * MB))
+    assert large < 10 * small + 0.02, (case, small, large)
 
 
 def test_label_names_the_first_four_and_stops_scanning():
