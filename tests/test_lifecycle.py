@@ -88,9 +88,9 @@ def test_a_forked_child_that_exits_normally_does_not_count_the_parents_hits(cach
 
 
 def test_a_drain_runs_the_stores_not_started_in_the_waiting_thread():
-    """The background thread stores at the lowest priority; a thread that waits for its
-    stores (at exit, a flush) runs those not started itself, at its own priority: beside
-    CPU-bound work a nice-19 store would not land within KDB_STORE_TIMEOUT."""
+    """A thread that waits for the background stores (at exit, a flush) runs those not
+    started itself, at its own priority, without waiting for the quiet period or idle CPU
+    (tests/test_background.py)."""
     import threading
 
     from kdb.storing import background

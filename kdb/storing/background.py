@@ -4,17 +4,20 @@ Stores a back end can hand to the store worker (:mod:`kdb.storing.spool`) go the
 writes the rest: binaries a caller passed as bytes, shared-tier copies, drops, and, with
 ``KDB_STORE_AT_EXIT=wait`` (or where no worker can be started), the OpenCL stores too.
 Reading a PoCL program's binaries competes with the caller's builds for PoCL's compiler
-lock, so stores wait until the process has gone ``QUIET_S`` seconds without submitting one
-(its start-up burst is over) or another process waits for one of them (:mod:`kdb.claims`),
-and run at the lowest CPU priority. At exit they are finished within
-``KDB_STORE_TIMEOUT``; what is left then is abandoned (it compiles again next run; SQLite's
-journal leaves nothing half-written). After ``fork`` the child starts with no jobs.
+lock, so a store starts once the process has gone ``QUIET_S`` seconds without submitting one
+(its start-up burst is over) and the machine has a CPU's idle time for it, or at once when
+another process waits for one of them (:mod:`kdb.claims`). The thread keeps the process's
+priority: a thread cannot raise its priority again once lowered, and a nice-19 store started
+in a quiet moment did not finish within ``KDB_STORE_TIMEOUT`` at exit once CPU-bound work
+came back; the idle-CPU test before each store keeps them off a busy machine instead. At exit
+the stores are finished within ``KDB_STORE_TIMEOUT``; what is left then is abandoned (it
+compiles again next run; SQLite's journal leaves nothing half-written). After ``fork`` the
+child starts with no jobs.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -41,35 +44,65 @@ _hurry = False  # set while someone waits in drain(): no more quiet period
 _busy = False  # a job is running (on the background thread or a draining one)
 
 
-def _lower_priority() -> None:
-    # On Linux a thread is a task: PRIO_PROCESS with its native id renices this thread only.
-    if sys.platform.startswith("linux"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (OSError, AttributeError):
-            pass
+#: Seconds over which the machine's idle CPU time is judged before a store starts.
+IDLE_WINDOW_S = 0.5
+#: CPUs' worth of idle time over that window that let a store start.
+IDLE_CPUS = 0.5
+
+_sample: tuple[float, float] | None = None  # (when, the machine's idle CPU seconds then)
+
+
+def _idle_seconds() -> float | None:
+    """The machine's idle CPU seconds so far (``/proc/stat``: idle and iowait, all CPUs);
+    None where there is no such file."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()
+        return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _machine_idle() -> bool | None:
+    """Whether the machine had ``IDLE_CPUS`` idle over the last ``IDLE_WINDOW_S`` (True where
+    it cannot be told); None until a window has passed since the last look."""
+    global _sample
+    now, idle = time.monotonic(), _idle_seconds()
+    if idle is None:
+        return True
+    if _sample is None or now < _sample[0]:
+        _sample = (now, idle)
+        return None
+    spent = now - _sample[0]
+    if spent < IDLE_WINDOW_S:
+        return None
+    got = (idle - _sample[1]) / spent
+    _sample = (now, idle)
+    return got >= IDLE_CPUS
 
 
 def _next_job() -> Callable[[], None]:
-    """The next job once it may run: the process is quiet, in a hurry, or someone waits."""
+    """The next job once it may run: the process is quiet and the machine idle, or another
+    process waits. A job is never taken here while a drain runs: the draining thread runs it
+    (at exit, a flush), and the order of jobs is kept."""
     global _busy
     with _cond:
         while True:
-            if _jobs and not _busy:
-                quiet = QUIET_S - (time.monotonic() - _last_submit)
-                if _hurry or quiet <= 0:
+            if _jobs and not _busy and not _hurry:
+                if claims.any_wanted():  # another process waits
+                    _busy = True
+                    return _jobs.popleft()
+                if time.monotonic() - _last_submit >= QUIET_S and _machine_idle():
                     _busy = True
                     return _jobs.popleft()
             _cond.wait(0.05 if _jobs else None)
-            if _jobs and not _busy and not _hurry and claims.any_wanted():  # another waits
-                _busy = True
-                return _jobs.popleft()
 
 
 def _run() -> None:
-    _lower_priority()
+    global _sample
     while True:
         _run_one(_next_job())
+        _sample = None  # the next look starts after this job: its own CPU time is not idle
 
 
 def _run_one(job: Callable[[], None]) -> None:
@@ -163,8 +196,9 @@ def finish() -> None:
 
 
 def _after_fork() -> None:
-    global _cond, _thread, _finished, _unfinished, _hurry, _busy
+    global _cond, _thread, _finished, _unfinished, _hurry, _busy, _sample
     _finished = False
+    _sample = None
     _busy = False
     _cond = threading.Condition()
     _jobs.clear()

@@ -1,0 +1,100 @@
+"""kdb.storing.background beside CPU-bound work: a store waits for idle CPU before it starts,
+and one that started finishes at exit at the process's priority (KDB_STORE_AT_EXIT=wait)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"),
+                                reason="the idle-CPU test reads /proc/stat (Linux)")
+
+# A job that spends about a second of CPU time in this process.
+CHILD = """
+    import os, sys, threading, time
+    from kdb.storing import background
+    background.QUIET_S = 0.0
+    background.IDLE_CPUS = {idle_cpus}
+
+    def job():
+        where = "main" if threading.current_thread() is threading.main_thread() else "thread"
+        print("started", where, flush=True)
+        end = time.process_time() + 1.0
+        while time.process_time() < end:
+            pass
+        print("stored", flush=True)
+
+    background.submit(job)
+    print("submitted", flush=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def _hogs() -> list[subprocess.Popen]:
+    """One CPU-bound process per CPU this process may use, at normal priority."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def _child(tmp_path, idle_cpus: float) -> subprocess.Popen:
+    code = textwrap.dedent(CHILD.format(idle_cpus=idle_cpus))
+    return subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "go")],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_a_store_started_in_a_quiet_moment_finishes_at_exit_beside_cpu_bound_work(tmp_path):
+    """The thread started the store (the machine counted as idle), then every CPU got busy:
+    the exit waits for it at the process's priority, a few seconds. At nice 19 it got about
+    1% of a CPU and the exit waited out KDB_STORE_TIMEOUT (120 s) for it."""
+    child = _child(tmp_path, idle_cpus=0.0)
+    hogs = []
+    try:
+        assert child.stdout.readline().strip() == "submitted"
+        assert child.stdout.readline().strip() == "started thread"
+        hogs = _hogs()
+        time.sleep(0.5)
+        start = time.monotonic()
+        (tmp_path / "go").touch()
+        out, _ = child.communicate(timeout=120)
+        took = time.monotonic() - start
+    finally:
+        _stop(hogs + [child])
+    assert child.returncode == 0 and out.split() == ["stored"]
+    assert took < 30, took  # about 2 s; 60 s and more at nice 19
+
+
+def test_no_store_starts_while_the_machine_has_no_idle_cpu(tmp_path):
+    """Beside one CPU-bound process per CPU the quiet process does not start its store; the
+    exit stores it."""
+    from kdb.storing import background
+
+    hogs = _hogs()
+    child = None
+    try:
+        time.sleep(0.5)
+        before = background._idle_seconds()
+        time.sleep(1.0)
+        if background._idle_seconds() - before >= background.IDLE_CPUS:
+            pytest.skip("CPU-bound processes could not fill this machine's CPUs "
+                        "(a CPU quota smaller than the CPUs /proc/stat counts)")
+        child = _child(tmp_path, idle_cpus=background.IDLE_CPUS)
+        assert child.stdout.readline().strip() == "submitted"
+        time.sleep(3.0)
+        (tmp_path / "go").touch()
+        out, _ = child.communicate(timeout=120)
+    finally:
+        _stop(hogs + ([child] if child else []))
+    assert child.returncode == 0 and out.splitlines() == ["started main", "stored"]
