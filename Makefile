@@ -9,10 +9,9 @@ TRITON := $(VENV)/.triton
 # torch from the registry without a pin pulls about 3 GB of NVIDIA libraries instead.
 TORCH_PIN ?= torch==2.13.0
 TORCH  := $(VENV)/.torch
-# PYTEST_JOBS=2: the tests in 2 processes (pytest-xdist), each test file whole in one of them:
-# 7.6 min on a quiet 2-core machine against 13 in one; beside two CPU hogs 3 timing-bound tests
-# failed that way, so the default (0) stays one process.
-PYTEST_JOBS ?= 0
+# The tests run in 2 processes (pytest-xdist), each test file whole in one of them: 7.6 min on
+# a quiet 2-core machine against 13 in one. PYTEST_JOBS=0: one process.
+PYTEST_JOBS ?= 2
 
 .PHONY: setup demo test bench clean
 
