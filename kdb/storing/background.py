@@ -70,10 +70,10 @@ def _machine_idle() -> bool | None:
     now, idle = time.monotonic(), _idle_seconds()
     if idle is None:
         return True
-    if _sample is None or now < _sample[0]:
+    spent = None if _sample is None else now - _sample[0]
+    if spent is None or spent < 0 or spent > 4 * IDLE_WINDOW_S:  # none, or too old to tell now
         _sample = (now, idle)
         return None
-    spent = now - _sample[0]
     if spent < IDLE_WINDOW_S:
         return None
     got = (idle - _sample[1]) / spent
