@@ -408,10 +408,11 @@ def test_a_store_that_costs_more_than_the_compile_is_given_up_and_set_aside(
         second = run_json(run_py, SCAN, {"POCL_CACHE_DIR": str(tmp_path / "b"),
                                          "KDB_WAIT_TIMEOUT": "300"})
         slow = [p for p in (cache_dir / "v1" / "spool").glob("*/*" + jobfiles.SLOW)]
-        # Set aside once its store outran the compile; on a loaded machine the compile's cost
-        # grows too, and a store may finish inside it: stored then, never left unattended.
+        # Set aside once its store outran the compile, and compiled; on a loaded machine the
+        # compile's cost grows too, and a store may finish inside it: stored then, never left
+        # unattended (every store finished so: no compile at all).
         assert slow or stored(cache_dir) > 0, _log(cache_dir)
-        assert 1 <= second["compiles"] <= first
+        assert (1 if slow else 0) <= second["compiles"] <= first, (len(slow), _log(cache_dir))
         assert second["build_s"] < 200  # given up, not waited out (on a loaded machine too)
     finally:
         _resume(stopped)
