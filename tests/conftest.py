@@ -218,3 +218,64 @@ def kdb_venv(tmp_path_factory) -> Path:
     run_checked([env_dir / "bin" / "python", "-m", "pip", "install", "--quiet", wheels[0],
                  "pyopencl[pocl]", "numpy"], cwd=tmp)
     return env_dir
+
+
+TORCH_STEP = REPO / "benchmarks" / "_torch_step.py"
+
+
+def torch_step(python: Path, env: dict, where: Path, *args: str) -> tuple[dict, str]:
+    """torch.compile's first step (benchmarks/_torch_step.py) in a fresh process with empty
+    Inductor caches of its own (its cache directory, and the temporary directory its
+    precompiled headers default to): its figures and its stderr."""
+    import json
+
+    (where / "tmp").mkdir(parents=True)
+    run_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "inductor"),
+               "TMPDIR": str(where / "tmp")}
+    proc = subprocess.run([str(python), str(TORCH_STEP), *args], env=run_env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("STEP-JSON:"))
+    return json.loads(line.partition(":")[2]), proc.stderr
+
+
+def torch_env(cache: Path) -> dict:
+    """This environment without kdb's and Inductor's settings, kdb's cache at ``cache``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
+    env["KDB_CACHE_DIR"] = str(cache)
+    return env
+
+
+@pytest.fixture(scope="session")
+def torch_cold_master(tmp_path_factory) -> tuple[Path, dict]:
+    """One cold torch.compile first step with kdb on (from code), for the whole run: its kdb
+    cache and figures. A cold compile costs 30 s, so the test processes of one run
+    (pytest-xdist) share it: the first to ask makes it, under a lock; never written after."""
+    import fcntl
+    import json
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's folder, above each test process's own
+    root = base / "torch-cold"
+    root.mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root / "first.json"
+        if not done.exists():
+            first, _ = torch_step(Path(sys.executable), torch_env(root / "kdb"), root / "cold",
+                                  "kdb")
+            done.write_text(json.dumps(first))
+        return root / "kdb", json.loads(done.read_text())
+
+
+@pytest.fixture(scope="module")
+def torch_cold(torch_cold_master, tmp_path_factory) -> tuple[dict, Path, dict]:
+    """A copy of the cold step's kdb cache for one test module, which may write to it: the
+    environment that uses it, the folder holding it (``kdb``) and the cold step's figures."""
+    import shutil
+
+    master, first = torch_cold_master
+    root = tmp_path_factory.mktemp("torch")
+    shutil.copytree(master, root / "kdb")
+    return torch_env(root / "kdb"), root, first

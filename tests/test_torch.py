@@ -14,34 +14,23 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TORCH_STEP as STEP, torch_step
+
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'kdb[torch]')")
 
-STEP = Path(__file__).resolve().parent.parent / "benchmarks" / "_torch_step.py"
 
 
 def step(env: dict, where: Path, *args: str, kdb_auto: bool = False) -> dict:
-    """The first step in a fresh process with empty Inductor caches of its own (its cache
-    directory, and the temporary directory its precompiled headers default to)."""
-    (where / "tmp").mkdir(parents=True)
-    run_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "inductor"),
-               "TMPDIR": str(where / "tmp")}
-    if kdb_auto:
-        run_env["KDB_AUTO"] = "1"
-    proc = subprocess.run([sys.executable, str(STEP), *args], env=run_env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("STEP-JSON:"))
-    return json.loads(line.partition(":")[2])
+    """The first step in a fresh process with empty Inductor caches of its own."""
+    return torch_step(Path(sys.executable), {**env, "KDB_AUTO": "1"} if kdb_auto else env,
+                      where, *args)[0]
 
 
 @pytest.fixture(scope="module")
-def cold(tmp_path_factory):
-    """One cold compile with kdb on (from code), its entries in a kdb cache of its own."""
-    root = tmp_path_factory.mktemp("torch")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
-    env["KDB_CACHE_DIR"] = str(root / "kdb")
-    first = step(env, root / "cold", "kdb")
-    return env, root, first
+def cold(torch_cold):
+    """One cold compile with kdb on (from code), its entries in a kdb cache of this module's
+    own (conftest: made once a run)."""
+    return torch_cold
 
 
 @pytest.mark.slow

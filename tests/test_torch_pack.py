@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -18,32 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from conftest import torch_step as step
+
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'kdb[torch]')")
 
 REPO = Path(__file__).resolve().parent.parent
-STEP = REPO / "benchmarks" / "_torch_step.py"
-
-
-def step(python: Path, env: dict, where: Path, *args: str) -> tuple[dict, str]:
-    """The first step in a fresh process with empty Inductor caches of its own; its figures
-    and its stderr."""
-    (where / "tmp").mkdir(parents=True)
-    run_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "inductor"),
-               "TMPDIR": str(where / "tmp")}
-    proc = subprocess.run([str(python), str(STEP), *args], env=run_env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("STEP-JSON:"))
-    return json.loads(line.partition(":")[2]), proc.stderr
 
 
 @pytest.fixture(scope="module")
-def cold(tmp_path_factory):
-    """One cold compile with kdb on, its entries in a kdb cache of its own."""
-    root = tmp_path_factory.mktemp("torch-pack")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
-    env["KDB_CACHE_DIR"] = str(root / "kdb")
-    first, _ = step(Path(sys.executable), env, root / "cold", "kdb")
+def cold(torch_cold):
+    """One cold compile with kdb on, its entries in a kdb cache of this module's own
+    (conftest: made once a run)."""
+    env, root, first = torch_cold
     assert first["fx_miss"] >= 2 and first["cpp_builds"] > 0  # it compiled
     return env, root, first
 
