@@ -270,7 +270,8 @@ def cold(ws: Workspace, o: Outcome) -> None:
                    "(KDB_STORE_AT_EXIT=detach, the default: 'store worker after exit' is how "
                    "long it went on after the process exited, waited for before the next run) "
                    "or, with KDB_STORE_AT_EXIT=wait, stores in a background thread once the "
-                   "process is quiet 5 s and before exiting (bounded by KDB_STORE_TIMEOUT, "
+                   "process is quiet 5 s and the machine has idle CPU, and before exiting "
+                   "(bounded by KDB_STORE_TIMEOUT, "
                    "default 120 s): 'exit' holds what that costs.")
 
 
