@@ -71,7 +71,7 @@ def _machine_idle() -> bool | None:
     if idle is None:
         return True
     spent = None if _sample is None else now - _sample[0]
-    if spent is None or spent < 0 or spent > 4 * IDLE_WINDOW_S:  # none, or too old to tell now
+    if spent is None or spent > 4 * IDLE_WINDOW_S:  # none, or too old to tell the machine now
         _sample = (now, idle)
         return None
     if spent < IDLE_WINDOW_S:
@@ -143,9 +143,9 @@ def pending() -> int:
 def drain(timeout: float | None = None) -> list[BaseException]:
     """Run every submitted job now and wait for them (at most ``timeout`` seconds).
 
-    A job the background thread has not started is run by the calling thread, at its
-    priority, not the background thread's lowest (the caller waits for it: at exit, or a
-    flush); one already started is waited for. Returns (and forgets) the jobs' errors. Jobs
+    A job the background thread has not started is run by the calling thread, without
+    waiting for a quiet process or idle CPU (the caller waits for it: at exit, or a flush);
+    one already started is waited for. Returns (and forgets) the jobs' errors. Jobs
     left when the timeout expires stay queued.
     """
     global _hurry, _busy

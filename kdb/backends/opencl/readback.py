@@ -103,22 +103,13 @@ _lock = threading.Lock()  # the table below; each helper has its own for request
 _helpers: dict[tuple, _Helper] = {}
 
 
-def _nice() -> int:
-    """The calling thread's nice value: a helper runs at the priority of the thread that
-    waits for it (the background store thread's lowest, or a flushing or exiting thread's)."""
-    try:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    except (OSError, AttributeError):
-        return 0
-
-
 def read_elsewhere(program: dict, ptrs: list[int], build=()) -> dict[int, bytes]:
     """The binaries of ``program`` (a job's program, :func:`.stores.program_spec`) built
     again in a helper, by device pointer (``ptrs``: its devices here, in its order), under
     the build variables ``build`` (``(name, value)`` pairs, None for unset)."""
     from ...storing.spool import job_environment
 
-    key = (tuple(build), _nice())
+    key = tuple(build)
     with _lock:
         helper = _helpers.get(key)
         if helper is None or helper.proc.poll() is not None:
