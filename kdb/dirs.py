@@ -102,8 +102,7 @@ def remove_unheld_lock(path: Path) -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        st, here = os.stat(path), os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (here.st_dev, here.st_ino):
+        if not names_open_file(path, fd):
             return False
         os.unlink(path)
         return True
@@ -111,3 +110,13 @@ def remove_unheld_lock(path: Path) -> bool:
         return False  # a live holder, or gone meanwhile
     finally:
         os.close(fd)
+
+
+def names_open_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not removed, nor replaced)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)

@@ -62,6 +62,7 @@ def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
     import time
 
     from .. import config
+    from ..dirs import names_open_file
 
     limit = config.lock_timeout() if timeout is None else timeout
     lock_path = path.with_name(path.name + ".lock")
@@ -72,7 +73,7 @@ def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if _same_file(fd, lock_path):
+                if names_open_file(lock_path, fd):
                     break
                 # Removed (kdb clear) or replaced while we waited: a lock on it excludes
                 # nobody who opens the path now. Lock the file that is there.
@@ -92,16 +93,6 @@ def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    here = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
 
 
 def upgrade_sqlite(path: Path, revision: str = "head", *, create: bool = True) -> None:
