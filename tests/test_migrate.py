@@ -419,3 +419,52 @@ def test_clear_leaves_the_wal_and_shm_of_a_file_made_again_since(tmp_path):
     assert clear(side) == ([], []) and all(p.exists() for p in side)
     db.unlink()  # no database there: they are leftovers
     assert clear(side) == ([str(p) for p in side], [])
+
+
+def test_no_file_is_made_while_clear_removes_the_old_ones_side_files(tmp_path, monkeypatch):
+    """``kdb clear`` removes a file, its ``-wal``, then its ``-shm``, by name. A writer that
+    made a new file in WAL mode between the last two took the old ``-shm``: where a third
+    process held the new file open, the writer's SQLite kept it, clear left it for the new
+    file, and two files shared one WAL index ("disk I/O error" in CI, beside a clear loop).
+    A writer makes a new file a WAL file only under the file's lock, which clear holds
+    while it removes all three: the writer waits for it, then makes its own side files."""
+    import os
+    import select
+    import subprocess
+    import sys
+
+    from kdb.admin.maintenance import clear, clearable
+    from kdb.file.filewriter import ensure
+    from kdb.file.kernelfile import KernelFile
+
+    db = tmp_path / "a.kdb"
+    old = KernelFile(db, tier="user", readonly=False)
+    assert ensure(old) is not None  # a live file in WAL mode, held open as a program does
+    writers, early = [], []
+    unlink = Path.unlink
+    code = ("import sys; from kdb.file.filewriter import ensure; "
+            "from kdb.file.kernelfile import KernelFile; "
+            f"f = KernelFile({str(db)!r}, tier='user', readonly=False); "
+            "print(ensure(f) is not None, flush=True); sys.stdin.read()")
+
+    def unlink_then_a_writer_comes(self, *args, **kwargs):
+        unlink(self, *args, **kwargs)
+        if self.name.endswith("-wal") and not writers:  # between the -wal and the -shm
+            writers.append(subprocess.Popen([sys.executable, "-c", code], text=True,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+            ready, _, _ = select.select([writers[0].stdout], [], [], 2)
+            early.extend(ready)
+
+    monkeypatch.setattr(Path, "unlink", unlink_then_a_writer_comes)
+    try:
+        removed, failed = clear(clearable(tmp_path))
+    finally:
+        monkeypatch.setattr(Path, "unlink", unlink)
+    try:
+        assert not early, "a writer made a new file while clear was removing the old one's"
+        assert not failed and str(db) in removed
+        assert writers[0].stdout.readline().strip() == "True"  # then it makes its own
+        assert db.exists() and (tmp_path / "a.kdb-shm").exists()
+    finally:
+        writers[0].communicate("", timeout=30)
+        old.close()

@@ -7,6 +7,7 @@ Upgrades go through :mod:`kdb.file.migrate` (alembic), imported only when one ru
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sqlite3
@@ -127,17 +128,25 @@ def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:
     from ..claims import remove_if_stale
     from ..dirs import remove_unheld_lock
 
-    removed, failed = [], []
+    removed: list[str] = []
+    failed: list[tuple[str, str]] = []
+    done: set[Path] = set()
     for p in paths:
+        if p in done:
+            continue
         try:
+            db = _database_of(p)
+            if db is not None:
+                group = {db, *_side_files(db)} & set(paths)
+                done |= group
+                removed += _remove_database(db, group)
+                continue
             if p.parent.name == "claims" and p.suffix == ".lock":
                 if not remove_if_stale(p):
                     continue
             elif p.name.endswith(".kdb.lock"):  # an upgrader's: never from under its holder
                 if not remove_unheld_lock(p):
                     continue
-            elif p.name.endswith((".kdb-wal", ".kdb-shm")) and Path(str(p)[:-4]).exists():
-                continue  # the database was removed above: this one is a new file's
             elif p.is_dir() and not p.is_symlink():
                 p.rmdir()
             else:
@@ -150,6 +159,48 @@ def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:
                 continue
             failed.append((str(p), err.strerror or str(err)))
     return removed, failed
+
+
+def _database_of(p: Path) -> Path | None:
+    """The user file ``p`` is, or whose ``-wal`` or ``-shm`` it is; None for anything else."""
+    for suffix in (".kdb", ".kdb-wal", ".kdb-shm"):
+        if p.name.endswith(suffix) and p.name != suffix:
+            return p.with_name(p.name[: len(p.name) - len(suffix) + len(".kdb")])
+    return None
+
+
+def _side_files(db: Path) -> list[Path]:
+    return [Path(str(db) + s) for s in ("-wal", "-shm", ".lock")]
+
+
+def _remove_database(db: Path, listed: set[Path]) -> list[str]:
+    """Remove ``db`` (where listed) with its ``-wal`` and ``-shm``, under the file's lock, and
+    the lock file with them; returns the listed paths removed.
+
+    SQLite finds a file's ``-wal`` and ``-shm`` by name. A process that made a new file at
+    the path between the removal of the old one and of its side files would use the old
+    ``-shm`` (another file's WAL index) and get "disk I/O error", or worse: a writer turns a
+    new file to WAL mode only under this lock, so none can. Side files whose database is
+    not listed are removed only while no database is there (leftovers); else they are a
+    live file's.
+    """
+    from ..file.migrate import file_lock
+
+    wal, shm, lock = _side_files(db)
+    out = []
+    with file_lock(db, remove=True):
+        if db in listed:
+            doomed = [db, wal, shm]
+        else:  # leftovers, unless a file was made at the path since
+            doomed = [] if db.exists() else [wal, shm]
+        for p in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                if p in listed:
+                    out.append(str(p))
+    if lock in listed and not lock.exists():
+        out.append(str(lock))
+    return out
 
 
 # -- migrate ----------------------------------------------------------------------------------

@@ -51,12 +51,15 @@ def alembic_config(connection=None):
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
-    """An exclusive advisory lock on ``<path>.lock``, for one upgrader at a time.
+def file_lock(path: Path, timeout: float | None = None, *,
+              remove: bool = False) -> Iterator[None]:
+    """An exclusive advisory lock on ``<path>.lock``, for one upgrader at a time (and for
+    ``kdb clear``, which removes a file and its ``-wal`` and ``-shm`` under it).
 
     Waits at most ``timeout`` seconds (default ``KDB_LOCK_TIMEOUT``) with back-off, then
     raises :class:`TimeoutError` (an ``OSError``): a holder stopped or stuck inside an
-    upgrade must not stop every other process with it.
+    upgrade must not stop every other process with it. With ``remove`` the lock file is
+    removed before it is let go; a waiter then locks the file at the path (see below).
     """
     import fcntl
     import time
@@ -90,6 +93,9 @@ def file_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
         try:
             yield
         finally:
+            if remove and names_open_file(lock_path, fd):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock_path)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
