@@ -592,7 +592,7 @@ def test_a_node_that_holds_locks_and_never_publishes_costs_one_bounded_wait(
             t.join(60)
             assert not t.is_alive(), "still waiting for the rogue node after 60 s"
         assert compiled == [0, 1, 2]
-        assert 4.0 < took[0] < 5.0 + 3.0, took
+        assert 4.0 < took[0] < 12.0, took  # 15 s and more if each kernel waited
         assert "in vain for other nodes" in caplog.text
         # Another process of this node (its own memory empty): the account is in the file.
         nodes.given_up.clear()
@@ -601,7 +601,7 @@ def test_a_node_that_holds_locks_and_never_publishes_costs_one_bounded_wait(
         assert got == BINARY
         rogue.hold(attrs(8).key)
         assert KernelDB().get_or_compile(attrs(8), lambda: BINARY) == BINARY
-        assert time.monotonic() - start < 2.5
+        assert time.monotonic() - start < 4.5  # a wait would take 5 s
     finally:
         rogue.close()
 

@@ -225,7 +225,7 @@ def test_a_pending_claim_is_waited_for_at_most_its_compile_time(cache_dir, run_p
 def test_a_stuck_holder_is_given_up_on_once_per_process(cache_dir, monkeypatch, caplog):
     """A holder stopped mid-compile: the first key costs the wait bound, the next ones
     nothing, and there is one warning."""
-    monkeypatch.setenv("KDB_WAIT_TIMEOUT", "1")
+    monkeypatch.setenv("KDB_WAIT_TIMEOUT", "2")
     db = KernelDB()
     keys = [HashAttributes(backend="opencl", source=f"__kernel void s{i}() {{}}", arch=ARCH,
                            name=f"s{i}") for i in range(3)]
@@ -246,7 +246,7 @@ def test_a_stuck_holder_is_given_up_on_once_per_process(cache_dir, monkeypatch, 
         got = [db.tiers.claim_or_wait(a) for a in keys]
         took = time.monotonic() - start
         assert got == [None, None, None]
-        assert 1 <= took < 3
+        assert 1 <= took < 5.5, took  # a wait per key: 6 s and more; room for a busy machine
         assert sum("waited" in r.getMessage() for r in caplog.records) == 1
     finally:
         holder.kill()
