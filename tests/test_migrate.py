@@ -4,6 +4,7 @@ on open, files from the future left alone."""
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -468,3 +469,48 @@ def test_no_file_is_made_while_clear_removes_the_old_ones_side_files(tmp_path, m
     finally:
         writers[0].communicate("", timeout=30)
         old.close()
+
+
+def test_no_file_is_made_while_a_bad_one_and_its_side_files_are_moved_aside(tmp_path,
+                                                                            monkeypatch):
+    """A process that finds its user file damaged moves it, its ``-wal`` and its ``-shm``
+    aside, by name, as ``kdb clear`` removes them: under the file's lock, so that a writer
+    never makes a new file that takes the old ``-shm`` between the moves."""
+    import select
+    import subprocess
+    import sys
+
+    from kdb.file.filewriter import ensure
+    from kdb.file.kernelfile import KernelFile
+
+    db = tmp_path / "a.kdb"
+    bad = KernelFile(db, tier="user", readonly=False)
+    assert ensure(bad) is not None  # in WAL mode, held open
+    writers, early = [], []
+    rename = os.rename
+    code = ("import sys; from kdb.file.filewriter import ensure; "
+            "from kdb.file.kernelfile import KernelFile; "
+            f"f = KernelFile({str(db)!r}, tier='user', readonly=False); "
+            "print(ensure(f) is not None, flush=True); sys.stdin.read()")
+
+    def rename_then_a_writer_comes(src, dst, *args, **kwargs):
+        rename(src, dst, *args, **kwargs)
+        if str(src) == str(db) and not writers:  # before the -wal and the -shm
+            writers.append(subprocess.Popen([sys.executable, "-c", code], text=True,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+            ready, _, _ = select.select([writers[0].stdout], [], [], 2)
+            early.extend(ready)
+
+    monkeypatch.setattr(os, "rename", rename_then_a_writer_comes)
+    try:
+        assert bad._quarantine()
+    finally:
+        monkeypatch.setattr(os, "rename", rename)
+    try:
+        assert not early, "a writer made a new file while the bad one's were moved aside"
+        assert writers[0].stdout.readline().strip() == "True"  # then it makes its own
+        moved = sorted(p.name.split(".corrupt-")[1][15:] for p in tmp_path.glob("a.kdb.corrupt-*"))
+        assert moved == ["", "-shm", "-wal"], moved
+    finally:
+        writers[0].communicate("", timeout=30)
+        bad.close()

@@ -263,8 +263,19 @@ class KernelFile:
 
     def _quarantine(self) -> bool:
         """Move the file aside (:func:`kdb.file.fileformat.move_aside`); False if it could not be
-        moved (a read-only cache): it is then left in place and not used."""
-        moved = move_aside(self.filename)
+        moved (a read-only cache, an upgrader stuck on it): it is then left in place and not
+        used. Under the file's lock, as ``kdb clear`` removes one: a writer that made a new
+        file between the moves of the file and of its ``-shm`` would take that WAL index."""
+        from .migrate import file_lock
+
+        ident = identity(self.filename)
+        try:
+            with file_lock(self.path):
+                # Moved aside or replaced by another process meanwhile: the next write
+                # uses the file there now.
+                moved = identity(self.filename) != ident or move_aside(self.filename)
+        except OSError:
+            moved = False
         self._local = threading.local()
         self.usable = moved  # the next write creates a fresh file
         self.checked = False

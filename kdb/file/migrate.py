@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,17 @@ def alembic_config(connection=None):
     return cfg
 
 
+_local = threading.local()
+
+
+def _held_here() -> set[str]:
+    """The lock files this thread holds through :func:`file_lock`."""
+    held = getattr(_local, "held", None)
+    if held is None:
+        held = _local.held = set()
+    return held
+
+
 @contextlib.contextmanager
 def file_lock(path: Path, timeout: float | None = None, *,
               remove: bool = False) -> Iterator[None]:
@@ -69,6 +81,10 @@ def file_lock(path: Path, timeout: float | None = None, *,
 
     limit = config.lock_timeout() if timeout is None else timeout
     lock_path = path.with_name(path.name + ".lock")
+    held = _held_here()
+    if str(lock_path) in held:  # this thread holds it already (a writer's check moves a
+        yield                   # bad file aside under it): an flock would wait for itself
+        return
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         deadline = time.monotonic() + limit
@@ -90,9 +106,11 @@ def file_lock(path: Path, timeout: float | None = None, *,
                         f"({config.ENV_LOCK_TIMEOUT})") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
+        held.add(str(lock_path))
         try:
             yield
         finally:
+            held.discard(str(lock_path))
             if remove and names_open_file(lock_path, fd):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(lock_path)
