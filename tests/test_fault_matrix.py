@@ -596,11 +596,11 @@ def _planted_not_run(case: Case, warnings: list[str]) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = pack.communicate(timeout=15)
+        out, err = pack.communicate(timeout=60)  # a few seconds; it once waited 900 s
     except subprocess.TimeoutExpired:
         os.killpg(pack.pid, signal.SIGKILL)
         out, err = pack.communicate()
-        err += "\n(still waiting after 15 s: killed)"
+        err += "\n(still waiting after 60 s: killed)"
     time.sleep(0.3)  # a worker started at a process's exit has had time to begin
     assert not case.facts["marker"].exists(), \
         ("kdb ran the executable another user planted in a spool directory", err[-2000:])
