@@ -514,3 +514,37 @@ def test_no_file_is_made_while_a_bad_one_and_its_side_files_are_moved_aside(tmp_
     finally:
         writers[0].communicate("", timeout=30)
         bad.close()
+
+
+def test_a_file_replaced_while_a_reader_opens_it_is_read_as_it_is_now(cache_dir, monkeypatch):
+    """A reader that opened a file just before ``kdb clear`` removed it (and a writer made a
+    new one) read the old, unlinked file, and its first read made a ``-wal`` and ``-shm`` at
+    the path for it, which the new file could then take over. It closes that connection at
+    once and reads the file at the path."""
+    from kdb.file.kernelfile import KernelFile
+
+    a = attrs()
+    path = cache_dir / "v1" / "a1.kdb"
+    for binary in (b"the old file's", b"the new file's"):
+        if path.exists():
+            path.rename(cache_dir / "old.kdb")
+        db = KernelDB()
+        db.put(a, binary)
+        db.close()
+    path.rename(cache_dir / "new.kdb")
+    (cache_dir / "old.kdb").rename(path)  # the old file is at the path as the open begins
+    opened = KernelFile.open_connection
+    swapped: list[int] = []
+
+    def open_then_the_file_is_replaced(self):
+        conn = opened(self)
+        if not swapped:  # kdb clear and a writer, between the open and the first read
+            swapped.append(1)
+            os.replace(cache_dir / "new.kdb", path)
+        return conn
+
+    monkeypatch.setattr(KernelFile, "open_connection", open_then_the_file_is_replaced)
+    reader = KernelFile(path, tier="user", readonly=False)
+    row = reader.fetch(a.key)
+    assert swapped and row is not None
+    assert codec.decode(row.codec, row.blob, row.raw_size, row.checksum) == b"the new file's"

@@ -92,7 +92,7 @@ class KernelFile:
             conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
-    def connection(self) -> sqlite3.Connection | None:
+    def connection(self, again: bool = True) -> sqlite3.Connection | None:
         """This thread's connection for reads; None where the file is not there or not usable
         (a miss). Every open is checked (:meth:`trusted`), a new thread's and a forked
         child's too: what the path leads to may have been swapped since the last one."""
@@ -124,6 +124,13 @@ class KernelFile:
                 conn.close()
             self.damaged(err, moved=identity(self.filename) != ident)
             return None
+        if identity(self.filename) != ident:
+            # Removed or replaced while it was being opened (kdb clear): SQLite may have made
+            # a -wal and -shm at the path for the old file. Let them go at once, so that a
+            # new file there starts its own, and open the file that is there now.
+            conn.close()
+            self.checked = False
+            return self.connection(again=False) if again else None
         self._local.conn, self._local.pid = conn, os.getpid()
         self._local.ident = ident
         return conn
