@@ -121,6 +121,19 @@ def test_logs_hits_and_counters_are_written(user):
         ("k1", 0.5, "system(none),user", "why", 42)]
 
 
+def test_a_latency_row_written_twice_is_kept_once(user):
+    """A store job stored twice (its lane stopped after the write, before it removed the
+    job; a hurry beside a starved lane) showed its compile twice in ``kdb log`` (CI, beside
+    two CPU hogs: 7 rows for 6 compiles). Another compile of the key is a row of its own."""
+    rec = CompileRecord(key="k1", name="k1", arch="a1", backend="x", seconds=0.5,
+                        missed="user", reason="why", at=1.25, pid=42)
+    for _ in range(2):
+        user.write([entry()], [rec], {}, {})
+    user.write([], [rec._replace(at=2.5), rec._replace(pid=43)], {}, {})
+    assert sql(user.path, "SELECT at, pid FROM compile_log ORDER BY at, pid") == [
+        (1.25, 42), (1.25, 43), (2.5, 42)]
+
+
 def test_readonly_file_is_never_written(user, tmp_path):
     user.write([entry()], [], {}, {})
     user.close()

@@ -220,6 +220,15 @@ def _write_failed(f: KernelFile, err: Exception) -> None:
                      once="write:" + str(f.path))
 
 
+#: A latency row, unless the same process's row for that key at that time is there: a store
+#: job is stored again when its lane was stopped after its write but before it removed the
+#: job (a store over its CPU bound is set aside and stored again; a hurry stores a job a
+#: starved lane holds), and entries are idempotent by key. ``at`` is indexed.
+_LOG_ONCE = ("INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, reason, "
+             "pid) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM "
+             "compile_log WHERE at = ? AND key = ? AND pid = ?)")
+
+
 def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry], *,
            logs: list[CompileRecord], hits: dict[str, tuple[int, float]],
            counters: dict[str, float], cap: int, now: float) -> int:
@@ -244,13 +253,9 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry], *,
     # have been lowered since the file was filled.
     if cap and len(entries) > skipped and meta_int(conn, "stored_bytes") > cap:
         evict(conn, cap - cap // 3, keep={e.key for e in entries})
-    for r in logs:
-        conn.execute(
-            "INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, "
-            "reason, pid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed, r.reason,
-             r.pid),
-        )
+    for r in logs:  # once each: a store job may be stored twice (see _LOG_ONCE)
+        conn.execute(_LOG_ONCE, (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed,
+                                 r.reason, r.pid, r.at, r.key, r.pid))
     for key, (n, last) in hits.items():
         conn.execute(
             "UPDATE kernels SET hits = hits + ?, last_access = MAX(last_access, ?) "
