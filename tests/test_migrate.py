@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import sqlite3
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -422,6 +425,19 @@ def test_clear_leaves_the_wal_and_shm_of_a_file_made_again_since(tmp_path):
     assert clear(side) == ([str(p) for p in side], [])
 
 
+def _a_writer_comes(db: Path) -> tuple[subprocess.Popen, bool]:
+    """Another process's writer of ``db``, started now, and whether it made the file ready
+    within 2 s (it prints ``True`` then, and holds it until its stdin ends)."""
+    code = ("import sys; from kdb.file.filewriter import ensure; "
+            "from kdb.file.kernelfile import KernelFile; "
+            f"f = KernelFile({str(db)!r}, tier='user', readonly=False); "
+            "print(ensure(f) is not None, flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code], text=True, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    ready, _, _ = select.select([proc.stdout], [], [], 2)
+    return proc, bool(ready)
+
+
 def test_no_file_is_made_while_clear_removes_the_old_ones_side_files(tmp_path, monkeypatch):
     """``kdb clear`` removes a file, its ``-wal``, then its ``-shm``, by name. A writer that
     made a new file in WAL mode between the last two took the old ``-shm``: where a third
@@ -429,11 +445,6 @@ def test_no_file_is_made_while_clear_removes_the_old_ones_side_files(tmp_path, m
     file, and two files shared one WAL index ("disk I/O error" in CI, beside a clear loop).
     A writer makes a new file a WAL file only under the file's lock, which clear holds
     while it removes all three: the writer waits for it, then makes its own side files."""
-    import os
-    import select
-    import subprocess
-    import sys
-
     from kdb.admin.maintenance import clear, clearable
     from kdb.file.filewriter import ensure
     from kdb.file.kernelfile import KernelFile
@@ -441,33 +452,27 @@ def test_no_file_is_made_while_clear_removes_the_old_ones_side_files(tmp_path, m
     db = tmp_path / "a.kdb"
     old = KernelFile(db, tier="user", readonly=False)
     assert ensure(old) is not None  # a live file in WAL mode, held open as a program does
-    writers, early = [], []
+    writers = []
     unlink = Path.unlink
-    code = ("import sys; from kdb.file.filewriter import ensure; "
-            "from kdb.file.kernelfile import KernelFile; "
-            f"f = KernelFile({str(db)!r}, tier='user', readonly=False); "
-            "print(ensure(f) is not None, flush=True); sys.stdin.read()")
 
     def unlink_then_a_writer_comes(self, *args, **kwargs):
         unlink(self, *args, **kwargs)
         if self.name.endswith("-wal") and not writers:  # between the -wal and the -shm
-            writers.append(subprocess.Popen([sys.executable, "-c", code], text=True,
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE))
-            ready, _, _ = select.select([writers[0].stdout], [], [], 2)
-            early.extend(ready)
+            writers.append(_a_writer_comes(db))
 
     monkeypatch.setattr(Path, "unlink", unlink_then_a_writer_comes)
     try:
         removed, failed = clear(clearable(tmp_path))
     finally:
         monkeypatch.setattr(Path, "unlink", unlink)
+    writer, early = writers[0]
     try:
         assert not early, "a writer made a new file while clear was removing the old one's"
         assert not failed and str(db) in removed
-        assert writers[0].stdout.readline().strip() == "True"  # then it makes its own
+        assert writer.stdout.readline().strip() == "True"  # then it makes its own
         assert db.exists() and (tmp_path / "a.kdb-shm").exists()
     finally:
-        writers[0].communicate("", timeout=30)
+        writer.communicate("", timeout=30)
         old.close()
 
 
@@ -476,43 +481,33 @@ def test_no_file_is_made_while_a_bad_one_and_its_side_files_are_moved_aside(tmp_
     """A process that finds its user file damaged moves it, its ``-wal`` and its ``-shm``
     aside, by name, as ``kdb clear`` removes them: under the file's lock, so that a writer
     never makes a new file that takes the old ``-shm`` between the moves."""
-    import select
-    import subprocess
-    import sys
-
     from kdb.file.filewriter import ensure
     from kdb.file.kernelfile import KernelFile
 
     db = tmp_path / "a.kdb"
     bad = KernelFile(db, tier="user", readonly=False)
     assert ensure(bad) is not None  # in WAL mode, held open
-    writers, early = [], []
+    writers = []
     rename = os.rename
-    code = ("import sys; from kdb.file.filewriter import ensure; "
-            "from kdb.file.kernelfile import KernelFile; "
-            f"f = KernelFile({str(db)!r}, tier='user', readonly=False); "
-            "print(ensure(f) is not None, flush=True); sys.stdin.read()")
 
     def rename_then_a_writer_comes(src, dst, *args, **kwargs):
         rename(src, dst, *args, **kwargs)
         if str(src) == str(db) and not writers:  # before the -wal and the -shm
-            writers.append(subprocess.Popen([sys.executable, "-c", code], text=True,
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE))
-            ready, _, _ = select.select([writers[0].stdout], [], [], 2)
-            early.extend(ready)
+            writers.append(_a_writer_comes(db))
 
     monkeypatch.setattr(os, "rename", rename_then_a_writer_comes)
     try:
         assert bad._quarantine()
     finally:
         monkeypatch.setattr(os, "rename", rename)
+    writer, early = writers[0]
     try:
         assert not early, "a writer made a new file while the bad one's were moved aside"
-        assert writers[0].stdout.readline().strip() == "True"  # then it makes its own
+        assert writer.stdout.readline().strip() == "True"  # then it makes its own
         moved = sorted(p.name.split(".corrupt-")[1][15:] for p in tmp_path.glob("a.kdb.corrupt-*"))
         assert moved == ["", "-shm", "-wal"], moved
     finally:
-        writers[0].communicate("", timeout=30)
+        writer.communicate("", timeout=30)
         bad.close()
 
 
