@@ -170,7 +170,8 @@ def _database_of(p: Path) -> Path | None:
 
 
 def _side_files(db: Path) -> list[Path]:
-    return [Path(str(db) + s) for s in ("-wal", "-shm", ".lock")]
+    """``db``'s ``-wal``, ``-shm`` and lock file, in that order (:data:`SIDE_FILES`)."""
+    return [Path(str(db) + s) for s in SIDE_FILES]
 
 
 def _remove_database(db: Path, listed: set[Path]) -> list[str]:
