@@ -192,6 +192,39 @@ def test_intel_runtime_arch_is_the_instruction_set_it_targets(run_py, tmp_path):
     assert avx2["arch"] == "intel-cpu-core-avx2"
 
 
+INTEL_BUILDS = """
+    import json
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    from kdb.storing import background
+    plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]
+    ctx = cl.Context(plat.get_devices())
+    for i in range(3):
+        kdb.opencl.build(ctx, f"__kernel void h{i}(__global float *a) {{ a[0] = {i}; }}")
+    print(json.dumps({"arch": kdb.opencl.arch_of(plat.get_devices()[0]),
+                      "compiles": len(kdb.bookkeeping.records()),
+                      "pending": background.pending()}))
+"""
+
+
+def test_intel_binaries_are_stored_by_the_process_that_built_them(run_py, cache_dir, tmp_path):
+    """Priority 1 on Intel's runtime: a machine that is never idle gives the store worker
+    no CPU, and its rebuild of each program is a full compile there (on a busy 2-core
+    machine the next run compiled 17 of 18 programs again). Intel's runtime hands its
+    binaries back at no cost, so the process reads them right after each build and stores
+    them itself before it exits (``KDB_STORE_AT_EXIT=detach``, the default): no store job,
+    no worker, and the next process compiles nothing."""
+    env = _vendors(tmp_path, _intel_runtime())
+    out = run_json(run_py, INTEL_BUILDS, env)
+    assert out["compiles"] == 3 and out["pending"] == 3, out  # in hand, stored at exit
+    assert _entries(cache_dir, out["arch"]) == 3  # at once: no worker had to run
+    spool_dir = cache_dir / "v1" / "spool"
+    assert not [j for j in spool_dir.rglob("*") if j.suffix in (".job", ".taken", ".slow")]
+    assert not (cache_dir / "v1" / "store-worker.log").exists()
+    again = run_json(run_py, INTEL_BUILDS, env)
+    assert again["compiles"] == 0, again
+
+
 def test_the_demo_names_the_implementation_it_read_binaries_from(tmp_path, capsys, monkeypatch):
     """On Intel's runtime the demo runs correctly and says so, not "PoCL"."""
     from kdb.demo import runs as demo

@@ -131,6 +131,13 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
             claim.release()
         return
     in_process = _built_as_keyed(attrs[0])
+    binaries = _read_now(raw, devs, attrs, seconds) if in_process else None
+    if binaries is not None:  # in hand: stored by this process, no rebuild anywhere
+        for d, a, rec in zip(devs, attrs, recs):
+            db.tiers.storing.put_later(a, _handed(binaries[d.int_ptr], forget),
+                                       compile_seconds=per_device, details=device_details(d),
+                                       log=rec, claim=held.pop(a.key, None), recheck=recheck)
+        return
     if program is not None and all(d.int_ptr in ptrs for d in devs) and _detach():
         job = _job(devs, attrs, recs, seconds, program, ptrs)
         job.first = first
@@ -148,6 +155,47 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
         db.tiers.storing.put_later(a, lambda ptr=d.int_ptr: read(ptr),
                                    compile_seconds=per_device, details=device_details(d),
                                    log=rec, claim=held.pop(a.key, None), recheck=recheck)
+
+
+#: Seconds a read of a program's binaries may take (and no longer than its build) before
+#: this process stops reading them right after builds for that arch (:func:`_read_now`).
+SLOW_READ_S = 0.05
+#: Arch ids whose binaries proved slow to read in this process: the store worker stores them.
+_slow_to_read: set[str] = set()
+
+
+def _read_now(raw, devs, attrs: list[HashAttributes], seconds: float) -> dict[int, bytes] | None:
+    """Each device's binary, read right after the build where that costs next to nothing:
+    every OpenCL but PoCL, whose serialisation generates code for every kernel (seconds for
+    a scan). Intel's CPU runtime hands back what it built (42 of pyopencl's programs: 5.2 s
+    to build, under 10 ms to read), as pyopencl's own cache, which reads them at every
+    build, relies on. None where the store worker should store it instead: PoCL, an arch
+    whose reads proved slow here (one longer than ``SLOW_READ_S`` and than its build), a
+    read that failed, or a device the driver gave no binary for."""
+    if any(a.arch.startswith("pocl-") or a.arch in _slow_to_read for a in attrs):
+        return None
+    start = time.perf_counter()
+    try:
+        binaries = program_binaries(raw)
+    except (OSError, cl.Error) as err:
+        log.debug("kdb: reading the binaries right after the build failed (%s); the store "
+                  "worker stores them", err)
+        return None
+    took = time.perf_counter() - start
+    if took > max(SLOW_READ_S, seconds):
+        _slow_to_read.update(a.arch for a in attrs)
+        log.debug("kdb: reading %s's binaries took %.3f s, more than its build: its next "
+                  "stores go to the store worker", attrs[0].arch, took)
+    return binaries if all(binaries.get(d.int_ptr) for d in devs) else None
+
+
+def _handed(binary: bytes, forget: tuple) -> Callable[[], bytes]:
+    """The background store's ``produce`` for a binary in hand: from the store on, the
+    in-flight map (then the user file) serves repeats, not the program held in memory."""
+    def produce() -> bytes:
+        compiled.pop(forget, None)
+        return binary
+    return produce
 
 
 def _job(devs, attrs: list[HashAttributes], recs: list, seconds: float, program: dict,
