@@ -1,5 +1,6 @@
-"""kdb.storing.background beside CPU-bound work: a store waits for idle CPU before it starts,
-and one that started finishes at exit at the process's priority (KDB_STORE_AT_EXIT=wait)."""
+"""kdb.storing.background beside CPU-bound work: a costly store (reading a PoCL program's
+binaries) waits for idle CPU before it starts, a store of bytes in hand does not, and one
+that started finishes at exit at the process's priority (KDB_STORE_AT_EXIT=wait)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ CHILD = """
             pass
         print("stored", flush=True)
 
-    background.submit(job)
+    background.submit(job, costly={costly})
     print("submitted", flush=True)
     deadline = time.monotonic() + 120
     while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
@@ -49,8 +50,8 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def _child(tmp_path, idle_cpus: float) -> subprocess.Popen:
-    code = textwrap.dedent(CHILD.format(idle_cpus=idle_cpus))
+def _child(tmp_path, idle_cpus: float, costly: bool = True) -> subprocess.Popen:
+    code = textwrap.dedent(CHILD.format(idle_cpus=idle_cpus, costly=costly))
     return subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "go")],
                             stdout=subprocess.PIPE, text=True)
 
@@ -76,20 +77,29 @@ def test_a_store_started_in_a_quiet_moment_finishes_at_exit_beside_cpu_bound_wor
     assert took < 30, took  # about 2 s; 60 s and more at nice 19
 
 
-def test_no_store_starts_while_the_machine_has_no_idle_cpu(tmp_path):
-    """Beside one CPU-bound process per CPU the quiet process does not start its store; the
-    exit stores it."""
+def _busy_machine() -> list[subprocess.Popen]:
+    """Hogs that leave this machine no idle CPU (skips where they cannot)."""
     from kdb.storing import background
 
     hogs = _hogs()
+    time.sleep(0.5)
+    before = background._idle_seconds()
+    time.sleep(1.0)
+    if background._idle_seconds() - before >= background.IDLE_CPUS:
+        _stop(hogs)
+        pytest.skip("CPU-bound processes could not fill this machine's CPUs "
+                    "(a CPU quota smaller than the CPUs /proc/stat counts)")
+    return hogs
+
+
+def test_no_costly_store_starts_while_the_machine_has_no_idle_cpu(tmp_path):
+    """Beside one CPU-bound process per CPU the quiet process does not start a costly store;
+    the exit stores it."""
+    from kdb.storing import background
+
+    hogs = _busy_machine()
     child = None
     try:
-        time.sleep(0.5)
-        before = background._idle_seconds()
-        time.sleep(1.0)
-        if background._idle_seconds() - before >= background.IDLE_CPUS:
-            pytest.skip("CPU-bound processes could not fill this machine's CPUs "
-                        "(a CPU quota smaller than the CPUs /proc/stat counts)")
         child = _child(tmp_path, idle_cpus=background.IDLE_CPUS)
         assert child.stdout.readline().strip() == "submitted"
         time.sleep(3.0)
@@ -98,3 +108,23 @@ def test_no_store_starts_while_the_machine_has_no_idle_cpu(tmp_path):
     finally:
         _stop(hogs + ([child] if child else []))
     assert child.returncode == 0 and out.splitlines() == ["started main", "stored"]
+
+
+def test_a_store_of_bytes_in_hand_starts_once_quiet_on_a_machine_never_idle(tmp_path):
+    """A store whose binary is in hand (a compress and an insert) does not wait for idle CPU:
+    on a machine that is never idle it would wait for the exit, and a job killed at its time
+    limit would lose it. Beside one CPU-bound process per CPU it starts on the thread."""
+    from kdb.storing import background
+
+    hogs = _busy_machine()
+    child = None
+    try:
+        child = _child(tmp_path, idle_cpus=background.IDLE_CPUS, costly=False)
+        time.sleep(3.0)  # the costly store above is still waiting by now
+        (tmp_path / "go").touch()
+        out, _ = child.communicate(timeout=120)
+    finally:
+        _stop(hogs + ([child] if child else []))
+    # The thread's lines and the main thread's may interleave: compare the words.
+    assert child.returncode == 0 and sorted(out.split()) == sorted(
+        ["submitted", "started", "thread", "stored"]), out

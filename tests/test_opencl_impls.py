@@ -225,6 +225,53 @@ def test_intel_binaries_are_stored_by_the_process_that_built_them(run_py, cache_
     assert again["compiles"] == 0, again
 
 
+def _entries_now(cache: Path, arch: str) -> int:
+    """:func:`_entries` while another process may be making the file (no table yet: 0)."""
+    import sqlite3
+
+    try:
+        return _entries(cache, arch)
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_intel_stores_land_on_a_machine_never_idle_before_the_job_is_killed(
+        run_py, cache_dir, tmp_path):
+    """An HPC rank on Intel's runtime: it builds at start-up, then computes for hours on a
+    node with no idle CPU, and the batch system kills it at its time limit. Its stores land
+    once its start-up burst is over (``background.QUIET_S``), not at an exit that never
+    comes: the next job compiles nothing."""
+    import os
+    import signal
+    import subprocess
+    import textwrap
+    import time
+
+    from test_background import _busy_machine, _stop
+
+    from kdb.storing import background
+
+    env = {**os.environ, **_vendors(tmp_path, _intel_runtime()),
+           "POCL_CACHE_DIR": str(tmp_path / "pocl")}
+    code = INTEL_BUILDS + "\n    import time; time.sleep(600)\n"
+    hogs = _busy_machine()
+    rank = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        out = json.loads(rank.stdout.readline())
+        assert out["compiles"] == 3, out
+        deadline = time.monotonic() + background.QUIET_S + 60
+        while _entries_now(cache_dir, out["arch"]) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _entries_now(cache_dir, out["arch"]) == 3, "stores waited for an idle CPU"
+    finally:
+        rank.send_signal(signal.SIGKILL)
+        rank.wait()
+        _stop(hogs)
+    again = run_json(run_py, INTEL_BUILDS, _vendors(tmp_path, _intel_runtime()))
+    assert again["compiles"] == 0, again
+
+
 def test_the_demo_names_the_implementation_it_read_binaries_from(tmp_path, capsys, monkeypatch):
     """On Intel's runtime the demo runs correctly and says so, not "PoCL"."""
     from kdb.demo import runs as demo

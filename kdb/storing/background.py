@@ -3,10 +3,13 @@
 Stores a back end can hand to the store worker (:mod:`kdb.storing.spool`) go there; this thread
 writes the rest: binaries a caller passed as bytes, shared-tier copies, drops, and, with
 ``KDB_STORE_AT_EXIT=wait`` (or where no worker can be started), the OpenCL stores too.
-Reading a PoCL program's binaries competes with the caller's builds for PoCL's compiler
-lock, so a store starts once the process has gone ``QUIET_S`` seconds without submitting one
-(its start-up burst is over) and the machine has a CPU's idle time for it, or at once when
-another process waits for one of them (:mod:`kdb.claims`). The thread keeps the process's
+A store starts once the process has gone ``QUIET_S`` seconds without submitting one (its
+start-up burst is over), or at once when another process waits for one of them
+(:mod:`kdb.claims`). A *costly* one (reading a PoCL program's binaries, which competes with
+the caller's builds for PoCL's compiler lock and costs about a compile) also waits for the
+machine to have a CPU's idle time for it; the others (binaries already in hand: a compress
+and an insert) do not, or on a machine that is never idle they would wait for the exit, and
+a batch system that kills the job at its time limit would take them with it. The thread keeps the process's
 priority: a thread cannot raise its priority again once lowered, and a nice-19 store started
 in a quiet moment did not finish within ``KDB_STORE_TIMEOUT`` at exit once CPU-bound work
 came back; the idle-CPU test before each store keeps them off a busy machine instead. At exit
@@ -33,7 +36,7 @@ log = logs.get("kdb")
 #: Seconds without a new submission before stores start (the start-up burst is over).
 QUIET_S = 5.0
 
-_jobs: "deque[Callable[[], None]]" = deque()
+_jobs: "deque[tuple[Callable[[], None], bool]]" = deque()  # (job, costly)
 _cond = threading.Condition()
 _unfinished = 0  # submitted and not done (queued, running, or handed over)
 _thread: threading.Thread | None = None
@@ -82,19 +85,20 @@ def _machine_idle() -> bool | None:
 
 
 def _next_job() -> Callable[[], None]:
-    """The next job once it may run: the process is quiet and the machine idle, or another
-    process waits. A job is never taken here while a drain runs: the draining thread runs it
-    (at exit, a flush), and the order of jobs is kept."""
+    """The next job once it may run: the process is quiet (and, for a costly job, the
+    machine idle), or another process waits. A job is never taken here while a drain runs:
+    the draining thread runs it (at exit, a flush), and the order of jobs is kept."""
     global _busy
     with _cond:
         while True:
             if _jobs and not _busy and not _hurry:
                 if claims.any_wanted():  # another process waits
                     _busy = True
-                    return _jobs.popleft()
-                if time.monotonic() - _last_submit >= QUIET_S and _machine_idle():
+                    return _jobs.popleft()[0]
+                if time.monotonic() - _last_submit >= QUIET_S and (
+                        not _jobs[0][1] or _machine_idle()):
                     _busy = True
-                    return _jobs.popleft()
+                    return _jobs.popleft()[0]
             _cond.wait(0.05 if _jobs else None)
 
 
@@ -121,8 +125,9 @@ def _run_one(job: Callable[[], None]) -> None:
             _cond.notify_all()
 
 
-def submit(job: Callable[[], None]) -> None:
-    """Run ``job`` on the background thread once the process is quiet (or at drain)."""
+def submit(job: Callable[[], None], *, costly: bool = False) -> None:
+    """Run ``job`` on the background thread once the process is quiet, and a ``costly`` one
+    once the machine has idle CPU too (or either at drain)."""
     global _thread, _pid, _last_submit, _unfinished
     with _cond:
         _last_submit = time.monotonic()
@@ -130,7 +135,7 @@ def submit(job: Callable[[], None]) -> None:
             _thread = threading.Thread(target=_run, name="kdb-store", daemon=True)
             _pid = os.getpid()
             _thread.start()
-        _jobs.append(job)
+        _jobs.append((job, costly))
         _unfinished += 1
         _cond.notify_all()
 
@@ -162,7 +167,7 @@ def drain(timeout: float | None = None) -> list[BaseException]:
                         break
                     if _jobs and not _busy:
                         _busy = True
-                        job = _jobs.popleft()
+                        job = _jobs.popleft()[0]
                         _cond.release()
                         try:
                             _run_one(job)

@@ -123,7 +123,7 @@ class Storing:
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
                   log: CompileRecord | None = None, claim: claims.Claim | None = None,
                   publish: bool = True, signed: tuple | None = None,
-                  recheck: Recheck | None = None) -> None:
+                  recheck: Recheck | None = None, costly: bool = False) -> None:
         """Store what ``produce()`` returns, on the background thread (None: store nothing).
 
         ``claim``, from :meth:`kdb.tiers.Tiers.claim_or_wait`, is released once the entry is
@@ -131,7 +131,9 @@ class Storing:
         false).
         ``signed``: the ``(signer, signature)`` the binary already carries (a copy of a
         shared entry). ``recheck``: the headers now (:func:`headers_changed`), compared with
-        ``attrs``' right before the entry is written; a change stores nothing.
+        ``attrs``' right before the entry is written; a change stores nothing. ``costly``:
+        ``produce`` costs about a compile (it reads a PoCL program's binaries), so the store
+        also waits for idle CPU (:mod:`.background`).
         """
         config.max_size()  # a bad KDB_CACHE_MAX_SIZE raises here, not in the background store
         if log is not None:
@@ -171,7 +173,7 @@ class Storing:
                 if claim is not None:
                     claim.release()
 
-        submit(job)
+        submit(job, costly=costly)
 
     def spool(self, job: StoreJob, claims: list | None = None, store_now=None) -> bool:
         """Hand a back end's store job to the store worker (:mod:`kdb.storing.spool`); False
@@ -323,12 +325,12 @@ _USER_TIER = ("loading a binary from it would run code someone else can change",
 _BACKGROUND = __name__.rpartition(".")[0] + ".background"
 
 
-def submit(job: Callable[[], None]) -> None:
+def submit(job: Callable[[], None], *, costly: bool = False) -> None:
     """Run ``job`` on the background store thread (:mod:`kdb.storing.background`, imported
-    by the first store: a hit never needs its thread)."""
+    by the first store: a hit never needs its thread); ``costly``: once there is idle CPU."""
     from . import background
 
-    background.submit(job)
+    background.submit(job, costly=costly)
 
 
 def drain() -> list[BaseException]:

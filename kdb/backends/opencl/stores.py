@@ -154,7 +154,8 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
     for d, a, rec in zip(devs, attrs, recs):
         db.tiers.storing.put_later(a, lambda ptr=d.int_ptr: read(ptr),
                                    compile_seconds=per_device, details=device_details(d),
-                                   log=rec, claim=held.pop(a.key, None), recheck=recheck)
+                                   log=rec, claim=held.pop(a.key, None), recheck=recheck,
+                                   costly=True)
 
 
 #: Seconds a read of a program's binaries may take (and no longer than its build) before
