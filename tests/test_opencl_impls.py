@@ -225,6 +225,48 @@ def test_intel_binaries_are_stored_by_the_process_that_built_them(run_py, cache_
     assert again["compiles"] == 0, again
 
 
+INTEL_IDIOMS = """
+    import json
+    import kdb.opencl, kdb.bookkeeping
+    kdb.opencl.install()
+    import numpy as np
+    import pyopencl as cl, pyopencl.array as cla
+    from pyopencl.elementwise import ElementwiseKernel
+    from pyopencl.scan import ExclusiveScanKernel, InclusiveScanKernel
+    plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]
+    ctx = cl.Context(plat.get_devices())
+    q = cl.CommandQueue(ctx)
+    ok = []
+    for dt in (np.float32, np.int32):
+        h = (np.arange(3000) % 97).astype(dt)
+        x = cla.to_device(q, h)
+        ok.append(np.array_equal((2 * x + 1).get(), 2 * h + 1))
+        ok.append(cla.sum(x).get() == h.sum() and cla.max(x).get() == h.max())
+        ok.append(np.array_equal(InclusiveScanKernel(ctx, dt, "a+b", "0")(x.copy()).get(),
+                                 np.cumsum(h).astype(dt)))
+        got = cla.empty_like(x)
+        ExclusiveScanKernel(ctx, dt, "a+b", "0")(x, got)
+        ok.append(np.array_equal(got.get(), (np.cumsum(h) - h).astype(dt)))
+    sq = ElementwiseKernel(ctx, "float *y, const float *x", "y[i] = x[i] * x[i]")
+    x = cla.to_device(q, np.arange(100, dtype=np.float32))
+    y = cla.empty_like(x)
+    sq(y, x)
+    ok.append(np.array_equal(y.get(), np.arange(100, dtype=np.float32) ** 2))
+    print(json.dumps({"ok": [bool(o) for o in ok], "compiles": len(kdb.bookkeeping.records())}))
+"""
+
+
+def test_pyopencl_idioms_on_intel_are_right_from_source_and_from_kdb(run_py, cache_dir, tmp_path):
+    """Correct on every OpenCL: unmodified pyopencl code (arrays, reductions, scans with a
+    fixed work-group size, an elementwise kernel) through ``install()`` on Intel's runtime
+    gives numpy's results when it compiles and when every program comes from kdb."""
+    env = {**_vendors(tmp_path, _intel_runtime()), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    first = run_json(run_py, INTEL_IDIOMS, env)
+    assert all(first["ok"]) and first["compiles"] > 0, first
+    again = run_json(run_py, INTEL_IDIOMS, {**env, "XDG_CACHE_HOME": str(tmp_path / "xdg2")})
+    assert all(again["ok"]) and again["compiles"] == 0, again
+
+
 def _entries_now(cache: Path, arch: str) -> int:
     """:func:`_entries` while another process may be making the file (no table yet: 0)."""
     import sqlite3
