@@ -267,6 +267,68 @@ def test_pyopencl_idioms_on_intel_are_right_from_source_and_from_kdb(run_py, cac
     assert all(again["ok"]) and again["compiles"] == 0, again
 
 
+RELAXED = """
+    import json
+    import numpy as np
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]
+    ctx = cl.Context(plat.get_devices())
+    q = cl.CommandQueue(ctx)
+    prg = kdb.opencl.build(ctx, "__kernel void f(__global const float *x, __global float *y) "
+                           "{ int i = get_global_id(0); y[i] = x[i] * 0.0f + 1.0f; }")
+    h = np.array([np.inf, 2.0], dtype=np.float32)
+    mf = cl.mem_flags
+    x = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=h)
+    y = cl.Buffer(ctx, mf.WRITE_ONLY, h.nbytes)
+    prg.f(q, h.shape, None, x, y)
+    out = np.empty_like(h)
+    cl.enqueue_copy(q, out, y)
+    print(json.dumps({"inf_times_zero_is_nan": bool(np.isnan(out[0])),
+                      "compiles": len(kdb.bookkeeping.records())}))
+"""
+
+
+def test_intel_relaxed_math_set_in_its_environment_is_another_kernel(run_py, cache_dir, tmp_path):
+    """``CL_CONFIG_USE_FAST_RELAXED_MATH=True`` makes Intel's runtime build every program as
+    ``-cl-fast-relaxed-math`` does, where ``inf * 0.0f`` is not NaN. A process without it
+    must not be served that binary (before, it was, and computed inf * 0 = 1)."""
+    env = _vendors(tmp_path, _intel_runtime())
+    relaxed = run_json(run_py, RELAXED, {**env, "CL_CONFIG_USE_FAST_RELAXED_MATH": "True"})
+    assert relaxed == {"inf_times_zero_is_nan": False, "compiles": 1}, relaxed
+    strict = run_json(run_py, RELAXED, env)
+    assert strict == {"inf_times_zero_is_nan": True, "compiles": 1}, strict
+    again = run_json(run_py, RELAXED, {**env, "CL_CONFIG_USE_FAST_RELAXED_MATH": "True"})
+    assert again == {"inf_times_zero_is_nan": False, "compiles": 0}, again
+
+
+def test_intel_relaxed_math_set_in_its_cl_cfg_is_another_compiler(run_py, cache_dir, tmp_path):
+    """The same setting in ``cl.cfg`` beside the runtime (an administrator's edit; the runtime
+    reads the file beside its real path): that runtime's binaries are never served to the
+    stock one's processes."""
+    import os
+    import shutil
+
+    stock = Path(_intel_runtime())
+    edited = tmp_path / "intel-relaxed"
+    edited.mkdir()
+    for f in stock.parent.iterdir():
+        if f.name not in ("cl.cfg", stock.name):
+            (edited / f.name).symlink_to(f)
+    try:
+        os.link(stock.resolve(), edited / stock.name)  # the runtime finds cl.cfg beside it
+    except OSError:
+        shutil.copy2(stock.resolve(), edited / stock.name)
+    text = (stock.parent / "cl.cfg").read_text()
+    (edited / "cl.cfg").write_text(text.replace("CL_CONFIG_USE_FAST_RELAXED_MATH = False",
+                                                "CL_CONFIG_USE_FAST_RELAXED_MATH = True"))
+    (tmp_path / "edited").mkdir()
+    relaxed = run_json(run_py, RELAXED, _vendors(tmp_path / "edited", str(edited / stock.name)))
+    assert relaxed == {"inf_times_zero_is_nan": False, "compiles": 1}, relaxed
+    strict = run_json(run_py, RELAXED, _vendors(tmp_path, str(stock)))
+    assert strict == {"inf_times_zero_is_nan": True, "compiles": 1}, strict
+
+
 def _entries_now(cache: Path, arch: str) -> int:
     """:func:`_entries` while another process may be making the file (no table yet: 0)."""
     import sqlite3

@@ -8,6 +8,7 @@ Everything here is what a lookup needs before it touches a database; :mod:`.open
 from __future__ import annotations
 
 import functools
+import os
 import platform as _platform
 import re
 import shlex
@@ -32,13 +33,28 @@ from ..common import label
 log = logs.get("kdb")
 BACKEND = "opencl"
 
+#: Intel's CPU runtime's settings that change what its compiler produces (read from the
+#: environment, else from ``cl.cfg`` beside its library: :func:`intel_settings`).
+#: ``CL_CONFIG_USE_FAST_RELAXED_MATH=True`` builds every program as ``-cl-fast-relaxed-math``
+#: does (the same binary): ``x * 0.0f`` of an infinity gives it, not NaN.
+#: ``CL_CONFIG_USE_VECTORIZER=False`` gives another binary too.
+INTEL_CODEGEN_VARS = (
+    "CL_CONFIG_USE_FAST_RELAXED_MATH", "CL_CONFIG_USE_VECTORIZER", "CL_CONFIG_CPU_VECTORIZER_MODE",
+    "CL_CONFIG_CPU_RT_LOOP_UNROLL_FACTOR", "CL_CONFIG_CPU_STREAMING_ALWAYS",
+    "CL_CONFIG_CPU_EXPENSIVE_MEM_OPT", "CL_CONFIG_LLVM_OPTIONS", "CL_CONFIG_LTO_PM",
+    "CL_CONFIG_CPU_REQD_SUB_GROUP_SIZE", "CL_CONFIG_CPU_SUB_GROUP_CONSTRUCTION",
+    "CL_CONFIG_CPU_FORCE_LOCAL_MEM_SIZE", "CL_CONFIG_CPU_FORCE_MAX_WORK_GROUP_SIZE",
+    "CL_CONFIG_REPLACE_IR_BEFORE_OPTIMIZER", "CL_CONFIG_REPLACE_IR_AFTER_OPTIMIZER",
+    "CL_CONFIG_USE_TRAPPING", "CL_CONFIG_USE_VTUNE",
+)
+
 #: Variables that change what OpenCL compilers produce; their values enter the key. Sorted,
 #: as the key wants its pairs.
 ENV_VARS = tuple(sorted((
     "POCL_EXTRA_BUILD_FLAGS", "POCL_WORK_GROUP_METHOD", "POCL_WORK_GROUP_SPECIALIZATION",
     "POCL_MAX_WORK_GROUP_SIZE", "POCL_VECTORIZER_PREFER_SCALAR", "POCL_FORCE_FLOAT_DENORMALS",
     "AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND", "CL_CONFIG_CPU_TARGET_ARCH",
-    "IGC_ExtraOCLOptions", "IGC_ExtraOCLInternalOptions",
+    "IGC_ExtraOCLOptions", "IGC_ExtraOCLInternalOptions", *INTEL_CODEGEN_VARS,
 )))
 
 # Attribute arguments nest two deep ((reqd_work_group_size(WG(1), 1, 1))), each written as
@@ -97,7 +113,34 @@ def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
             ident.append(("library", library_id(lib, Path(memo_dir))))
         except OSError as err:
             log.debug("kdb: cannot digest %s: %s", lib, err)
+        settings = intel_settings(lib)
+        if settings:
+            ident.append(("cl.cfg", settings))
     return tuple(sorted(ident))  # sorted, as the key wants its pairs
+
+
+def intel_settings(library: str) -> str:
+    """What ``cl.cfg`` beside Intel's CPU runtime (``libintelocl``) sets of
+    :data:`INTEL_CODEGEN_VARS`, as ``name=value`` lines sorted by name: the runtime reads the
+    file at start and lets the environment (which the key holds already) override it, so an
+    edited ``cl.cfg`` (relaxed math switched on for every program) is another compiler.
+    Empty for any other library, or where the file cannot be read.
+
+    >>> intel_settings("/opt/pocl/libpocl.so.2")
+    ''
+    """
+    if not os.path.basename(library).startswith("libintelocl"):
+        return ""
+    try:
+        text = (Path(library).parent / "cl.cfg").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    found = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() in INTEL_CODEGEN_VARS:
+            found[name.strip()] = value.strip()  # the last line of a name
+    return "\n".join(f"{k}={v}" for k, v in sorted(found.items()))
 
 
 def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
