@@ -339,6 +339,22 @@ def test_stored_key_holds_no_path_and_hits_from_another_include_dir(cache_dir, c
     np.testing.assert_allclose(y, x + 5)
 
 
+def test_every_variable_a_compiler_reads_is_another_key(cache_dir, cl_ctx, monkeypatch):
+    """Each variable with which an OpenCL runtime changes what it compiles (PoCL's, Intel's
+    ``CL_CONFIG_*``, AMD's, Intel's GPU compiler's) gives another key when set."""
+    from kdb.backends.opencl.keys import ENV_VARS
+
+    dev = cl_ctx.devices[0]
+    src = "__kernel void f(__global int *a) { a[0] = 1; }"
+    keys = {kdb.opencl.attributes_for(dev, src, [], []).key}
+    for name in ENV_VARS:
+        monkeypatch.setenv(name, "-DX=1" if name.endswith(("FLAGS", "OPTIONS")) else "1")
+        keys.add(kdb.opencl.attributes_for(dev, src, [], []).key)
+        monkeypatch.delenv(name)
+    assert len(keys) == len(ENV_VARS) + 1
+    assert {"CL_CONFIG_USE_FAST_RELAXED_MATH", "POCL_WILOOPS_MAX_UNROLL_COUNT"} <= set(ENV_VARS)
+
+
 @pytest.mark.parametrize("form", ["separate", "one element", "joined", "string"])
 def test_attributes_for_keys_a_build_as_the_build_stores_it(cache_dir, cl_ctx, tmp_path,
                                                              monkeypatch, form):

@@ -53,6 +53,10 @@ INTEL_CODEGEN_VARS = (
 ENV_VARS = tuple(sorted((
     "POCL_EXTRA_BUILD_FLAGS", "POCL_WORK_GROUP_METHOD", "POCL_WORK_GROUP_SPECIALIZATION",
     "POCL_MAX_WORK_GROUP_SIZE", "POCL_VECTORIZER_PREFER_SCALAR", "POCL_FORCE_FLOAT_DENORMALS",
+    # How PoCL makes a kernel's work-group function (in a binary read after launches), and
+    # the builtin library it links: libpocl's own strings name them (PoCL 3.1).
+    "POCL_FORCE_PARALLEL_OUTER_LOOP", "POCL_FULL_REPLICATION_THRESHOLD",
+    "POCL_WILOOPS_MAX_UNROLL_COUNT", "POCL_KERNELLIB_NAME", "POCL_ENABLE_UNINIT",
     "AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND", "CL_CONFIG_CPU_TARGET_ARCH",
     "IGC_ExtraOCLOptions", "IGC_ExtraOCLInternalOptions", *INTEL_CODEGEN_VARS,
 )))
