@@ -29,16 +29,21 @@ if "kdb" in sys.argv:
 
 builds = []
 try:  # the C++ compiles that ran, whoever (kdb or not) asked for them
-    from torch._inductor.cpp_builder import CppBuilder
+    # Counted where the compiler is run, not at CppBuilder.build: on torch 2.7 importing
+    # cpp_builder imports Inductor's code cache, so KDB_AUTO's kdb wraps build first and a
+    # wrapper put here would count the builds kdb serves too.
+    from torch._inductor import cpp_builder
 
-    _build = CppBuilder.build
+    _run = cpp_builder.run_compile_cmd
 
-    def counted(self):
-        builds.append(self.get_target_file_path().rsplit("/", 1)[-1])
-        return _build(self)
+    def counted(cmd_line, *args, **kwargs):
+        words = str(cmd_line).split()
+        out = words[words.index("-o") + 1] if "-o" in words[:-1] else "?"
+        builds.append(out.rsplit("/", 1)[-1])
+        return _run(cmd_line, *args, **kwargs)
 
-    CppBuilder.build = counted
-except ImportError:
+    cpp_builder.run_compile_cmd = counted
+except (ImportError, AttributeError):
     pass
 
 

@@ -18,6 +18,13 @@ from conftest import TORCH_STEP as STEP, torch_step
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'kdb[torch]')")
 
+#: torch 2.7's end-of-compile callback names no trigger (no ``CallbackArgs``): kdb then
+#: releases AOTAutograd's claim at the frame's end, and a waiter may trace again.
+needs_trigger = pytest.mark.skipif(
+    not hasattr(pytest.importorskip("torch._dynamo.callback"), "CallbackArgs"),
+    reason=f"torch {torch.__version__}'s compile-end callback names no trigger: an "
+           "AOTAutograd claim ends with its frame (docs/torch.md)")
+
 
 
 def step(env: dict, where: Path, *args: str, kdb_auto: bool = False) -> dict:
@@ -63,6 +70,7 @@ def test_an_entry_made_by_another_torch_is_a_miss(cold, tmp_path):
 
 
 @pytest.mark.slow
+@needs_trigger
 def test_processes_at_once_compile_each_graph_and_its_autograd_entry_once(tmp_path):
     """Three fresh processes start one training step together on a cold kdb cache: one
     compiles the forward and backward graphs and AOTAutograd's entry, the others wait and
@@ -90,6 +98,7 @@ def test_processes_at_once_compile_each_graph_and_its_autograd_entry_once(tmp_pa
     assert len({x["digest"] for x in each}) == 1
 
 
+@needs_trigger
 def test_an_autograd_claim_outlives_its_frame_until_the_lazy_backward_compiled(monkeypatch):
     """At a frame's end a claim that stored nothing is released, but AOTAutograd's is kept
     (pending) until that frame's lazy backward has compiled, other frames ending meanwhile."""
