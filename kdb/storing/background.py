@@ -9,10 +9,11 @@ start-up burst is over), or at once when another process waits for one of them
 the caller's builds for PoCL's compiler lock and costs about a compile) also waits for the
 machine to have a CPU's idle time for it; the others (binaries already in hand: a compress
 and an insert) do not, or on a machine that is never idle they would wait for the exit, and
-a batch system that kills the job at its time limit would take them with it. The thread keeps the process's
-priority: a thread cannot raise its priority again once lowered, and a nice-19 store started
-in a quiet moment did not finish within ``KDB_STORE_TIMEOUT`` at exit once CPU-bound work
-came back; the idle-CPU test before each store keeps them off a busy machine instead. At exit
+a batch system that kills the job at its time limit would take them with it. The thread
+keeps the process's priority: a thread cannot raise its priority again once lowered, and a
+nice-19 store started in a quiet moment did not finish within ``KDB_STORE_TIMEOUT`` at exit
+once CPU-bound work came back; the idle-CPU test before a costly store keeps it off a busy
+machine instead. At exit
 the stores are finished within ``KDB_STORE_TIMEOUT``; what is left then is abandoned (it
 compiles again next run; SQLite's journal leaves nothing half-written). After ``fork`` the
 child starts with no jobs.

@@ -36,7 +36,7 @@ BACKEND = "opencl"
 #: Intel's CPU runtime's settings that change what its compiler produces (read from the
 #: environment, else from ``cl.cfg`` beside its library: :func:`intel_settings`).
 #: ``CL_CONFIG_USE_FAST_RELAXED_MATH=True`` builds every program as ``-cl-fast-relaxed-math``
-#: does (the same binary): ``x * 0.0f`` of an infinity gives it, not NaN.
+#: does (the same binary): ``x * 0.0f`` is 0 there for an infinite ``x``, not NaN.
 #: ``CL_CONFIG_USE_VECTORIZER=False`` gives another binary too.
 INTEL_CODEGEN_VARS = (
     "CL_CONFIG_USE_FAST_RELAXED_MATH", "CL_CONFIG_USE_VECTORIZER", "CL_CONFIG_CPU_VECTORIZER_MODE",
