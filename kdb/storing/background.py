@@ -36,6 +36,10 @@ log = logs.get("kdb")
 
 #: Seconds without a new submission before stores start (the start-up burst is over).
 QUIET_S = 5.0
+#: Stores of bytes in hand queued past which the thread stores without waiting for a quiet
+#: moment: a process that compiles without pause (an autotuner) holds at most this many
+#: binaries in memory, not every one it made until its exit.
+BACKLOG = 64
 
 _jobs: "deque[tuple[Callable[[], None], bool]]" = deque()  # (job, costly)
 _cond = threading.Condition()
@@ -87,7 +91,7 @@ def _machine_idle() -> bool | None:
 
 def _next_job() -> Callable[[], None]:
     """The next job once it may run: the process is quiet (and, for a costly job, the
-    machine idle), or another process waits. A job is never taken here while a drain runs:
+    machine idle; for another, or more than ``BACKLOG`` queued), or another process waits. A job is never taken here while a drain runs:
     the draining thread runs it (at exit, a flush), and the order of jobs is kept."""
     global _busy
     with _cond:
@@ -96,8 +100,9 @@ def _next_job() -> Callable[[], None]:
                 if claims.any_wanted():  # another process waits
                     _busy = True
                     return _jobs.popleft()[0]
-                if time.monotonic() - _last_submit >= QUIET_S and (
-                        not _jobs[0][1] or _machine_idle()):
+                quiet = time.monotonic() - _last_submit >= QUIET_S
+                costly = _jobs[0][1]
+                if (quiet and _machine_idle()) if costly else (quiet or len(_jobs) > BACKLOG):
                     _busy = True
                     return _jobs.popleft()[0]
             _cond.wait(0.05 if _jobs else None)
