@@ -339,6 +339,44 @@ def _entries_now(cache: Path, arch: str) -> int:
         return 0
 
 
+SLOW_READS = """
+    import json, time
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    from kdb.backends.opencl import stores
+    from kdb.storing import background
+    real = stores.program_binaries
+
+    def slow(raw):  # a driver whose reads cost more than its builds
+        time.sleep(max(1.0, 10 * stores.SLOW_READ_S))  # longer than a small build, busy or not
+        return real(raw)
+
+    stores.program_binaries = slow
+    plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]
+    ctx = cl.Context(plat.get_devices())
+    for i in range(4):
+        kdb.opencl.build(ctx, f"__kernel void s{i}(__global float *a) {{ a[0] = {i}; }}")
+    print(json.dumps({"arch": kdb.opencl.arch_of(plat.get_devices()[0]),
+                      "in_hand": background.pending(),
+                      "slow": sorted(stores._slow_to_read)}))
+"""
+
+
+def test_an_arch_whose_reads_prove_slow_goes_back_to_the_store_worker(run_py, cache_dir,
+                                                                      tmp_path):
+    """Reading binaries right after the build is for drivers where it costs nothing. One read
+    that takes longer than ``SLOW_READ_S`` and than its build (the driver serialises what it
+    built, as PoCL does) sends the arch's later stores to the store worker: the programs
+    read so far are stored from their bytes (the first, unless the machine is so busy that
+    its build took longer than the read), the rest by the worker, and all four land."""
+    out = run_json(run_py, SLOW_READS, _vendors(tmp_path, _intel_runtime()))
+    assert out["slow"] == [out["arch"]] and 1 <= out["in_hand"] < 4, out
+    wait_for_worker(cache_dir)
+    assert _entries(cache_dir, out["arch"]) == 4
+    log = (cache_dir / "v1" / "store-worker.log")
+    assert not log.exists() or "could not store" not in log.read_text()
+
+
 def test_intel_stores_land_on_a_machine_never_idle_before_the_job_is_killed(
         run_py, cache_dir, tmp_path):
     """An HPC rank on Intel's runtime: it builds at start-up, then computes for hours on a
