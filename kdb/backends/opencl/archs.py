@@ -123,18 +123,29 @@ def intel_target(library: str | None) -> str | None:
     from the environment, else from ``cl.cfg`` beside its library (the runtime reads both,
     the variable first); None for ``auto``, the host CPU."""
     value = config.read_variables((_INTEL_TARGET,))[_INTEL_TARGET]
-    if value is None and library:
-        try:
-            text = (Path(library).parent / "cl.cfg").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            text = ""
-        for line in text.splitlines():
-            name, sep, rest = line.partition("=")
-            if sep and name.strip() == _INTEL_TARGET:
-                value = rest.strip()
+    if value is None:
+        value = intel_cfg(library).get(_INTEL_TARGET)
     if not value or value.strip().lower() == "auto":
         return None
     return slug(value)
+
+
+def intel_cfg(library: str | None) -> dict[str, str]:
+    """The ``NAME = value`` settings of ``cl.cfg`` beside Intel's CPU runtime library (the
+    last line of a name; comments are lines without ``=`` or names of no setting); empty
+    where there is no such file."""
+    if not library:
+        return {}
+    try:
+        text = (Path(library).parent / "cl.cfg").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep:
+            found[name.strip()] = value.strip()
+    return found
 
 
 def cpu_arch(vendor: str, library: str | None) -> str:

@@ -135,16 +135,8 @@ def intel_settings(library: str) -> str:
     """
     if not os.path.basename(library).startswith("libintelocl"):
         return ""
-    try:
-        text = (Path(library).parent / "cl.cfg").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    found = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition("=")
-        if sep and name.strip() in INTEL_CODEGEN_VARS:
-            found[name.strip()] = value.strip()  # the last line of a name
-    return "\n".join(f"{k}={v}" for k, v in sorted(found.items()))
+    found = archs.intel_cfg(library)
+    return "\n".join(f"{k}={found[k]}" for k in sorted(found) if k in INTEL_CODEGEN_VARS)
 
 
 def compiler_identity(device: cl.Device, memo_dir: str | None = None) -> tuple:
