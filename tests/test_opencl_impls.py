@@ -267,6 +267,47 @@ def test_pyopencl_idioms_on_intel_are_right_from_source_and_from_kdb(run_py, cac
     assert all(again["ok"]) and again["compiles"] == 0, again
 
 
+ARG_INFO = """
+    import json, os
+    import kdb.opencl, kdb.bookkeeping
+    kdb.opencl.install()
+    import pyopencl as cl
+    plat = [p for p in cl.get_platforms() if os.environ["RUNTIME"] in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    src = ("__kernel void f(__global float *alpha, const float beta, __local int *gamma)"
+           " { alpha[get_global_id(0)] *= beta; }")
+    prg = cl.Program(ctx, src).build(options="-cl-kernel-arg-info")
+    info = [[prg.f.get_arg_info(i, getattr(cl.kernel_arg_info, what))
+             for what in ("NAME", "TYPE_NAME", "ADDRESS_QUALIFIER")] for i in range(3)]
+    print(json.dumps({"info": info, "compiles": len(kdb.bookkeeping.records())}))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["Intel", POCL])
+def test_a_build_asking_for_kernel_arg_info_gets_it_from_kdb_too(run_py, cache_dir, tmp_path,
+                                                                  runtime):
+    """``-cl-kernel-arg-info`` asks the program for its kernels' argument names and types;
+    the OpenCL standard promises them only for a program created from source. Intel's CPU
+    runtime gives none for one created from binaries (``KERNEL_ARG_INFO_NOT_AVAILABLE``,
+    with pyopencl's own cache too), so kdb compiles such a build there, and says why in the
+    log; PoCL keeps them in its binaries, and serves the build from kdb."""
+    lib = _intel_runtime() if runtime == "Intel" else _debian_pocl()
+    env = {**_vendors(tmp_path, lib), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "RUNTIME": runtime}
+    first = run_json(run_py, ARG_INFO, env)
+    names = [row[0] for row in first["info"]]
+    assert names == ["alpha", "beta", "gamma"] and first["compiles"] == 1, first
+    if runtime == POCL:
+        wait_for_worker(cache_dir)
+    again = run_json(run_py, ARG_INFO, env)
+    assert again["info"] == first["info"], again
+    assert again["compiles"] == (1 if runtime == "Intel" else 0), again
+    if runtime == "Intel":
+        (user_file,) = (cache_dir / "v1").glob("intel-*.kdb")
+        reasons = sql(user_file, "SELECT reason FROM compile_log")
+        assert any("-cl-kernel-arg-info" in r for (r,) in reasons), reasons
+
+
 RELAXED = """
     import json
     import numpy as np

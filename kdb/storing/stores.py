@@ -119,6 +119,11 @@ class Storing:
             shared.publish([entry])
         return written
 
+    def log_compile(self, rec: CompileRecord) -> None:
+        """Write ``rec`` to the start-up latency log with the next batch: a compile that
+        stores nothing (its entry is stored already, and could not be used here)."""
+        self._book.add_log(rec.arch, rec)
+
     def put_later(self, attrs: HashAttributes, produce: Callable[[], bytes | None], *,
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
                   log: CompileRecord | None = None, claim: claims.Claim | None = None,

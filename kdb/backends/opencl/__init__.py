@@ -256,6 +256,11 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
             missed.setdefault(a.key, (d, a))
     for key in set(held) - set(missed):  # claimed, then served another way: let go
         held.pop(key).release()
+    if not missed and all(hits) and tuple(d.int_ptr for d in devs) in _no_arg_info \
+            and _wants_arg_info(opt_bytes):  # found, not loadable as asked: a compile
+        for a in {a.key: a for a in attrs}.values():
+            db.tiers.storing.log_compile(db.tiers.record_compile(
+                a, seconds / max(len(devs), 1), reason=_ARG_INFO_REASON))
     recheck = recheck_for(text, opt_bytes, plan.search)
     if missed and not db.tiers.disabled:
         _compiled[memory_key] = (raw, build_stamp(raw, devs))
@@ -349,8 +354,44 @@ class _StoredProgram(cl._Program):
         return super().get_build_info(device, param)
 
 
+#: Devices (their handles) whose OpenCL gave no kernel argument information for a program
+#: created from binaries and built with ``-cl-kernel-arg-info``: such builds compile there.
+_no_arg_info: set[tuple[int, ...]] = set()
+
+
+_ARG_INFO_REASON = ("stored, but built with -cl-kernel-arg-info, which this OpenCL drops from "
+                    "a program created from binaries")
+
+
+def _wants_arg_info(opt_bytes: bytes) -> bool:
+    """Whether the build asks for kernel argument information (``-cl-kernel-arg-info``)."""
+    return b"-cl-kernel-arg-info" in opt_bytes and b"-cl-kernel-arg-info" in opt_bytes.split()
+
+
+def _keeps_arg_info(raw: cl._Program) -> bool:
+    """Whether ``raw`` answers ``clGetKernelArgInfo``: the OpenCL standard promises it only
+    for a program created from source, and Intel's CPU runtime gives none for one created
+    from binaries (nor for pyopencl's own cache's), where PoCL keeps it. A program whose
+    kernels take no argument has nothing to lose."""
+    try:
+        names = [n for n in raw.get_info(cl.program_info.KERNEL_NAMES).split(";") if n]
+        for name in names:
+            kernel = cl.Kernel(raw, name)
+            if kernel.get_info(cl.kernel_info.NUM_ARGS):
+                kernel.get_arg_info(0, cl.kernel_arg_info.NAME)
+                return True
+    except (cl.RuntimeError, cl.LogicError):
+        return False
+    return True
+
+
 def _load(ctx, devs, binaries: list[bytes], text: str, opt_bytes: bytes) -> cl._Program | None:
-    """The program from stored binaries; None when PoCL cannot load them safely."""
+    """The program from stored binaries; None when PoCL cannot load them safely, or when
+    the build asks for kernel argument information that this OpenCL drops from a program
+    created from binaries (:func:`_keeps_arg_info`): such a program is built from source."""
+    wants_arg_info = _wants_arg_info(opt_bytes)
+    if wants_arg_info and tuple(d.int_ptr for d in devs) in _no_arg_info:
+        return None
     private = private_copies(binaries)
     if private is None:
         logs.warn_once("pocl-uncached-layout", "kdb: PoCL's kernel cache is off "
@@ -363,6 +404,14 @@ def _load(ctx, devs, binaries: list[bytes], text: str, opt_bytes: bytes) -> cl._
     if len(devs) < len(ctx.devices):
         raw._kdb_devices, raw._kdb_built = ctx.devices, list(devs)
     raw.build(opt_bytes, devs)
+    if wants_arg_info and not _keeps_arg_info(raw):
+        dev_ptrs = tuple(d.int_ptr for d in devs)
+        _no_arg_info.add(dev_ptrs)
+        logs.warn_once(f"no-arg-info:{dev_ptrs}", "kdb: %s gives no kernel argument "
+                       "information for a program created from binaries: programs built "
+                       "with -cl-kernel-arg-info are compiled from source on it, not loaded "
+                       "from kdb", devs[0].platform.name)
+        return None
     return raw
 
 
