@@ -11,6 +11,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -293,6 +294,54 @@ def test_another_nvcc_misses(db, tmp_path, counting_nvcc):
     assert db.lookup(theirs) is None
     kdb.cuda.compile(DOUBLE_SRC, "sm_90", output="ptx", db=db, nvcc=other)
     assert any(c.startswith("other -ptx") for c in _calls(log))
+
+
+GNUC_SRC = "__global__ void host_cc(int *a) { a[0] = __GNUC__ * 100 + HOST_TAG; }\n"
+HOST_GCC = shutil.which("gcc")
+
+
+def _host_gcc(directory: Path, tag: int) -> Path:
+    """A host compiler named ``gcc`` in ``directory``: the real gcc with one more predefined
+    macro, as a site's gcc built with other defaults (or another release) differs."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "gcc"
+    path.write_text(f'#!/bin/sh\nexec "{HOST_GCC}" -DHOST_TAG={tag} "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+@needs_nvcc
+@pytest.mark.skipif(HOST_GCC is None, reason="gcc, nvcc's host compiler, is not on PATH")
+@pytest.mark.parametrize("how", ["PATH", "NVCC_CCBIN", "-ccbin"])
+def test_another_host_compiler_is_another_key(how, cache_dir, tmp_path, run_py):
+    """nvcc preprocesses the device code with the host compiler and passes its version on
+    to cicc: one nvcc with another gcc (a ``module load gcc/13``, ``NVCC_CCBIN``, ``-ccbin``)
+    builds another cubin. Before, the key held nvcc alone, and a process whose gcc differed
+    was served the first one's cubin."""
+    one, two = _host_gcc(tmp_path / "gcc-one", 1), _host_gcc(tmp_path / "gcc-two", 2)
+    code = f"""
+        import hashlib, json, kdb.bookkeeping, kdb.cuda
+        opts = {["-ccbin", "CCBIN"] if how == "-ccbin" else []!r}
+        opts = [os.environ["CCBIN"] if o == "CCBIN" else o for o in opts]
+        b = kdb.cuda.compile({GNUC_SRC!r}, "sm_90", opts, output="ptx")
+        print(json.dumps({{"ptx": b.decode(), "compiles": len(kdb.bookkeeping.records())}}))
+    """
+    code = "import os\n" + textwrap.dedent(code)
+
+    def env(gcc: Path) -> dict[str, str]:
+        if how == "PATH":
+            return {"PATH": f"{gcc.parent}{os.pathsep}{os.environ['PATH']}"}
+        return {"NVCC_CCBIN" if how == "NVCC_CCBIN" else "CCBIN": str(gcc)}
+
+    def built(gcc: Path) -> dict:
+        return json.loads(run_py(code, env={**env(gcc), "KDB_STORE_AT_EXIT": "wait"}
+                                 ).stdout.splitlines()[-1])
+
+    first, second = built(one), built(two)
+    assert first["compiles"] == 1 and second["compiles"] == 1, (first, second)
+    assert first["ptx"] != second["ptx"]  # HOST_TAG 1 and 2 reached the device code
+    again = built(one)
+    assert again == {**first, "compiles": 0}
 
 
 def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):

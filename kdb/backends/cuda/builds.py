@@ -69,7 +69,7 @@ def _unkeyed_reads(req: _Request, tmp: str) -> str | None:
             text = f.read()
     except OSError:
         return "its dependency list (nvcc wrote none)"
-    system = tuple(os.path.join(d, "") for d in req.nvcc.system_dirs)
+    system = tuple(os.path.join(d, "") for d in (*req.nvcc.system_dirs, *req.host_dirs))
     for dep in dependency_paths(text)[1:]:  # the first is the program itself
         path = os.path.realpath(os.path.join(tmp, dep))
         if path.startswith(system):

@@ -18,6 +18,7 @@ from ... import config
 from ...errors import BackendUnavailableError, InvalidArgumentError, UnsupportedTypeError
 from ..includes import UncertainIncludes, read_headers
 from ...keys import HashAttributes
+from . import hostcc
 from . import nvrtc as _nvrtc
 from ..common import label, source_text
 from .nvcc import ARCH_RE as _ARCH_RE
@@ -242,6 +243,7 @@ class _Request:
     header_files: frozenset = frozenset()  # (st_dev, st_ino) of the headers the key holds
     search: Any = None  # the IncludeSearch the key's headers came from
     cwd: str = ""  # the caller's working directory when the request was made
+    host_dirs: tuple[str, ...] = ()  # nvcc's host compiler's default include dirs
 
     @property
     def nvcc(self) -> NvccIdentity:
@@ -301,6 +303,7 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
         uncertain = None
     except UncertainIncludes as err:
         headers, uncertain = (("?", "uncertain"),), str(err)
+    host = _host(kind, ident, found.rest, cwd, memo_dir)
     attrs = HashAttributes(
         backend=BACKEND,
         source=text,
@@ -308,7 +311,7 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
         build_options=found.rest,
         internal_options=(OUTPUTS[output],),
         headers=headers,
-        compiler=ident.compiler if ident else (),
+        compiler=(*ident.compiler, *(host.pairs if host else ())) if ident else (),
         # nvcc reads these variables; NVRTC reads none. With no compiler, the entries built
         # with the same variables are the ones to serve.
         environment=() if kind == "nvrtc" else environment(),
@@ -316,7 +319,18 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
     )
     args = found.args if kind != "nvrtc" else _nvrtc_args(found.args)
     return _Request(text, arch, output, found.rest, args, found.dirs, ident, attrs, compiler,
-                    missing, uncertain, frozenset(files), found.search, cwd)
+                    missing, uncertain, frozenset(files), found.search, cwd,
+                    host.include_dirs if host else ())
+
+
+def _host(kind: str | None, ident, options: tuple[str, ...], cwd: str,
+          memo_dir: str | os.PathLike[str] | None) -> hostcc.HostCompiler | None:
+    """For nvcc, the host compiler it runs on the device code too (:mod:`.hostcc`)."""
+    if kind != "nvcc" or ident is None:
+        return None
+    spec = hostcc.named(options, config.read_variables(ENV_VARS))
+    root = memo_dir if memo_dir is not None else config.cache_root()
+    return hostcc.identity(spec, os.path.join(ident.toolkit, "bin"), cwd or ".", root)
 
 
 def _cwd() -> str:

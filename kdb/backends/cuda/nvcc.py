@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ... import config
 from ..digests import machine_digest, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError
+from .hostcc import search_list
 
 if TYPE_CHECKING:
     import subprocess
@@ -211,15 +212,7 @@ def _default_dirs(path: str) -> list[str]:
                                   timeout=_PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired):
             return []
-    dirs, inside = [], False
-    for line in (proc.stderr + proc.stdout).decode("utf-8", "replace").splitlines():
-        if line.startswith("#include <...> search starts here"):
-            inside = True
-        elif line.startswith("End of search list"):
-            inside = False
-        elif inside and line.startswith(" "):
-            dirs.append(os.path.realpath(line.strip()))
-    return sorted(set(dirs))
+    return search_list((proc.stderr + proc.stdout).decode("utf-8", "replace"))
 
 
 def _pieces(path: str, variables: dict[str, str]) -> dict[str, str]:

@@ -1,0 +1,170 @@
+"""The host compiler nvcc runs: part of nvcc's identity, because it shapes the device code.
+
+nvcc preprocesses a ``.cu`` for the device with the host compiler (``gcc -E -x c++
+-D__CUDA_ARCH__=900 ...``) and tells cicc which compiler that was (``--gnu_version=120200``,
+``--clang_version=150000``) and its default C++ dialect. The device code sees that
+compiler's predefined macros (``__GNUC__``, ``__clang__``, its ``-march`` defaults), and
+CUDA's own headers branch on them. So one nvcc with another host compiler (a ``module load
+gcc/13``, ``NVCC_CCBIN``, ``-ccbin``) builds another cubin from the same source, and the
+compiler nvcc would run enters the key by its predefined macros (``-dM -E -x c++``: its
+version, target, dialect and defaults, and no path, so that one compiler installed at
+another place is the same key), remembered per machine by the binary's stamp.
+
+nvcc picks it as it documents: the last ``-ccbin`` / ``--compiler-bindir`` of
+``NVCC_PREPEND_FLAGS``, the options and ``NVCC_APPEND_FLAGS``; else ``NVCC_CCBIN``; else
+``gcc``. A directory means its ``gcc``; a bare name is looked up on nvcc's ``PATH`` (its own
+directories first, as its dry run shows).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ..digests import machine_memo
+
+#: The host compiler nvcc runs on Linux when nothing names one.
+DEFAULT = "gcc"
+
+_OPTIONS = ("-ccbin", "--compiler-bindir")
+_PROBE_TIMEOUT_S = 60
+
+
+def named(options: Sequence[str], variables: Mapping[str, str | None]) -> str:
+    """What names the host compiler for this build (a path, a directory or a bare name).
+
+    >>> named(["-O3", "-ccbin", "clang-15"], {"NVCC_CCBIN": "g++-12"})
+    'clang-15'
+    >>> named([], {"NVCC_CCBIN": "g++-12", "NVCC_APPEND_FLAGS": "--compiler-bindir=/opt/gcc13"})
+    '/opt/gcc13'
+    >>> named([], {})
+    'gcc'
+    """
+    words = [*_split(variables.get("NVCC_PREPEND_FLAGS")), *options,
+             *_split(variables.get("NVCC_APPEND_FLAGS"))]
+    found = None
+    it = iter(words)
+    for word in it:
+        name, eq, value = word.partition("=")
+        if name in _OPTIONS:
+            found = value if eq else next(it, None)
+    return found or (variables.get("NVCC_CCBIN") or "").strip() or DEFAULT
+
+
+def _split(text: str | None) -> list[str]:
+    try:
+        return shlex.split(text or "")
+    except ValueError:  # unbalanced quotes: nvcc refuses such flags, and so the build fails
+        return (text or "").split()
+
+
+def resolve(spec: str, nvcc_dir: str, cwd: str) -> str | None:
+    """The host compiler file ``spec`` names for an nvcc in ``nvcc_dir``; None where there
+    is none (nvcc fails then, and nothing is stored)."""
+    if os.sep in spec or spec in (".", ".."):
+        path = os.path.join(cwd, os.path.expanduser(spec))
+        if os.path.isdir(path):
+            path = os.path.join(path, DEFAULT)
+        return os.path.realpath(path) if os.path.isfile(path) else None
+    top = os.path.dirname(nvcc_dir)
+    search = os.pathsep.join([os.path.join(top, "nvvm", "bin"), nvcc_dir,
+                              os.environ.get("PATH", os.defpath)])
+    found = shutil.which(spec, path=search)
+    return os.path.realpath(found) if found else None
+
+
+@dataclass(frozen=True)
+class HostCompiler:
+    """The host compiler a build's nvcc runs: the key's pairs, and the directories it
+    searches with no option (real paths; what nvcc reads there comes with that compiler or
+    the system, as the toolkit's own headers do)."""
+
+    pairs: tuple[tuple[str, str], ...]
+    include_dirs: tuple[str, ...] = ()
+
+
+_identities: dict[tuple, HostCompiler] = {}
+#: Where each name was found, per ``PATH`` (a lookup stats every directory on it).
+_found: dict[tuple, str | None] = {}
+
+
+def identity(spec: str, nvcc_dir: str, cwd: str, memo_dir: str | os.PathLike[str]) -> HostCompiler:
+    """The host compiler ``spec`` names: ``host_compiler`` (its kind and ``__VERSION__``, to
+    read) and ``host_compiler_macros_sha256`` (what tells compilers apart); one that is not
+    there is named as missing (the build fails, and nothing is stored)."""
+    where = (spec, nvcc_dir, os.environ.get("PATH"), cwd if os.sep in spec else "")
+    path = _found[where] if where in _found else _found.setdefault(
+        where, resolve(spec, nvcc_dir, cwd))
+    try:
+        st = os.stat(path) if path is not None else None
+    except OSError:
+        st = None
+    if path is None or st is None:
+        return HostCompiler((("host_compiler", f"missing: {spec}"),))
+    memo = (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    found = _identities.get(memo)
+    if found is None:
+        rec = machine_memo(Path(memo_dir), "hostcc", path, lambda: _probe(path))
+        dirs = rec.get("include_dirs")
+        found = HostCompiler((("host_compiler", str(rec.get("version", ""))),
+                              ("host_compiler_macros_sha256", str(rec.get("macros", "")))),
+                             tuple(d for d in dirs if isinstance(d, str))
+                             if isinstance(dirs, list) else ())
+        _identities[memo] = found
+    return found
+
+
+def _probe(path: str) -> dict:
+    """The predefined macros as C++ (``-dM -E``: the version, the target, the dialect and
+    every default the device code can see, and no path), as their sha256 and a label, and
+    the default include directories (``-E -v``): two subprocesses, once per machine."""
+    import hashlib
+
+    macros = _run(path, ["-dM", "-E", "-x", "c++", "-"])
+    lines = sorted(line for line in (macros.stdout if macros else "").splitlines() if line)
+    if not lines:
+        return {"version": f"unknown ({os.path.basename(path)} -dM -E failed)", "macros": "",
+                "include_dirs": []}
+    defined = dict(line[len("#define "):].partition(" ")[::2] for line in lines
+                   if line.startswith("#define "))
+    kind = "clang" if "__clang__" in defined else "gcc" if "__GNUC__" in defined else "cc"
+    verbose = _run(path, ["-E", "-v", "-x", "c++", "-"])
+    return {"version": f"{kind} {defined.get('__VERSION__', '?').strip(chr(34))}",
+            "macros": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
+            "include_dirs": search_list(verbose.stderr) if verbose else []}
+
+
+def _run(path: str, args: list[str]):
+    """``path args`` on empty input, text out; None where it cannot run or fails."""
+    import subprocess
+
+    env = {**os.environ, "LC_ALL": "C"}
+    for name in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
+        env.pop(name, None)  # they add to the search: the defaults are wanted here
+    try:
+        proc = subprocess.run([path, *args], input="", capture_output=True, text=True,
+                              errors="replace", env=env, timeout=_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc if proc.returncode == 0 else None
+
+
+def search_list(said: str) -> list[str]:
+    r"""The ``#include <...>`` directories a ``-v`` preprocessor run lists, real paths.
+
+    >>> search_list("#include <...> search starts here:\n /usr/include\nEnd of search list.\n")
+    ['/usr/include']
+    """
+    dirs, inside = [], False
+    for line in said.splitlines():
+        if line.startswith("#include <...> search starts here"):
+            inside = True
+        elif line.startswith("End of search list"):
+            inside = False
+        elif inside and line.startswith(" "):
+            dirs.append(os.path.realpath(line.strip()))
+    return sorted(set(dirs))
