@@ -136,6 +136,24 @@ def test_hipccs_variables_enter_the_key(cache_dir, monkeypatch):
     assert ("HIPCC_COMPILE_FLAGS_APPEND", "-DEXTRA=1") in appended.environment
 
 
+@needs_hipcc
+def test_clangs_argument_edits_are_another_key(cache_dir, run_py):
+    """clang's driver edits its own arguments by ``CCC_OVERRIDE_OPTIONS``: hipcc's clang
+    built another code object with ``x-DSCALE=1 +-DSCALE=7``, and a process with it set was
+    served the one built without it."""
+    code = f"""
+        import json, kdb.bookkeeping, kdb.hip
+        co = kdb.hip.compile({SRC!r}, "gfx90a", ["-DSCALE=1"], compiler="hipcc")
+        print(json.dumps({{"co": co.hex(), "compiles": len(kdb.bookkeeping.records())}}))
+    """
+    wait = {"KDB_STORE_AT_EXIT": "wait"}
+    plain = json.loads(run_py(code, env=wait).stdout.splitlines()[-1])
+    edited = json.loads(run_py(code, env={**wait, "CCC_OVERRIDE_OPTIONS": "x-DSCALE=1 +-DSCALE=7"}
+                               ).stdout.splitlines()[-1])
+    assert plain["compiles"] == 1 and edited["compiles"] == 1, (plain, edited)
+    assert edited["co"] != plain["co"]
+
+
 _SERVE = r"""
 import json, sys
 import kdb, kdb.hip

@@ -35,8 +35,10 @@ OUTPUTS = {"cubin": "-cubin", "ptx": "-ptx", "fatbin": "-fatbin"}
 #: Variables nvcc reads that change what it produces (the nvcc guide documents them; nvcc
 #: 13.0's binary reads exactly these). No ``CUDA_*`` variable changes nvcc's output:
 #: ``CUDA_CACHE_*`` steer the driver's JIT cache, ``CUDA_HOME`` / ``KDB_NVCC`` only choose
-#: the nvcc, whose identity is in the key already.
-ENV_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+#: the nvcc, whose identity is in the key already. ``CCC_OVERRIDE_OPTIONS`` edits the
+#: arguments of clang's driver, which preprocesses the device code where clang is nvcc's
+#: host compiler.
+ENV_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CCC_OVERRIDE_OPTIONS")
 
 #: Options that kdb sets itself (arch, output kind, output file): pass ``arch=`` / ``output=``.
 RESERVED_OPTIONS = frozenset({

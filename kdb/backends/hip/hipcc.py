@@ -30,13 +30,14 @@ from ...errors import BackendUnavailableError
 from .targets import ROCM52, sort_processors
 
 #: The variables Debian's hipcc 5.2 (hipcc.pl, hipvars.pm) and its clang read that change
-#: the code object it writes. Left out: HIP_PLATFORM (kdb sets it), HIPCC_VERBOSE (prints),
+#: the code object it writes (``CCC_OVERRIDE_OPTIONS``: clang's driver edits its own
+#: arguments by it, ``x-DFOO=1 +-DFOO=7``). Left out: HIP_PLATFORM (kdb sets it), HIPCC_VERBOSE (prints),
 #: HCC_AMDGPU_TARGET (read only with no --offload-arch), HIPCC_LINK_FLAGS_APPEND and
 #: CUDA_PATH (link steps and NVIDIA's platform, never run by --genco on AMD's).
 ENV_VARS = ("HIP_PATH", "ROCM_PATH", "HIP_CLANG_PATH", "HIP_ROCCLR_HOME", "HSA_PATH",
             "HIP_LIB_PATH", "DEVICE_LIB_PATH", "HIP_DEVICE_LIB_PATH", "HIP_COMPILER",
             "HIP_RUNTIME", "HIPCC_COMPILE_FLAGS_APPEND", "HIP_CLANG_HCC_COMPAT_MODE",
-            "HIP_COMPILE_CXX_AS_HIP")
+            "HIP_COMPILE_CXX_AS_HIP", "CCC_OVERRIDE_OPTIONS")
 INSTALL = "apt-get install hipcc (Debian/Ubuntu: ROCm 5.2's hipcc, clang and device libraries)"
 _PROBE_TIMEOUT_S = 120.0
 #: Any target kdb knows to exist: a probe that names one runs no GPU enumerator.
