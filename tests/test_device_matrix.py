@@ -1,5 +1,6 @@
 """The OpenCL tests that matter, on every CPU OpenCL implementation installed (issue 37,
-point 2): pip's PoCL (where it builds on this CPU), Debian's PoCL, Intel's CPU runtime.
+point 2): pip's PoCL (where it builds on this CPU), Debian's PoCL, Intel's CPU runtime,
+Oclgrind (a simulator whose binaries are LLVM IR).
 
 Each implementation runs alone (an ICD folder naming only it, the platform picked by its
 library), through ``kdb.opencl.install()`` with unmodified pyopencl code: programs from
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pip_pocl
-from test_opencl_impls import _debian_pocl, _intel_runtime
+from test_opencl_impls import _debian_pocl, _intel_runtime, _oclgrind
 from test_spool import wait_for_worker
 
 pytest.importorskip("pyopencl")
@@ -72,7 +73,8 @@ def _pip_library() -> str:
     return found[0]
 
 
-IMPLS = {"pip-pocl": _pip_library, "debian-pocl": _debian_pocl, "intel": _intel_runtime}
+IMPLS = {"pip-pocl": _pip_library, "debian-pocl": _debian_pocl, "intel": _intel_runtime,
+         "oclgrind": _oclgrind}
 
 
 @pytest.fixture(params=sorted(IMPLS))

