@@ -342,6 +342,12 @@ def test_another_host_compiler_is_another_key(how, cache_dir, tmp_path, run_py):
     assert first["ptx"] != second["ptx"]  # HOST_TAG 1 and 2 reached the device code
     again = built(one)
     assert again == {**first, "compiles": 0}
+    if how == "PATH":  # kdb info names the compiler the keys hold
+        info = subprocess.run([sys.executable, "-m", "kdb.cli", "info", "--json"],
+                              env={**os.environ, **env(two)}, capture_output=True, text=True,
+                              timeout=120)
+        host = json.loads(info.stdout)["cuda"]["host_compiler"]
+        assert host["path"] == str(two.resolve()) and host["named"] == "gcc", host
 
 
 def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):

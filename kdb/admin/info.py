@@ -73,6 +73,26 @@ def compiler_short(identity: dict[str, str]) -> str:
     return f"{text}, library {kind}:{digest[:12]}"
 
 
+def _host_compiler(ident, memo_dir: Path) -> dict[str, Any]:
+    """The host compiler nvcc runs with no ``-ccbin`` option (``NVCC_CCBIN``, else ``gcc``
+    on its ``PATH``), which the keys of its builds hold: where it is, and what it is."""
+    import os
+
+    from .. import config
+    from ..backends.cuda import hostcc
+    from ..backends.cuda.keys import ENV_VARS
+
+    spec = hostcc.named((), config.read_variables(ENV_VARS))
+    bin_dir = os.path.join(ident.toolkit, "bin")
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a deleted working directory: a relative name names nothing
+        cwd = "."
+    found = hostcc.identity(spec, bin_dir, cwd, memo_dir)
+    return {"named": spec, "path": hostcc.resolve(spec, bin_dir, cwd),
+            "version": dict(found.pairs).get("host_compiler", "")}
+
+
 def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
     """The nvcc and the NVRTC ``kdb.cuda`` would run, their releases, and the arches they
     build cubins for (``arches``: either's; ``default``: what ``compiler=None`` runs).
@@ -95,6 +115,7 @@ def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
         ident = cuda.identity(tool, memo_dir)
         out.update(release=ident.release, toolkit=ident.toolkit, identity=dict(ident.compiler),
                    arches=cuda.target_arches(tool))
+        out["host_compiler"] = _host_compiler(ident, memo_dir)
     except KdbError as err:
         out["problem"] = str(err)
     nv: dict[str, Any] = {"path": None, "found_by": None, "version": "", "identity": {},

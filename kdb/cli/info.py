@@ -139,6 +139,10 @@ def _echo_cuda(cuda: dict[str, Any]) -> None:
     else:
         click.echo(f"  nvcc:      {cuda['nvcc']} (from {cuda['found_by']})")
         click.echo(f"             {cuda['release']}, toolkit {cuda['toolkit']}")
+        host = cuda.get("host_compiler") or {}
+        if host:
+            click.echo(f"  host cc:   {host['path'] or '(not found)'} ({host['version']}; nvcc "
+                       f"runs {host['named']!r}: in the key of its builds)")
     nv = cuda.get("nvrtc") or {}
     if nv.get("path") and not nv.get("problem"):
         click.echo(f"  nvrtc:     {nv['path']} (from {nv['found_by']})")
