@@ -109,26 +109,91 @@ def test_an_autograd_claim_outlives_its_frame_until_the_lazy_backward_compiled(m
     from kdb.backends.torch import entries
 
     class Claim:
-        released, pending = False, None
+        released, pending, state = False, None, None
 
         def release(self):
             self.released = True
 
-        def mark_pending(self, seconds):
-            self.pending = seconds
+        def mark_pending(self, seconds, expected=None):
+            self.pending, self.expected = seconds, expected
+
+        def mark(self, state):
+            self.state = state
 
     aot, fx = Claim(), Claim()
     me = threading.get_ident()
     monkeypatch.setattr(entries, "_compiling", {
         "aot": entries._Compiling(aot, 0.0, me, aot=True),
         "fx": entries._Compiling(fx, 0.0, me, aot=False)})
+    monkeypatch.setattr(entries.time, "perf_counter", lambda: 100.0)  # compiled in 100 s
     entries.release_unstored(CallbackArgs(CallbackTrigger.DYNAMO, "0/0"))
-    assert fx.released and not aot.released and aot.pending is not None
+    assert fx.released and not aot.released and aot.pending == 100.0
+    # A waiter waits while the holder spends 4 x expected of CPU: a fifth of the compile,
+    # for the backward to begin; a program that never runs one puts no entry.
+    assert 4 * aot.expected == pytest.approx(entries.AWAIT_BACKWARD * 100.0)
+    entries.backward_begins(CallbackArgs(CallbackTrigger.LAZY_BACKWARD, "1/0"))
+    assert aot.state is None  # another frame's backward
     entries.release_unstored(CallbackArgs(CallbackTrigger.DYNAMO, "1/0"))
     entries.release_unstored(CallbackArgs(CallbackTrigger.LAZY_BACKWARD, "1/0"))
     assert not aot.released
+    entries.backward_begins(CallbackArgs(CallbackTrigger.LAZY_BACKWARD, "0/0"))
+    assert aot.state == "compiling"  # judged as a compile again, by its progress
     entries.release_unstored(CallbackArgs(CallbackTrigger.LAZY_BACKWARD, "0/0"))
     assert aot.released and not entries._compiling
+
+
+SERVE = """
+import json, sys, time
+import torch
+from torch._dynamo.utils import counters
+import kdb.torch
+kdb.torch.install()
+torch.manual_seed(0)
+model = torch.compile(torch.nn.Sequential(torch.nn.Linear(64, 10), torch.nn.ReLU()))
+x = torch.randn(32, 64)
+t0 = time.perf_counter()
+model(x)  # grad mode on and parameters that require grad: a joint graph, no backward ever
+first, cpu = time.time(), time.process_time()
+wall = time.perf_counter() - t0
+print(json.dumps({"first": first, "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "aot_miss": counters["aot_autograd"]["autograd_cache_miss"]}), flush=True)
+while time.process_time() - cpu < 1.5 * wall:  # serve requests, busy, then exit
+    model(x)
+print(json.dumps({"exit": time.time()}), flush=True)
+"""
+
+
+@pytest.mark.slow
+@needs_trigger
+def test_ranks_that_never_run_a_backward_do_not_wait_for_its_autograd_entry(tmp_path):
+    """Inference with parameters that require grad (no ``torch.no_grad()``), two ranks
+    started together: AOTAutograd puts its entry only with a backward, which never runs. The
+    rank that traced and compiled serves requests; the other must not wait for that entry
+    until it exits (before, it waited while the holder spent 4x its compile time of CPU:
+    first outputs at 29-30 s against 9 s for the holder, 13 s each without kdb). It traces
+    the graph itself once the holder's frame has compiled, and compiles none of it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
+    env["KDB_CACHE_DIR"] = str(tmp_path / "kdb")
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE)
+    procs = []
+    for i in range(2):
+        where = tmp_path / f"p{i}"
+        (where / "tmp").mkdir(parents=True)
+        procs.append(subprocess.Popen(
+            [sys.executable, str(script)], text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env={**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "ind"),
+                                         "TMPDIR": str(where / "tmp")}))
+    runs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+        lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+        runs.append({**lines[0], **lines[1]})
+    holder, waiter = sorted(runs, key=lambda r: r["first"])
+    assert holder["fx_miss"] >= 1 and waiter["fx_miss"] == 0, runs  # compiled once
+    assert waiter["aot_miss"] == 1, runs  # traced itself: no entry was coming
+    assert waiter["first"] < holder["exit"], runs  # not kept waiting until the holder ended
 
 
 def test_keys_hold_no_path_of_this_machine(tmp_path, monkeypatch):

@@ -76,13 +76,16 @@ class Claim:
             return True
         return self.cross_node is not None and self.cross_node.wanted(self.key)
 
-    def mark_pending(self, seconds: float) -> None:
+    def mark_pending(self, seconds: float, expected: float | None = None) -> None:
         """The compile is done (in ``seconds``) and its store is queued: a waiter now waits
-        while storing it costs less than building it (:func:`pending_wait`)."""
+        while storing it costs less than building it (:func:`pending_wait` of ``seconds``,
+        or of ``expected`` where the entry may come later or never: an AOTAutograd entry,
+        put only with a backward the program may never run)."""
         global _longest
         _longest = max(_longest, seconds)
-        self.seconds, self.state = seconds, PENDING
-        _write_state(self._fd, PENDING, seconds)
+        said = seconds if expected is None else expected
+        self.seconds, self.state = said, PENDING
+        _write_state(self._fd, PENDING, said)
 
     def mark_storing(self) -> None:
         """The holder stores the entry now (for a waiter, or its process went quiet)."""

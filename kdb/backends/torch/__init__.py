@@ -82,7 +82,7 @@ def install() -> bool:
                        "not in kdb", ", ".join(kept))
     cpp.install()
     _precompiled_headers_off()
-    _release_at_compile_end(entries.release_unstored)
+    _release_at_compile_end(entries.release_unstored, entries.backward_begins)
     _installed[:] = taken
     return bool(taken)
 
@@ -107,14 +107,17 @@ def _precompiled_headers_off() -> None:
             config.cpp_cache_precompile_headers = False
 
 
-def _release_at_compile_end(callback) -> None:
-    """Dynamo's end-of-compile callback (``torch._dynamo.callback``: private), once."""
+def _release_at_compile_end(end, start) -> None:
+    """Dynamo's end- and start-of-compile callbacks (``torch._dynamo.callback``: private),
+    once each."""
     try:
         from torch._dynamo.callback import callback_handler
     except ImportError:  # a torch without it: claims end with the process
         return
-    if callback not in callback_handler.end_callbacks:
-        callback_handler.register_end_callback(callback)
+    if end not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(end)
+    if start not in getattr(callback_handler, "start_callbacks", [start]):
+        callback_handler.register_start_callback(start)
 
 
 def uninstall() -> None:

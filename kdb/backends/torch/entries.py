@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from torch._inductor.remote_cache import RemoteCacheBackend
 
 from ... import logs
-from ...claims import Claim
+from ...claims import COMPILING, Claim
 from ...db import default_db
 from ...keys import HashAttributes
 from ...tiers import Hit
@@ -109,15 +109,40 @@ def _served(tiers, attrs: HashAttributes, hit: Hit) -> bytes | None:
     return raw
 
 
+#: How long a process waits for an AOTAutograd entry whose frame has compiled and whose
+#: backward has not begun to: the holder may spend this share of its compile's time (and at
+#: least 2 s) of CPU before the backward's compile begins (a training step's loss, in
+#: practice ms); then the waiter traces the graph itself, every graph served from kdb. A
+#: program that never runs the backward (inference with parameters that require grad) puts
+#: no entry, and three such processes started together waited 21 s for it (one traced and
+#: compiled in 9.2 s, the others' first output came at 29-30 s; 13 s each without kdb).
+AWAIT_BACKWARD = 0.2
+
+
+def backward_begins(args=None) -> None:
+    """Dynamo's compile of a lazy backward begins (``args``: torch's ``CallbackArgs``): the
+    AOTAutograd entry its frame holds a claim for is being compiled again, and its waiters
+    judge the holder as a compile (by its progress) until the entry is put."""
+    trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
+    compile_id = getattr(args, "compile_id", None)
+    if trigger != "LAZY_BACKWARD" or compile_id is None:
+        return
+    with _lock:
+        held = [v for v in _compiling.values() if v.backward_of == compile_id]
+    for h in held:
+        h.claim.mark(COMPILING)
+
+
 def release_unstored(args=None) -> None:
     """Dynamo's compile of a frame, or of its lazy backward, ended (``args``: torch's
     ``CallbackArgs``): a claim this thread still holds is a compile that stored nothing;
     release it, or other processes would wait for an entry that never comes.
 
     Not an AOTAutograd entry's at a frame's end: AOTAutograd puts it once the backward graph
-    is compiled, at the first backward call. Its claim says pending (compiled in the time so
-    far: a waiter waits while the holder spends a few times that) until the end of that
-    backward's compile, which carries the frame's compile id."""
+    is compiled, at the first backward call. Its claim says pending until that backward's
+    compile begins (a waiter waits while the holder spends :data:`AWAIT_BACKWARD` of the
+    compile's time, at least 2 s, of CPU), compiling from then (:func:`backward_begins`), and
+    is released when it ends: both carry the frame's compile id."""
     trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
     compile_id = getattr(args, "compile_id", None)
     me, now = threading.get_ident(), time.perf_counter()
@@ -136,6 +161,7 @@ def release_unstored(args=None) -> None:
         pending = [_compiling[k] for k in later]
         claims = [_compiling.pop(k).claim for k in ending if k not in later]
     for held in pending:
-        held.claim.mark_pending(now - held.start)
+        seconds = now - held.start
+        held.claim.mark_pending(seconds, expected=max(AWAIT_BACKWARD * seconds, 2.0) / 4)
     for claim in claims:
         claim.release()
