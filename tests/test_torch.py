@@ -33,6 +33,27 @@ def step(env: dict, where: Path, *args: str, kdb_auto: bool = False) -> dict:
                       where, *args)[0]
 
 
+def _together(tmp_path: Path, n: int, *args: str) -> list[str]:
+    """The stdout of ``n`` Python processes started together on one cold kdb cache, each
+    with empty Inductor caches and a temporary directory of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
+    env["KDB_CACHE_DIR"] = str(tmp_path / "kdb")
+    procs = []
+    for i in range(n):
+        where = tmp_path / f"p{i}"
+        (where / "tmp").mkdir(parents=True)
+        procs.append(subprocess.Popen(
+            [sys.executable, *args], text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "ind"),
+                 "TMPDIR": str(where / "tmp")}))
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+        outs.append(out)
+    return outs
+
+
 @pytest.fixture(scope="module")
 def cold(torch_cold):
     """One cold compile with kdb on (from code), its entries in a kdb cache of this module's
@@ -76,20 +97,8 @@ def test_processes_at_once_compile_each_graph_and_its_autograd_entry_once(tmp_pa
     compiles the forward and backward graphs and AOTAutograd's entry, the others wait and
     get all three. AOTAutograd puts its entry only after the lazy backward's compile, once
     the frame's compile has ended: released there, its claim sent waiters to trace again."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
-    env["KDB_CACHE_DIR"] = str(tmp_path / "kdb")
-    procs = []
-    for i in range(3):
-        where = tmp_path / f"p{i}"
-        (where / "tmp").mkdir(parents=True)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(STEP), "kdb", "tiny"], text=True, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env={**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "ind"),
-                                         "TMPDIR": str(where / "tmp")}))
     each = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-4000:]
+    for out in _together(tmp_path, 3, str(STEP), "kdb", "tiny"):
         line = next(x for x in out.splitlines() if x.startswith("STEP-JSON:"))
         each.append(json.loads(line.partition(":")[2]))
     assert sum(x["fx_miss"] for x in each) == 2, each  # the forward and the backward graph
@@ -172,22 +181,10 @@ def test_ranks_that_never_run_a_backward_do_not_wait_for_its_autograd_entry(tmp_
     until it exits (before, it waited while the holder spent 4x its compile time of CPU:
     first outputs at 29-30 s against 9 s for the holder, 13 s each without kdb). It traces
     the graph itself once the holder's frame has compiled, and compiles none of it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
-    env["KDB_CACHE_DIR"] = str(tmp_path / "kdb")
     script = tmp_path / "serve.py"
     script.write_text(SERVE)
-    procs = []
-    for i in range(2):
-        where = tmp_path / f"p{i}"
-        (where / "tmp").mkdir(parents=True)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(script)], text=True, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env={**env, "TORCHINDUCTOR_CACHE_DIR": str(where / "ind"),
-                                         "TMPDIR": str(where / "tmp")}))
     runs = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-4000:]
+    for out in _together(tmp_path, 2, str(script)):
         lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
         runs.append({**lines[0], **lines[1]})
     holder, waiter = sorted(runs, key=lambda r: r["first"])

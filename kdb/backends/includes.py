@@ -265,3 +265,20 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
                     raise UncertainIncludes("macro", f"in {name!r}: {problem}")
                 stack.append((nested, os.path.dirname(path), lab + ">"))
     return tuple(sorted(out.items()))
+
+
+def search_list(said: str) -> list[str]:
+    r"""The ``#include <...>`` directories a ``-v`` preprocessor run lists, real paths.
+
+    >>> search_list("#include <...> search starts here:\n /usr/include\nEnd of search list.\n")
+    ['/usr/include']
+    """
+    dirs, inside = [], False
+    for line in said.splitlines():
+        if line.startswith("#include <...> search starts here"):
+            inside = True
+        elif line.startswith("End of search list"):
+            inside = False
+        elif inside and line.startswith(" "):
+            dirs.append(os.path.realpath(line.strip()))
+    return sorted(set(dirs))

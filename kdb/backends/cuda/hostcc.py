@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..digests import machine_memo
+from ..includes import search_list
 
 #: The host compiler nvcc runs on Linux when nothing names one.
 DEFAULT = "gcc"
@@ -151,20 +152,3 @@ def _run(path: str, args: list[str]):
     except (OSError, subprocess.SubprocessError):
         return None
     return proc if proc.returncode == 0 else None
-
-
-def search_list(said: str) -> list[str]:
-    r"""The ``#include <...>`` directories a ``-v`` preprocessor run lists, real paths.
-
-    >>> search_list("#include <...> search starts here:\n /usr/include\nEnd of search list.\n")
-    ['/usr/include']
-    """
-    dirs, inside = [], False
-    for line in said.splitlines():
-        if line.startswith("#include <...> search starts here"):
-            inside = True
-        elif line.startswith("End of search list"):
-            inside = False
-        elif inside and line.startswith(" "):
-            dirs.append(os.path.realpath(line.strip()))
-    return sorted(set(dirs))

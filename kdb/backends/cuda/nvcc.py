@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ... import config
 from ..digests import machine_digest, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError
-from .hostcc import search_list
+from ..includes import search_list
 
 if TYPE_CHECKING:
     import subprocess

@@ -27,6 +27,7 @@ from typing import Any
 from ... import config
 from ..digests import file_stamp, library_id, machine_digest, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError
+from ..includes import search_list
 from .targets import ROCM52, sort_processors
 
 #: The variables Debian's hipcc 5.2 (hipcc.pl, hipvars.pm) and its clang read that change
@@ -247,15 +248,7 @@ def _default_dirs(path: str) -> list[str]:
         open(os.path.join(tmp, "probe.hip"), "w").close()
         proc = _run([path, "--genco", f"--offload-arch={_PROBE_ARCH}", "-E", "-v", "probe.hip",
                      "-o", "probe.i"], cwd=tmp, drop=_SEARCH_VARIABLES)
-    dirs, inside = [], False
-    for line in (proc.stderr + proc.stdout).decode("utf-8", "replace").splitlines():
-        if line.startswith("#include <...> search starts here"):
-            inside = True
-        elif line.startswith("End of search list"):
-            inside = False
-        elif inside and line.startswith(" "):
-            dirs.append(os.path.realpath(line.strip()))
-    return sorted(set(dirs))
+    return search_list((proc.stderr + proc.stdout).decode("utf-8", "replace"))
 
 
 #: Variables that add to the default search; unset for the probe of the defaults.
