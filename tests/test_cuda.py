@@ -350,6 +350,26 @@ def test_another_host_compiler_is_another_key(how, cache_dir, tmp_path, run_py):
         assert host["path"] == str(two.resolve()) and host["named"] == "gcc", host
 
 
+@needs_nvcc
+@needs_nvrtc
+def test_an_nvcc_without_its_host_compiler_leaves_it_to_nvrtc(cache_dir, tmp_path, run_py):
+    """nvcc builds nothing without its host compiler (a toolkit on a machine with no gcc):
+    ``compiler=None`` then takes NVRTC, as where no nvcc is found, and says so when neither
+    can build; a compile that would only fail is not tried."""
+    real = kdb.cuda.identity(kdb.cuda.find_nvcc(), cache_dir)
+    (tmp_path / "no-bin").mkdir()
+    env = {"PATH": str(tmp_path / "no-bin"), "KDB_NVCC": os.path.join(real.toolkit, "bin", "nvcc")}
+    code = f"""
+        import json, kdb.bookkeeping, kdb.cuda
+        kdb.cuda.compile({DOUBLE_SRC!r}, "sm_90")
+        attrs = kdb.cuda.attributes_for({DOUBLE_SRC!r}, "sm_90")
+        print(json.dumps({{"compiler": [k for k, _ in attrs.compiler],
+                          "compiles": len(kdb.bookkeeping.records())}}))
+    """
+    out = json.loads(run_py(code, env=env).stdout.splitlines()[-1])
+    assert out["compiles"] == 1 and "nvrtc_version" in out["compiler"], out
+
+
 def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
     piece = tmp_path / "ptxas"
     piece.write_bytes(b"one")

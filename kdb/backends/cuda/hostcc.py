@@ -87,6 +87,11 @@ class HostCompiler:
     pairs: tuple[tuple[str, str], ...]
     include_dirs: tuple[str, ...] = ()
 
+    @property
+    def missing(self) -> bool:
+        """Whether no such compiler is there: nvcc then builds nothing at all."""
+        return self.pairs[0][1].startswith("missing: ")
+
 
 _identities: dict[tuple, HostCompiler] = {}
 #: Where each name was found, per ``PATH`` (a lookup stats every directory on it).

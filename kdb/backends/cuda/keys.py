@@ -286,11 +286,20 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
         raise InvalidArgumentError("NVRTC builds cubins and PTX, not fatbins: use "
                                    "output='cubin' or 'ptx', or compiler='nvcc'")
     kind, ident, missing = find_compiler(compiler, nvcc, memo_dir)
+    cwd = _cwd()
+    host = _host(kind, ident, tuple(given), cwd, memo_dir)
+    if host is not None and host.missing and compiler is None and nvcc is None \
+            and output != "fatbin":
+        # nvcc builds nothing without its host compiler: NVRTC where it is found, else what
+        # is stored is served, as on a machine without nvcc.
+        kind, ident, why = find_compiler("nvrtc", None, memo_dir)
+        missing = f"nvcc's host compiler ({dict(host.pairs)['host_compiler'][9:]}) is not " \
+                  f"installed. {why}".strip()
+        host = None
     if kind == "nvrtc" and output == "fatbin":
         raise BackendUnavailableError(
             "a fatbin needs nvcc, and none was found (NVRTC, found instead, builds cubins and "
             f"PTX only): install the CUDA toolkit and set {config.ENV_NVCC} or CUDA_HOME")
-    cwd = _cwd()
     found = cuda_search(given, [os.fspath(d) for d in include_dirs or ()], kind != "nvrtc",
                         config.read_variables(_SEARCH_VARIABLES), cwd)
     _check_options(found.rest)
@@ -305,7 +314,6 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
         uncertain = None
     except UncertainIncludes as err:
         headers, uncertain = (("?", "uncertain"),), str(err)
-    host = _host(kind, ident, found.rest, cwd, memo_dir)
     attrs = HashAttributes(
         backend=BACKEND,
         source=text,
