@@ -130,7 +130,8 @@ def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
         nv["problem"] = str(err)
     out["nvrtc"] = nv
     # What compile(..., compiler=None) runs: nvcc where found, else NVRTC, else stored builds.
-    out["default"] = "nvcc" if out["nvcc"] and not out["problem"] else \
+    host_missing = (out.get("host_compiler") or {}).get("version", "").startswith("missing")
+    out["default"] = "nvcc" if out["nvcc"] and not out["problem"] and not host_missing else \
         "nvrtc" if nv["path"] and not nv["problem"] else None
     out["arches"] = sorted(set(out["arches"]) | set(nv["arches"]),
                            key=lambda a: int("".join(c for c in a if c.isdigit()) or 0))
