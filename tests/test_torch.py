@@ -152,7 +152,7 @@ def test_an_autograd_claim_outlives_its_frame_until_the_lazy_backward_compiled(m
 
 
 SERVE = """
-import json, sys, time
+import json, os, sys, time
 import torch
 from torch._dynamo.utils import counters
 import kdb.torch
@@ -166,7 +166,10 @@ first, cpu = time.time(), time.process_time()
 wall = time.perf_counter() - t0
 print(json.dumps({"first": first, "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "aot_miss": counters["aot_autograd"]["autograd_cache_miss"]}), flush=True)
-while time.process_time() - cpu < 1.5 * wall:  # serve requests, busy, then exit
+ranks = sys.argv[1]
+open(os.path.join(ranks, str(os.getpid())), "w").close()
+# Serve requests, busy, until every rank has answered one or for 1.5x the first's time of CPU.
+while time.process_time() - cpu < 1.5 * wall and len(os.listdir(ranks)) < 2:
     model(x)
 print(json.dumps({"exit": time.time()}), flush=True)
 """
@@ -177,14 +180,16 @@ print(json.dumps({"exit": time.time()}), flush=True)
 def test_ranks_that_never_run_a_backward_do_not_wait_for_its_autograd_entry(tmp_path):
     """Inference with parameters that require grad (no ``torch.no_grad()``), two ranks
     started together: AOTAutograd puts its entry only with a backward, which never runs. The
-    rank that traced and compiled serves requests; the other must not wait for that entry
-    until it exits (before, it waited while the holder spent 4x its compile time of CPU:
+    rank that traced and compiled serves requests (until both have answered one, or for
+    1.5x its first answer's time of CPU); the other must not wait for that entry until it
+    exits (before, it waited while the holder spent 4x its compile time of CPU:
     first outputs at 29-30 s against 9 s for the holder, 13 s each without kdb). It traces
     the graph itself once the holder's frame has compiled, and compiles none of it."""
-    script = tmp_path / "serve.py"
+    script, ranks = tmp_path / "serve.py", tmp_path / "answered"
     script.write_text(SERVE)
+    ranks.mkdir()
     runs = []
-    for out in _together(tmp_path, 2, str(script)):
+    for out in _together(tmp_path, 2, str(script), str(ranks)):
         lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
         runs.append({**lines[0], **lines[1]})
     holder, waiter = sorted(runs, key=lambda r: r["first"])
