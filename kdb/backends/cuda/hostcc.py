@@ -86,6 +86,7 @@ class HostCompiler:
 
     pairs: tuple[tuple[str, str], ...]
     include_dirs: tuple[str, ...] = ()
+    named: str = ""  # what named it (``gcc``, a ``-ccbin`` value)
 
     @property
     def missing(self) -> bool:
@@ -110,16 +111,17 @@ def identity(spec: str, nvcc_dir: str, cwd: str, memo_dir: str | os.PathLike[str
     except OSError:
         st = None
     if path is None or st is None:
-        return HostCompiler((("host_compiler", f"missing: {spec}"),))
+        return HostCompiler((("host_compiler", f"missing: {spec}"),), named=spec)
     memo = (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     found = _identities.get(memo)
     if found is None:
-        rec = machine_memo(Path(memo_dir), "hostcc", path, lambda: _probe(path))
+        rec = machine_memo(Path(memo_dir), "hostcc", path, lambda: _probe(path),
+                           lambda value: isinstance(value, dict))
         dirs = rec.get("include_dirs")
         found = HostCompiler((("host_compiler", str(rec.get("version", ""))),
                               ("host_compiler_macros_sha256", str(rec.get("macros", "")))),
                              tuple(d for d in dirs if isinstance(d, str))
-                             if isinstance(dirs, list) else ())
+                             if isinstance(dirs, list) else (), spec)
         _identities[memo] = found
     return found
 

@@ -293,8 +293,7 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
         # nvcc builds nothing without its host compiler: NVRTC where it is found, else what
         # is stored is served, as on a machine without nvcc.
         kind, ident, why = find_compiler("nvrtc", None, memo_dir)
-        missing = f"nvcc's host compiler ({dict(host.pairs)['host_compiler'][9:]}) is not " \
-                  f"installed. {why}".strip()
+        missing = f"nvcc's host compiler ({host.named}) is not installed. {why}".strip()
         host = None
     if kind == "nvrtc" and output == "fatbin":
         raise BackendUnavailableError(
