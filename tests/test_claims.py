@@ -328,3 +328,21 @@ def test_a_failed_compile_releases_its_claim(cache_dir, monkeypatch):
     assert isinstance(got, Claim)
     got.release()
     background.drain()
+
+
+def test_a_pending_claim_given_a_budget_is_waited_for_that_long(tmp_path):
+    """``mark_pending(seconds, budget=)``: the lock file says what makes a waiter give the
+    holder ``budget`` of CPU time (an AOTAutograd entry that may never come), not a few
+    times the compile; without a budget, a few times the compile."""
+    from kdb import claims
+    from kdb.claims.waiting import pending_wait
+
+    claim = claims.try_claim(tmp_path, "k" * 64)
+    try:
+        claim.mark_pending(100.0, budget=20.0)
+        said = claims.holder(tmp_path, "k" * 64)
+        assert said.state == claims.PENDING and pending_wait(said.seconds) == pytest.approx(20.0)
+        claim.mark_pending(3.0)
+        assert pending_wait(claims.holder(tmp_path, "k" * 64).seconds) == pytest.approx(12.0)
+    finally:
+        claim.release()

@@ -123,8 +123,8 @@ def test_an_autograd_claim_outlives_its_frame_until_the_lazy_backward_compiled(m
         def release(self):
             self.released = True
 
-        def mark_pending(self, seconds, expected=None):
-            self.pending, self.expected = seconds, expected
+        def mark_pending(self, seconds, budget=None):
+            self.pending, self.budget = seconds, budget
 
         def mark(self, state):
             self.state = state
@@ -137,9 +137,9 @@ def test_an_autograd_claim_outlives_its_frame_until_the_lazy_backward_compiled(m
     monkeypatch.setattr(entries.time, "perf_counter", lambda: 100.0)  # compiled in 100 s
     entries.release_unstored(CallbackArgs(CallbackTrigger.DYNAMO, "0/0"))
     assert fx.released and not aot.released and aot.pending == 100.0
-    # A waiter waits while the holder spends 4 x expected of CPU: a fifth of the compile,
-    # for the backward to begin; a program that never runs one puts no entry.
-    assert 4 * aot.expected == pytest.approx(entries.AWAIT_BACKWARD * 100.0)
+    # A waiter waits while the holder spends a fifth of the compile of CPU, for the backward
+    # to begin; a program that never runs one puts no entry.
+    assert aot.budget == pytest.approx(entries.AWAIT_BACKWARD * 100.0)
     entries.backward_begins(CallbackArgs(CallbackTrigger.LAZY_BACKWARD, "1/0"))
     assert aot.state is None  # another frame's backward
     entries.release_unstored(CallbackArgs(CallbackTrigger.DYNAMO, "1/0"))

@@ -78,19 +78,15 @@ def _host_compiler(ident, memo_dir: Path) -> dict[str, Any]:
     on its ``PATH``), which the keys of its builds hold: where it is, and what it is."""
     import os
 
-    from .. import config
-    from ..backends.cuda import hostcc
-    from ..backends.cuda.keys import ENV_VARS
+    from ..backends.cuda.keys import host_compiler
 
-    spec = hostcc.named((), config.read_variables(ENV_VARS))
-    bin_dir = os.path.join(ident.toolkit, "bin")
     try:
         cwd = os.getcwd()
     except OSError:  # a deleted working directory: a relative name names nothing
         cwd = "."
-    found = hostcc.identity(spec, bin_dir, cwd, memo_dir)
-    return {"named": spec, "path": hostcc.resolve(spec, bin_dir, cwd),
-            "version": dict(found.pairs).get("host_compiler", "")}
+    found = host_compiler(ident, (), cwd, memo_dir)
+    return {"named": found.named, "path": found.path, "version": found.label,
+            "missing": found.missing}
 
 
 def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
@@ -130,7 +126,7 @@ def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
         nv["problem"] = str(err)
     out["nvrtc"] = nv
     # What compile(..., compiler=None) runs: nvcc where found, else NVRTC, else stored builds.
-    host_missing = (out.get("host_compiler") or {}).get("version", "").startswith("missing")
+    host_missing = (out.get("host_compiler") or {}).get("missing", False)
     out["default"] = "nvcc" if out["nvcc"] and not out["problem"] and not host_missing else \
         "nvrtc" if nv["path"] and not nv["problem"] else None
     out["arches"] = sorted(set(out["arches"]) | set(nv["arches"]),

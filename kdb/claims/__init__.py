@@ -39,6 +39,9 @@ log = logs.get("kdb")
 #: expected to take), wall-clock time, and when the process started (:func:`progress.start_time`).
 COMPILING = "compiling"
 PENDING = "pending"
+#: A pending claim's waiter gives the holder this many times the seconds its lock file says,
+#: of the holder's CPU time (:func:`kdb.claims.waiting.pending_wait`).
+PENDING_FACTOR = 4.0
 STORING = "storing"
 WAITING = "waiting"
 
@@ -76,14 +79,15 @@ class Claim:
             return True
         return self.cross_node is not None and self.cross_node.wanted(self.key)
 
-    def mark_pending(self, seconds: float, expected: float | None = None) -> None:
+    def mark_pending(self, seconds: float, budget: float | None = None) -> None:
         """The compile is done (in ``seconds``) and its store is queued: a waiter now waits
-        while storing it costs less than building it (:func:`pending_wait` of ``seconds``,
-        or of ``expected`` where the entry may come later or never: an AOTAutograd entry,
-        put only with a backward the program may never run)."""
+        while storing it costs less than building it (:func:`pending_wait`), or, given a
+        ``budget``, while the holder spends less than that of CPU time (an entry that may
+        come later or never: AOTAutograd's, put only with a backward the program may never
+        run)."""
         global _longest
         _longest = max(_longest, seconds)
-        said = seconds if expected is None else expected
+        said = seconds if budget is None else budget / PENDING_FACTOR
         self.seconds, self.state = said, PENDING
         _write_state(self._fd, PENDING, said)
 

@@ -18,6 +18,7 @@ from .. import faults, logs
 from . import (
     COMPILING,
     PENDING,
+    PENDING_FACTOR,
     STORING,
     WAITING,
     holder,
@@ -47,7 +48,7 @@ def pending_wait(compile_seconds: float) -> float:
     the waiter builds the program itself: the holder stores it from the program in hand
     (reading binaries costs about what the compile did), so a few times the compile, and at
     least 2 s. CPU time, not wall: on a loaded machine both stretch alike."""
-    return max(4.0 * compile_seconds, 2.0)
+    return max(PENDING_FACTOR * compile_seconds, 2.0)
 
 
 # -- single flight: claim, or wait for the holder ----------------------------------------------

@@ -87,6 +87,12 @@ class HostCompiler:
     pairs: tuple[tuple[str, str], ...]
     include_dirs: tuple[str, ...] = ()
     named: str = ""  # what named it (``gcc``, a ``-ccbin`` value)
+    path: str | None = None  # the file it is (machine-local: never in a key)
+
+    @property
+    def label(self) -> str:
+        """Its kind and version (``gcc 12.2.0``), or ``missing: gcc``."""
+        return self.pairs[0][1]
 
     @property
     def missing(self) -> bool:
@@ -111,7 +117,7 @@ def identity(spec: str, nvcc_dir: str, cwd: str, memo_dir: str | os.PathLike[str
     except OSError:
         st = None
     if path is None or st is None:
-        return HostCompiler((("host_compiler", f"missing: {spec}"),), named=spec)
+        return HostCompiler((("host_compiler", f"missing: {spec}"),), named=spec, path=path)
     memo = (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     found = _identities.get(memo)
     if found is None:
@@ -121,7 +127,7 @@ def identity(spec: str, nvcc_dir: str, cwd: str, memo_dir: str | os.PathLike[str
         found = HostCompiler((("host_compiler", str(rec.get("version", ""))),
                               ("host_compiler_macros_sha256", str(rec.get("macros", "")))),
                              tuple(d for d in dirs if isinstance(d, str))
-                             if isinstance(dirs, list) else (), spec)
+                             if isinstance(dirs, list) else (), spec, path)
         _identities[memo] = found
     return found
 

@@ -337,6 +337,13 @@ def _host(kind: str | None, ident, options: tuple[str, ...], cwd: str,
     """For nvcc, the host compiler it runs on the device code too (:mod:`.hostcc`)."""
     if kind != "nvcc" or ident is None:
         return None
+    return host_compiler(ident, options, cwd, memo_dir)
+
+
+def host_compiler(ident: NvccIdentity, options: Sequence[str] = (), cwd: str = ".",
+                  memo_dir: str | os.PathLike[str] | None = None) -> hostcc.HostCompiler:
+    """The host compiler the nvcc of ``ident`` runs for a build with ``options`` (``kdb
+    info``: with none), under this process's variables."""
     spec = hostcc.named(options, config.read_variables(ENV_VARS))
     root = memo_dir if memo_dir is not None else config.cache_root()
     return hostcc.identity(spec, os.path.join(ident.toolkit, "bin"), cwd or ".", root)

@@ -256,8 +256,8 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
             missed.setdefault(a.key, (d, a))
     for key in set(held) - set(missed):  # claimed, then served another way: let go
         held.pop(key).release()
-    if not missed and all(hits) and tuple(d.int_ptr for d in devs) in _no_arg_info \
-            and _wants_arg_info(opt_bytes):  # found, not loadable as asked: a compile
+    if not missed and all(hits) and _wants_arg_info(opt_bytes) \
+            and tuple(d.int_ptr for d in devs) in _no_arg_info:  # found, not loadable: a compile
         for a in {a.key: a for a in attrs}.values():
             db.tiers.storing.log_compile(db.tiers.record_compile(
                 a, seconds / max(len(devs), 1), reason=_ARG_INFO_REASON))

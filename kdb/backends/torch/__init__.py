@@ -82,7 +82,7 @@ def install() -> bool:
                        "not in kdb", ", ".join(kept))
     cpp.install()
     _precompiled_headers_off()
-    _release_at_compile_end(entries.release_unstored, entries.backward_begins)
+    _on_compile_start_and_end(entries.backward_begins, entries.release_unstored)
     _installed[:] = taken
     return bool(taken)
 
@@ -107,8 +107,8 @@ def _precompiled_headers_off() -> None:
             config.cpp_cache_precompile_headers = False
 
 
-def _release_at_compile_end(end, start) -> None:
-    """Dynamo's end- and start-of-compile callbacks (``torch._dynamo.callback``: private),
+def _on_compile_start_and_end(start, end) -> None:
+    """Dynamo's start- and end-of-compile callbacks (``torch._dynamo.callback``: private),
     once each."""
     try:
         from torch._dynamo.callback import callback_handler
@@ -116,7 +116,8 @@ def _release_at_compile_end(end, start) -> None:
         return
     if end not in callback_handler.end_callbacks:
         callback_handler.register_end_callback(end)
-    if start not in getattr(callback_handler, "start_callbacks", [start]):
+    starts = getattr(callback_handler, "start_callbacks", None)
+    if starts is not None and start not in starts:
         callback_handler.register_start_callback(start)
 
 

@@ -162,6 +162,6 @@ def release_unstored(args=None) -> None:
         claims = [_compiling.pop(k).claim for k in ending if k not in later]
     for held in pending:
         seconds = now - held.start
-        held.claim.mark_pending(seconds, expected=max(AWAIT_BACKWARD * seconds, 2.0) / 4)
+        held.claim.mark_pending(seconds, budget=max(AWAIT_BACKWARD * seconds, 2.0))
     for claim in claims:
         claim.release()
