@@ -201,6 +201,9 @@ def _write_every_book() -> None:
 
 # -- the start-up latency log -----------------------------------------------------------
 
+#: How the reason of a build kdb neither looked up nor stored begins (it compiles at every start).
+UNCACHED = "not cached: "
+
 _records: list[CompileRecord] = []
 _missing_system: dict[str, str] = {}  # arch -> file name looked for
 _records_lock = threading.Lock()
@@ -240,8 +243,15 @@ def summary() -> str | None:
     if missing:
         text += ("; no system kernel database for " + ", ".join(missing)
                  + ": install its package or build one with `kdb pack`")
-    text += ". Later starts load them from the cache; `kdb log` shows the details."
-    return text
+    uncached = sum(r.reason.startswith(UNCACHED) for r in recs)
+    if not uncached:
+        text += ". Later starts load them from the cache"
+    elif uncached < len(recs):
+        text += (f". Later starts load {len(recs) - uncached} of them from the cache; "
+                 f"{uncached} cannot be cached")
+    else:
+        text += ". kdb cannot cache them: later starts compile them again"
+    return text + "; `kdb log` shows the details."
 
 
 def _summary_at_exit() -> None:

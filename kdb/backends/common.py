@@ -8,6 +8,7 @@ import re
 import time
 from typing import Callable
 
+from ..bookkeeping import UNCACHED
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 
 
@@ -45,6 +46,32 @@ class UnkeyedRead(Exception):
     def __init__(self, binary: bytes, why: str) -> None:
         super().__init__(why)
         self.binary = binary
+
+
+def uncached_build(db, attrs, build: Callable[[], bytes], why: str, language: str) -> bytes:
+    """A build of a compiler back end (CUDA, HIP) neither looked up nor stored, ``why``: kdb
+    cannot be sure what it reads, or it is never the same twice. Warned once per cause and
+    logged with ``why`` in the start-up latency log, as it compiles at every start."""
+    from .. import logs
+
+    if not db.tiers.disabled:
+        logs.warn_once(f"{language}-uncached:{why[:40]}", "kdb: %s; such %s programs are "
+                       "built without the cache", why, language)
+    start = time.perf_counter()
+    try:
+        binary = build()
+    except UnkeyedRead as err:
+        binary = err.binary
+    log_uncached(db, [attrs], time.perf_counter() - start, why)
+    return binary
+
+
+def log_uncached(db, attrs: list, seconds: float, why: str) -> None:
+    """An uncached build of ``attrs`` (its seconds shared among them) in the start-up
+    latency log, with why it was not cached."""
+    for a in attrs:
+        db.tiers.storing.log_compile(db.tiers.record_compile(
+            a, seconds / len(attrs), reason=UNCACHED + why))
 
 
 def compile_and_store(db, attrs, build: Callable[[], bytes], details: dict,

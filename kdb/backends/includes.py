@@ -29,7 +29,8 @@ def _read_text(path: str) -> str:
 
 
 class UncertainIncludes(Exception):
-    """kdb cannot be sure which files a build reads: the build runs, nothing is cached.
+    """kdb cannot be sure which files a build reads, or the build is never the same twice
+    (:func:`temporal_macro`): the build runs, nothing is cached.
 
     ``kind`` names the cause (one warning per kind and process); the message says what.
     """
@@ -120,6 +121,35 @@ def readings(text: str) -> tuple[str, ...]:
     return text, _TRIGRAPH_RE.sub(lambda m: _TRIGRAPHS[m.group(1)], text)
 
 
+#: The macros a compiler replaces with the time of the build (``__TIMESTAMP__``: the time
+#: the file was last written; kdb writes the program to a new file for nvcc and hipcc).
+_TEMPORAL_RE = re.compile(r"(?<![A-Za-z0-9_$])__(?:DATE|TIME|TIMESTAMP)__(?![A-Za-z0-9_$])")
+
+
+def temporal_macro(text: str) -> str | None:
+    """``__DATE__``, ``__TIME__`` or ``__TIMESTAMP__`` where ``text`` uses one outside its
+    comments (in any reading, :func:`readings`), else None: a build that uses one differs
+    from the last, so serving a stored one would change what the program sees. A substring
+    search for most sources.
+
+    >>> temporal_macro('char s[] = __DATE__; // __TIME__'), temporal_macro("x__TIME__y")
+    ('__DATE__', None)
+    """
+    if "__DATE__" not in text and "__TIME" not in text and "\\" not in text \
+            and "??/" not in text:
+        return None
+    return _temporal_macro(text)
+
+
+@functools.lru_cache(maxsize=512)
+def _temporal_macro(text: str) -> str | None:
+    for reading in readings(text):
+        m = _TEMPORAL_RE.search(_comment_free(reading))
+        if m is not None:
+            return m.group()
+    return None
+
+
 @functools.lru_cache(maxsize=512)
 def directives(text: str) -> tuple[tuple[tuple[bool, str], ...], str | None]:
     """``((quoted, name) ...)`` for every ``#include``, ``#include_next``, ``#import`` and
@@ -161,7 +191,8 @@ def _directives_of(text: str) -> tuple[list[tuple[bool, str]], str | None]:
     return out, problem
 
 
-#: Directives of header contents by digest: a warm build reads no header again.
+#: ``(directives, temporal macro)`` of header contents by digest: a warm build reads no
+#: header again.
 _parsed: dict[str, tuple] = {}
 
 
@@ -173,11 +204,16 @@ def _header_directives(path: str, digest: str, name: str) -> tuple:
         except OSError as err:
             raise UncertainIncludes("unreadable", f"header {name!r} cannot be read "
                                     f"({err.strerror or err})") from None
-        got = directives(text)
+        got = (directives(text), temporal_macro(text))
         if len(_parsed) > 4096:
             _parsed.clear()
         _parsed[digest] = got
     return got
+
+
+def _temporal(where: str, macro: str) -> UncertainIncludes:
+    return UncertainIncludes("time", f"{where} uses {macro}, which the compiler fills in "
+                             "at each build")
 
 
 def _find(name: str, dirs: list[str]) -> list[tuple[str, tuple[int, int]]]:
@@ -222,6 +258,8 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
     """
     if search.problem:
         raise UncertainIncludes("option", search.problem)
+    if (macro := temporal_macro(source)) is not None:
+        raise _temporal("the program", macro)
     if not search.forced and not may_include(source):
         return ()
     found, problem = directives(source)
@@ -260,9 +298,11 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
                 if ident in followed:
                     continue
                 followed.add(ident)
-                nested, problem = _header_directives(path, digest, name)
+                (nested, problem), macro = _header_directives(path, digest, name)
                 if problem:
                     raise UncertainIncludes("macro", f"in {name!r}: {problem}")
+                if macro is not None:
+                    raise _temporal(f"header {name!r}", macro)
                 stack.append((nested, os.path.dirname(path), lab + ">"))
     return tuple(sorted(out.items()))
 

@@ -72,7 +72,15 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
                                  + (err.log or str(err)).rstrip()))
                 if not keep_going:
                     break
-            compiled[spec.name] = [r.key for r in bookkeeping.records()[seen:]]
+            recs = bookkeeping.records()[seen:]
+            uncached = [r.reason for r in recs if r.reason.startswith(bookkeeping.UNCACHED)]
+            if uncached:  # built, but never served from a pack: say why, not "not stored"
+                failures.append((spec.name, "kdb cannot pack it: "
+                                 + uncached[0][len(bookkeeping.UNCACHED):]))
+                if not keep_going:
+                    break
+                continue
+            compiled[spec.name] = [r.key for r in recs]
         if progress:
             progress(len(todo), len(todo), "storing the binaries")
     finally:

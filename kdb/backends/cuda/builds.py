@@ -16,7 +16,7 @@ from ...errors import BackendUnavailableError, CompileError
 from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
-from ..common import UnkeyedRead, compile_and_store
+from ..common import UnkeyedRead, compile_and_store, uncached_build
 
 log = logs.get("kdb")
 
@@ -123,18 +123,13 @@ def _build(req: _Request) -> bytes:
 
 
 def _uncached(db: KernelDB, req: _Request, why: str) -> bytes:
-    """A build neither looked up nor stored: kdb cannot be sure what it reads."""
-    if not db.tiers.disabled:
-        logs.warn_once(f"cuda-includes:{why[:40]}", "kdb: %s; such CUDA programs are built "
-                       "without the cache", why)
+    """A build neither looked up nor stored: kdb cannot be sure what it reads, or it is
+    never the same twice."""
     if req.tool is None:
         raise BackendUnavailableError(
             f"no CUDA compiler is installed, and {req.attrs.name} cannot be served from kdb: "
             f"{why}. Install a compiler: pip install 'kdb[cuda]' (NVRTC) or the CUDA toolkit")
-    try:
-        return _build(req)
-    except UnkeyedRead as err:
-        return err.binary
+    return uncached_build(db, req.attrs, lambda: _build(req), why, "CUDA")
 
 
 def cached_build(db: KernelDB, req: _Request, build=None) -> bytes:

@@ -19,7 +19,7 @@ from . import hiprtc as _hiprtc
 from .hiprtc import HiprtcIdentity
 from .keys import Request, compiler_kind, compiler_rank, request
 from .targets import code_object_target
-from ..common import UnkeyedRead, compile_and_store
+from ..common import UnkeyedRead, compile_and_store, uncached_build
 
 log = logs.get("kdb")
 
@@ -102,19 +102,14 @@ def _build(req: Request) -> bytes:
 
 
 def _uncached(db: KernelDB, req: Request, why: str) -> bytes:
-    """A build neither looked up nor stored: kdb cannot be sure what it reads."""
-    if not db.tiers.disabled:
-        logs.warn_once(f"hip-includes:{why[:40]}", "kdb: %s; such HIP programs are built "
-                       "without the cache", why)
+    """A build neither looked up nor stored: kdb cannot be sure what it reads, or it is
+    never the same twice."""
     if req.tool is None:
         raise BackendUnavailableError(
             f"no HIP compiler is installed, and {req.attrs.name} cannot be served from kdb: "
             f"{why}. Install one: {_hipcc.INSTALL}; or point kdb at one "
             f"({config.ENV_HIPCC}, {config.ENV_HIPRTC})")
-    try:
-        return _build(req)
-    except UnkeyedRead as err:
-        return err.binary
+    return uncached_build(db, req.attrs, lambda: _build(req), why, "HIP")
 
 
 def _cached(db: KernelDB, req: Request) -> bytes:

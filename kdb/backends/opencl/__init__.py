@@ -47,7 +47,7 @@ from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
 from .stores import build_stamp, held as _held
 from .stores import compiled as _compiled
 from .stores import program_spec, rebuild_and_store, recheck_for, store_later  # noqa: F401 - the worker calls it here
-from ..common import source_text
+from ..common import log_uncached, source_text
 
 log = logs.get("kdb")
 trace_log = logs.get("kdb.trace")
@@ -126,16 +126,26 @@ def _program_source(source: str | bytes, text: str) -> str | bytes:
     return bytes(source) if isinstance(source, (bytes, bytearray)) else text
 
 
-def _uncached(ctx, source, text: str, opt_bytes: bytes, devs, err: UncertainIncludes, *,
-              db: KernelDB, pyopencl_errors: bool, wrapper) -> cl.Program:
-    """A plain build, neither looked up nor stored: kdb cannot be sure what it reads."""
+def _uncached(ctx, source, text: str, plan: _Plan, err: UncertainIncludes, *,
+              db: KernelDB, name: str | None, pyopencl_errors: bool, wrapper) -> cl.Program:
+    """A plain build, neither looked up nor stored: kdb cannot be sure what it reads, or it
+    is never the same twice. Logged with why, as it compiles at every start."""
     if not db.tiers.disabled:
         logs.warn_once(f"includes:{err.kind}", "kdb: %s; such programs are built without "
                        "the cache (KDB_TRACE=1 names each one)", err)
     if db.tiers.trace:
         trace_log.debug("%s not cached: %s", _label(text), err)
-    raw = _compile(ctx, _program_source(source, text), opt_bytes, devs, pyopencl_errors,
-                   wrapper)
+    start = time.perf_counter()
+    raw = _compile(ctx, _program_source(source, text), plan.opt_bytes, plan.devs,
+                   pyopencl_errors, wrapper)
+    seconds = time.perf_counter() - start
+    keys = {(a, c): HashAttributes(BACKEND, text, a, build_options=plan.user_rest,
+                                   internal_options=plan.added_rest,
+                                   headers=(("?", err.kind),), compiler=c,
+                                   environment=plan.environment,
+                                   name=name or _label(text))
+            for a, c in zip(plan.archs, plan.compilers)}
+    log_uncached(db, list(keys.values()), seconds, str(err))
     return _wrap(raw, wrapper)
 
 
@@ -159,7 +169,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     try:  # per build: the headers and the working directory may change
         headers = headers_of(text, plan.opt_bytes, search=plan.search)
     except UncertainIncludes as err:
-        return _uncached(ctx, source, text, plan.opt_bytes, plan.devs, err, db=db,
+        return _uncached(ctx, source, text, plan, err, db=db, name=name,
                          pyopencl_errors=pyopencl_errors, wrapper=wrapper)
     # Unlabelled until a miss: a hit never shows the label, and finding it scans the source.
     key_text, extra = _keyed(source, text)
