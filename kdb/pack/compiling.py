@@ -73,10 +73,8 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
                 if not keep_going:
                     break
             recs = bookkeeping.records()[seen:]
-            uncached = [r.reason for r in recs if r.reason.startswith(bookkeeping.UNCACHED)]
-            if uncached:  # built, but never served from a pack: say why, not "not stored"
-                failures.append((spec.name, "kdb cannot pack it: "
-                                 + uncached[0][len(bookkeeping.UNCACHED):]))
+            if (why := _uncached(recs)) is not None:
+                failures.append((spec.name, why))
                 if not keep_going:
                     break
                 continue
@@ -98,6 +96,15 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
     if progress:
         progress(len(todo), len(todo), "")
     return path, failures
+
+
+def _uncached(recs) -> str | None:
+    """Why a kernel whose build kdb does not cache (its log rows, ``recs``) cannot be packed
+    (a pack would never serve it: not "could not be stored"); None if it was cached."""
+    for r in recs:
+        if r.reason.startswith(bookkeeping.UNCACHED):
+            return "kdb cannot pack it: " + r.reason[len(bookkeeping.UNCACHED):]
+    return None
 
 
 def check_manifest(specs: list[KernelSpec], arches: list[str]) -> None:
