@@ -190,7 +190,7 @@ def test_headers_from_the_toolkit_and_the_system_do_not_count_as_unkeyed(cache_d
 
 
 def test_dependency_lists_are_read_as_make_writes_them():
-    from kdb.backends.cuda.builds import dependency_paths
+    from kdb.backends.includes import dependency_paths
 
     text = "kernel.ptx : kernel.cu \\\n    /usr/include/a.h \\\n    sp\\ ace/w.h \\\n    b.h\n"
     assert dependency_paths(text) == ["kernel.cu", "/usr/include/a.h", "sp ace/w.h", "b.h"]

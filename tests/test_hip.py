@@ -462,8 +462,11 @@ def test_kdb_info_shows_hipcc_and_hiprtc_with_their_releases(cache_dir):
     result = CliRunner().invoke(cli, ["info"])
     assert result.exit_code == 0, result.output
     path, how = hip_hipcc.locate_hipcc()
-    release = kdb.hip.identity(path).release
-    assert f"hipcc:     {path} (from {how})\n             {release}\n" in result.output
+    ident = kdb.hip.identity(path)
+    release = ident.release
+    assert f"hipcc:     {path} (from {how})\n             {release} (reads {ident.stdlib})\n" \
+        in result.output
+    assert ident.stdlib.startswith("libstdc++ ")  # the C++ library clang reads, in the key
     how = hip_hiprtc.locate_hiprtc()[1]
     assert f"hiprtc:    {HIPRTC} (from {how})\n             HIPRTC " in result.output
     data = json.loads(CliRunner().invoke(cli, ["info", "--json"]).output)["hip"]

@@ -251,7 +251,7 @@ def _cuda_layouts(tmp_path, monkeypatch, default: int):
 
 def _deps(cmd: list[str], tmp: Path, env: dict[str, str]) -> set[tuple[int, int]]:
     proc = subprocess.run(cmd, cwd=tmp, capture_output=True, env={**os.environ, **env})
-    from kdb.backends.cuda.builds import dependency_paths
+    from kdb.backends.includes import dependency_paths
 
     paths = dependency_paths(proc.stdout.decode("utf-8", "surrogateescape"))[1:]
     system = ("/usr/", "/opt/", os.path.realpath(os.path.dirname(os.path.dirname(NVCC or "/"))))

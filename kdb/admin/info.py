@@ -86,7 +86,7 @@ def _host_compiler(ident, memo_dir: Path) -> dict[str, Any]:
         cwd = "."
     found = host_compiler(ident, (), cwd, memo_dir)
     return {"named": found.named, "path": found.path, "version": found.label,
-            "missing": found.missing}
+            "stdlib": found.stdlib, "missing": found.missing}
 
 
 def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
@@ -152,7 +152,8 @@ def hip_toolchain(memo_dir: Path) -> dict[str, Any]:
         try:
             row["path"], row["found_by"] = locate()
             ident = identify(row["path"], memo_dir)
-            row.update(release=ident.release, arches=list(ident.built))
+            row.update(release=ident.release, arches=list(ident.built),
+                       stdlib=getattr(ident, "stdlib", ""))
         except KdbError as err:
             row["problem"] = str(err)
             if row["found_by"] is None and (named[variable] or "").strip():

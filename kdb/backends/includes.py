@@ -322,3 +322,31 @@ def search_list(said: str) -> list[str]:
         elif inside and line.startswith(" "):
             dirs.append(os.path.realpath(line.strip()))
     return sorted(set(dirs))
+
+
+def dependency_paths(text: str) -> list[str]:
+    r"""The prerequisites of a make rule as ``-MD`` writes it (a backslash ends a continued
+    line; ``\ `` is a space in a name).
+
+    >>> dependency_paths("k.o : k.cu \\\n  a\\ b.h /x/c.h\n")
+    ['k.cu', 'a b.h', '/x/c.h']
+    """
+    body = text.replace("\\\n", " ").replace("\\\r\n", " ")
+    _, _, deps = body.partition(": ")
+    out, cur, i = [], [], 0
+    while i < len(deps):
+        ch = deps[i]
+        if ch == "\\" and i + 1 < len(deps) and deps[i + 1] in " #":
+            cur.append(deps[i + 1])
+            i += 2
+            continue
+        if ch.isspace():
+            if cur:
+                out.append("".join(cur))
+                cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    if cur:
+        out.append("".join(cur))
+    return out

@@ -141,8 +141,9 @@ def _echo_cuda(cuda: dict[str, Any]) -> None:
         click.echo(f"             {cuda['release']}, toolkit {cuda['toolkit']}")
         host = cuda.get("host_compiler") or {}
         if host:
-            click.echo(f"  host cc:   {host['path'] or '(not found)'} ({host['version']}; nvcc "
-                       f"runs {host['named']!r}: in the key of its builds)")
+            libs = f", {host['stdlib']}" if host.get("stdlib") else ""
+            click.echo(f"  host cc:   {host['path'] or '(not found)'} ({host['version']}{libs}; "
+                       f"nvcc runs {host['named']!r}: in the key of its builds)")
     nv = cuda.get("nvrtc") or {}
     if nv.get("path") and not nv.get("problem"):
         click.echo(f"  nvrtc:     {nv['path']} (from {nv['found_by']})")
@@ -166,7 +167,8 @@ def _echo_hip(hip: dict[str, Any]) -> None:
         row = hip[name]
         if row["path"] and not row["problem"]:
             click.echo(f"  {name + ':':<10} {row['path']} (from {row['found_by']})")
-            click.echo(f"             {row['release']}")
+            libs = f" (reads {row['stdlib']})" if row.get("stdlib") else ""
+            click.echo(f"             {row['release']}{libs}")
         elif row["path"] or row["found_by"]:  # found, or named, but not one that works
             click.echo(f"  {name + ':':<10} (unusable: {row['problem']})")
         else:

@@ -17,6 +17,7 @@ from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
 from ..common import UnkeyedRead, compile_and_store, uncached_build
+from ..includes import dependency_paths
 
 log = logs.get("kdb")
 
@@ -81,34 +82,6 @@ def _unkeyed_reads(req: _Request, tmp: str) -> str | None:
         if (st.st_dev, st.st_ino) not in req.header_files:
             return dep
     return None
-
-
-def dependency_paths(text: str) -> list[str]:
-    r"""The prerequisites of a make rule as ``-MD`` writes it (a backslash ends a continued
-    line; ``\ `` is a space in a name).
-
-    >>> dependency_paths("k.o : k.cu \\\n  a\\ b.h /x/c.h\n")
-    ['k.cu', 'a b.h', '/x/c.h']
-    """
-    body = text.replace("\\\n", " ").replace("\\\r\n", " ")
-    _, _, deps = body.partition(": ")
-    out, cur, i = [], [], 0
-    while i < len(deps):
-        ch = deps[i]
-        if ch == "\\" and i + 1 < len(deps) and deps[i + 1] in " #":
-            cur.append(deps[i + 1])
-            i += 2
-            continue
-        if ch.isspace():
-            if cur:
-                out.append("".join(cur))
-                cur = []
-        else:
-            cur.append(ch)
-        i += 1
-    if cur:
-        out.append("".join(cur))
-    return out
 
 
 def _build(req: _Request) -> bytes:

@@ -63,7 +63,7 @@ def _run_hipcc(req: Request) -> bytes:
 def _unkeyed_reads(req: Request, tmp: str) -> str | None:
     """The first file hipcc read that is neither the program, nor under clang's default
     directories, nor a header the key holds; None when none."""
-    from ..cuda.builds import dependency_paths
+    from ..includes import dependency_paths
 
     try:
         with open(os.path.join(tmp, "kernel.d"), encoding="utf-8", errors="surrogateescape") as f:

@@ -27,6 +27,7 @@ from typing import Any
 from ... import config
 from ..digests import file_stamp, library_id, machine_digest, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError
+from .. import stdlibs
 from ..includes import search_list
 from .targets import ROCM52, sort_processors
 
@@ -66,6 +67,11 @@ class HipccIdentity:
     def release(self) -> str:
         m = re.search(r"HIP version: (\S+)", self.version)
         return f"hipcc {m.group(1)}" if m else "hipcc"
+
+    @property
+    def stdlib(self) -> str:
+        """The C and C++ libraries its clang finds (:mod:`..stdlibs`), without the digest."""
+        return dict(self.digests).get("stdlib", "").partition(";")[0]
 
 
 def run_env(overrides: dict[str, str] | None = None, drop: tuple[str, ...] = ()
@@ -199,9 +205,11 @@ def _probe(path: str, memo_dir: Path, env: tuple) -> dict[str, Any]:
         ids[name] = (library_id(p, memo_dir) if name.startswith("bin/")
                      else "sha256:" + machine_digest(p, memo_dir))
     llvm, built = _processors(clang, paths.get("DEVICE_LIB_PATH", ""))
+    include_dirs, ids["stdlib"], watched = _defaults(path)
+    stamps += [file_stamp(p) for p in watched]
     return {"version": version, "ids": ids, "stamps": stamps, "env": [list(e) for e in env],
             "script": _script(path),
-            "include_dirs": _default_dirs(path), "llvm": llvm, "built": built}
+            "include_dirs": include_dirs, "llvm": llvm, "built": built}
 
 
 def _pieces(path: str, clang: str, paths: dict[str, str]) -> dict[str, str]:
@@ -240,15 +248,29 @@ def _processors(clang: str, bitcode: str) -> tuple[list[str], list[str]]:
     return llvm, sort_processors(p for p in llvm if p in isa) if isa else list(llvm)
 
 
-def _default_dirs(path: str) -> list[str]:
-    """The include directories clang searches with no option (``-E -v``), real paths."""
+def _defaults(path: str) -> tuple[list[str], str, list[str]]:
+    """What clang reads with no option: its include directories (``-v``, real paths), the C
+    and C++ libraries there (:mod:`..stdlibs`: the key's ``stdlib``), and the files that
+    identity depends on."""
     import tempfile
 
+    from ..includes import dependency_paths
+
     with tempfile.TemporaryDirectory(prefix="kdb-hipcc-probe-") as tmp:
-        open(os.path.join(tmp, "probe.hip"), "w").close()
-        proc = _run([path, "--genco", f"--offload-arch={_PROBE_ARCH}", "-E", "-v", "probe.hip",
-                     "-o", "probe.i"], cwd=tmp, drop=_SEARCH_VARIABLES)
-    return search_list((proc.stderr + proc.stdout).decode("utf-8", "replace"))
+        with open(os.path.join(tmp, "probe.hip"), "w") as f:
+            f.write(stdlibs.PROBE)
+        proc = _run([path, "--genco", f"--offload-arch={_PROBE_ARCH}", "-dM", "-E", "-v",
+                     "-MD", "-MF", "probe.d", "probe.hip", "-o", "probe.i"],
+                    cwd=tmp, drop=_SEARCH_VARIABLES)
+        said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
+        try:
+            with open(os.path.join(tmp, "probe.i"), encoding="utf-8", errors="replace") as f:
+                macros = f.read()
+            with open(os.path.join(tmp, "probe.d"), encoding="utf-8", errors="replace") as f:
+                deps = [os.path.join(tmp, d) for d in dependency_paths(f.read())[1:]]
+        except OSError:  # the probe failed: builds fail alike, and store nothing
+            macros, deps = "", []
+    return search_list(said), stdlibs.identity(macros), stdlibs.watched(deps, said)
 
 
 #: Variables that add to the default search; unset for the probe of the defaults.
@@ -276,6 +298,7 @@ def _still_valid(rec: Any, env: tuple) -> bool:
     try:
         if [tuple(e) for e in rec["env"]] != list(env) or not stamps_hold(rec["stamps"]):
             return False
-        return all(isinstance(rec[k], list) for k in ("include_dirs", "llvm", "built"))
+        return all(isinstance(rec[k], list) for k in ("include_dirs", "llvm", "built")) \
+            and "stdlib" in rec["ids"]  # one remembered before the libraries were keyed
     except (KeyError, TypeError, ValueError, AttributeError):
         return False
