@@ -147,7 +147,8 @@ def _probe(path: str) -> dict:
     depends on (``-H``, :func:`..stdlibs.watched`): one subprocess, once per machine."""
     import hashlib
 
-    proc = _run(path, ["-dM", "-E", "-H", "-v", "-x", "c++", "-"], stdlibs.PROBE)
+    proc = _run(path, ["-dM", "-E", "-H", "-v", "-x", "c++", "-"], stdlibs.PROBE) \
+        or _run(path, ["-dM", "-E", "-x", "c++", "-"])  # a compiler without -H or the headers
     lines = sorted(line for line in (proc.stdout if proc else "").splitlines() if line)
     if not lines:
         return {"version": f"unknown ({os.path.basename(path)} -dM -E failed)", "macros": "",
