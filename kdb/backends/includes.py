@@ -350,3 +350,28 @@ def dependency_paths(text: str) -> list[str]:
     if cur:
         out.append("".join(cur))
     return out
+
+
+def unkeyed_read(dep_file: str, system_dirs, header_files, compiler: str) -> str | None:
+    """The first file in a compiler's ``-MD`` list at ``dep_file`` (relative names are of
+    its directory) that is neither the program (listed first), nor under ``system_dirs``,
+    nor one of ``header_files`` (the ``(st_dev, st_ino)`` of the headers the key holds);
+    None when there is none."""
+    try:
+        with open(dep_file, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return f"its dependency list ({compiler} wrote none)"
+    here = os.path.dirname(dep_file)
+    system = tuple(os.path.join(d, "") for d in system_dirs)
+    for dep in dependency_paths(text)[1:]:
+        path = os.path.realpath(os.path.join(here, dep))
+        if path.startswith(system):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            return dep
+        if (st.st_dev, st.st_ino) not in header_files:
+            return dep
+    return None

@@ -17,7 +17,7 @@ from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
 from ..common import UnkeyedRead, compile_and_store, uncached_build
-from ..includes import dependency_paths
+from ..includes import unkeyed_read
 
 log = logs.get("kdb")
 
@@ -64,24 +64,9 @@ def _run_nvcc(req: _Request) -> bytes:
 
 def _unkeyed_reads(req: _Request, tmp: str) -> str | None:
     """The first file nvcc read (its ``-MD`` list) that is neither the program, nor under
-    the directories it searches by default, nor a header the key holds; None when none."""
-    try:
-        with open(os.path.join(tmp, "kernel.d"), encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
-    except OSError:
-        return "its dependency list (nvcc wrote none)"
-    system = tuple(os.path.join(d, "") for d in (*req.nvcc.system_dirs, *req.host_dirs))
-    for dep in dependency_paths(text)[1:]:  # the first is the program itself
-        path = os.path.realpath(os.path.join(tmp, dep))
-        if path.startswith(system):
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            return dep
-        if (st.st_dev, st.st_ino) not in req.header_files:
-            return dep
-    return None
+    the directories it or its host compiler search by default, nor a header the key holds."""
+    return unkeyed_read(os.path.join(tmp, "kernel.d"), (*req.nvcc.system_dirs, *req.host_dirs),
+                        req.header_files, "nvcc")
 
 
 def _build(req: _Request) -> bytes:

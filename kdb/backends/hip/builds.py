@@ -63,25 +63,10 @@ def _run_hipcc(req: Request) -> bytes:
 def _unkeyed_reads(req: Request, tmp: str) -> str | None:
     """The first file hipcc read that is neither the program, nor under clang's default
     directories, nor a header the key holds; None when none."""
-    from ..includes import dependency_paths
+    from ..includes import unkeyed_read
 
-    try:
-        with open(os.path.join(tmp, "kernel.d"), encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
-    except OSError:
-        return "its dependency list (hipcc wrote none)"
-    system = tuple(os.path.join(d, "") for d in req.tool.system_dirs)  # type: ignore[union-attr]
-    for dep in dependency_paths(text)[1:]:
-        path = os.path.realpath(os.path.join(tmp, dep))
-        if path.startswith(system):
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            return dep
-        if (st.st_dev, st.st_ino) not in req.header_files:
-            return dep
-    return None
+    dirs = req.tool.system_dirs  # type: ignore[union-attr]
+    return unkeyed_read(os.path.join(tmp, "kernel.d"), dirs, req.header_files, "hipcc")
 
 
 def _build(req: Request) -> bytes:
