@@ -133,6 +133,10 @@ def test_a_cuda_program_using_the_time_is_built_each_time_and_never_stored(
     assert len(_uncached_records("the program uses __DATE__")) == 2
     assert "cannot be cached" not in (bookkeeping.summary() or "")
     assert "kdb cannot cache them" in (bookkeeping.summary() or "")
+    from kdb.admin.explain import explain
+
+    why = explain(db.user_dir, "k")["why"]  # kdb explain: why every start compiles it
+    assert why.startswith("kdb does not cache this build") and "__DATE__" in why, why
 
 
 @pytest.mark.skipif(HIPCC is None, reason="hipcc is not on PATH (apt-get install hipcc)")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
+from ..bookkeeping import UNCACHED
 from ..errors import InvalidArgumentError
 from ..file import compact
 from ..file.fileformat import DAMAGE
@@ -201,6 +202,8 @@ def _why(records: list[dict], stored: list[dict], ranked: list[dict], name: str,
         tiers = ", ".join(sorted({e["tier"] for e in stored}))
         return f"no compile of this key is recorded; it is stored in the {tiers} tier"
     reason = records[0]["reason"] or "not in any tier"
+    if reason.startswith(UNCACHED):  # built at every start: no entry to compare with
+        return f"kdb does not cache this build, so every start compiles it ({reason})"
     if not ranked:
         return (f"{reason}; no other entry is named {name!r} or built for {backend} on "
                 f"{arch}: it had never been compiled before")

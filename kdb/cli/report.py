@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from .. import config
+from ..bookkeeping import UNCACHED
 from ..admin import report
 from .tools import Settings, cut, emit_json, human_bytes, json_option, json_or_empty, table, when
 from ..admin.explain import explain as explain_of
@@ -137,7 +138,9 @@ def explain(obj: Settings, key_or_name: str, nearest: int, as_json: bool) -> Non
         click.echo(f"stored:   {e['tier']} tier, {e['path']}, created {when(e['created'])}, "
                    f"{e['hits']} hits")
     if not data["entries"]:
-        click.echo("stored:   no (the compile's binary was not stored)")
+        uncached = data["compiles"] and data["compiles"][0]["reason"].startswith(UNCACHED)
+        click.echo("stored:   no (kdb does not cache this build)" if uncached
+                   else "stored:   no (the compile's binary was not stored)")
     recs = data["compiles"]
     if recs:
         r = recs[0]
