@@ -259,3 +259,22 @@ def test_a_source_that_includes_a_header_by_absolute_path_is_keyed_by_its_conten
     assert digests[0] == digests[1] != digests[2]
     (tmp_path / "a" / "prefix.h").unlink()
     assert _source_digest(str(tmp_path / "a" / "module.cpp")) is None  # cannot key: built
+
+
+def test_a_cpp_module_is_keyed_by_the_c_library_it_links_against(tmp_path, monkeypatch):
+    """An Inductor C++ module built on a newer glibc may not load on an older one (a pack
+    built in a new container, served on an older cluster): the C library is in its key, as
+    it is in a Triton host module's."""
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions
+
+    from kdb.backends import stdlibs
+    from kdb.backends.torch import cpp
+
+    src = tmp_path / "k.cpp"
+    src.write_text('extern "C" int f() { return 1; }\n')
+    builder = CppBuilder(name="k", sources=[str(src)], BuildOption=CppTorchOptions(),
+                         output_dir=str(tmp_path))
+    here = cpp.attrs_for([builder])
+    assert dict(here.compiler)["libc"] == os.confstr("CS_GNU_LIBC_VERSION")
+    monkeypatch.setattr(stdlibs, "libc", lambda: "glibc 2.17")
+    assert cpp.attrs_for([builder]).key != here.key

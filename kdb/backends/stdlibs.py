@@ -56,3 +56,13 @@ def watched(dependencies: list[str], verbose: str) -> list[str]:
     if m is not None:
         out.append(os.path.realpath(os.path.dirname(m.group(1).strip())))
     return sorted(set(p for p in out if os.path.exists(p)))
+
+
+def libc() -> str:
+    """The C library this process runs on (``glibc 2.36``), "" where it does not say: what a
+    C extension built here links against, and a module built on a newer glibc may not load
+    on an older one (Triton's host modules, Inductor's C++ modules)."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (AttributeError, ValueError, OSError):
+        return ""

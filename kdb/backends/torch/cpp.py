@@ -6,7 +6,8 @@ and its FX graph cache holds only the source: a graph served from any cache comp
 again where the directory is empty (and checks the CPU's vector ISA by building test
 libraries there, in every fresh directory). The command names paths of this machine (the venv's
 torch, the Python's headers, the cache directory), so kdb keys a module by the command with
-those paths replaced by what they stand for, the sources' content, the compiler's version
+those paths replaced by what they stand for, the sources' content, the compiler's version,
+the C library (``glibc 2.36``: a module built on a newer one may not load on an older one)
 and the host CPU's class (Inductor compiles with ``-march=native``); a command that names a
 path kdb cannot place is built as without kdb. The two functions this wraps are private:
 ``torch._inductor.codecache._worker_compile_cpp(lock_path, builders)``, which Inductor calls
@@ -29,6 +30,7 @@ from ...claims import Claim
 from ...db import default_db
 from ...keys import HashAttributes, sha256
 from ...tiers import Hit
+from .. import stdlibs
 from .targets import BACKEND, cxx_identity, host_arch, identity
 
 log = logs.get("kdb")
@@ -141,8 +143,10 @@ def _whole(tiers, attrs: HashAttributes, hit: Hit) -> bytes | None:
 
 def attrs_for(cpp_builders) -> HashAttributes | None:
     """The key of a module: every builder's command with this machine's paths replaced, the
-    content of each source Inductor wrote, the compiler and the host CPU's class; None when a
-    command names a path kdb cannot place (or a precompiled header: not a module)."""
+    content of each source Inductor wrote, the compiler, the C library it links against (a
+    module built on a newer glibc may not load on an older one) and the host CPU's class;
+    None when a command names a path kdb cannot place (or a precompiled header: not a
+    module)."""
     outputs = {b.get_target_file_path(): f"{{out{i}}}" for i, b in enumerate(cpp_builders)}
     places = _places()
     commands, sources = [], []
@@ -172,7 +176,7 @@ def attrs_for(cpp_builders) -> HashAttributes | None:
     return HashAttributes(
         backend=BACKEND, source="\n".join(commands), arch=host_arch(),
         headers=[(f"src{i}", digest) for i, digest in enumerate(sources)],
-        compiler=(*identity(), ("cxx", cxx_identity(compiler))),
+        compiler=(*identity(), ("cxx", cxx_identity(compiler)), ("libc", stdlibs.libc())),
         name=f"cpp:{os.path.basename(cpp_builders[-1].get_target_file_path())[:13]}")
 
 

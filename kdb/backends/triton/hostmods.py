@@ -26,6 +26,7 @@ import time
 
 from ... import faults, logs
 from ...keys import HashAttributes
+from .. import stdlibs
 from . import groups
 from .targets import BACKEND, compiler_identity, known_arch, known_archs
 
@@ -79,12 +80,8 @@ def host_identity() -> tuple[tuple[str, str], ...]:
     and the C library it links against (a module built on a newer glibc may not load on an
     older one). Nothing machine-local: no path."""
     if not _identity:
-        try:
-            libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
-        except (AttributeError, ValueError, OSError):
-            libc = ""
         _identity.append((("ext_suffix", sysconfig.get_config_var("EXT_SUFFIX") or ""),
-                          ("libc", libc), ("platform", sysconfig.get_platform())))
+                          ("libc", stdlibs.libc()), ("platform", sysconfig.get_platform())))
     return _identity[0]
 
 
