@@ -163,3 +163,39 @@ def test_a_pack_of_a_program_using_the_time_fails_naming_it(tmp_path):
     results = packing.pack(["sm_90"], out_dir=tmp_path / "sys2", manifest=manifest,
                            keep_going=True)
     assert [name for name, _ in results[0].failures] == ["stamped"]
+
+
+def test_an_opencl_option_naming_the_time_makes_the_build_uncached(cl_ctx, db, cache_dir,
+                                                                 monkeypatch):
+    """``-DSTAMP=__TIME__`` expands to the time as surely as the macro in the source does,
+    and so does one in a variable the runtime adds to the options."""
+    kdb.opencl.build(cl_ctx, CL_STAMP, ['-DSTAMP=__DATE__'], db=db)
+    monkeypatch.setenv("POCL_EXTRA_BUILD_FLAGS", "-DSTAMP=__TIME__")
+    kdb.opencl.build(cl_ctx, CL_STAMP, db=db)
+    db.flush()
+    assert stored(cache_dir) == 0
+    assert len(_uncached_records("the option '-DSTAMP=__DATE__' uses __DATE__")) == 1
+    assert len(_uncached_records("the option '-DSTAMP=__TIME__' uses __TIME__")) == 1
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+def test_a_cuda_option_naming_the_time_makes_the_build_uncached(db, cache_dir, monkeypatch):
+    src = '__device__ char stamp[] = STAMP;\n__global__ void k(char *a) { a[0] = stamp[0]; }\n'
+    kdb.cuda.compile(src, "sm_90", ["-DSTAMP=__TIME__"], output="ptx", db=db,
+                     compiler="nvcc")
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-DSTAMP=__DATE__")
+    kdb.cuda.compile(src, "sm_90", output="ptx", db=db, compiler="nvcc")
+    db.flush()
+    assert stored(cache_dir) == 0
+    assert len(_uncached_records("uses __TIME__")) == 1
+    assert len(_uncached_records("uses __DATE__")) == 1
+
+
+@pytest.mark.skipif(HIPCC is None, reason="hipcc is not on PATH (apt-get install hipcc)")
+def test_a_hip_option_naming_the_time_makes_the_build_uncached(db, cache_dir):
+    src = ('#include <hip/hip_runtime.h>\n__device__ char stamp[] = STAMP;\n'
+           '__global__ void k(char *a) { a[0] = stamp[0]; }\n')
+    kdb.hip.compile(src, "gfx90a", ["-DSTAMP=__TIME__"], db=db, compiler="hipcc")
+    db.flush()
+    assert stored(cache_dir) == 0
+    assert len(_uncached_records("the option '-DSTAMP=__TIME__' uses __TIME__")) == 1

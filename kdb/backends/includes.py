@@ -216,6 +216,16 @@ def _temporal(where: str, macro: str) -> UncertainIncludes:
                              "at each build")
 
 
+def temporal_options(texts) -> UncertainIncludes | None:
+    """Why a build is never the same twice where one of its options, or a variable its
+    compiler reads options from, uses a temporal macro (``-DSTAMP=__TIME__`` expands to the
+    time); None where none does. Raise it: the build is not cached."""
+    for text in texts:
+        if text and (macro := temporal_macro(text)) is not None:
+            return _temporal(f"the option {text[:60]!r}", macro)
+    return None
+
+
 def _find(name: str, dirs: list[str]) -> list[tuple[str, tuple[int, int]]]:
     """Every regular file ``name`` names in ``dirs``, once each, in search order."""
     out: list[tuple[str, tuple[int, int]]] = []

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 from ... import config
 from ...errors import BackendUnavailableError, InvalidArgumentError, UnsupportedTypeError
-from ..includes import UncertainIncludes, read_headers
+from ..includes import UncertainIncludes, read_headers, temporal_options
 from ...keys import HashAttributes
 from . import hostcc
 from . import nvrtc as _nvrtc
@@ -303,9 +303,12 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
                         config.read_variables(_SEARCH_VARIABLES), cwd)
     _check_options(found.rest)
     files: set[tuple[int, int]] = set()
+    env = () if kind == "nvrtc" else environment()
     try:
         if found.problem:
             raise UncertainIncludes("option", found.problem)
+        if (err := temporal_options((*given, *(v for _, v in env)))) is not None:
+            raise err
         # nvcc compiles a copy in a directory of its own; NVRTC looks beside the program in
         # the working directory; neither puts the working directory on the path.
         headers = read_headers(text, found.search, cwd, main_in_cwd=kind == "nvrtc",
@@ -323,7 +326,7 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
         compiler=(*ident.compiler, *(host.pairs if host else ())) if ident else (),
         # nvcc reads these variables; NVRTC reads none. With no compiler, the entries built
         # with the same variables are the ones to serve.
-        environment=() if kind == "nvrtc" else environment(),
+        environment=env,
         name=name or _label(text),
     )
     args = found.args if kind != "nvrtc" else _nvrtc_args(found.args)

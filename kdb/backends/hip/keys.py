@@ -20,7 +20,7 @@ from ... import config
 from ...errors import BackendUnavailableError, InvalidArgumentError, UnsupportedTypeError
 from ...keys import HashAttributes
 from ..common import label, source_text
-from ..includes import UncertainIncludes, read_headers
+from ..includes import UncertainIncludes, read_headers, temporal_options
 from . import hipcc as _hipcc
 from . import hiprtc as _hiprtc
 from .hipcc import HipccIdentity
@@ -201,9 +201,12 @@ def request(source: str | bytes, arch: str, options: str | Sequence[str] | None,
     found = hip_search(given, [os.fspath(d) for d in include_dirs or ()], kind != "hiprtc",
                        config.read_variables(_SEARCH_VARIABLES), cwd)
     files: set[tuple[int, int]] = set()
+    env = () if kind == "hiprtc" else _hipcc.environment()
     try:
         if found.problem:
             raise UncertainIncludes("option", found.problem)
+        if (err := temporal_options((*given, *(v for _, v in env)))) is not None:
+            raise err
         headers = read_headers(text, found.search, cwd, main_in_cwd=False, cwd_in_path=False,
                                files=files)
         uncertain = None
@@ -213,7 +216,7 @@ def request(source: str | bytes, arch: str, options: str | Sequence[str] | None,
         backend=BACKEND, source=text, arch=processor, build_options=found.rest,
         internal_options=("--genco", f"--offload-arch={target}"), headers=headers,
         compiler=ident.compiler if ident else (),
-        environment=() if kind == "hiprtc" else _hipcc.environment(),
+        environment=env,
         name=name or label(_KERNEL_RE, text, "module"))
     return Request(text, target, found.rest, found.args, found.dirs, ident, attrs, compiler,
                    missing, uncertain, frozenset(files), found.search, cwd)

@@ -167,6 +167,8 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     text = _text(source)
     plan = plan_for(ctx, devices, options, arch, str(db.cache_root), variables)
     try:  # per build: the headers and the working directory may change
+        if plan.temporal is not None:
+            raise UncertainIncludes("time", str(plan.temporal))
         headers = headers_of(text, plan.opt_bytes, search=plan.search)
     except UncertainIncludes as err:
         return _uncached(ctx, source, text, plan, err, db=db, name=name,

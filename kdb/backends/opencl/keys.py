@@ -23,7 +23,7 @@ from ...db import DEFAULT_DB_VARIABLES
 from ..digests import library_id
 from ...errors import InvalidArgumentError, UnsupportedTypeError
 from ..cloptions import key_options, parse_search
-from ..includes import IncludeSearch, read_headers
+from ..includes import IncludeSearch, read_headers, temporal_options
 from ...keys import HashAttributes
 from . import archs
 from .binaries import library_of
@@ -311,7 +311,7 @@ class _Plan:
     """
 
     __slots__ = ("devs", "dev_ptrs", "user_rest", "added_rest", "opt_bytes", "search",
-                 "archs", "compilers", "environment", "temporary")
+                 "archs", "compilers", "environment", "temporary", "temporal")
 
     def __init__(self, ctx, devices, options, arch, memo: str, forced: str | None,
                  env: tuple[tuple[str, str], ...]) -> None:
@@ -326,6 +326,9 @@ class _Plan:
         self.compilers = [compiler_identity(d, memo) for d in self.devs]
         self.environment = env
         self.temporary = temporary_dirs(self.search)  # include dirs to build from a copy
+        # an option that expands to the time of the build (-DSTAMP=__TIME__): not cached
+        self.temporal = temporal_options(
+            " ".join((self.opt_bytes.decode("utf-8", "replace"), *(v for _, v in env))).split())
 
     def with_options(self, opt_bytes: bytes) -> "_Plan":
         """This plan, building with ``opt_bytes`` (the same options for the key: include
