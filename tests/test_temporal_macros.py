@@ -8,6 +8,7 @@ fails naming the kernel.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import re
 import shutil
@@ -92,19 +93,45 @@ def test_an_opencl_program_using_the_time_is_built_each_time_and_never_stored(
     assert len(warned) == 1 and "without the cache" in warned[0]
 
 
-def test_an_opencl_header_using_the_date_makes_its_programs_uncached(cl_ctx, db, cache_dir,
-                                                                     tmp_path):
-    (tmp_path / "stamp.h").write_text("#define STAMP __TIMESTAMP__\n")
+#: A child process's OpenCL builds (PoCL takes some variables at its first build, and kdb
+#: stores nothing built under other values: a fresh process for tests that set them).
+CL_CHILD = """
+import json, os, sys
+import pyopencl as cl
+import kdb, kdb.opencl
+from kdb import bookkeeping
+ctx = [cl.Context(p.get_devices()) for p in cl.get_platforms()
+       if "Portable Computing Language" in p.name][0]
+src, inc = {src!r}, {inc!r}
+db = kdb.KernelDB()
+for header in {headers!r}:
+    if header is not None:
+        with open(os.path.join(inc, "stamp.h"), "w") as f:
+            f.write(header)
+    kdb.opencl.build(ctx, src, {options!r}, db=db)
+    db.flush()
+db.close()
+print(json.dumps([r.reason for r in bookkeeping.records()]))
+"""
+
+
+def _child_builds(run_py, cache_dir, src: str, inc, headers, options=(), env=None) -> list:
+    """The log reasons of a child's builds of ``src``, once per header text in ``headers``
+    (None: as it is), and how many entries it stored."""
+    code = CL_CHILD.format(src=src, inc=str(inc), headers=list(headers), options=list(options))
+    out = run_py(code, env={"KDB_STORE_AT_EXIT": "wait", **(env or {})})
+    return json.loads(out.stdout.splitlines()[-1]), stored(cache_dir)
+
+
+def test_an_opencl_header_using_the_date_makes_its_programs_uncached(cl_ctx, cache_dir,
+                                                                     tmp_path, run_py):
     src = '#include "stamp.h"\n' + CL_STAMP
-    kdb.opencl.build(cl_ctx, src, [f"-I{tmp_path}"], db=db)
-    db.flush()
-    assert stored(cache_dir) == 0
-    assert _uncached_records("header 'stamp.h' uses __TIMESTAMP__")
-    # the same header without it: cached again
-    (tmp_path / "stamp.h").write_text('#define STAMP "fixed"\n')
-    kdb.opencl.build(cl_ctx, src, [f"-I{tmp_path}"], db=db)
-    db.flush()
-    assert stored(cache_dir) == 1
+    reasons, n = _child_builds(run_py, cache_dir, src, tmp_path,
+                               ["#define STAMP __TIMESTAMP__\n", '#define STAMP "fixed"\n'],
+                               [f"-I{tmp_path}"])
+    assert reasons[0].startswith("not cached: header 'stamp.h' uses __TIMESTAMP__"), reasons
+    assert not reasons[1].startswith("not cached"), reasons  # the same header without it
+    assert n == 1  # ... is cached again
 
 
 def _ptx_stamp(ptx: bytes) -> dt.datetime:
@@ -165,17 +192,16 @@ def test_a_pack_of_a_program_using_the_time_fails_naming_it(tmp_path):
     assert [name for name, _ in results[0].failures] == ["stamped"]
 
 
-def test_an_opencl_option_naming_the_time_makes_the_build_uncached(cl_ctx, db, cache_dir,
-                                                                 monkeypatch):
+def test_an_opencl_option_naming_the_time_makes_the_build_uncached(cl_ctx, cache_dir,
+                                                                 tmp_path, run_py):
     """``-DSTAMP=__TIME__`` expands to the time as surely as the macro in the source does,
     and so does one in a variable the runtime adds to the options."""
-    kdb.opencl.build(cl_ctx, CL_STAMP, ['-DSTAMP=__DATE__'], db=db)
-    monkeypatch.setenv("POCL_EXTRA_BUILD_FLAGS", "-DSTAMP=__TIME__")
-    kdb.opencl.build(cl_ctx, CL_STAMP, db=db)
-    db.flush()
-    assert stored(cache_dir) == 0
-    assert len(_uncached_records("the option '-DSTAMP=__DATE__' uses __DATE__")) == 1
-    assert len(_uncached_records("the option '-DSTAMP=__TIME__' uses __TIME__")) == 1
+    for options, env, macro in ((["-DSTAMP=__DATE__"], {}, "__DATE__"),
+                                ([], {"POCL_EXTRA_BUILD_FLAGS": "-DSTAMP=__TIME__"}, "__TIME__")):
+        reasons, n = _child_builds(run_py, cache_dir, CL_STAMP, tmp_path, [None], options, env)
+        assert reasons == [f"not cached: the option '-DSTAMP={macro}' uses {macro}, which the "
+                           "compiler fills in at each build"], reasons
+        assert n == 0
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..includes import IncludeSearch
+from ..optsearch import OptionSearch, assemble
+from ..optsearch import absolute as _absolute
 
 #: Include options with their long spellings: (short, long, where).
 _FLAGS = (("-I", "--include-path", "dirs"), ("-isystem", "--system-include", "system"),
@@ -37,21 +37,8 @@ VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_PREPEND_FLAG
              "NVCC_APPEND_FLAGS")
 
 
-@dataclass(frozen=True)
-class CudaSearch:
-    """A request's include search: ``rest`` (the options without include options, for the
-    key and the command), ``args`` (the include options kdb hands the compiler, absolute),
-    the :class:`IncludeSearch` the key's headers come from, and ``problem`` when kdb cannot
-    be sure what the build reads."""
-
-    rest: tuple[str, ...]
-    args: tuple[str, ...]
-    search: IncludeSearch
-    dirs: tuple[str, ...]  # the -I and -isystem dirs of the options, for kdb explain
-
-    @property
-    def problem(self) -> str | None:
-        return self.search.problem
+#: A CUDA build's include search (:class:`..optsearch.OptionSearch`).
+CudaSearch = OptionSearch
 
 
 def _values(value: str, nvcc: bool) -> tuple[list[str], list[str]]:
@@ -96,39 +83,15 @@ def _parse(options: Sequence[str], nvcc: bool
     return rest, found, extra, problem
 
 
-def _absolute(paths: list[str], base: str, what: str) -> tuple[list[str], str | None]:
-    out, problem = [], None
-    for p in paths:
-        if os.path.isabs(p):
-            out.append(os.path.normpath(p))
-        elif base:
-            out.append(os.path.normpath(os.path.join(base, p)))
-        else:  # relative to nvcc's own temporary directory: nothing kdb can name
-            problem = problem or f"{what} names the relative path {p!r}"
-    return out, problem
-
-
 def cuda_search(options: Sequence[str], include_dirs: Sequence[str], nvcc: bool,
                 variables: Mapping[str, str | None], cwd: str) -> CudaSearch:
     """The include search of a CUDA build: ``options`` (a list, an element one option),
     ``include_dirs`` (kdb's argument), ``nvcc`` (else NVRTC), the :data:`VARIABLES` read."""
     rest, found, extra, problem = _parse(options, nvcc)
-    own = {w: _absolute(v, cwd, "an option")[0] for w, v in found.items() if w != "forced"}
-    own["dirs"] = [os.path.normpath(os.path.join(cwd, d)) for d in include_dirs] + own["dirs"]
-    # -include: the compiler looks in its working directory (kdb's copy's), then the path
-    own["forced"] = [os.path.join(cwd, f) if cwd and os.path.isfile(os.path.join(cwd, f))
-                     else f for f in found["forced"]]
     more = {w: _absolute(v, cwd, "an option")[0] for w, v in extra.items()}
     if nvcc:
         problem = problem or _environment(variables, more)
-    own = {w: list(dict.fromkeys(v)) for w, v in own.items()}
-    args = ([f"-I{d}" for d in own["dirs"]] + [a for d in own["system"] for a in ("-isystem", d)]
-            + [a for f in own["forced"] for a in ("-include", f)])
-    dirs = own["dirs"] + own["system"] + more["dirs"] + more["system"]
-    search = IncludeSearch(quote=(), dirs=[(d,) for d in dict.fromkeys(dirs)],
-                           forced=[(f,) for f in dict.fromkeys(own["forced"] + more["forced"])],
-                           problem=problem)
-    return CudaSearch(tuple(rest), tuple(args), search, tuple(own["dirs"] + own["system"]))
+    return assemble(rest, found, more, include_dirs, cwd, problem)
 
 
 def _environment(variables: Mapping[str, str | None], more: dict[str, list[str]]) -> str | None:

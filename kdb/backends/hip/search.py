@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..includes import IncludeSearch
+from ..optsearch import OptionSearch, assemble
+from ..optsearch import absolute as _absolute
 
 #: Include options: (spellings, where).
 _FLAGS = ((("--include-directory", "-I"), "dirs"), (("-isystem", "-idirafter"), "system"),
@@ -34,20 +34,8 @@ _PATH_VARIABLES = (("CPATH", "dirs"), ("C_INCLUDE_PATH", "system"),
 VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "HIPCC_COMPILE_FLAGS_APPEND")
 
 
-@dataclass(frozen=True)
-class HipSearch:
-    """A request's include search: ``rest`` (the options without include options), ``args``
-    (the include options kdb hands the compiler, absolute), the :class:`IncludeSearch` the
-    key's headers come from, and ``dirs`` (for ``kdb explain``)."""
-
-    rest: tuple[str, ...]
-    args: tuple[str, ...]
-    search: IncludeSearch
-    dirs: tuple[str, ...]
-
-    @property
-    def problem(self) -> str | None:
-        return self.search.problem
+#: A HIP build's include search (:class:`..optsearch.OptionSearch`).
+HipSearch = OptionSearch
 
 
 def _match(opt: str, it) -> tuple[str, str | None] | None:
@@ -82,40 +70,15 @@ def _parse(options: Sequence[str]) -> tuple[list[str], dict[str, list[str]], str
     return rest, found, problem
 
 
-def _absolute(paths: list[str], base: str, what: str) -> tuple[list[str], str | None]:
-    out, problem = [], None
-    for p in paths:
-        if os.path.isabs(p):
-            out.append(os.path.normpath(p))
-        elif base:
-            out.append(os.path.normpath(os.path.join(base, p)))
-        else:
-            problem = problem or f"{what} names the relative path {p!r}"
-    return out, problem
-
-
 def hip_search(options: Sequence[str], include_dirs: Sequence[str], hipcc: bool,
                variables: Mapping[str, str | None], cwd: str) -> HipSearch:
     """The include search of a HIP build: ``options`` (an element one option),
     ``include_dirs`` (kdb's argument), ``hipcc`` (else HIPRTC), the :data:`VARIABLES` read."""
     rest, found, problem = _parse(options)
-    own = {w: _absolute(v, cwd, "an option")[0] for w, v in found.items() if w != "forced"}
-    own["dirs"] = [os.path.normpath(os.path.join(cwd, d)) for d in include_dirs] + own["dirs"]
-    own["forced"] = [os.path.join(cwd, f) if cwd and os.path.isfile(os.path.join(cwd, f))
-                     else f for f in found["forced"]]
     more: dict[str, list[str]] = {"dirs": [], "system": [], "quote": [], "forced": []}
     if hipcc:
         problem = problem or _environment(variables, more)
-    own = {w: list(dict.fromkeys(v)) for w, v in own.items()}
-    args = ([f"-I{d}" for d in own["dirs"]] + [a for d in own["system"] for a in ("-isystem", d)]
-            + [a for d in own["quote"] for a in ("-iquote", d)]
-            + [a for f in own["forced"] for a in ("-include", f)])
-    dirs = own["dirs"] + own["system"] + more["dirs"] + more["system"]
-    search = IncludeSearch(quote=[(d,) for d in own["quote"] + more["quote"]],
-                           dirs=[(d,) for d in dict.fromkeys(dirs)],
-                           forced=[(f,) for f in dict.fromkeys(own["forced"] + more["forced"])],
-                           problem=problem)
-    return HipSearch(tuple(rest), tuple(args), search, tuple(own["dirs"] + own["system"]))
+    return assemble(rest, found, more, include_dirs, cwd, problem)
 
 
 def _environment(variables: Mapping[str, str | None], more: dict[str, list[str]]) -> str | None:
