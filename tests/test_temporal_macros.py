@@ -225,3 +225,27 @@ def test_a_hip_option_naming_the_time_makes_the_build_uncached(db, cache_dir):
     db.flush()
     assert stored(cache_dir) == 0
     assert len(_uncached_records("the option '-DSTAMP=__TIME__' uses __TIME__")) == 1
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+def test_kdb_pack_from_the_log_leaves_out_builds_kdb_does_not_cache(db, cache_dir, tmp_path):
+    """A workload's log names its uncached builds too (they compile at every start), but
+    they have no entry: ``kdb pack --from-log`` packs the rest and does not call them
+    missing."""
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    kdb.cuda.compile(CU_STAMP, "sm_90", output="ptx", db=db, compiler="nvcc")
+    kdb.cuda.compile("__global__ void plain(int *a) { a[0] = 1; }", "sm_90", output="ptx",
+                     db=db, compiler="nvcc")
+    db.close()
+    result = CliRunner().invoke(cli, ["pack", "--arch", "sm_90", "--from-log", "--out",
+                                      str(tmp_path / "out")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "no stored binary" not in result.output, result.output
+    assert stored(cache_dir) == 1
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "out" / "sm_90.kdb") as conn:
+        assert conn.execute("SELECT name FROM kernels").fetchall() == [("plain",)]

@@ -168,7 +168,8 @@ def _copied(from_db, arch: str, work: Path, from_log: bool,
     check_source(src, shown)
     keys = log_keys(src) if from_log else None
     if from_log and not keys:
-        raise PackError(f"the start-up latency log of {shown} is empty for {arch}")
+        raise PackError(f"the start-up latency log of {shown} is empty for {arch} (builds "
+                        "kdb does not cache, such as those using __TIME__, are left out)")
     step(arch, f"copying {'the logged kernels' if from_log else 'the entries'} of {shown}")
     return src, keys
 

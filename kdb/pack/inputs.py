@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import config
+from ..bookkeeping import UNCACHED
 from ..errors import InvalidArgumentError, KdbError, PackError
 from ..file.kernelfile import KernelFile
 
@@ -63,13 +64,16 @@ def check_source(src: Path, shown: object) -> None:
 
 
 def log_keys(user_file: Path, since: float | None = None) -> set[str]:
-    """Keys of the start-up latency log of a user file (optionally since a time)."""
+    """Keys of the start-up latency log of a user file (optionally since a time), less the
+    builds kdb does not cache (they have no entry to pack)."""
     f = KernelFile(user_file, tier="user", readonly=False)  # immutable=1 would skip the WAL
+    uncached = f"reason NOT LIKE '{UNCACHED}%'"
     try:
         if since is None:
-            rows = f.query("SELECT DISTINCT key FROM compile_log")
+            rows = f.query(f"SELECT DISTINCT key FROM compile_log WHERE {uncached}")
         else:
-            rows = f.query("SELECT DISTINCT key FROM compile_log WHERE at >= ?", (since,))
+            rows = f.query(f"SELECT DISTINCT key FROM compile_log WHERE at >= ? AND {uncached}",
+                           (since,))
     finally:
         f.close()
     return {r[0] for r in rows}
