@@ -340,6 +340,14 @@ def lock_timeout(explicit: float | None = None) -> float:
     return read(ENV_LOCK_TIMEOUT) if explicit is None else float(explicit)
 
 
+def child_environment(drop: tuple[str, ...] = (), **overrides: str) -> dict[str, str]:
+    """The environment a tool kdb runs gets: this process's, less the variables ``drop``
+    names, with ``overrides`` set."""
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(overrides)
+    return env
+
+
 def check_settings() -> None:
     """Read every setting that falls back on a bad value, so that one the store worker will
     read warns here, in the program that set it: the worker's log is where nobody looks."""

@@ -94,7 +94,7 @@ def test_nvccs_host_compiler_identity_holds_its_libraries(tmp_path, monkeypatch)
     monkeypatch.setattr(hostcc, "_identities", {})
     found = hostcc.identity("gcc", os.path.dirname(NVCC), str(tmp_path), tmp_path)
     assert f" {_libstdcxx_of_gxx()}" in found.stdlib and "glibc" in found.stdlib, found
-    memo = tmp_path / "hostcc.json"
+    memo = tmp_path / "cxx.json"
     [rec] = json.loads(memo.read_text()).values()
     assert _stamped(rec["stamps"], "/bits/c++config.h") and _stamped(rec["stamps"], "/features.h")
     # A remembered probe from before the libraries were watched (no stamps) is probed again.
@@ -105,3 +105,18 @@ def test_nvccs_host_compiler_identity_holds_its_libraries(tmp_path, monkeypatch)
     monkeypatch.setattr(hostcc, "_identities", {})
     again = hostcc.identity("gcc", os.path.dirname(NVCC), str(tmp_path), tmp_path)
     assert dict(again.pairs)["host_compiler_macros_sha256"] == macros
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+def test_inductors_compiler_identity_holds_its_libraries_and_no_path(cache_dir):
+    """The compiler of Inductor's C++ modules, in their key: the same probe, remembered per
+    machine, so a warm start runs no compiler to name it."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install 'kdb[torch]')")
+    from kdb.backends.torch import targets
+
+    targets.cxx_identity.cache_clear()
+    named = targets.cxx_identity("g++")
+    assert f" {_libstdcxx_of_gxx()}" in named and "glibc" in named, named
+    assert "/" not in named.partition("macros")[0], named
+    assert (cache_dir / "cxx.json").is_file()
+    targets.cxx_identity.cache_clear()

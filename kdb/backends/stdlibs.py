@@ -10,6 +10,10 @@ newest GCC installation it finds, so installing another GCC changes the headers 
 build with no change to clang. A machine memo of this is kept while the files it came from
 stand as they were (:func:`watched`): the configuration headers, and the directory clang
 chose its GCC installation from.
+
+:func:`facts` is a C++ compiler's identity on these terms, once per machine: nvcc's host
+compiler (:mod:`.cuda.hostcc`) and the compiler of Inductor's C++ modules (:mod:`.torch`).
+hipcc's probe (:mod:`.hip.hipcc`) runs its own device compile and takes :func:`identity`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from pathlib import Path
+
+from .digests import file_stamp, machine_memo, stamps_hold
+from .includes import search_list
+
+#: Seconds a probe of a compiler may take.
+_PROBE_TIMEOUT_S = 60
 
 #: What a probe compiles with ``-dM -E``: the C++ library's configuration (through
 #: ``<cstddef>``) and the C library's (``<features.h>``), where they exist.
@@ -66,3 +77,59 @@ def libc() -> str:
         return os.confstr("CS_GNU_LIBC_VERSION") or ""
     except (AttributeError, ValueError, OSError):
         return ""
+
+
+def facts(path: str, memo_dir: str | os.PathLike[str]) -> dict:
+    """What the C++ compiler at ``path`` (a real path) is, remembered per machine in
+    ``<memo_dir>/cxx.json`` while the compiler and the libraries' files it read stand as they
+    were (:func:`probe`: ``version``, ``macros``, ``stdlib``, ``include_dirs``)."""
+    return machine_memo(Path(memo_dir), "cxx", path, lambda: probe(path), _still_valid)
+
+
+def probe(path: str) -> dict:
+    """The macros the C++ compiler at ``path`` defines with the C and C++ libraries'
+    configuration included (``-dM -E`` of :data:`PROBE`: the version, the target, the
+    dialect, the libraries' releases and every default the code can see, and no path), as
+    their sha256 and a label; its default include directories (``-v``); and the files that
+    answer depends on (``-H``, :func:`watched`): one subprocess."""
+    proc = _run(path, ["-dM", "-E", "-H", "-v", "-x", "c++", "-"], PROBE) \
+        or _run(path, ["-dM", "-E", "-x", "c++", "-"])  # a compiler without -H or the headers
+    lines = sorted(line for line in (proc.stdout if proc else "").splitlines() if line)
+    if not lines:
+        return {"version": f"unknown ({os.path.basename(path)} -dM -E failed)", "macros": "",
+                "include_dirs": [], "stamps": []}
+    defined = dict(line[len("#define "):].partition(" ")[::2] for line in lines
+                   if line.startswith("#define "))
+    kind = "clang" if "__clang__" in defined else "gcc" if "__GNUC__" in defined else "cc"
+    said = proc.stderr if proc else ""
+    read = re.findall(r"^\.+ (.+)$", said, re.MULTILINE)  # -H: a dot per nesting level
+    return {"version": f"{kind} {defined.get('__VERSION__', '?').strip(chr(34))}",
+            "macros": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
+            "stdlib": identity(proc.stdout if proc else "").partition(";")[0],
+            "include_dirs": search_list(said),
+            "stamps": [file_stamp(p) for p in watched(read, said)]}
+
+
+def _still_valid(rec) -> bool:
+    """A remembered probe holds while the libraries' files it read stand as they were (one
+    remembered before they were watched is probed again)."""
+    return isinstance(rec, dict) and isinstance(rec.get("stamps"), list) \
+        and stamps_hold(rec["stamps"])
+
+
+def _run(path: str, args: list[str], given: str = ""):
+    """``path args`` with ``given`` as its input, text out; None where it cannot run or
+    fails."""
+    import subprocess
+
+    from .. import config
+
+    # the include variables add to the search: the defaults are wanted here
+    env = config.child_environment(("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"),
+                                   LC_ALL="C")
+    try:
+        proc = subprocess.run([path, *args], input=given, capture_output=True, text=True,
+                              errors="replace", env=env, timeout=_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc if proc.returncode == 0 else None

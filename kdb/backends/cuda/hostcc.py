@@ -19,22 +19,17 @@ directories first, as its dry run shows).
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping, Sequence
 
 from .. import stdlibs
-from ..digests import file_stamp, machine_memo, stamps_hold
-from ..includes import search_list
 
 #: The host compiler nvcc runs on Linux when nothing names one.
 DEFAULT = "gcc"
 
 _OPTIONS = ("-ccbin", "--compiler-bindir")
-_PROBE_TIMEOUT_S = 60
 
 
 def named(options: Sequence[str], variables: Mapping[str, str | None]) -> str:
@@ -128,7 +123,7 @@ def identity(spec: str, nvcc_dir: str, cwd: str, memo_dir: str | os.PathLike[str
     memo = (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     found = _identities.get(memo)
     if found is None:
-        rec = machine_memo(Path(memo_dir), "hostcc", path, lambda: _probe(path), _still_valid)
+        rec = stdlibs.facts(path, memo_dir)
         dirs = rec.get("include_dirs")
         found = HostCompiler((("host_compiler", str(rec.get("version", ""))),
                               ("host_compiler_macros_sha256", str(rec.get("macros", ""))),
@@ -137,52 +132,3 @@ def identity(spec: str, nvcc_dir: str, cwd: str, memo_dir: str | os.PathLike[str
                              if isinstance(dirs, list) else (), spec, path)
         _identities[memo] = found
     return found
-
-
-def _probe(path: str) -> dict:
-    """The macros it defines for C++ with the C and C++ libraries' configuration included
-    (``-dM -E`` of :data:`..stdlibs.PROBE`: the version, the target, the dialect, the
-    libraries' releases and every default the device code can see, and no path), as their
-    sha256 and a label; the default include directories (``-v``); and the files that answer
-    depends on (``-H``, :func:`..stdlibs.watched`): one subprocess, once per machine."""
-    import hashlib
-
-    proc = _run(path, ["-dM", "-E", "-H", "-v", "-x", "c++", "-"], stdlibs.PROBE) \
-        or _run(path, ["-dM", "-E", "-x", "c++", "-"])  # a compiler without -H or the headers
-    lines = sorted(line for line in (proc.stdout if proc else "").splitlines() if line)
-    if not lines:
-        return {"version": f"unknown ({os.path.basename(path)} -dM -E failed)", "macros": "",
-                "include_dirs": [], "stamps": []}
-    defined = dict(line[len("#define "):].partition(" ")[::2] for line in lines
-                   if line.startswith("#define "))
-    kind = "clang" if "__clang__" in defined else "gcc" if "__GNUC__" in defined else "cc"
-    said = proc.stderr if proc else ""
-    read = re.findall(r"^\.+ (.+)$", said, re.MULTILINE)  # -H: a dot per nesting level
-    return {"version": f"{kind} {defined.get('__VERSION__', '?').strip(chr(34))}",
-            "macros": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
-            "stdlib": stdlibs.identity(proc.stdout if proc else "").partition(";")[0],
-            "include_dirs": search_list(said),
-            "stamps": [file_stamp(p) for p in stdlibs.watched(read, said)]}
-
-
-def _still_valid(rec) -> bool:
-    """A remembered probe holds while the libraries' files it read stand as they were (one
-    remembered before they were watched is probed again)."""
-    return isinstance(rec, dict) and isinstance(rec.get("stamps"), list) \
-        and stamps_hold(rec["stamps"])
-
-
-def _run(path: str, args: list[str], given: str = ""):
-    """``path args`` with ``given`` as its input, text out; None where it cannot run or
-    fails."""
-    import subprocess
-
-    env = {**os.environ, "LC_ALL": "C"}
-    for name in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
-        env.pop(name, None)  # they add to the search: the defaults are wanted here
-    try:
-        proc = subprocess.run([path, *args], input=given, capture_output=True, text=True,
-                              errors="replace", env=env, timeout=_PROBE_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc if proc.returncode == 0 else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import platform
-import subprocess
 import sys
 
 from ...keys import sha256
@@ -67,13 +66,22 @@ def device_arch() -> str:
 
 @functools.lru_cache(maxsize=None)
 def cxx_identity(compiler: str) -> str:
-    """The first line of ``compiler --version`` (``g++ (GCC) 12.2.0``), "" if it cannot run."""
-    try:
-        out = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             timeout=30, env={"LC_ALL": "C", "PATH": _path()})
-    except (OSError, subprocess.SubprocessError):
+    """The C++ compiler Inductor runs (a name on ``PATH`` or a path): its kind and version,
+    the C and C++ libraries it reads (which libstdc++ clang takes depends on the GCC
+    installations there) and a digest of every macro it defines with them, worked out once
+    per machine (:func:`kdb.backends.stdlibs.facts`); "" if it cannot be found."""
+    import os
+    import shutil
+
+    from ... import config
+    from .. import stdlibs
+
+    found = shutil.which(compiler, path=_path())
+    if found is None:
         return ""
-    return (out.stdout.splitlines() or [""])[0].strip()
+    rec = stdlibs.facts(os.path.realpath(found), config.cache_root())
+    return "; ".join((rec.get("version", ""), rec.get("stdlib", ""),
+                      f"macros sha256:{rec.get('macros', '')}"))
 
 
 def _path() -> str:
