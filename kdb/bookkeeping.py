@@ -205,6 +205,9 @@ def _write_every_book() -> None:
 UNCACHED = "not cached: "
 
 _records: list[CompileRecord] = []
+#: Keys of builds kdb does not cache that this process has logged: one row each, however
+#: often it builds them (a loop that builds one would otherwise grow the log without end).
+_uncached_logged: set[str] = set()
 _missing_system: dict[str, str] = {}  # arch -> file name looked for
 _records_lock = threading.Lock()
 
@@ -260,11 +263,21 @@ def _summary_at_exit() -> None:
         log.warning("%s", text)
 
 
+def first_uncached(key: str) -> bool:
+    """Whether this process has not yet logged an uncached build of ``key`` (and now has)."""
+    with _records_lock:
+        if key in _uncached_logged:
+            return False
+        _uncached_logged.add(key)
+        return True
+
+
 def forget_compiles() -> None:
     """Forget this process's compiles (tests, ``kdb pack`` between manifests)."""
     with _records_lock:
         _records.clear()
         _missing_system.clear()
+        _uncached_logged.clear()
 
 
 # -- this process's totals (``kdb run``, ``pytest --kdb``) ----------------------------------

@@ -8,7 +8,7 @@ import re
 import time
 from typing import Callable
 
-from ..bookkeeping import UNCACHED
+from ..bookkeeping import UNCACHED, first_uncached
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 
 
@@ -68,10 +68,11 @@ def uncached_build(db, attrs, build: Callable[[], bytes], why: str, language: st
 
 def log_uncached(db, attrs: list, seconds: float, why: str) -> None:
     """An uncached build of ``attrs`` (its seconds shared among them) in the start-up
-    latency log, with why it was not cached."""
+    latency log, with why it was not cached: once per key and process."""
     for a in attrs:
-        db.tiers.storing.log_compile(db.tiers.record_compile(
-            a, seconds / len(attrs), reason=UNCACHED + why))
+        if first_uncached(a.key):
+            db.tiers.storing.log_compile(db.tiers.record_compile(
+                a, seconds / len(attrs), reason=UNCACHED + why))
 
 
 def compile_and_store(db, attrs, build: Callable[[], bytes], details: dict,
