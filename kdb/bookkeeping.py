@@ -205,9 +205,9 @@ def _write_every_book() -> None:
 UNCACHED = "not cached: "
 
 _records: list[CompileRecord] = []
-#: Keys of builds kdb does not cache that this process has logged: one row each, however
-#: often it builds them (a loop that builds one would otherwise grow the log without end).
-_uncached_logged: set[str] = set()
+#: The once-key prefix of a build kdb does not cache that this process has logged: one row
+#: each, however often it builds it (a loop would otherwise grow the log without end).
+_UNCACHED_ONCE = "uncached-log:"
 _missing_system: dict[str, str] = {}  # arch -> file name looked for
 _records_lock = threading.Lock()
 
@@ -265,11 +265,7 @@ def _summary_at_exit() -> None:
 
 def first_uncached(key: str) -> bool:
     """Whether this process has not yet logged an uncached build of ``key`` (and now has)."""
-    with _records_lock:
-        if key in _uncached_logged:
-            return False
-        _uncached_logged.add(key)
-        return True
+    return logs.first_time(_UNCACHED_ONCE + key)
 
 
 def forget_compiles() -> None:
@@ -277,7 +273,7 @@ def forget_compiles() -> None:
     with _records_lock:
         _records.clear()
         _missing_system.clear()
-        _uncached_logged.clear()
+    logs.forget_once(_UNCACHED_ONCE)
 
 
 # -- this process's totals (``kdb run``, ``pytest --kdb``) ----------------------------------

@@ -45,7 +45,11 @@ def warn_once(key: str, message: str, *args: object) -> bool:
     return True
 
 
-def forget_once() -> None:
-    """Forget which once-keys were seen (tests, and a process that wants them again)."""
+def forget_once(prefix: str = "") -> None:
+    """Forget which once-keys were seen (tests, and a process that wants them again); with
+    ``prefix``, only the keys that begin with it."""
     with _seen_lock:
-        _seen.clear()
+        if prefix:
+            _seen.difference_update([k for k in _seen if k.startswith(prefix)])
+        else:
+            _seen.clear()

@@ -8,6 +8,7 @@ import re
 import time
 from typing import Callable
 
+from .. import logs
 from ..bookkeeping import UNCACHED, first_uncached
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 
@@ -52,8 +53,6 @@ def uncached_build(db, attrs, build: Callable[[], bytes], why: str, language: st
     """A build of a compiler back end (CUDA, HIP) neither looked up nor stored, ``why``: kdb
     cannot be sure what it reads, or it is never the same twice. Warned once per cause and
     logged with ``why`` in the start-up latency log, as it compiles at every start."""
-    from .. import logs
-
     if not db.tiers.disabled:
         logs.warn_once(f"{language}-uncached:{why[:40]}", "kdb: %s; such %s programs are "
                        "built without the cache", why, language)
