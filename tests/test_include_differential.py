@@ -73,7 +73,7 @@ def _write(path: Path, text: str, rng: random.Random) -> None:
     path.write_bytes((bom + data).encode("utf-8"))
 
 
-def draw(seed: int, root: Path, cuda: bool = False) -> Layout:
+def draw(seed: int, root: Path, cuda: bool = False, hip: bool = False) -> Layout:
     """A random include layout under ``root`` (an empty directory)."""
     rng = random.Random(seed)
     cwd = root / "work"
@@ -90,7 +90,7 @@ def draw(seed: int, root: Path, cuda: bool = False) -> Layout:
         dirs[0] = link
     lay.search = dirs
     names = [rng.choice(["", "sub/"]) + f"h{i}.h" for i in range(rng.randint(1, 6))]
-    homes = [cwd, *dirs] if not cuda else dirs
+    homes = [cwd, *dirs] if not (cuda or hip) else dirs  # kdb builds a copy elsewhere
     placed: list[tuple[str, Path]] = []
     for i, name in enumerate(names):
         for home in rng.sample(homes, k=min(len(homes), rng.choice([1, 1, 1, 2]))):  # shadowed
@@ -117,7 +117,7 @@ def draw(seed: int, root: Path, cuda: bool = False) -> Layout:
     lay.source = "\n".join(lines) + "\n" + rng.choice(LINE_ENDS).join(["", "// kernel", ""])
     if rng.random() < 0.1:
         lay.source = "\ufeff" + lay.source
-    lay.options, lay.env = _options(rng, dirs, cwd, cuda)
+    lay.options, lay.env = _options(rng, dirs, cwd, cuda, hip)
     return lay
 
 
@@ -126,13 +126,24 @@ def _directive(rng: random.Random, name: str) -> str:
     return rng.choice(SPELLINGS).format(spelled)
 
 
-def _options(rng: random.Random, dirs: list[Path], cwd: Path, cuda: bool
+def _options(rng: random.Random, dirs: list[Path], cwd: Path, cuda: bool, hip: bool = False
              ) -> tuple[list[str], dict[str, str]]:
     opts: list[str] = []
     env: dict[str, str] = {}
     for d in dirs:
         rel = os.path.relpath(d, cwd)
         path = rel if rng.random() < 0.3 else str(d)
+        if hip:  # clang's spellings, and the variables hipcc and clang read
+            form = rng.choice(["-I{}", "-I {}", "--include-directory={}", "-isystem {}",
+                               "-idirafter {}", "-iquote {}", "CPATH", "APPEND"])
+            if form == "CPATH":
+                env["CPATH"] = ":".join(filter(None, [env.get("CPATH"), str(d)]))
+            elif form == "APPEND":
+                env["HIPCC_COMPILE_FLAGS_APPEND"] = \
+                    f"{env.get('HIPCC_COMPILE_FLAGS_APPEND', '')} -I{d}".strip()
+            else:
+                opts += form.format(path).split(" ", 1)
+            continue
         if cuda:
             form = rng.choice(["-I{}", "-I {}", "--include-path={}", "--include-path {}",
                                "-isystem {}", "--system-include={}", "CPATH", "APPEND"])
@@ -285,6 +296,65 @@ def test_nvcc_reads_nothing_the_cuda_key_does_not_hold(tmp_path, monkeypatch):
         missed = _deps([NVCC, "-M", "-arch=sm_90", *lay.options, "kdb_main.cu"], lay.cwd,
                        lay.env) - held
         assert not missed, f"nvcc read a file the key does not hold:\n{lay.describe()}"
+
+
+# -- HIP: the host preprocessor on what kdb hands hipcc, and hipcc itself ----------------
+
+HIPCC = shutil.which("hipcc")
+
+
+def _hip_layouts(tmp_path, monkeypatch, default: int):
+    """``(root, layout, kdb's request, the files its key holds)`` for each drawn HIP case
+    kdb is sure of, with the working directory and variables as the case has them."""
+    from kdb.backends.hip import keys as hip_keys
+
+    for seed in _cases(default):
+        root = tmp_path / str(seed)
+        lay = draw(seed, root, hip=True)
+        monkeypatch.chdir(lay.cwd)
+        for name in ("CPATH", "HIPCC_COMPILE_FLAGS_APPEND"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in lay.env.items():
+            monkeypatch.setenv(name, value)
+        req = hip_keys.request(lay.source, "gfx90a", lay.options, (), compiler="hipcc")
+        if not req.uncertain:
+            yield root, lay, req, set(req.header_files)
+
+
+@pytest.mark.skipif(CPP is None or HIPCC is None, reason="needs cpp and hipcc on PATH")
+def test_the_preprocessor_reads_nothing_the_hip_key_does_not_hold(tmp_path, monkeypatch):
+    """``cpp -M`` with the include options kdb hands hipcc (``-I``, ``-isystem``,
+    ``-iquote``, ``-include``: the host preprocessor takes them as clang does), in a
+    directory of its own as hipcc runs; CPATH and HIPCC_COMPILE_FLAGS_APPEND as hipcc's
+    environment has them."""
+    for root, lay, req, held in _hip_layouts(tmp_path, monkeypatch, 300):
+        build = root / "build"
+        build.mkdir()
+        (build / "kernel.hip").write_text(lay.source)
+        extra = shlex.split(lay.env.get("HIPCC_COMPILE_FLAGS_APPEND", ""))
+        cmd = [CPP, "-M", "-x", "c++", *req.include_args, *extra, "kernel.hip"]
+        env = {"CPATH": lay.env["CPATH"]} if "CPATH" in lay.env else {}
+        missed = _deps(cmd, build, env) - held
+        assert not missed, f"cpp read a file the HIP key does not hold:\n{lay.describe()}"
+        shutil.rmtree(root)
+
+
+@pytest.mark.skipif(HIPCC is None, reason="hipcc is not on PATH")
+def test_hipcc_reads_nothing_the_hip_key_does_not_hold(tmp_path, monkeypatch):
+    """The caller's own options, handed to hipcc unchanged (``hipcc -M``, run in the working
+    directory so relative paths mean what the caller meant). A case clang refuses is left
+    out: a failed build stores nothing, and clang's error recovery reads files a build never
+    does (an ``<angled>`` include it cannot find, it opens as a quoted one to suggest it)."""
+    for _, lay, _, held in _hip_layouts(tmp_path, monkeypatch, 6):
+        (lay.cwd / "kdb_main.hip").write_text(lay.source)
+        held |= _idents([lay.cwd / "kdb_main.hip"])
+        cmd = [HIPCC, "--genco", "--offload-arch=gfx90a", "-M", *lay.options, "kdb_main.hip"]
+        env = {**lay.env, "HIP_PLATFORM": "amd"}
+        if subprocess.run(cmd, cwd=lay.cwd, capture_output=True,
+                          env={**os.environ, **env}).returncode != 0:
+            continue
+        missed = _deps(cmd, lay.cwd, env) - held
+        assert not missed, f"hipcc read a file the key does not hold:\n{lay.describe()}"
 
 
 # -- OpenCL end to end on PoCL: kdb against a plain build, after an edit ------------------
