@@ -126,3 +126,29 @@ def test_a_library_replaced_by_one_of_the_same_size_and_mtime_gets_its_own_ident
 
 def _sha(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_a_machine_memo_keeps_a_value_per_variant_of_each_version_of_a_file(tmp_path):
+    """Variants (the environments a compiler was probed in) alternate without a recompute;
+    a new version of the file drops them all; a file keeps a bounded number of them."""
+    from kdb.backends import digests
+
+    target = tmp_path / "tool"
+    target.write_text("a")
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"n": len(calls)}
+
+    for variant in ("aa", "bb", "aa", "bb", ""):
+        digests.machine_memo(tmp_path, "m", target, compute, variant=variant)
+    assert len(calls) == 3
+    target.write_text("bb")
+    assert digests.machine_memo(tmp_path, "m", target, compute, variant="aa") == {"n": 4}
+    assert len(json.loads((tmp_path / "m.json").read_text())) == 1
+    for i in range(3 * digests._VARIANTS):
+        digests.machine_memo(tmp_path, "m", target, compute, variant=f"{i:x}")
+    kept = json.loads((tmp_path / "m.json").read_text())
+    assert len(kept) == digests._VARIANTS
+    assert all(digests._tag_path(k) == os.path.realpath(target) for k in kept)

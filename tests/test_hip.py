@@ -11,7 +11,9 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -137,6 +139,35 @@ def test_hipccs_variables_enter_the_key(cache_dir, monkeypatch):
 
 
 @needs_hipcc
+def test_hipcc_is_probed_once_per_environment_as_environments_alternate(cache_dir,
+                                                                         monkeypatch):
+    """Processes that alternate between settings of hipcc's variables read the machine
+    memo: a variable that adds options (two projects' HIPCC_COMPILE_FLAGS_APPEND) is in the
+    key and never reaches the probes; one that reaches them (HIP_COMPILER) is probed once a
+    setting."""
+    probes = []
+    real = hip_hipcc._probe
+
+    def counted(*args):
+        probes.append(os.environ.get("HIP_COMPILER"))
+        return real(*args)
+
+    monkeypatch.setattr(hip_hipcc, "_probe", counted)
+    keys = {}
+    for flags, compiler in [("-DA=1", None), ("-DB=1", None), ("-DA=1", "clang")] * 3:
+        hip_hipcc._identities.clear()  # each pass as a new process
+        monkeypatch.setenv("HIPCC_COMPILE_FLAGS_APPEND", flags)
+        if compiler is None:
+            monkeypatch.delenv("HIP_COMPILER", raising=False)
+        else:
+            monkeypatch.setenv("HIP_COMPILER", compiler)
+        keys.setdefault((flags, compiler), set()).add(
+            kdb.hip.attributes_for(SRC, "gfx90a").key)
+    assert probes == [None, "clang"]
+    assert all(len(k) == 1 for k in keys.values()) and len(set.union(*keys.values())) == 3
+
+
+@needs_hipcc
 def test_clangs_argument_edits_are_another_key(cache_dir, run_py):
     """clang's driver edits its own arguments by ``CCC_OVERRIDE_OPTIONS``: hipcc's clang
     built another code object with ``x-DSCALE=1 +-DSCALE=7``, and a process with it set was
@@ -152,6 +183,36 @@ def test_clangs_argument_edits_are_another_key(cache_dir, run_py):
                                ).stdout.splitlines()[-1])
     assert plain["compiles"] == 1 and edited["compiles"] == 1, (plain, edited)
     assert edited["co"] != plain["co"]
+
+
+@needs_hipcc
+def test_a_header_clangs_argument_edits_find_is_never_served_stale(cache_dir, tmp_path, run_py):
+    """``CCC_OVERRIDE_OPTIONS="+-I<dir>"`` puts a directory on clang's search that no option
+    names: hipcc's probe took it for one of clang's own, so the key held its header only
+    through the compiler's identity, and an edit of the header was served the code object
+    built before it. The probes leave the variable out: the build reads a file its key does
+    not hold, so it is served, logged as not cached, and never stored."""
+    inc = tmp_path / "edits"
+    inc.mkdir()
+    (inc / "scale.h").write_text("#define K 3.0f\n")
+    code = f"""
+        import json, kdb.hip
+        co = kdb.hip.compile({HEADER_SRC!r}, "gfx90a", compiler="hipcc")
+        print(json.dumps({{"co": co.hex()}}))
+    """
+    env = {"KDB_STORE_AT_EXIT": "wait", "CCC_OVERRIDE_OPTIONS": f"+-I{inc}"}
+    first = json.loads(run_py(code, env=env).stdout.splitlines()[-1])["co"]
+    (inc / "scale.h").write_text("#define K 7.0f\n")
+    edited = run_py(code, env=env)
+    assert "a file kdb's include model did not find" in edited.stderr, edited.stderr
+    plain = run_py(code, env={**env, "KDB_DISABLE_CACHE": "1"}).stdout.splitlines()[-1]
+    assert json.loads(edited.stdout.splitlines()[-1])["co"] == json.loads(plain)["co"] != first
+    assert not list((cache_dir / "v1").glob("*.kdb")) or all(
+        not sqlite3.connect(f).execute("SELECT count(*) FROM kernels").fetchone()[0]
+        for f in (cache_dir / "v1").glob("*.kdb"))
+    log = subprocess.run([str(Path(sys.executable).with_name("kdb")), "log", "--json"],
+                         capture_output=True, text=True, timeout=120).stdout
+    assert "not cached: hipcc read" in log, log
 
 
 _SERVE = r"""

@@ -74,8 +74,29 @@ def log_uncached(db, attrs: list, seconds: float, why: str) -> None:
                 a, seconds / len(attrs), reason=UNCACHED + why))
 
 
+def served_unkeyed(db, attrs, err: UnkeyedRead, seconds: float, language: str) -> bytes:
+    """A build that read a file its key does not hold: served, not stored, warned once per
+    process, and logged like any build kdb does not cache (it compiles at every start)."""
+    logs.warn_once(f"{language}-includes:unkeyed", "kdb: %s; such %s programs are built "
+                   "without the cache", err, language)
+    log_uncached(db, [attrs], seconds, str(err))
+    return err.binary
+
+
+def cached_build(db, attrs, build: Callable[[], bytes], details: dict,
+                 recheck: Callable[[], tuple] | None, language: str) -> bytes:
+    """A compiler back end's binary from kdb, or built now and stored (its headers checked
+    again first with ``recheck``: a header saved while the compiler ran is not stored under
+    the key of the one before, :func:`kdb.storing.stores.headers_changed`)."""
+    start = time.perf_counter()
+    try:
+        return db.tiers.get_or_compile(attrs, build, details=details, recheck=recheck)
+    except UnkeyedRead as err:
+        return served_unkeyed(db, attrs, err, time.perf_counter() - start, language)
+
+
 def compile_and_store(db, attrs, build: Callable[[], bytes], details: dict,
-                      recheck: Callable[[], tuple] | None) -> bytes:
+                      recheck: Callable[[], tuple] | None, language: str) -> bytes:
     """A miss of a compiler back end (CUDA, HIP): compile now, log the compile, store the
     result in the background (its headers checked again first with ``recheck``); a build
     that read a file the key does not hold is served and not stored."""
@@ -83,7 +104,7 @@ def compile_and_store(db, attrs, build: Callable[[], bytes], details: dict,
     try:
         binary = build()
     except UnkeyedRead as err:
-        return err.binary
+        return served_unkeyed(db, attrs, err, time.perf_counter() - start, language)
     seconds = time.perf_counter() - start
     rec = db.tiers.record_compile(attrs, seconds)
     db.tiers.storing.put_later(attrs, lambda: binary, compile_seconds=seconds,

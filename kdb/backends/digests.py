@@ -52,6 +52,16 @@ def _tag(path: str, st: os.stat_result) -> str:
 
 
 _TAG_FIELDS = 5
+#: The values a machine memo keeps for one version of a file, one per variant (the
+#: environment a compiler was probed in): a few, so environments that alternate between
+#: processes (two projects' HIPCC_COMPILE_FLAGS_APPEND) each probe once, not at every switch.
+_VARIANTS = 8
+
+
+def _tag_path(tag: str) -> str:
+    """The path a memo's key names (``path|dev|ino|size|mtime|ctime[|v=variant]``)."""
+    head, _, last = tag.rpartition("|")
+    return (head if last.startswith("v=") else tag).rsplit("|", _TAG_FIELDS)[0]
 
 
 def _hash_file(path: str) -> str:
@@ -100,7 +110,7 @@ def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
             digest = _hash_file(p)
             known = known if isinstance(known, dict) else {}
             # Older digests of the same file are stale: keep the memo from growing with them.
-            known = {k: v for k, v in known.items() if k.rsplit("|", _TAG_FIELDS)[0] != p}
+            known = {k: v for k, v in known.items() if _tag_path(k) != p}
             known[tag] = digest
             if trusted:
                 _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
@@ -131,16 +141,20 @@ def stamps_hold(stamps) -> bool:
 
 def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
                  compute: Callable[[], Any],
-                 valid: Callable[[Any], bool] = lambda value: True) -> Any:
+                 valid: Callable[[Any], bool] = lambda value: True,
+                 variant: str = "") -> Any:
     """A JSON value about a file, computed once per machine, kept in ``<memo_dir>/<name>.json``.
 
     For facts that cost a subprocess (a compiler's ``--version`` output): the value is
     remembered under the file's path and :func:`stamp`, so a changed or replaced file
     recomputes it; ``valid`` may reject a remembered value whose other inputs changed since.
+    ``variant`` (hex, no ``|``): what else the value depends on, such as a digest of the
+    environment it was probed in; each version of the file keeps up to :data:`_VARIANTS`.
     """
     p = os.path.realpath(os.fspath(path))
     st = os.stat(p)
-    tag = _tag(p, st)
+    base = _tag(p, st)
+    tag = f"{base}|v={variant}" if variant else base
     store = memo_dir / f"{name}.json"
     import json
 
@@ -157,8 +171,11 @@ def machine_memo(memo_dir: Path, name: str, path: str | os.PathLike[str],
     if not trusted:
         return value
     with _lock:
-        # Older values for the same file are stale: keep the memo from growing with them.
-        known = {k: v for k, v in known.items() if k.rsplit("|", _TAG_FIELDS)[0] != p}
+        # Values for older versions of the file are stale, and its variants are bounded:
+        # keep the memo from growing with them.
+        kept = [k for k in known if k != tag
+                and (k == base or k.startswith(base + "|v="))][:_VARIANTS - 1]
+        known = {k: v for k, v in known.items() if _tag_path(k) != p or k in kept}
         known[tag] = value
         _write_atomic(store, json.dumps(known, sort_keys=True, indent=0))
     return value

@@ -124,9 +124,10 @@ def _run(path: str, args: list[str], given: str = ""):
 
     from .. import config
 
-    # the include variables add to the search: the defaults are wanted here
-    env = config.child_environment(("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"),
-                                   LC_ALL="C")
+    # the include variables and clang's argument edits add to the search: the defaults are
+    # wanted here (a directory they add is no default, and builds key its headers by content)
+    env = config.child_environment(("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
+                                    "CCC_OVERRIDE_OPTIONS"), LC_ALL="C")
     try:
         proc = subprocess.run([path, *args], input=given, capture_output=True, text=True,
                               errors="replace", env=env, timeout=_PROBE_TIMEOUT_S)

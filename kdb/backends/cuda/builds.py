@@ -17,6 +17,7 @@ from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
 from ..common import UnkeyedRead, compile_and_store, uncached_build
+from ..common import cached_build as _cached_build
 from ..includes import unkeyed_read
 
 log = logs.get("kdb")
@@ -96,15 +97,8 @@ def cached_build(db: KernelDB, req: _Request, build=None) -> bytes:
     is built and not stored. ``build``: what compiles (default: the request's compiler)."""
     if req.uncertain:
         return _uncached(db, req, req.uncertain)
-    try:
-        # recheck: a header saved while the compiler ran is not stored under the key of
-        # the header before it (kdb.storing.stores.headers_changed)
-        return db.tiers.get_or_compile(req.attrs, build or (lambda: _build(req)),
-                                       details=req.details(), recheck=req.headers_now)
-    except UnkeyedRead as err:
-        logs.warn_once("cuda-includes:unkeyed", "kdb: %s; such CUDA programs are built "
-                       "without the cache", err)
-        return err.binary
+    return _cached_build(db, req.attrs, build or (lambda: _build(req)), req.details(),
+                         req.headers_now, "CUDA")
 
 
 def _stored_builds(db: KernelDB, req: _Request) -> list:
@@ -129,7 +123,8 @@ def _stored_builds(db: KernelDB, req: _Request) -> list:
 
 def _compile_and_store(db: KernelDB, req) -> bytes:
     """A miss: compile now, log the compile, store the result in the background."""
-    return compile_and_store(db, req.attrs, lambda: _build(req), req.details(), req.headers_now)
+    return compile_and_store(db, req.attrs, lambda: _build(req), req.details(), req.headers_now,
+                             "CUDA")
 
 
 def compile(source: str | bytes, arch: str = "sm_90",  # noqa: A001 - the natural name

@@ -19,7 +19,7 @@ from . import hiprtc as _hiprtc
 from .hiprtc import HiprtcIdentity
 from .keys import Request, compiler_kind, compiler_rank, request
 from .targets import code_object_target
-from ..common import UnkeyedRead, compile_and_store, uncached_build
+from ..common import UnkeyedRead, cached_build, compile_and_store, uncached_build
 
 log = logs.get("kdb")
 
@@ -102,13 +102,8 @@ def _cached(db: KernelDB, req: Request) -> bytes:
     dropped and built again."""
     if req.uncertain:
         return _uncached(db, req, req.uncertain)
-    try:
-        data = db.tiers.get_or_compile(req.attrs, lambda: _build(req), details=req.details(),
-                                       recheck=req.headers_now)
-    except UnkeyedRead as err:
-        logs.warn_once("hip-includes:unkeyed", "kdb: %s; such HIP programs are built "
-                       "without the cache", err)
-        return err.binary
+    data = cached_build(db, req.attrs, lambda: _build(req), req.details(), req.headers_now,
+                        "HIP")
     got = code_object_target(data)
     if got == req.target:
         return data
@@ -119,7 +114,8 @@ def _cached(db: KernelDB, req: Request) -> bytes:
 
 def _compile_and_store(db: KernelDB, req) -> bytes:
     """A miss: compile now, log the compile, store the result in the background."""
-    return compile_and_store(db, req.attrs, lambda: _build(req), req.details(), req.headers_now)
+    return compile_and_store(db, req.attrs, lambda: _build(req), req.details(), req.headers_now,
+                             "HIP")
 
 
 def _stored(db: KernelDB, req: Request) -> bytes:

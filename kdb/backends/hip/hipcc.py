@@ -148,8 +148,9 @@ _identities: dict[tuple, HipccIdentity] = {}
 
 def identity(path: str, memo_dir: str | os.PathLike[str] | None = None) -> HipccIdentity:
     """The identity of the hipcc at ``path`` in this environment: once per process, and once
-    per machine in ``memo_dir``."""
-    env = environment()
+    per machine in ``memo_dir`` for each setting of the variables that reach its probes
+    (those that add options, such as HIPCC_COMPILE_FLAGS_APPEND, are in the key, not here)."""
+    env = tuple((k, v) for k, v in environment() if k not in _PROBE_DROPS)
     try:
         st = os.stat(path)
     except OSError as err:
@@ -161,12 +162,22 @@ def identity(path: str, memo_dir: str | os.PathLike[str] | None = None) -> Hipcc
     if ident is None:
         root = Path(memo_dir) if memo_dir is not None else config.cache_root()
         rec = machine_memo(root, "hipcc", path, lambda: _probe(path, root, env),
-                           lambda r: _still_valid(r, env) and _same_script(r, path))
+                           lambda r: _still_valid(r, env) and _same_script(r, path),
+                           variant=_variant(env))
         ident = HipccIdentity(path, rec["version"], tuple(sorted(rec["ids"].items())),
                               tuple(rec["include_dirs"]), tuple(rec["llvm"]),
                               tuple(rec["built"]))
         _identities[memo] = ident
     return ident
+
+
+def _variant(env: tuple) -> str:
+    """The memo's variant for the variables hipcc was probed with ("" for none set)."""
+    if not env:
+        return ""
+    import hashlib
+
+    return hashlib.sha256(repr(env).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def _run(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
@@ -184,7 +195,8 @@ def _run(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = No
 
 def _probe(path: str, memo_dir: Path, env: tuple) -> dict[str, Any]:
     """hipcc's verbose ``--version`` (its paths, its clang), and the digests of its pieces."""
-    proc = _run([path, f"--offload-arch={_PROBE_ARCH}", "--version"], env={"HIPCC_VERBOSE": "3"})
+    proc = _run([path, f"--offload-arch={_PROBE_ARCH}", "--version"], env={"HIPCC_VERBOSE": "3"},
+                drop=_PROBE_DROPS)
     said = proc.stdout.decode("utf-8", "replace").replace("\r\n", "\n")
     if proc.returncode != 0 or "HIP version" not in said:
         raise BackendUnavailableError(
@@ -261,7 +273,7 @@ def _defaults(path: str) -> tuple[list[str], str, list[str]]:
             f.write(stdlibs.PROBE)
         proc = _run([path, "--genco", f"--offload-arch={_PROBE_ARCH}", "-dM", "-E", "-v",
                      "-MD", "-MF", "probe.d", "probe.hip", "-o", "probe.i"],
-                    cwd=tmp, drop=_SEARCH_VARIABLES)
+                    cwd=tmp, drop=_PROBE_DROPS)
         said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
         try:
             with open(os.path.join(tmp, "probe.i"), encoding="utf-8", errors="replace") as f:
@@ -275,6 +287,11 @@ def _defaults(path: str) -> tuple[list[str], str, list[str]]:
 
 #: Variables that add to the default search; unset for the probe of the defaults.
 _SEARCH_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "HIPCC_COMPILE_FLAGS_APPEND")
+#: Unset for every probe: the search variables, and clang's own argument edits
+#: (``CCC_OVERRIDE_OPTIONS="+-I/dir"``), which would make a directory they add one of the
+#: compiler's defaults, whose headers a build's key holds only through its identity (an edit
+#: of a header there was served stale). They are in the key, and ``-MD`` shows what they add.
+_PROBE_DROPS = (*_SEARCH_VARIABLES, "CCC_OVERRIDE_OPTIONS")
 
 
 def _script(path: str) -> str:
