@@ -370,13 +370,46 @@ def test_an_nvcc_without_its_host_compiler_leaves_it_to_nvrtc(cache_dir, tmp_pat
     assert out["compiles"] == 1 and "nvrtc_version" in out["compiler"], out
 
 
+def _clangxx() -> str | None:
+    """A clang++ on PATH (Debian names it clang++-<major>), for nvcc's host compiler."""
+    return shutil.which("clang++") or next(
+        (p for v in range(25, 10, -1) if (p := shutil.which(f"clang++-{v}"))), None)
+
+
+@needs_nvcc
+@pytest.mark.skipif(_clangxx() is None, reason="no clang++ on PATH to be nvcc's host compiler")
+def test_a_header_clangs_argument_edits_find_is_never_served_stale(cache_dir, tmp_path, run_py):
+    """With clang as nvcc's host compiler, ``CCC_OVERRIDE_OPTIONS="+-I<dir>"`` puts a
+    directory on its search that no option names: nvcc's probe of its default directories
+    listed it, and an edit of a header there was served the cubin built before it. Probed
+    without the variable, the build reads a file its key does not hold: served, not stored."""
+    inc = tmp_path / "edits"
+    inc.mkdir()
+    (inc / "scale.cuh").write_text("#define SCALE 3.0f\n")
+    code = f"""
+        import json, kdb.cuda
+        b = kdb.cuda.compile({HEADER_SRC!r}, "sm_90", output="ptx", compiler="nvcc")
+        print(json.dumps({{"ptx": b.decode()}}))
+    """
+    env = {"KDB_STORE_AT_EXIT": "wait", "NVCC_CCBIN": _clangxx(),
+           "CCC_OVERRIDE_OPTIONS": f"+-I{inc}"}
+    first = json.loads(run_py(code, env=env).stdout.splitlines()[-1])["ptx"]
+    (inc / "scale.cuh").write_text("#define SCALE 7.0f\n")
+    edited = run_py(code, env=env)
+    assert "a file kdb's include model did not find" in edited.stderr, edited.stderr
+    ptx = json.loads(edited.stdout.splitlines()[-1])["ptx"]
+    assert PTX_3 in first.encode() and PTX_7 in ptx.encode()
+
+
 def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
     piece = tmp_path / "ptxas"
     piece.write_bytes(b"one")
     st = piece.stat()
     rec = {"version": "v", "sha256": {}, "include_dirs": [], "stamps": {
-        "ptxas": f"{piece}|{st.st_size}|{st.st_mtime_ns}"}}
+        "ptxas": f"{piece}|{st.st_size}|{st.st_mtime_ns}"}, "probe": cuda_nvcc.PROBE_REVISION}
     assert cuda_nvcc._still_valid(rec)
+    # one probed before CCC_OVERRIDE_OPTIONS was left out may list a directory it added
+    assert not cuda_nvcc._still_valid({k: v for k, v in rec.items() if k != "probe"})
     assert not cuda_nvcc._still_valid({k: v for k, v in rec.items() if k != "include_dirs"})
     piece.write_bytes(b"three")
     assert not cuda_nvcc._still_valid(rec)

@@ -105,6 +105,14 @@ def test_nvccs_host_compiler_identity_holds_its_libraries(tmp_path, monkeypatch)
     monkeypatch.setattr(hostcc, "_identities", {})
     again = hostcc.identity("gcc", os.path.dirname(NVCC), str(tmp_path), tmp_path)
     assert dict(again.pairs)["host_compiler_macros_sha256"] == macros
+    # So is one probed with CCC_OVERRIDE_OPTIONS, which could list a directory it added.
+    [rec] = json.loads(memo.read_text()).values()
+    del rec["probe"]
+    rec["macros"] = "probed with clang's argument edits"
+    memo.write_text(json.dumps({k: rec for k in json.loads(memo.read_text())}))
+    monkeypatch.setattr(hostcc, "_identities", {})
+    again = hostcc.identity("gcc", os.path.dirname(NVCC), str(tmp_path), tmp_path)
+    assert dict(again.pairs)["host_compiler_macros_sha256"] == macros
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")

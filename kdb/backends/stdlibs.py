@@ -97,7 +97,7 @@ def probe(path: str) -> dict:
     lines = sorted(line for line in (proc.stdout if proc else "").splitlines() if line)
     if not lines:
         return {"version": f"unknown ({os.path.basename(path)} -dM -E failed)", "macros": "",
-                "include_dirs": [], "stamps": []}
+                "include_dirs": [], "stamps": [], "probe": PROBE_REVISION}
     defined = dict(line[len("#define "):].partition(" ")[::2] for line in lines
                    if line.startswith("#define "))
     kind = "clang" if "__clang__" in defined else "gcc" if "__GNUC__" in defined else "cc"
@@ -107,14 +107,19 @@ def probe(path: str) -> dict:
             "macros": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
             "stdlib": identity(proc.stdout if proc else "").partition(";")[0],
             "include_dirs": search_list(said),
-            "stamps": [file_stamp(p) for p in watched(read, said)]}
+            "stamps": [file_stamp(p) for p in watched(read, said)], "probe": PROBE_REVISION}
+
+
+#: The revision of :func:`probe` a remembered value needs: 2, run without
+#: CCC_OVERRIDE_OPTIONS (one run with it may list a directory it added as a default).
+PROBE_REVISION = 2
 
 
 def _still_valid(rec) -> bool:
     """A remembered probe holds while the libraries' files it read stand as they were (one
     remembered before they were watched is probed again)."""
-    return isinstance(rec, dict) and isinstance(rec.get("stamps"), list) \
-        and stamps_hold(rec["stamps"])
+    return isinstance(rec, dict) and rec.get("probe") == PROBE_REVISION \
+        and isinstance(rec.get("stamps"), list) and stamps_hold(rec["stamps"])
 
 
 def _run(path: str, args: list[str], given: str = ""):

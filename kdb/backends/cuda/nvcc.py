@@ -188,7 +188,13 @@ def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
         sha[name] = machine_digest(p, memo_dir)
     here = variables.get("_HERE_") or os.path.dirname(os.path.realpath(path))
     return {"version": version, "toolkit": os.path.normpath(os.path.join(here, os.pardir)),
-            "stamps": stamps, "sha256": sha, "include_dirs": _default_dirs(path)}
+            "stamps": stamps, "sha256": sha, "include_dirs": _default_dirs(path),
+            "probe": PROBE_REVISION}
+
+
+#: The revision of :func:`_probe` a remembered identity needs: 2, the default directories
+#: probed without CCC_OVERRIDE_OPTIONS (one probed with it may list a directory it added).
+PROBE_REVISION = 2
 
 
 #: Variables that add to the default search; unset for the probe of the defaults.
@@ -203,7 +209,10 @@ def _default_dirs(path: str) -> list[str]:
     import subprocess
     import tempfile
 
-    env = {k: v for k, v in os.environ.items() if k not in _SEARCH_VARIABLES}
+    # Nor clang's argument edits, where clang is the host compiler: "+-I<dir>" made <dir>
+    # one of the defaults, whose headers a build's key holds only through the identity.
+    env = {k: v for k, v in os.environ.items()
+           if k not in _SEARCH_VARIABLES and k != "CCC_OVERRIDE_OPTIONS"}
     with tempfile.TemporaryDirectory(prefix="kdb-nvcc-probe-") as tmp:
         open(os.path.join(tmp, "probe.cu"), "w").close()
         try:
@@ -237,13 +246,14 @@ def _pieces(path: str, variables: dict[str, str]) -> dict[str, str]:
 
 
 def _still_valid(rec: Any) -> bool:
-    """A remembered identity holds while every piece has the size and mtime it had."""
+    """A remembered identity holds while every piece has the size and mtime it had (one from
+    an older probe is probed again)."""
     try:
-        return (stamps_hold(rec["stamps"].values()) and isinstance(rec["version"], str)
+        return (rec.get("probe") == PROBE_REVISION and stamps_hold(rec["stamps"].values())
+                and isinstance(rec["version"], str)
                 and isinstance(rec["sha256"], dict) and isinstance(rec["include_dirs"], list))
     except (KeyError, TypeError, AttributeError):
         return False
-
 
 
 def target_arches(nvcc: Nvcc | str) -> list[str]:
