@@ -418,25 +418,6 @@ def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
     assert not cuda_nvcc._still_valid({"stamps": "garbage"})
 
 
-def test_machine_memo_keeps_one_value_per_file(tmp_path):
-    from kdb.backends.digests import machine_memo
-
-    target = tmp_path / "tool"
-    target.write_text("a")
-    calls = []
-
-    def compute():
-        calls.append(1)
-        return {"n": len(calls)}
-
-    assert machine_memo(tmp_path, "m", target, compute) == {"n": 1}
-    assert machine_memo(tmp_path, "m", target, compute) == {"n": 1}
-    assert machine_memo(tmp_path, "m", target, compute, valid=lambda v: False) == {"n": 2}
-    target.write_text("bb")
-    assert machine_memo(tmp_path, "m", target, compute) == {"n": 3}
-    assert len(json.loads((tmp_path / "m.json").read_text())) == 1
-
-
 # -- errors -------------------------------------------------------------------------------
 
 @needs_nvcc

@@ -129,8 +129,9 @@ def _sha(path) -> str:
 
 
 def test_a_machine_memo_keeps_a_value_per_variant_of_each_version_of_a_file(tmp_path):
-    """Variants (the environments a compiler was probed in) alternate without a recompute;
-    a new version of the file drops them all; a file keeps a bounded number of them."""
+    """One value per version of a file (a value ``valid`` rejects is computed again);
+    variants (the environments a compiler was probed in) alternate without a recompute; a
+    new version of the file drops them all; a file keeps a bounded number of them."""
     from kdb.backends import digests
 
     target = tmp_path / "tool"
@@ -141,11 +142,14 @@ def test_a_machine_memo_keeps_a_value_per_variant_of_each_version_of_a_file(tmp_
         calls.append(1)
         return {"n": len(calls)}
 
+    assert digests.machine_memo(tmp_path, "m", target, compute) == {"n": 1}
+    assert digests.machine_memo(tmp_path, "m", target, compute) == {"n": 1}
+    assert digests.machine_memo(tmp_path, "m", target, compute, valid=lambda v: False) == {"n": 2}
     for variant in ("aa", "bb", "aa", "bb", ""):
         digests.machine_memo(tmp_path, "m", target, compute, variant=variant)
-    assert len(calls) == 3
+    assert len(calls) == 4
     target.write_text("bb")
-    assert digests.machine_memo(tmp_path, "m", target, compute, variant="aa") == {"n": 4}
+    assert digests.machine_memo(tmp_path, "m", target, compute, variant="aa") == {"n": 5}
     assert len(json.loads((tmp_path / "m.json").read_text())) == 1
     for i in range(3 * digests._VARIANTS):
         digests.machine_memo(tmp_path, "m", target, compute, variant=f"{i:x}")
