@@ -75,7 +75,10 @@ def hip(ws: Workspace, o: Outcome) -> None:
         t.arm(f"{c}-hit", f"kdb.hip.compile(compiler={c!r}), hit (fresh process)")
         t.arm(f"{c}-warm", f"kdb.hip.compile(compiler={c!r}), hit (warm process)")
     t.arm("nocc-hit", "kdb.hip.compile, no hipcc: stored build (fresh process)")
+    t.arm("alternating", "kdb.hip.compile(compiler='hipcc'), hit (fresh process), "
+                         "HIPCC_COMPILE_FLAGS_APPEND alternating between two settings")
     primed = ws.path / "hip-primed"
+    settings = [{"HIPCC_COMPILE_FLAGS_APPEND": f"-DSETTING={i}"} for i in (1, 2)]
     args = {"source": SOURCE, "arch": arch, "reps": 0}
 
     def child(a, env):
@@ -83,6 +86,8 @@ def hip(ws: Workspace, o: Outcome) -> None:
 
     for c in compilers:
         child({**args, "compiler": c}, ws.env(KDB_CACHE_DIR=primed))
+    for setting in settings:  # two projects' flags on one machine
+        child({**args, "compiler": "hipcc"}, ws.env(KDB_CACHE_DIR=primed, **setting))
     if not kdb_files(primed):
         o.status, o.reason = "failed", "kdb.hip.compile stored nothing in the user tier"
         return
@@ -104,6 +109,11 @@ def hip(ws: Workspace, o: Outcome) -> None:
             t.add(f"{c}-hit", "call", p.phase("first_call"))
             t.add(f"{c}-hit", "wall", p.wall)
             t.add(f"{c}-warm", "call", median(p.data["warm_calls"]))
+            hit_compiles += p.data.get("compiles") or 0
+        for setting in settings:
+            p = child({**args, "compiler": "hipcc"}, ws.env(KDB_CACHE_DIR=primed, **setting))
+            t.add("alternating", "call", p.phase("first_call"))
+            t.add("alternating", "wall", p.wall)
             hit_compiles += p.data.get("compiles") or 0
         p = child({**args, "compiler": "hipcc"}, no_hipcc)
         t.add("nocc-hit", "call", p.phase("first_call"))
