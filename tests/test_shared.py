@@ -304,7 +304,7 @@ def test_a_node_started_after_another_exited_waits_for_its_queued_stores(shared_
     spool.ensure_worker(sdir)  # node A's worker stores and publishes; the keeper lets go
     out, err = b.communicate(timeout=300)
     assert b.returncode == 0, err
-    assert json.loads(out.strip().splitlines()[-1]) == []  # B compiled nothing
+    assert json.loads(out.strip().splitlines()[-1]) == [], err[-3000:]  # B compiled nothing
     assert user_counter(node_b, _arch(), "hits.shared") == 3
 
 
