@@ -102,7 +102,11 @@ def test_the_next_process_gets_a_queued_store_first_and_compiles_nothing(cache_d
         assert stored(cache_dir) == 3
         assert not list((cache_dir / "v1" / "claims").glob("*" + jobfiles.QUEUED))
         times = json.loads((cache_dir / "v1" / storetimes.FILE).read_text())
-        assert len(times[ARCH]["store"]) == 3 and len(times[ARCH]["build"]) == 3
+        # Each program's store and build times, at least once: on a busy machine a job the
+        # store-ahead lane took, starved at nice 19, is stored by the process's own child
+        # all the same, and both record it (a fresh clone's run beside a CPU hog: 4 of 3).
+        assert len(times[ARCH]["names"]) == 3, times
+        assert len(times[ARCH]["store"]) >= 3 and len(times[ARCH]["build"]) >= 3, times
     finally:
         _resume(stopped)
     wait_for_worker(cache_dir)
