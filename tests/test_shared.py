@@ -313,28 +313,24 @@ def test_a_keeper_holds_a_claim_while_its_job_moves_back_to_the_queue(tmp_path, 
     ``.taken`` to ``.job``. A keeper that looked for the job a name at a time, ``.job``
     first, could miss it mid-move and let go of the claim while its entry was still coming
     (node B then compiled ``k0``, beside a CPU hog). Here the move happens right after the
-    keeper looked for ``.job``: the job is still there, and once stored it is gone (the
-    keeper and a waiting process ask :func:`kdb.storing.jobfiles.exists` and ``state``)."""
-    from kdb.storing import jobfiles
+    keeper looked for ``.job``: the job is still there, and once stored it is gone."""
+    from kdb.shared import keeper
 
-    job = tmp_path / "01796510459642639433-19434-1.job"
-    stem = str(job.with_suffix(""))
+    stem = str(tmp_path / "01796510459642639433-19434-1")
     open(stem + ".taken", "w").close()
     real_exists = os.path.exists
 
     def exists_then_moved_back(path):
         found = real_exists(path)
-        if os.fspath(path) == stem + ".job" and not found and real_exists(stem + ".taken"):
+        if path == stem + ".job" and not found and real_exists(stem + ".taken"):
             os.rename(stem + ".taken", stem + ".job")  # the hand-over, at the worst moment
         return found
 
-    monkeypatch.setattr(jobfiles.os.path, "exists", exists_then_moved_back)
-    assert jobfiles.exists(job) and jobfiles.state(job) == ".job"
-    os.rename(stem + ".job", stem + ".taken")  # taken again; a process's exit asks for all
-    assert jobfiles.pending([job]) == {job} and real_exists(stem + ".job")
+    monkeypatch.setattr(keeper.os.path, "exists", exists_then_moved_back)
+    assert not keeper.job_gone(stem)
+    assert real_exists(stem + ".job")
     os.unlink(stem + ".job")  # stored: its job file goes
-    assert jobfiles.pending([job]) == set()
-    assert not jobfiles.exists(job) and jobfiles.state(job) is None
+    assert keeper.job_gone(stem)
 
 
 def _arch() -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from .. import lifecycle, logs
 from ..file.rows import PROVISIONAL
-from .jobfiles import pending, remove, rename, take, taken_path, unmark
+from .jobfiles import exists, remove, rename, take, taken_path, unmark
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -64,8 +64,7 @@ def _at_exit() -> None:
     deadline = time.monotonic() + EXIT_STORE_S
     if _store_lock.acquire(timeout=EXIT_STORE_S):  # a store the watcher has begun ends first
         try:
-            live = pending([p for p, _ in list(_claims)])
-            held = [(p, c) for p, c in list(_claims) if p in live]
+            held = [(p, c) for p, c in list(_claims) if exists(p)]
             wanted = [p for p, c in held if c.wanted]
             ahead = [p for p, _ in reversed(held) if _born(p) > _followed > 0][:EXIT_AHEAD]
             for path in dict.fromkeys(wanted + ahead):
@@ -73,9 +72,9 @@ def _at_exit() -> None:
                     _store_wanted(path, [c for p, c in list(_claims) if p == path])
         finally:
             _store_lock.release()
-    live = pending([p for p, _ in _claims])
+    pending = [(p, c) for p, c in _claims if exists(p)]
     tiers: dict[int, tuple[object, list]] = {}
-    for path, claim in [(p, c) for p, c in _claims if p in live]:
+    for path, claim in pending:
         tier = claim.cross_node  # the shared tier whose lock this claim also holds
         if tier is not None:
             tiers.setdefault(id(tier), (tier, []))[1].append((claim.key, str(path)))
@@ -127,9 +126,8 @@ def _watch_claims() -> None:
             held = list(_claims)
         if not held:
             return
-        live = pending([p for p, _ in held])
         for path, claim in held:
-            if path not in live:
+            if not exists(path):
                 _drop_claim(path, claim)
             elif claim.wanted:
                 _followed = max(_followed, _born(path))

@@ -102,23 +102,11 @@ def take_taken(path: Path) -> int | None:
     return _flocked(taken_path(path))
 
 
-#: Seconds between the two looks that say a job is gone (:func:`state`).
-SECOND_LOOK_S = 0.05
-
-
 def state(path: Path) -> str | None:
-    """The state (suffix) of the job ``path`` names, or None once it is stored or dropped:
-    in none of its states at two looks a moment apart. A job moves back as well as forth
-    (``.taken`` to ``.job`` when the floor lane takes it over from a starved idle lane,
-    ``.taken`` to ``.slow``), so one look, a name at a time, can miss it mid-move: a shared
-    tier's keeper then let go of a claim whose entry was still coming, and another node
-    compiled it (beside a CPU hog, in 2 of 3 test runs)."""
-    for look in range(2):
-        for suffix in PENDING:
-            if os.path.exists(path.with_suffix(suffix)):
-                return suffix
-        if look == 0:
-            time.sleep(SECOND_LOOK_S)
+    """The state (suffix) of the job ``path`` names, or None once it is stored or dropped."""
+    for suffix in PENDING:
+        if os.path.exists(path.with_suffix(suffix)):
+            return suffix
     return None
 
 
@@ -137,20 +125,9 @@ def set_aside(path: Path) -> bool:
         os.close(fd)
 
 
-def pending(paths: list[Path]) -> set[Path]:
-    """Those of ``paths`` whose jobs are not stored yet (:func:`exists`), with one pause for
-    the second look of all that seemed gone, however many."""
-    gone = [p for p in paths if not any(os.path.exists(p.with_suffix(s)) for s in PENDING)]
-    if gone:
-        time.sleep(SECOND_LOOK_S)
-        gone = [p for p in gone if not any(os.path.exists(p.with_suffix(s)) for s in PENDING)]
-    return set(paths) - set(gone)
-
-
 def exists(path: Path) -> bool:
-    """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored;
-    :func:`state`)."""
-    return state(path) is not None
+    """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored)."""
+    return any(os.path.exists(path.with_suffix(s)) for s in PENDING)
 
 
 def rename(src: Path, dst: Path) -> bool:
