@@ -275,15 +275,21 @@ def test_nvccs_preprocessor_reads_nothing_the_cuda_key_does_not_hold(tmp_path, m
     """``cpp -M`` with the include options kdb hands nvcc, in a directory of its own as
     nvcc runs; CPATH as nvcc's environment has it."""
     for root, lay, req, held in _cuda_layouts(tmp_path, monkeypatch, 400):
-        build = root / "build"
-        build.mkdir()
-        (build / "kernel.cu").write_text(lay.source)
-        extra = shlex.split(lay.env.get("NVCC_APPEND_FLAGS", ""))
-        cmd = [CPP, "-M", "-x", "c++", *req.include_args, *extra, "kernel.cu"]
-        env = {"CPATH": lay.env["CPATH"]} if "CPATH" in lay.env else {}
-        missed = _deps(cmd, build, env) - held
+        missed = _cpp_reads(root, lay, req, "kernel.cu", "NVCC_APPEND_FLAGS") - held
         assert not missed, f"cpp read a file the key does not hold:\n{lay.describe()}"
         shutil.rmtree(root)
+
+
+def _cpp_reads(root, lay, req, name: str, flags_variable: str) -> set:
+    """What ``cpp -M`` reads with the include options kdb hands the compiler, run on the
+    program as ``name`` in a directory of its own (as nvcc and hipcc run it), with the
+    options of ``flags_variable`` and CPATH as the compiler's environment has them."""
+    build = root / "build"
+    build.mkdir()
+    (build / name).write_text(lay.source)
+    extra = shlex.split(lay.env.get(flags_variable, ""))
+    cmd = [CPP, "-M", "-x", "c++", *req.include_args, *extra, name]
+    return _deps(cmd, build, {"CPATH": lay.env["CPATH"]} if "CPATH" in lay.env else {})
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
@@ -328,13 +334,7 @@ def test_the_preprocessor_reads_nothing_the_hip_key_does_not_hold(tmp_path, monk
     directory of its own as hipcc runs; CPATH and HIPCC_COMPILE_FLAGS_APPEND as hipcc's
     environment has them."""
     for root, lay, req, held in _hip_layouts(tmp_path, monkeypatch, 300):
-        build = root / "build"
-        build.mkdir()
-        (build / "kernel.hip").write_text(lay.source)
-        extra = shlex.split(lay.env.get("HIPCC_COMPILE_FLAGS_APPEND", ""))
-        cmd = [CPP, "-M", "-x", "c++", *req.include_args, *extra, "kernel.hip"]
-        env = {"CPATH": lay.env["CPATH"]} if "CPATH" in lay.env else {}
-        missed = _deps(cmd, build, env) - held
+        missed = _cpp_reads(root, lay, req, "kernel.hip", "HIPCC_COMPILE_FLAGS_APPEND") - held
         assert not missed, f"cpp read a file the HIP key does not hold:\n{lay.describe()}"
         shutil.rmtree(root)
 
