@@ -308,29 +308,33 @@ def test_a_node_started_after_another_exited_waits_for_its_queued_stores(shared_
     assert user_counter(node_b, _arch(), "hits.shared") == 3
 
 
-def test_a_keeper_holds_a_claim_while_its_job_moves_back_to_the_queue(tmp_path, monkeypatch):
+def test_a_job_moved_back_to_the_queue_mid_look_is_still_pending(tmp_path, monkeypatch):
     """The floor lane takes a job over from a starved idle lane by moving it back from
-    ``.taken`` to ``.job``. A keeper that looked for the job a name at a time, ``.job``
-    first, could miss it mid-move and let go of the claim while its entry was still coming
-    (node B then compiled ``k0``, beside a CPU hog). Here the move happens right after the
-    keeper looked for ``.job``: the job is still there, and once stored it is gone."""
-    from kdb.shared import keeper
+    ``.taken`` to ``.job``. A look for the job a name at a time, ``.job`` first, could miss
+    it mid-move: a shared tier's keeper then let go of a claim whose entry was still coming
+    (node B compiled ``k0``, beside a CPU hog), and a process's exit dropped claims others
+    waited on. Here the move happens right after the look for ``.job``: the keeper, the exit
+    and the claim watcher (all asking :func:`kdb.storing.jobfiles.exists`) still see the job,
+    and once stored it is gone."""
+    from kdb.storing import jobfiles
 
-    stem = str(tmp_path / "01796510459642639433-19434-1")
+    job = tmp_path / "01796510459642639433-19434-1.job"
+    stem = str(job.with_suffix(""))
     open(stem + ".taken", "w").close()
     real_exists = os.path.exists
 
     def exists_then_moved_back(path):
         found = real_exists(path)
-        if path == stem + ".job" and not found and real_exists(stem + ".taken"):
+        if os.fspath(path) == stem + ".job" and not found and real_exists(stem + ".taken"):
             os.rename(stem + ".taken", stem + ".job")  # the hand-over, at the worst moment
         return found
 
-    monkeypatch.setattr(keeper.os.path, "exists", exists_then_moved_back)
-    assert not keeper.job_gone(stem)
-    assert real_exists(stem + ".job")
+    monkeypatch.setattr(jobfiles.os.path, "exists", exists_then_moved_back)
+    assert jobfiles.exists(job) and real_exists(stem + ".job")
+    os.rename(stem + ".job", stem + ".taken")  # taken again, and moved back mid-look again
+    assert jobfiles.state(job) == ".job"
     os.unlink(stem + ".job")  # stored: its job file goes
-    assert keeper.job_gone(stem)
+    assert not jobfiles.exists(job) and jobfiles.state(job) is None
 
 
 def _arch() -> str:

@@ -15,9 +15,9 @@ entry, bounded by ``KDB_WAIT_TIMEOUT``, as they would for a compile.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
+from pathlib import Path
 
 #: Seconds a keeper holds its locks at most (a waiting node gives up after KDB_WAIT_TIMEOUT).
 LIFETIME_S = 900.0
@@ -66,29 +66,10 @@ def _read_pid(proc, timeout: float) -> int | None:
         return None
 
 
-#: The names a queued job has, by state (:mod:`kdb.storing.jobfiles`).
-_STATES = (".job", ".slow", ".taken")
-#: Seconds between the two looks of :func:`job_gone`.
-_SECOND_LOOK_S = 0.05
-
-
-def job_gone(stem: str) -> bool:
-    """Whether the job ``stem`` names is stored or dropped: in none of its states at two
-    looks a moment apart. A job moves back as well as forth (``.taken`` to ``.job`` when the
-    floor lane takes it over from a starved idle lane, ``.taken`` to ``.slow``), so one look,
-    a name at a time, can miss it mid-move: the keeper then let go of a claim whose entry was
-    still coming, and another node compiled it (beside a CPU hog, in 2 of 3 test runs)."""
-    for look in range(2):
-        if any(os.path.exists(stem + state) for state in _STATES):
-            return False
-        if look == 0:
-            time.sleep(_SECOND_LOOK_S)
-    return True
-
-
 def main() -> int:
     from sqlalchemy import func, select
 
+    from ..storing.jobfiles import exists as job_pending
     from .locks import compile_id
     from .server import create_engine
 
@@ -105,7 +86,7 @@ def main() -> int:
         deadline = time.monotonic() + LIFETIME_S
         while held and time.monotonic() < deadline:
             for key, path in list(held.items()):
-                if job_gone(os.path.splitext(path)[0]):
+                if not job_pending(Path(path)):  # stored or dropped (two looks)
                     conn.execute(select(func.pg_advisory_unlock(compile_id(key, namespace))))
                     del held[key]
             time.sleep(0.2)

@@ -103,10 +103,17 @@ def take_taken(path: Path) -> int | None:
 
 
 def state(path: Path) -> str | None:
-    """The state (suffix) of the job ``path`` names, or None once it is stored or dropped."""
-    for suffix in PENDING:
-        if os.path.exists(path.with_suffix(suffix)):
-            return suffix
+    """The state (suffix) of the job ``path`` names, or None once it is stored or dropped:
+    in none of its states at two looks, one right after the other. A job moves back as well
+    as forth (``.taken`` to ``.job`` when the floor lane takes it over from a starved idle
+    lane, ``.taken`` to ``.slow``), each move one ``rename``, so a look a name at a time can
+    miss it mid-move; the second look finds it at its new name. Missing it made a shared
+    tier's keeper let go of a claim whose entry was still coming (another node compiled it,
+    beside a CPU hog), and a process's exit drop a claim that others waited on."""
+    for _ in range(2):
+        for suffix in PENDING:
+            if os.path.exists(path.with_suffix(suffix)):
+                return suffix
     return None
 
 
@@ -126,8 +133,9 @@ def set_aside(path: Path) -> bool:
 
 
 def exists(path: Path) -> bool:
-    """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored)."""
-    return any(os.path.exists(path.with_suffix(s)) for s in PENDING)
+    """Whether the job ``path`` names is not stored yet (queued, set aside, or being stored;
+    :func:`state`)."""
+    return state(path) is not None
 
 
 def rename(src: Path, dst: Path) -> bool:
