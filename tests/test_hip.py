@@ -97,6 +97,23 @@ def test_a_miss_runs_hipcc_once_and_a_second_call_is_a_hit(db, counting_hipcc):
 
 
 @needs_hipcc
+def test_a_build_leaves_nothing_in_the_temporary_directory(cache_dir, tmp_path, monkeypatch):
+    """clang makes a directory of its own in ``TMPDIR`` for each HIP compile and never removes
+    it (``kernel-<6 hex digits>``, two a build): kdb points hipcc's ``TMPDIR`` at its own
+    temporary directory, removed with all it holds."""
+    import tempfile
+
+    watched = tmp_path / "tmp"
+    watched.mkdir()
+    monkeypatch.setenv("TMPDIR", str(watched))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # kdb's own directories go there too
+    d = kdb.KernelDB()
+    kdb.hip.compile(SRC, "gfx90a", ["-DSCALE=5.0f"], db=d)
+    d.close()
+    assert sorted(os.listdir(watched)) == []
+
+
+@needs_hipcc
 def test_the_key_changes_with_an_option_a_target_feature_and_the_arch(cache_dir):
     base = kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=3.0f"])
     assert base.arch == "gfx90a" and dict(base.compiler)["hipcc_version"].startswith("HIP version")

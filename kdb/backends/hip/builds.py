@@ -36,7 +36,7 @@ def _run_hipcc(req: Request) -> bytes:
         cmd = req.command("kernel.hip", "kernel.co")
         try:
             proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
-                                  env=_hipcc.run_env(), capture_output=True)
+                                  env=_hipcc.run_env(tmp=tmp), capture_output=True)
         except OSError as err:
             raise BackendUnavailableError(
                 f"cannot run {cmd[0]}: {err}; {_hipcc.POINT} of a working hipcc, or install "

@@ -74,11 +74,15 @@ class HipccIdentity:
         return dict(self.digests).get("stdlib", "").partition(";")[0]
 
 
-def run_env(overrides: dict[str, str] | None = None, drop: tuple[str, ...] = ()
-            ) -> dict[str, str]:
-    """The environment hipcc runs in: the caller's, on AMD's platform."""
+def run_env(overrides: dict[str, str] | None = None, drop: tuple[str, ...] = (),
+            tmp: str | None = None) -> dict[str, str]:
+    """The environment hipcc runs in: the caller's, on AMD's platform; its temporary files in
+    ``tmp``, kdb's own temporary directory, removed with all it holds (clang makes a
+    directory of its own there for each HIP compile, ``kernel-<6 hex digits>``, and never
+    removes it: two a build, left in ``/tmp`` for ever otherwise)."""
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    return {**env, "HIP_PLATFORM": "amd", **(overrides or {})}
+    return {**env, "HIP_PLATFORM": "amd", **({"TMPDIR": tmp} if tmp else {}),
+            **(overrides or {})}
 
 
 #: The variables that choose the hipcc (not in the key: the hipcc's identity is).
@@ -185,7 +189,7 @@ def _run(cmd: list[str], cwd: str | None = None, env: dict[str, str] | None = No
     import subprocess
 
     try:
-        return subprocess.run(cmd, cwd=cwd, env=run_env(env, drop), capture_output=True,
+        return subprocess.run(cmd, cwd=cwd, env=run_env(env, drop, tmp=cwd), capture_output=True,
                               timeout=_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise BackendUnavailableError(
