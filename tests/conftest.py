@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,8 +15,14 @@ from pathlib import Path
 
 import pytest
 
-# Nothing a test does may touch the real home cache, in this process or its children.
+# Nothing a test does may touch the real home cache, in this process or its children; nor
+# leave anything behind: the session's folder goes at exit, and its children's temporary
+# files (compilers', PoCL's, a store worker's) go in it, never straight into /tmp. This
+# process's own tempfile folder is the system's still (pytest's tmp_path lives there).
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="kdb-tests-"))
+atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
+(_SESSION_TMP / "tmp").mkdir()
+os.environ["TMPDIR"] = str(_SESSION_TMP / "tmp")
 os.environ["KDB_CACHE_DIR"] = str(_SESSION_TMP / "kdb-cache")
 os.environ.setdefault("POCL_CACHE_DIR", str(_SESSION_TMP / "pocl-cache"))
 for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE",

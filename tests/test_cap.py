@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -254,6 +255,7 @@ class TotalsMachine(RuleBasedStateMachine):
 
     def teardown(self):
         self.file.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def _entry(self, k: int, size: int) -> Entry:
         return Entry(key=f"key{k}", arch="a1", backend="test", name=f"k{k}",
