@@ -456,3 +456,17 @@ def test_a_job_nothing_stands_in_for_is_stored_before_older_ones(tmp_path):
     stems = sorted(jobs)
     assert [p.stem for p in order] == [stems[3], stems[0], stems[1], stems[2]]
     assert queue.pick(False, set()) is None  # the young one waits for its age
+
+
+@pytest.mark.parametrize("given, seen", [(None, "1"), ("4", "4")])
+def test_the_workers_processes_start_no_blas_threads_unless_the_user_asks(given, seen):
+    """A lane imports numpy (through pyopencl) to load binaries, and OpenBLAS would start a
+    spinning thread a core for linear algebra no store does: kdb's worker processes run with
+    one, unless the user set ``OPENBLAS_NUM_THREADS``."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    code = "import os, kdb.worker.__main__; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == [seen], out.stderr

@@ -12,8 +12,15 @@ Each process imports only its own part: a lane never loads the supervisor, nor i
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+# A lane loads binaries through pyopencl, which imports numpy: OpenBLAS then starts a thread a
+# core that spins a while for work it never gets (0.1 CPU-s of a lane's start on 2 cores, the
+# floor lane's whole budget for a second; more threads on a bigger node). No store does
+# linear algebra; a value the user set is kept.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def main(argv: list[str]) -> int:
