@@ -18,7 +18,9 @@ import pytest
 # Nothing a test does may touch the real home cache, in this process or its children; nor
 # leave anything behind: the session's folder goes at exit, and its children's temporary
 # files (compilers', PoCL's, a store worker's) go in it, never straight into /tmp. This
-# process's own tempfile folder is the system's still (pytest's tmp_path lives there).
+# process's own tempfile folder is the system's, in xdist's workers too (pytest's tmp_path,
+# a PostgreSQL server run as another user, who cannot enter a folder of ours).
+tempfile.tempdir = os.environ.setdefault("KDB_TESTS_SYSTEM_TMP", tempfile.gettempdir())
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="kdb-tests-"))
 atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
 (_SESSION_TMP / "tmp").mkdir()
