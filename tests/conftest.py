@@ -26,6 +26,11 @@ atexit.register(shutil.rmtree, _SESSION_TMP, ignore_errors=True)
 (_SESSION_TMP / "tmp").mkdir()
 os.environ["TMPDIR"] = str(_SESSION_TMP / "tmp")
 os.environ["KDB_CACHE_DIR"] = str(_SESSION_TMP / "kdb-cache")
+# Every child imports numpy (pyopencl does), and OpenBLAS starts a thread a core that spins
+# a while for linear algebra no test does: 0.1 of the 0.25 CPU-s an OpenCL child costs on 2
+# cores, a fifth of the suite's CPU, which decides its time beside other work. (The
+# benchmarks keep the user's default: they measure what a user runs.)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("POCL_CACHE_DIR", str(_SESSION_TMP / "pocl-cache"))
 for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE",
              "KDB_CACHE_MAX_SIZE", "KDB_SHARED_URL", "KDB_WAIT_TIMEOUT", "KDB_STORE_TIMEOUT",
