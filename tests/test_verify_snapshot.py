@@ -11,9 +11,12 @@ from kdb.admin import integrity
 
 
 def _store_forever(cache: str, stop) -> None:
+    """Store an entry every few milliseconds until ``stop``: many commits during each verify,
+    and not so many entries that each verify reads thousands (unpaced, the writers made the
+    test cost 12-24 CPU-s)."""
     db = KernelDB(cache)
     i = 0
-    while not stop.is_set():
+    while not stop.wait(0.005):
         i += 1
         attrs = HashAttributes("opencl", f"kernel void k{os.getpid()}_{i}() {{}}", "arch0")
         db.put(attrs, os.urandom(64) * (1 + i % 7))
