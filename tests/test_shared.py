@@ -450,7 +450,7 @@ def test_the_shared_tier_answers_publish_and_drop_as_a_file_tier_does(shared_url
         assert tier.touch(entry.key) is None
 
 
-def test_cross_node_lock_and_want(shared_url):
+def test_cross_node_lock_and_want(shared_url, tmp_path):
     """Two tiers (two sessions, as two nodes): one holds a key, the other waits and asks."""
     from kdb import claims
     from kdb.shared.tier import WANT_CHECK_S, SharedTier
@@ -471,7 +471,7 @@ def test_cross_node_lock_and_want(shared_url):
     b.unlock(key)
 
     # An adopted local claim carries the lock: any_wanted() (the writer's urgency) sees b wait.
-    claim = claims.try_claim(Path(tempfile.mkdtemp()), key)
+    claim = claims.try_claim(tmp_path, key)
     a.adopt(claim)
     assert a.try_lock(key) is True and b.try_lock(key) is False
     b.want(key)
