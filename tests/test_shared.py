@@ -308,6 +308,38 @@ def test_a_node_started_after_another_exited_waits_for_its_queued_stores(shared_
     assert user_counter(node_b, _arch(), "hits.shared") == 3
 
 
+def test_a_job_stored_but_not_published_is_published_by_its_next_store(shared_url, pg,
+                                                                     tmp_path, monkeypatch):
+    """The floor lane takes a starved lane's job over by ending the lane, which may be after
+    its write to the user file and before its publish to the shared tier. The floor lane
+    then found the job's entries stored and dropped the job unpublished: the keeper let go
+    of the claim and node B compiled ``k0`` (beside a CPU hog; the lane's log said "stored by
+    the floor lane", and no store time was recorded for it). The next store publishes them."""
+    import json
+
+    from kdb import HashAttributes, KernelDB
+    from kdb.storing.jobs import StoreJob
+    from kdb.worker import lane
+
+    cache = tmp_path / "node-a"
+    attrs = HashAttributes("opencl", "kernel void k0() {}", "arch0", name="k0")
+    monkeypatch.delenv("KDB_SHARED_URL")
+    db = KernelDB(cache)  # the ended lane's write: the user file only
+    db.put(attrs, b"binary " * 100, compile_seconds=0.5)
+    db.flush()
+    db.close()
+    monkeypatch.setenv("KDB_SHARED_URL", shared_url)
+    job = tmp_path / "01796518349592548423-17224-1.taken"
+    entry = {"key": attrs.key, "name": "k0", "attributes": attrs.canonical(), "seconds": 0.5}
+    job.write_text(json.dumps(StoreJob(backend="opencl", entries=[entry],
+                                       cache_dir=str(cache)).to_dict()))
+    lane.store_job_file(job)  # the floor lane's store of it
+    assert shared_keys(pg, shared_url) == {attrs.key}
+    db = KernelDB(tmp_path / "node-b")
+    assert db.lookup(attrs).tier == "shared" and db.lookup(attrs).binary == b"binary " * 100
+    db.close()
+
+
 def test_a_job_moved_back_to_the_queue_mid_look_is_still_pending(tmp_path, monkeypatch):
     """The floor lane takes a job over from a starved idle lane by moving it back from
     ``.taken`` to ``.job``. A look for the job a name at a time, ``.job`` first, could miss

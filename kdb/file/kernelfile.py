@@ -359,24 +359,28 @@ class KernelFile:
         return [(r[0], Row(*r[1:6], float(r[6]) if isinstance(r[6], (int, float)) else 0.0))
                 for r in rows]
 
-    def stored(self, keys: list[str]) -> set[str]:
-        """Those of ``keys`` whose entry here is a binary, not a provisional stand-in for one
-        (:data:`kdb.file.rows.PROVISIONAL`): what a store of them would no longer add."""
+    def details(self, keys: list[str]) -> dict[str, dict | None]:
+        """``{key: details}`` for those of ``keys`` that have an entry here (``None`` where its
+        details are empty or damaged)."""
         import json
 
         if not keys or not os.path.exists(self.filename):
-            return set()
+            return {}
         marks = ",".join("?" * len(keys))
-        out = set()
-        for key, details in self.query(
+        out: dict[str, dict | None] = {}
+        for key, text in self.query(
                 f"SELECT key, details FROM kernels WHERE key IN ({marks})", keys):
             try:
-                provisional = json.loads(details).get(PROVISIONAL) if details else None
-            except (ValueError, AttributeError):
-                provisional = None
-            if not provisional:
-                out.add(key)
+                value = json.loads(text) if text else None
+            except (ValueError, TypeError):
+                value = None
+            out[key] = value if isinstance(value, dict) else None
         return out
+
+    def stored(self, keys: list[str]) -> set[str]:
+        """Those of ``keys`` whose entry here is a binary, not a provisional stand-in for one
+        (:data:`kdb.file.rows.PROVISIONAL`): what a store of them would no longer add."""
+        return {k for k, d in self.details(keys).items() if not (d or {}).get(PROVISIONAL)}
 
     def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
         """Read-only query for the CLI and ``explain``; an unusable file yields no rows."""

@@ -265,6 +265,36 @@ class Storing:
             raise HeaderChangedError(why)
         return ok
 
+    def publish_stored(self, attrs: list[HashAttributes]) -> None:
+        """Publish to the shared tier the entries of ``attrs`` the user files hold (binaries,
+        not stand-ins). A store can end between its write to the user file and its publish:
+        the floor lane takes a starved lane's job over by ending the lane, a batch system
+        kills it. The job's next store finds its entries stored and, before, dropped the job
+        unpublished: a shared tier's keeper then let go of the claim, and another node
+        compiled the kernel (beside a CPU hog). Publishing a key the shared tier holds keeps
+        what it holds."""
+        shared = self._shared() if attrs else None
+        if shared is None:
+            return
+        from ..file import codec
+
+        entries = []
+        for a in attrs:
+            f = self.user_file(a.arch)
+            found = f.details([a.key])
+            if a.key not in found or (found[a.key] or {}).get(PROVISIONAL):
+                continue
+            row = f.fetch(a.key)
+            raw = None if row is None else codec.decode(row.codec, row.blob, row.raw_size,
+                                                        row.checksum)
+            if raw is None:
+                continue
+            signer, signature = f.signature(a.key)
+            entries.append(make_entry(a, raw, row.compile_seconds, found[a.key],
+                                      (signer, signature) if signature is not None else None))
+        if entries:
+            shared.publish(entries)
+
     def store_provisional(self, items: list) -> bool:
         """Store ``(attrs, binary, compile_seconds, details)`` items in the user files only,
         each where its key has no entry yet: what stands in for a binary until the store

@@ -131,8 +131,10 @@ def store_job_file(path: Path, dbs: dict | None = None) -> None:
         for line in backend_module(job.backend).refresh_job(db, job):
             say(line)
         return
-    if _stored_already(db, job):  # the same program compiled again before it was stored
+    attrs = _attributes(job)
+    if _stored_already(db, attrs):  # the same program compiled again before it was stored
         db.tiers.storing.store([], [CompileRecord(*row) for row in job.logs])
+        db.tiers.storing.publish_stored(attrs)  # its store may have ended before its publish
         _stored(job, path)
         return
     start = time.process_time()
@@ -153,9 +155,12 @@ def _stored(job: StoreJob, path: Path) -> None:
         unmark(Path(job.claims_dir), path, job.keys)
 
 
-def _stored_already(db: KernelDB, job: StoreJob) -> bool:
-    attrs = [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
-             for e in job.entries]
+def _attributes(job: StoreJob) -> list[HashAttributes]:
+    return [HashAttributes.from_canonical(e["attributes"], name=e.get("name", ""))
+            for e in job.entries]
+
+
+def _stored_already(db: KernelDB, attrs: list[HashAttributes]) -> bool:
     return bool(attrs) and all(a.key in db.tiers.user_file(a.arch).stored([a.key]) for a in attrs)
 
 
