@@ -281,8 +281,7 @@ class Storing:
         entries = []
         for a in attrs:
             f = self.user_file(a.arch)
-            found = f.details([a.key])
-            if a.key not in found or (found[a.key] or {}).get(PROVISIONAL):
+            if a.key not in f.stored([a.key]):  # none, or a stand-in: nothing to publish
                 continue
             row = f.fetch(a.key)
             raw = None if row is None else codec.decode(row.codec, row.blob, row.raw_size,
@@ -290,7 +289,7 @@ class Storing:
             if raw is None:
                 continue
             signer, signature = f.signature(a.key)
-            entries.append(make_entry(a, raw, row.compile_seconds, found[a.key],
+            entries.append(make_entry(a, raw, row.compile_seconds, f.details([a.key]).get(a.key),
                                       (signer, signature) if signature is not None else None))
         if entries:
             shared.publish(entries)
