@@ -233,12 +233,41 @@ def records() -> list[CompileRecord]:
         return list(_records)
 
 
+def _covered(spans) -> float:
+    """Seconds covered by the union of ``(start, end)`` spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def compiling_seconds(recs: list[CompileRecord]) -> float:
+    """The wall seconds in which at least one of ``recs`` was compiling. A compile's row
+    counts its whole span, and compiles nest (torch.compile's AOTAutograd entry holds its
+    graphs, a graph its C++ modules) or run side by side: their sum can be several times
+    the process's life."""
+    return _covered((r.at - r.seconds, r.at) for r in recs)
+
+
+def own_seconds(backend: str, seconds: float, end: float | None = None) -> float:
+    """Of a ``backend`` compile of ``seconds`` that ends at ``end`` (epoch seconds, default
+    now), the part not spent in the ``backend`` compiles logged within it (a torch.compile
+    graph's C++ modules): what it costs on its own, so that a sum over entries counts each
+    second once."""
+    end = time.time() if end is None else end
+    held = [r for r in records()
+            if r.backend == backend and end - seconds <= r.at - r.seconds and r.at < end]
+    return max(0.0, seconds - compiling_seconds(held))
+
+
 def summary() -> str | None:
     """The one-line summary of this start-up's compiles, or ``None`` if it compiled nothing."""
     recs = records()
     if not recs:
         return None
-    total = sum(r.seconds for r in recs)
+    total = compiling_seconds(recs)
     arches = sorted({r.arch for r in recs})
     text = (f"kdb: this start-up compiled {len(recs)} kernel(s) in {total:.2f} s "
             f"(arch {', '.join(arches)})")

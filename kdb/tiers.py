@@ -377,8 +377,10 @@ class Tiers:
         return binary
 
     def record_compile(self, attrs: HashAttributes, seconds: float,
-                       reason: str | None = None) -> CompileRecord:
-        """Log a compile in the start-up latency log (memory now, user file soon)."""
+                       reason: str | None = None, own: float | None = None) -> CompileRecord:
+        """Log a compile in the start-up latency log (memory now, user file soon). ``own``:
+        the part of ``seconds`` not spent in other compiles logged within it (what the
+        process's compile seconds count), all of it by default."""
         missed = []
         if not self.disabled:
             missed.append("system" if self._system.get(attrs.arch) else "system(none)")
@@ -396,7 +398,7 @@ class Tiers:
         rec = bookkeeping.record(attrs.key, attrs.name, attrs.arch, attrs.backend, seconds,
                              ",".join(missed), reason)
         self.count(attrs.arch, "compiles", 1)
-        self.count(attrs.arch, "compile_seconds", seconds)
+        self.count(attrs.arch, "compile_seconds", seconds if own is None else own)
         return rec
 
     # -- shared tier (kdb.shared.tier; only when KDB_SHARED_URL is set) ------------------------

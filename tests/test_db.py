@@ -249,6 +249,33 @@ def test_counters_and_compile_log_are_written_after_flush(cache_dir):
     assert dict(sql(path, "SELECT name, hits FROM kernels")) == {"one": 2, "two": 0}
 
 
+def test_a_compile_that_holds_another_is_counted_once_in_the_summary(cache_dir):
+    """torch.compile's entries nest (a graph's compile holds its C++ modules'): the exit
+    summary says the wall time spent compiling, not the sum of the rows (before: 71.65 s
+    for a 30 s process), and the outer compile's own seconds leave the inner one out."""
+    import re
+    import time
+
+    from kdb import bookkeeping
+
+    db = KernelDB(use_system=False)
+    inner, outer = attrs(name="inner"), attrs(source="__kernel void o() {}", name="outer")
+
+    def compile_outer():
+        db.get_or_compile(inner, lambda: (time.sleep(0.2), BINARY)[1])
+        time.sleep(0.1)
+        return BINARY
+
+    db.get_or_compile(outer, compile_outer)
+    spans = {r.name: r.seconds for r in bookkeeping.records()}
+    ended = {r.name: r.at for r in bookkeeping.records()}
+    assert spans["outer"] > spans["inner"] >= 0.2
+    said = re.search(r"compiled 2 kernel\(s\) in ([0-9.]+) s", bookkeeping.summary())
+    assert float(said.group(1)) == pytest.approx(spans["outer"], abs=0.011)
+    own = bookkeeping.own_seconds("test", spans["outer"], ended["outer"])
+    assert own == pytest.approx(spans["outer"] - spans["inner"], abs=0.01)
+
+
 def test_hits_are_not_written_on_the_hit_path(cache_dir):
     a = attrs()
     db = KernelDB()

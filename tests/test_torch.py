@@ -73,6 +73,18 @@ def test_a_fresh_process_with_kdb_warm_compiles_nothing_and_gives_the_same_bits(
 
 
 @pytest.mark.slow
+def test_stored_compile_seconds_count_each_second_once(cold):
+    """The AOTAutograd entry's compile holds its graphs', a graph's its C++ modules': each
+    entry keeps its own seconds, so what served entries "saved" adds up to no more than the
+    step took (before: about three times it)."""
+    env, root, first = cold
+    [kdb_file] = (root / "kdb" / "v1").glob("cpu-*.kdb")
+    with sqlite3.connect(kdb_file) as conn:
+        stored = conn.execute("SELECT SUM(compile_seconds) FROM kernels").fetchone()[0]
+    assert 0 < stored <= first["first_step"] * 1.01, (stored, first)
+
+
+@pytest.mark.slow
 def test_an_entry_made_by_another_torch_is_a_miss(cold, tmp_path):
     """The same graphs, the same kdb cache, keyed as another torch's: all compiled, and
     ``kdb explain`` names the cause."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from torch._inductor.remote_cache import RemoteCacheBackend
 
 from ... import logs
+from ...bookkeeping import own_seconds
 from ...claims import COMPILING, Claim
 from ...db import default_db
 from ...keys import HashAttributes
@@ -89,8 +90,9 @@ class Backend(RemoteCacheBackend[bytes]):
         seconds = time.perf_counter() - held.start if held is not None else 0.0
         blob = bytes(data)
         tiers = default_db().tiers
-        rec = tiers.record_compile(attrs, seconds)
-        tiers.storing.put_later(attrs, lambda: blob, compile_seconds=seconds,
+        own = own_seconds(BACKEND, seconds)  # less its graphs and C++ modules
+        rec = tiers.record_compile(attrs, seconds, own=own)
+        tiers.storing.put_later(attrs, lambda: blob, compile_seconds=own,
                                 details={"inductor_key": key}, log=rec, claim=claim)
 
 
