@@ -868,6 +868,22 @@ def test_schema_from_the_future_turns_the_tier_off(pg, shared_url, cache_dir, ca
 
 # -- CLI: info, stats, pack ------------------------------------------------------------------
 
+def test_the_servers_compile_seconds_count_an_entrys_own_seconds(shared_url, cache_dir):
+    """torch.compile's entries nest (a graph's compile holds its C++ modules', logged in rows
+    of their own): a row's entry holds its own seconds, and the server counts those, not
+    the row's whole span (the C++ modules' seconds counted twice)."""
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    db = KernelDB()
+    rec = db.tiers.record_compile(attrs(1), 0.5, own=0.2)  # as kdb.backends.torch does
+    db.tiers.storing.put_later(attrs(1), lambda: BINARY, compile_seconds=0.2, log=rec)
+    db.flush()
+    data = json.loads(CliRunner().invoke(cli, ["stats", "--json"]).output)["shared"]
+    assert data["compiles"] == 1 and data["compile_seconds"] == pytest.approx(0.2)
+
+
 def test_info_and_stats_show_the_shared_tier_with_the_password_masked(shared_url, cache_dir):
     from click.testing import CliRunner
 

@@ -96,8 +96,15 @@ def publish(conn: Connection, new: list[dict], logs: list[CompileRecord] = ()) -
             at=r.at, key=r.key, name=r.name, arch=r.arch, backend=r.backend, seconds=r.seconds,
             missed=r.missed + ",shared", reason=r.reason, pid=r.pid) for r in logs])
         usage.bump_counters(conn, {"compiles": len(logs),
-                                   "compile_seconds": sum(r.seconds for r in logs)})
+                                   "compile_seconds": _own_seconds(new, logs)})
     return added
+
+
+def _own_seconds(new: list[dict], logs: list[CompileRecord]) -> float:
+    """The compile seconds ``logs`` add: a row's entry, published with it, holds its own
+    part (a torch.compile graph's, less its C++ modules', which have rows of their own)."""
+    own = {row["key"]: row["compile_seconds"] for row in new}
+    return sum(own.get(r.key, r.seconds) for r in logs)
 
 
 def _insert(conn: Connection, row: dict) -> int:
