@@ -257,9 +257,12 @@ def own_seconds(backend: str, seconds: float, end: float | None = None) -> float
     graph's C++ modules): what it costs on its own, so that a sum over entries counts each
     second once."""
     end = time.time() if end is None else end
-    held = [r for r in records()
-            if r.backend == backend and end - seconds <= r.at - r.seconds and r.at < end]
-    return max(0.0, seconds - compiling_seconds(held))
+    start = end - seconds
+    # Those that ended within it, cut at its start: a row's time is taken a little after
+    # its compile ends, so a compile begun with it may seem to begin a little before it.
+    held = [(max(r.at - r.seconds, start), r.at) for r in records()
+            if r.backend == backend and start < r.at < end]
+    return max(0.0, seconds - _covered(held))
 
 
 def summary() -> str | None:

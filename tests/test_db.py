@@ -271,9 +271,9 @@ def test_a_compile_that_holds_another_is_counted_once_in_the_summary(cache_dir):
     ended = {r.name: r.at for r in bookkeeping.records()}
     assert spans["outer"] > spans["inner"] >= 0.2
     said = re.search(r"compiled 2 kernel\(s\) in ([0-9.]+) s", bookkeeping.summary())
-    assert float(said.group(1)) == pytest.approx(spans["outer"], abs=0.011)
+    assert float(said.group(1)) == pytest.approx(spans["outer"], abs=0.05)
     own = bookkeeping.own_seconds("test", spans["outer"], ended["outer"])
-    assert own == pytest.approx(spans["outer"] - spans["inner"], abs=0.01)
+    assert own == pytest.approx(spans["outer"] - spans["inner"], abs=0.05)
 
 
 def test_hits_are_not_written_on_the_hit_path(cache_dir):
