@@ -84,16 +84,18 @@ def test_a_pack_for_another_python_is_refused_by_pip(bench, tmp_path):
     assert proc.returncode != 0 and "not a supported wheel" in proc.stderr, proc.stderr
 
 
-def _rewrite(kdb_file: Path, like: str, damage) -> int:
-    """Entries whose name starts with ``like`` rewritten as ``damage(raw, blob)`` makes them:
-    ``("raw", bytes)`` in a sound zstd frame with its checksum, or ``("blob", bytes)``."""
+def _rewrite(kdb_file: Path, like: str, damage, limit: int = -1) -> int:
+    """Entries whose name starts with ``like`` (the first ``limit`` by name; -1: all)
+    rewritten as ``damage(raw, blob)`` makes them: ``("raw", bytes)`` in a sound zstd frame
+    with its checksum, or ``("blob", bytes)``."""
     import zstandard
 
     from kdb.file.codec import decode
 
     with sqlite3.connect(kdb_file) as conn:
         rows = conn.execute("SELECT key, codec, blob, raw_size, checksum FROM kernels "
-                            "WHERE name LIKE ?", (like + "%",)).fetchall()
+                            "WHERE name LIKE ? ORDER BY name LIMIT ?", (like + "%", limit)
+                            ).fetchall()
         for key, *frame in rows:
             kind, data = damage(decode(*frame), frame[1])
             if kind == "raw":
@@ -115,9 +117,10 @@ def _flipped(blob: bytes) -> bytes:
 @pytest.mark.slow
 def test_damaged_entries_are_dropped_and_compiled_again_never_loaded(cold, tmp_path):
     """Graphs cut short (their frame sound: only Inductor's format says so), the AOTAutograd
-    entry with a byte flipped (the codec's checksum says so), every C++ module cut short
-    (only the ELF header says so: loading it would fail): each is dropped and compiled
-    again, and the step gives the same bits."""
+    entry with a byte flipped (the codec's checksum says so), a C++ module cut short (only
+    the ELF header says so: loading it would fail): each is dropped and compiled again, and
+    the step gives the same bits. The graphs compiled again ask for every C++ module: the
+    sound ones are served, the cut one is built (one, not all: a cold step's 35 CPU-s)."""
     from kdb.backends.torch.targets import host_arch
 
     env, root, first = cold
@@ -125,12 +128,11 @@ def test_damaged_entries_are_dropped_and_compiled_again_never_loaded(cold, tmp_p
     kdb_file = tmp_path / "kdb" / "v1" / f"{host_arch()}.kdb"
     assert _rewrite(kdb_file, "fx-graph", lambda raw, _: ("raw", raw[:len(raw) // 2])) >= 2
     assert _rewrite(kdb_file, "autograd", lambda _, blob: ("blob", _flipped(blob))) == 1
-    modules = _rewrite(kdb_file, "cpp:", lambda raw, _: ("raw", raw[:len(raw) - 100]))
-    assert modules == first["cpp_builds"]
+    assert _rewrite(kdb_file, "cpp:", lambda raw, _: ("raw", raw[:len(raw) - 100]), 1) == 1
     damaged = {**env, "KDB_CACHE_DIR": str(tmp_path / "kdb"), "KDB_AUTO": "1"}
     got, stderr = step(Path(sys.executable), damaged, tmp_path / "damaged")
     assert (got["fx_miss"], got["aot_miss"]) == (first["fx_miss"], 1), got
-    assert got["cpp_builds"] == modules, got  # every module built again, none loaded
+    assert got["cpp_builds"] == 1, got  # the cut module built again, never loaded
     assert got["digest"] == first["digest"]
     assert "dropped" in stderr, stderr[-3000:]
 
