@@ -233,7 +233,7 @@ def records() -> list[CompileRecord]:
         return list(_records)
 
 
-def _covered(spans) -> float:
+def covered_seconds(spans) -> float:
     """Seconds covered by the union of ``(start, end)`` spans."""
     total, reach = 0.0, float("-inf")
     for start, end in sorted(spans):
@@ -248,7 +248,7 @@ def compiling_seconds(recs: list[CompileRecord]) -> float:
     counts its whole span, and compiles nest (torch.compile's AOTAutograd entry holds its
     graphs, a graph its C++ modules) or run side by side: their sum can be several times
     the process's life."""
-    return _covered((r.at - r.seconds, r.at) for r in recs)
+    return covered_seconds((r.at - r.seconds, r.at) for r in recs)
 
 
 def own_seconds(backend: str, seconds: float, end: float | None = None) -> float:
@@ -262,7 +262,7 @@ def own_seconds(backend: str, seconds: float, end: float | None = None) -> float
     # its compile ends, so a compile begun with it may seem to begin a little before it.
     held = [(max(r.at - r.seconds, start), r.at) for r in records()
             if r.backend == backend and start < r.at < end]
-    return max(0.0, seconds - _covered(held))
+    return max(0.0, seconds - covered_seconds(held))
 
 
 def summary() -> str | None:

@@ -26,7 +26,6 @@ import threading
 import time
 
 from ... import faults, logs
-from ...bookkeeping import own_seconds
 from ...claims import Claim
 from ...db import default_db
 from ...keys import HashAttributes, sha256
@@ -123,9 +122,8 @@ def _through_kdb(attrs: HashAttributes, target: str, compile_) -> None:
             claim.release()
         raise
     seconds = time.perf_counter() - start
-    own = own_seconds(BACKEND, seconds)
-    rec = tiers.record_compile(attrs, seconds, own=own)
-    tiers.storing.put_later(attrs, lambda: binary, compile_seconds=own, log=rec, claim=claim,
+    rec = tiers.record_compile(attrs, seconds)  # a module holds no compile: all its own
+    tiers.storing.put_later(attrs, lambda: binary, compile_seconds=seconds, log=rec, claim=claim,
                             details={"module": os.path.basename(target)})
     return None
 
