@@ -9,8 +9,8 @@ TRITON := $(VENV)/.triton
 # torch from the registry without a pin pulls about 3 GB of NVIDIA libraries instead.
 TORCH_PIN ?= torch==2.13.0
 TORCH  := $(VENV)/.torch
-# The tests run in 2 processes (pytest-xdist), each test file whole in one of them: 9 min (800
-# CPU-s) on a quiet 2-core machine against 13 in one, 14-18 beside a CPU hog. PYTEST_JOBS=0: one.
+# The tests run in 2 processes (pytest-xdist), each test file whole in one of them: 9-10.5 min
+# (800-930 CPU-s) on a quiet 2-core machine against 13 in one, 14-23 beside a CPU hog. PYTEST_JOBS=0: one.
 PYTEST_JOBS ?= 2
 
 .PHONY: setup demo test bench clean
