@@ -45,7 +45,7 @@ test: $(STAMP) $(TRITON) $(TORCH)
 	bash tools/ensure_postgres.sh
 	bash tools/ensure_hip.sh
 	PYTHON=$(BIN)/python bash tools/ensure_opencl.sh
-	$(BIN)/python -m compileall -q kdb tests benchmarks tools
+	$(BIN)/python -m compileall -q kdb migrations tests benchmarks tools
 	$(BIN)/python -m pytest -q -n $(PYTEST_JOBS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP) $(TRITON) $(TORCH)

@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _harness import precompile
+
+    precompile()  # kdb's arms import kdb from its .pyc, as an installed kdb does
     with tempfile.TemporaryDirectory(prefix="kdb-bench-torch-") as d:
         arms = collect(Path(d), args.runs, args.procs)
     rows = report(arms, args.runs, args.procs)
