@@ -112,6 +112,141 @@ def test_progress_reads_a_process_tree_and_knows_a_stopped_one():
         burn.wait()
 
 
+# -- a holder that waits for the disk -------------------------------------------------------
+
+class _Clock:
+    """Stands in for :mod:`time` in :mod:`kdb.claims.waiting`: seconds that pass when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_a_holder_reading_from_the_disk_is_waited_for_until_kdb_wait_timeout(monkeypatch):
+    """No CPU time for seconds while its compiler's pages come from a busy disk (state D) is
+    not a stuck holder; a holder asleep (S) that long is. The first compile of a process that
+    ran ptxas cold in CI took 2 s of such waiting, and three waiters compiled it again."""
+    from kdb.claims import progress, waiting
+
+    clock = _Clock()
+    monkeypatch.setattr(waiting, "time", clock)
+    ident = (1, 2, "compiling", 3.0)
+    watch = waiting.Watch(timeout=60)
+    assert watch.verdict(ident, "compiling", 0.0, 0.0, progress.Sample(1.0)) is None
+    for _ in range(50):  # 50 s on the disk, without CPU time: past the 2 s stall bound
+        clock.now += 1
+        assert watch.verdict(ident, "compiling", 0.0, 0.0, progress.Sample(1.0, io=True)) is None
+    clock.now += 11  # 61 s without CPU time: a hung file system is given up on after all
+    why, stuck = watch.verdict(ident, "compiling", 0.0, 0.0, progress.Sample(1.0, io=True))
+    assert stuck and "disk" in why and "KDB_WAIT_TIMEOUT" in why
+    # Asleep, not on the disk: 2 s without progress is a stuck holder, as before.
+    asleep = waiting.Watch(timeout=60)
+    assert asleep.verdict(ident, "compiling", 0.0, 0.0, progress.Sample(1.0)) is None
+    clock.now += 2.5
+    why, stuck = asleep.verdict(ident, "compiling", 0.0, 0.0, progress.Sample(1.0))
+    assert stuck and "made no progress" in why
+    # A stopped holder is given up on whatever its state says.
+    stopped = waiting.Watch(timeout=60)
+    assert stopped.verdict(ident, "compiling", 0.0, 0.0, progress.Sample(1.0, True)) is None
+    clock.now += 2.5
+    why, _ = stopped.verdict(ident, "compiling", 0.0, 0.0, progress.Sample(1.0, True, io=True))
+    assert "was stopped" in why
+
+
+def _whole_disk(dev: int) -> str | None:
+    """``major:minor`` of the disk holding device ``dev`` (a partition's disk), or None."""
+    node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if not node.exists():
+        return None  # overlayfs, tmpfs: no block device to throttle
+    if (node / "partition").exists():
+        node = node.resolve().parent
+    return (node / "dev").read_text().strip()
+
+
+@pytest.fixture
+def slow_disk(tmp_path):
+    """A block I/O cgroup (v1) that reads the disk under ``tmp_path`` at 1 MB/s; yields the
+    file its processes join by writing their pid. Skips where there is none (no cgroup v1
+    blkio, not root, tmp_path not on a disk)."""
+    base = Path("/sys/fs/cgroup/blkio")
+    disk = _whole_disk(os.stat(tmp_path).st_dev)
+    if disk is None or not os.access(base, os.W_OK) \
+            or not (base / "blkio.throttle.read_bps_device").exists():
+        pytest.skip("no cgroup v1 block I/O throttle here (root, /sys/fs/cgroup/blkio and "
+                    "a disk under the temporary directory are needed) to make a disk slow")
+    group = base / f"kdb-test-{os.getpid()}-{tmp_path.name}"
+    group.mkdir()
+    try:
+        (group / "blkio.throttle.read_bps_device").write_text(f"{disk} 1000000")
+        yield group / "cgroup.procs"
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            (base / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+DISK_HOLDER = """
+    import os, sys
+    from kdb import HashAttributes, KernelDB
+    from kdb.claims import Claim
+    data, procs, ready = sys.argv[1:4]
+    a = HashAttributes(backend="test", source="__kernel void k0() {}", arch="a1", name="k0")
+    db = KernelDB(use_system=False)
+    got = db.tiers.claim_or_wait(a)
+    assert isinstance(got, Claim), got
+    with open(procs, "w") as f:  # from now on this process reads the disk at 1 MB/s
+        f.write(str(os.getpid()))
+    open(ready, "w").close()
+    fd = os.open(data, os.O_RDONLY)
+    while os.read(fd, 1 << 16):  # a compiler's pages, read in from a busy disk: 4 s
+        pass
+    db.tiers.storing.put_later(a, lambda: b"read" * 20, compile_seconds=0.1, claim=got)
+    db.flush()
+    print("stored", flush=True)
+"""
+
+
+def test_a_holder_waiting_for_a_slow_disk_is_not_compiled_around(cache_dir, tmp_path,
+                                                                 slow_disk):
+    """The holder reads 4 MB at 1 MB/s before it stores: 4 s in uninterruptible sleep with no
+    CPU time. The waiter waits for it (its claim says its compile took 0 s: 2 s without
+    progress gives a sleeping holder up) and is served its entry."""
+    from kdb.claims import progress
+
+    data = tmp_path / "pages"
+    with open(data, "wb") as f:
+        f.write(os.urandom(4 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(data, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache: from the disk
+    os.close(fd)
+    ready = tmp_path / "held"
+    holder = _start(DISK_HOLDER, str(data), str(slow_disk), str(ready))
+    try:
+        _wait_for(ready, holder)
+        start = time.monotonic()
+        seen = []
+        while len(seen) < 20 and holder.poll() is None:
+            seen.append(progress.sample(holder.pid, progress.start_time(holder.pid)))
+            time.sleep(0.05)
+        got = KernelDB(use_system=False).tiers.claim_or_wait(
+            HashAttributes(backend="test", source="__kernel void k0() {}", arch="a1", name="k0"))
+        waited = time.monotonic() - start
+        out, err = holder.communicate(timeout=120)
+        assert holder.returncode == 0 and "stored" in out, err
+        assert isinstance(got, Hit) and got.binary == b"read" * 20, got
+        assert waited > 2.5  # past the stall bound: the disk, not a stuck holder
+        assert any(s is not None and s.io for s in seen), "the holder never waited for the disk"
+    finally:
+        _stop(holder)
+
+
 # -- a holder killed or stopped mid-compile (a real PoCL build) --------------------------------
 
 #: A program PoCL takes about 2 s of CPU time to build (its front end and optimizer).

@@ -21,13 +21,16 @@ _hz: float | None = None
 
 class Sample:
     """A process tree at one moment: ``cpu`` (CPU seconds used by the process and its live
-    and reaped descendants), ``stopped`` (the process is stopped or traced) and ``running``
-    (one of them is running or waiting for a CPU)."""
+    and reaped descendants), ``stopped`` (the process is stopped or traced), ``running``
+    (one of them is running or waiting for a CPU) and ``io`` (one of them waits for the
+    disk: uninterruptible sleep, ``D``, as a compiler does while its pages are read in from a
+    busy disk, using no CPU time meanwhile)."""
 
-    __slots__ = ("cpu", "stopped", "running")
+    __slots__ = ("cpu", "stopped", "running", "io")
 
-    def __init__(self, cpu: float, stopped: bool = False, running: bool = False) -> None:
-        self.cpu, self.stopped, self.running = cpu, stopped, running
+    def __init__(self, cpu: float, stopped: bool = False, running: bool = False,
+                 io: bool = False) -> None:
+        self.cpu, self.stopped, self.running, self.io = cpu, stopped, running, io
 
 
 def hz() -> float:
@@ -72,7 +75,7 @@ def sample(pid: int, start: int) -> Sample | None:
         return None
     state = fields[0]
     cpu = sum(int(x) for x in fields[11:15])  # utime, stime, and its reaped children's
-    running = state == b"R"
+    states = {state}
     seen, todo = 1, _children(pid)
     while todo and seen < MAX_TREE:
         child = todo.pop()
@@ -81,9 +84,9 @@ def sample(pid: int, start: int) -> Sample | None:
         if got is None:
             continue
         cpu += sum(int(x) for x in got[11:15])
-        running = running or got[0] == b"R"
+        states.add(got[0])
         todo += _children(child)
-    return Sample(cpu / hz(), state in (b"T", b"t"), running)
+    return Sample(cpu / hz(), state in (b"T", b"t"), b"R" in states, b"D" in states)
 
 
 def _children(pid: int) -> list[int]:

@@ -65,15 +65,19 @@ class Watch:
     A holder that made none for its compile time plus :data:`STALL_S` (stopped, dead-locked)
     is given up on, as is one that spent ``timeout`` seconds of CPU time on one step (it
     spins); one storing an entry, once that has cost more CPU than the compile would
-    (:func:`pending_wait`). A holder this process cannot see (another pid namespace, no
-    ``/proc``, a node without a heartbeat) is judged by the wall clock: ``timeout`` for a
-    compile, :func:`pending_wait` for a store.
+    (:func:`pending_wait`). One that waits for the disk (its compiler's pages read in from a
+    busy disk: no CPU time for seconds) is waited for, up to ``timeout`` seconds of wall time
+    without CPU time (a hung network file system). A holder this process cannot see (another
+    pid namespace, no ``/proc``, a node without a heartbeat) is judged by the wall clock:
+    ``timeout`` for a compile, :func:`pending_wait` for a store.
     """
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.ident: tuple | None = None
-        self.began = self.moved = 0.0
+        #: When the holder was last seen at all active (``moved``), and using the CPU
+        #: (``worked``): waiting for the disk is the one difference.
+        self.began = self.moved = self.worked = 0.0
         #: When this process began waiting for another node (whoever its heartbeat names).
         self.node_began: float | None = None
         self.cpu0 = self.cpu = 0.0
@@ -88,7 +92,7 @@ class Watch:
         limit = pending_wait(seconds) if budget is None else budget
         now = time.monotonic()
         if ident != self.ident:
-            self.ident, self.began, self.moved = ident, now, now
+            self.ident, self.began, self.moved, self.worked = ident, now, now, now
             self.cpu0 = self.cpu = seen.cpu if seen is not None else 0.0
         if seen is None:
             if state in (PENDING, STORING) and time.time() - since >= limit:
@@ -98,13 +102,18 @@ class Watch:
             return None
         alive = not seen.stopped and (seen.running or state == WAITING)
         if seen.cpu > self.cpu or alive:
-            self.moved = now
+            self.moved = self.worked = now
+        elif seen.io and not seen.stopped:
+            self.moved = now  # reading from the disk: slow, not stuck (bounded below)
         self.cpu = max(self.cpu, seen.cpu)
         stall = min(max(seconds, longest()) + STALL_S, self.timeout)
         if now - self.moved >= stall:
             what = "was stopped" if seen.stopped else "made no progress"
             return (f"it {what} for {now - self.moved:.1f} s (its compile time + "
                     f"{STALL_S:g} s, at most KDB_WAIT_TIMEOUT)"), True
+        if now - self.worked >= self.timeout:
+            return (f"it waited for the disk for {now - self.worked:.0f} s without using the "
+                    "CPU (KDB_WAIT_TIMEOUT)"), True
         used = self.cpu - self.cpu0
         if state in (PENDING, STORING) and used >= limit:
             return f"storing it cost {used:.1f} s of CPU time, more than compiling it", False
