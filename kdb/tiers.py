@@ -332,7 +332,9 @@ class Tiers:
                 return self._first_hit(attrs, published, claims.held(attrs.key))
         # A cold cache: while it waits, this process makes the user file the holder's
         # store needs (its creation was on every waiter's path, with nothing else to do).
-        idle = None if os.path.exists(user.filename) else user.ensure
+        # Not for a back end that cannot name its arch yet: ``attrs.arch`` only names the
+        # claim, and a file made for it would be an empty database of no arch.
+        idle = None if find is not None or os.path.exists(user.filename) else user.ensure
         return waiting.claim_or_wait(self.user_dir / "claims", attrs.key,
                                      attrs.name or attrs.key[:16], find, config.wait_timeout(),
                                      shared=shared, idle=idle,

@@ -172,6 +172,11 @@ def counted(call):
 
 
 events, STAGES = count_compiles()
+if os.environ.get("LOG_KDB"):  # kdb's debug lines (why it waited, or compiled) on stderr
+    import logging
+
+    logging.basicConfig(format="%(relativeCreated)d %(threadName)s %(message)s")
+    logging.getLogger("kdb").setLevel(logging.DEBUG)
 backend, arch, warp = os.environ["TARGET"].split(":")
 target = GPUTarget(backend, int(arch) if arch.isdigit() else arch, int(warp))
 SIG = {"add": {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
@@ -401,15 +406,22 @@ def test_processes_compiling_the_same_kernels_compile_each_once(plain, tmp_path,
     """With the target named, and without (plain triton.compile, no GPU: the claim is on
     Triton's key and waiters look in every arch)."""
     kernels = ["add/16", "add/32", "add/64", "scale/64"]
-    env = {**triton_env, "PLAIN": "1", "KDB_AUTO": "1"} if plain else triton_env
+    env = {**triton_env, "LOG_KDB": "1"}
+    env.update({"PLAIN": "1", "KDB_AUTO": "1"} if plain else {})
     procs = [subprocess.Popen([sys.executable, str(tmp_path / "app.py"), *kernels],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(4)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
     hits = [json.loads(o.splitlines()[-1])["hits"] for o, _ in outs]
-    assert sum(h.count(False) for h in hits) == len(kernels), hits
+    # On a failure, each process's own account: when it waited, for whom, and why it stopped.
+    said = "\n\n".join(f"process {i} (pid {p.pid}): {h}\n" + "\n".join(
+        line for line in err.splitlines() if " kdb" in line)
+        for i, (p, h, (_, err)) in enumerate(zip(procs, hits, outs)))
+    assert sum(h.count(False) for h in hits) == len(kernels), said
     assert len(entries(cache_dir, "sm_90")) == len(kernels)
+    # One file, the target's: no empty one for the claims made before the target was known.
+    assert [p.name for p in (cache_dir / "v1").glob("*.kdb")] == ["sm_90.kdb"]
 
 
 def test_kdb_lists_and_explains_triton_entries(tmp_path, triton_env, cache_dir):
