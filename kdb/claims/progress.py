@@ -73,10 +73,9 @@ def sample(pid: int, start: int) -> Sample | None:
     fields = _stat(pid)
     if not start or fields is None or int(fields[19]) != start:
         return None
-    state = fields[0]
     cpu = sum(int(x) for x in fields[11:15])  # utime, stime, and its reaped children's
-    states = {state}
-    seen, todo = 1, _children(pid)
+    todo, states = _tasks(pid)
+    seen = 1
     while todo and seen < MAX_TREE:
         child = todo.pop()
         seen += 1
@@ -84,18 +83,31 @@ def sample(pid: int, start: int) -> Sample | None:
         if got is None:
             continue
         cpu += sum(int(x) for x in got[11:15])
-        states.add(got[0])
-        todo += _children(child)
-    return Sample(cpu / hz(), state in (b"T", b"t"), b"R" in states, b"D" in states)
+        more, child_states = _tasks(child)
+        todo += more
+        states |= child_states
+    return Sample(cpu / hz(), fields[0] in (b"T", b"t"), b"R" in states, b"D" in states)
 
 
-def _children(pid: int) -> list[int]:
-    """The live child processes of every thread of ``pid`` (a compiler it runs: nvcc, ptxas)."""
+def _tasks(pid: int) -> tuple[list[int], set[bytes]]:
+    """The live child processes of every thread of ``pid`` (a compiler it runs: nvcc, ptxas),
+    and the states of its threads (one may run, or wait for the disk, while the first sleeps
+    in a join)."""
     out: list[int] = []
+    states: set[bytes] = set()
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return out
+        return out, states
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                states.add(f.read().rsplit(b")", 1)[1].split(None, 1)[0])
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out += [int(c) for c in f.read().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return out, states
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
