@@ -3,9 +3,9 @@ start-up latency log.
 
 A hit never writes: it bumps a counter (and a per-key hit count for the user tier) in
 memory here. The rows are written later in one short transaction, together with entries
-the background store adds, by :meth:`Book.write` (the background thread, ``flush()``, a
-collected KernelDB, the exit, and the store worker writing what a process handed it all go
-through it). This process's own totals (:func:`process_counts`) feed ``kdb run`` and
+the background store adds, by :meth:`Book.write` (the background thread, ``flush()``, the
+next KernelDB made after one is collected, the exit, and the store worker writing what a
+process handed it all go through it). This process's own totals (:func:`process_counts`) feed ``kdb run`` and
 ``pytest --kdb``: at exit a process leaves them in ``KDB_RUN_REPORT`` (:mod:`kdb.adopt.tally`
 adds the reports up).
 
@@ -88,13 +88,13 @@ class Book:
         _books.append(self)
 
     def release(self) -> None:
-        """Its KernelDB is collected: write what is left and forget this book. (At exit the
-        lifecycle writes every book first; a book holds no reference to its KernelDB.)"""
-        try:
-            _books.remove(self)
-        except ValueError:
-            pass
-        self.write_all(quiet=True)
+        """Its KernelDB is collected. Nothing is written or imported here: a finalizer runs
+        inside whatever allocation set the collector off, on any thread, holding what that
+        thread holds (a lock of kdb's; pytest's parse of a module it rewrites, which a
+        nested import there breaks on CPython 3.11.7). What is left is written by the next
+        KernelDB made, the next flush or the exit (:func:`write_orphans`). A book holds no
+        reference to its KernelDB."""
+        _orphans.append(self)
 
     # -- counting (the hit path) -------------------------------------------------------------
 
@@ -190,8 +190,24 @@ class Book:
         self.hand_over = None
 
 
-#: Every live KernelDB's book (removed by :meth:`Book.release`), for the exit and fork.
+#: Every live KernelDB's book, and those of collected ones until written, for the exit and fork.
 _books: list[Book] = []
+#: Books of collected KernelDBs (:meth:`Book.release`) still to be written.
+_orphans: list[Book] = []
+
+
+def write_orphans() -> None:
+    """Write, and forget, the books of collected KernelDBs (a new KernelDB, a flush)."""
+    while _orphans:
+        try:
+            book = _orphans.pop()
+        except IndexError:  # another thread took the last one
+            return
+        try:
+            _books.remove(book)
+        except ValueError:
+            pass
+        book.write_all(quiet=True)
 
 
 def _write_every_book() -> None:

@@ -147,8 +147,9 @@ class Tiers:
         #: Binaries this process compiled or copied, served from memory until stored.
         self._inflight: dict[str, bytes] = {}
         # Batched hit counts, counters and log rows (kdb.bookkeeping): written by the
-        # background store, a flush, the exit, or when this instance is collected.
+        # background store, a flush, the exit, or after this instance is collected.
         self._book = Book(self._user.__getitem__, self.disabled)
+        bookkeeping.write_orphans()  # those of KernelDBs collected before this one
         #: The store side: puts, spools, stores and drops entries, and flushes.
         self.storing = Storing(user_dir=self.user_dir, cache_root=self.cache_root,
                                user_file=self.user_file, book=self._book,
@@ -156,7 +157,8 @@ class Tiers:
                                disabled=self.disabled)
 
     def __del__(self) -> None:
-        # Collected without a flush: its batched bookkeeping is not lost.
+        # Collected without a flush: its batched bookkeeping is not lost (written later:
+        # nothing is written in a finalizer, bookkeeping.Book.release).
         book = self.__dict__.get("_book")
         if book is not None:
             try:
@@ -327,14 +329,14 @@ class Tiers:
         if shared is None and not user.usable:
             return None  # a refused user file: nothing to wait for, and no claims written there
         published = (FileTier(user),) if shared is None else (FileTier(user), shared)
+        # A cold cache: while it waits, this process makes the user file the holder's
+        # store needs (its creation was on every waiter's path, with nothing else to do).
+        # Not for a back end that cannot name its arch yet (``find``): ``attrs.arch`` only
+        # names the claim, and a file made for it would be an empty database of no arch.
+        idle = None if find is not None or os.path.exists(user.filename) else user.ensure
         if find is None:
             def find() -> Hit | None:
                 return self._first_hit(attrs, published, claims.held(attrs.key))
-        # A cold cache: while it waits, this process makes the user file the holder's
-        # store needs (its creation was on every waiter's path, with nothing else to do).
-        # Not for a back end that cannot name its arch yet: ``attrs.arch`` only names the
-        # claim, and a file made for it would be an empty database of no arch.
-        idle = None if find is not None or os.path.exists(user.filename) else user.ensure
         return waiting.claim_or_wait(self.user_dir / "claims", attrs.key,
                                      attrs.name or attrs.key[:16], find, config.wait_timeout(),
                                      shared=shared, idle=idle,

@@ -87,6 +87,35 @@ def test_a_holder_that_makes_progress_is_waited_for_past_the_wall_clock_bound(
         _stop(holder)
 
 
+def test_a_waiter_makes_the_user_file_while_the_holder_compiles(cache_dir, tmp_path):
+    """A cold cache: the waiter, with nothing else to do, creates the user file the holder's
+    store needs, while the holder still compiles (the claim file says so)."""
+    import threading
+
+    from kdb.claims import holder as holder_of
+
+    a = HashAttributes(backend="test", source="__kernel void k0() {}", arch="a1", name="k0")
+    ready = tmp_path / "held"
+    holder = _start(SLOW_HOLDER, str(ready), "6")
+    try:
+        _wait_for(ready, holder)
+        user = cache_dir / "v1" / "a1.kdb"
+        assert not user.exists()
+        got: list = []
+        waiter = threading.Thread(
+            target=lambda: got.append(KernelDB(use_system=False).tiers.claim_or_wait(a)))
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while not user.exists():
+            assert time.monotonic() < deadline, "the user file never came"
+            time.sleep(0.01)
+        assert holder_of(cache_dir / "v1" / "claims", a.key).state == "compiling"
+        waiter.join(timeout=120)
+        assert isinstance(got[0], Hit), got
+    finally:
+        _stop(holder)
+
+
 def test_progress_reads_a_process_tree_and_knows_a_stopped_one():
     from kdb.claims import progress
 
@@ -135,6 +164,7 @@ def test_a_holder_reading_from_the_disk_is_waited_for_until_kdb_wait_timeout(mon
 
     clock = _Clock()
     monkeypatch.setattr(waiting, "time", clock)
+    monkeypatch.setattr(waiting, "longest", lambda: 0.0)  # no compile of this process counts
     ident = (1, 2, "compiling", 3.0)
     watch = waiting.Watch(timeout=60)
     assert watch.verdict(ident, "compiling", 0.0, 0.0, progress.Sample(1.0)) is None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from .. import config, faults, logs
+from .. import bookkeeping, config, faults, logs
 from ..bookkeeping import Pending
 from ..file.kernelfile import CompileRecord, Entry
 from ..file.rows import PROVISIONAL
@@ -101,6 +101,7 @@ class Storing:
         """Finish background stores and write batched bookkeeping; strict mode re-raises."""
         errors = drain()
         self._book.write_all()
+        bookkeeping.write_orphans()  # and those of KernelDBs collected meanwhile
         if errors and config.flag(config.ENV_STRICT):
             raise errors[0]
 
