@@ -446,7 +446,9 @@ def test_a_job_nothing_stands_in_for_is_stored_before_older_ones(tmp_path):
     now = time.time_ns()
     jobs = {f"{now - 9_000_000_000 - i:020d}-1-{i}": False for i in range(3)}
     jobs[f"{now - 5_000_000_000:020d}-1-7"] = True   # old enough, put first
-    jobs[f"{now:020d}-1-8"] = True                    # too young yet
+    # Too young yet, however long this test takes to get there (a loaded machine with a cold
+    # disk took more than MIN_AGE_S between here and the last pick).
+    jobs[f"{now + 600_000_000_000:020d}-1-8"] = True
     for stem, first in jobs.items():
         job = StoreJob(backend="opencl", entries=[{"key": stem}], first=first)
         (tmp_path / (stem + spool.JOB)).write_text(job.to_json())
