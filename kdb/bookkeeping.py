@@ -5,9 +5,9 @@ A hit never writes: it bumps a counter (and a per-key hit count for the user tie
 memory here. The rows are written later in one short transaction, together with entries
 the background store adds, by :meth:`Book.write` (the background thread, ``flush()``, the
 next KernelDB made after one is collected, the exit, and the store worker writing what a
-process handed it all go through it). This process's own totals (:func:`process_counts`) feed ``kdb run`` and
-``pytest --kdb``: at exit a process leaves them in ``KDB_RUN_REPORT`` (:mod:`kdb.adopt.tally`
-adds the reports up).
+process handed it all go through it). This process's own totals (:func:`process_counts`)
+feed ``kdb run`` and ``pytest --kdb``: at exit a process leaves them in ``KDB_RUN_REPORT``
+(:mod:`kdb.adopt.tally` adds the reports up).
 
 The start-up latency log keeps every compile of this process in memory (:func:`record`; the
 rows reach the user file's ``compile_log`` with the rest). At exit, a process that compiled

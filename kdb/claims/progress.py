@@ -108,10 +108,3 @@ def _tasks(pid: int) -> tuple[list[int], set[bytes]]:
         except (OSError, ValueError, IndexError):
             continue
     return out, states
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                out += [int(c) for c in f.read().split()]
-        except (OSError, ValueError):
-            continue
-    return out
