@@ -5,6 +5,7 @@ check (``check_settings``) and ``kdb info`` all take their variables from it."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -98,3 +99,21 @@ def test_kdb_info_never_shows_the_shared_tiers_password(monkeypatch):
     monkeypatch.setenv(config.ENV_SHARED_URL, "postgresql+psycopg://kdb:s3cret-pw@db:5432/kdb")
     [url] = [r["value"] for r in info_settings() if r["name"] == config.ENV_SHARED_URL]
     assert url == "postgresql+psycopg://kdb:***@db:5432/kdb"
+
+
+@pytest.mark.parametrize("extra", [0, 400], ids=["small environment", "large environment"])
+def test_read_variables_reads_what_os_environ_holds(monkeypatch, extra):
+    """Both ways of reading (one pass over a small environment's names, or a lookup per name
+    where the environment is large) give what os.environ.get gives, empty values included."""
+    from kdb.backends.opencl.keys import BUILD_VARIABLES
+
+    for i in range(extra):
+        monkeypatch.setenv(f"KDB_TEST_FILLER_{i}", "x")
+    monkeypatch.setenv("POCL_WORK_GROUP_METHOD", "loopvec")
+    monkeypatch.setenv("PYOPENCL_BUILD_OPTIONS", "")
+    monkeypatch.delenv("KDB_CACHE_DIR", raising=False)
+    got = config.read_variables(BUILD_VARIABLES)
+    assert list(got) == list(BUILD_VARIABLES)
+    assert got == {n: os.environ.get(n) for n in BUILD_VARIABLES}
+    assert got["POCL_WORK_GROUP_METHOD"] == "loopvec" and got["PYOPENCL_BUILD_OPTIONS"] == ""
+    assert got["KDB_CACHE_DIR"] is None
