@@ -83,6 +83,7 @@ def read_variables(names: tuple[str, ...]) -> dict[str, str | None]:
 
 @functools.lru_cache(maxsize=64)
 def _wanted(names: tuple[str, ...]) -> frozenset[str]:
+    """``names`` as a set, made once per tuple (each back end asks for a fixed one)."""
     return frozenset(names)
 
 
