@@ -149,6 +149,24 @@ def no_store_worker(cache_dir, env: dict):
             os.close(fd)
 
 
+def kill_workers(cache: Path) -> None:
+    """SIGKILL the store workers of ``cache`` with their lanes (each worker leads its own
+    session): what they would still store is a scan's minutes of idle-priority work."""
+    import signal
+
+    def pgrep(*args: str) -> list[int]:
+        return [int(p) for p in subprocess.run(["pgrep", *args], capture_output=True,
+                                               text=True).stdout.split()]
+
+    workers = pgrep("-f", f"kdb.worker {cache}")
+    lanes = [lane for pid in workers for lane in pgrep("-P", str(pid))]  # sessions of their own
+    for pid in workers + lanes:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 @pytest.fixture(autouse=True)
 def _fresh_process_state():
     """Forget once-per-process warnings and this process's compile log between tests."""

@@ -22,6 +22,7 @@ import pytest
 from kdb import HashAttributes
 from kdb.storing import jobfiles, queued, spool, storetimes
 from kdb.storing.jobs import StoreJob
+from conftest import kill_workers
 from test_spool import ARCH, BUILD, DETACH, _stop_workers, run_json, stored, wait_for_worker
 
 cl = pytest.importorskip("pyopencl")
@@ -54,18 +55,6 @@ def _resume(pids: list[int]) -> None:
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
-            pass
-
-
-def _kill_workers(cache: Path) -> None:
-    """SIGKILL the store workers of ``cache`` with their lanes (each worker leads its own
-    session): what they would still store is a scan's minutes of idle-priority work."""
-    out = subprocess.run(["pgrep", "-f", f"kdb.worker {cache}"], capture_output=True,
-                         text=True).stdout.split()
-    for pid in map(int, out):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
             pass
 
 
@@ -426,4 +415,4 @@ def test_a_store_that_costs_more_than_the_compile_is_given_up_and_set_aside(
         assert second["build_s"] < 200  # given up, not waited out (on a loaded machine too)
     finally:
         _resume(stopped)
-        _kill_workers(cache_dir)
+        kill_workers(cache_dir)
