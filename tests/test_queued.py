@@ -269,23 +269,33 @@ def test_a_job_whose_worker_was_killed_mid_store_is_stored_by_the_next_process(
 
 
 AHEAD = """
-    import json, os, sqlite3, subprocess, sys, time
+    import json, os, sqlite3, subprocess, sys, threading, time
     import pyopencl as cl
     import kdb.opencl, kdb.bookkeeping
+    ours, done = {{}}, threading.Event()
+
+    def watch():  # from before the wait: a store-ahead may end as the wait does
+        while not done.is_set():
+            for pid in subprocess.run(["pgrep", "-f", "kdb.worker --ahead"],
+                                      capture_output=True, text=True).stdout.split():
+                try:  # of this session (this very code names it: not this process), ours
+                    if os.getsid(int(pid)) == os.getsid(0) and int(pid) != os.getpid():
+                        ours[pid] = os.getpriority(os.PRIO_PROCESS, int(pid))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
     ctx = cl.Context(plat.get_devices()[:1])
     kdb.opencl.build(ctx, "__kernel void h0(__global float *a) {{ a[0] = 0; }}")
-    deadline, n, ours = time.monotonic() + {wait}, 0, {{}}
+    deadline, n = time.monotonic() + {wait}, 0
     while time.monotonic() < deadline and n < {n}:  # the others, stored ahead meanwhile
-        for pid in subprocess.run(["pgrep", "-f", "kdb.worker --ahead"],
-                                  capture_output=True, text=True).stdout.split():
-            try:  # of this session (this very code names it: not this process), ours
-                if os.getsid(int(pid)) == os.getsid(0) and int(pid) != os.getpid():
-                    ours[pid] = os.getpriority(os.PRIO_PROCESS, int(pid))
-            except OSError:
-                pass
         time.sleep(0.1)
         n = sqlite3.connect({db!r}).execute("SELECT count(*) FROM kernels").fetchone()[0]
+    done.set()
+    watcher.join()
     print(json.dumps({{"compiles": len(kdb.bookkeeping.records()), "stored": n,
                        "ahead": ours}}))
 """
