@@ -13,7 +13,6 @@ programs generated more code after their store (``refresh``: the back end's
 
 from __future__ import annotations
 
-import json
 
 
 STORE = "store"
@@ -121,10 +120,14 @@ class StoreJob:
         return cls(**known, extra=extra)
 
     def to_json(self) -> str:
+        import json  # a miss's: `import kdb.opencl` does not load json (docs/figures.md)
+
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> StoreJob:
+        import json
+
         return cls.from_dict(json.loads(text))
 
 

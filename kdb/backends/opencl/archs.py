@@ -17,7 +17,6 @@ own way (docs/tiers.md, "Arch ids"):
 from __future__ import annotations
 
 import functools
-import hashlib
 import platform as _platform
 import re
 from pathlib import Path
@@ -87,6 +86,8 @@ def isa_class(flags: set[str], machine: str) -> str:
     >>> isa_class({"sse2", "avx", "avx2", "constant_tsc"}, "x86_64")
     'x86_64-v1-b9c3012b'
     """
+    import hashlib  # not PoCL's id: `import kdb.opencl` does not load it (docs/figures.md)
+
     isa = sorted(f for f in flags if _ISA_FLAG_RE.match(f))
     digest = hashlib.sha256(" ".join(isa).encode()).hexdigest()[:8]
     if machine in ("x86_64", "amd64"):

@@ -11,7 +11,6 @@ import functools
 import os
 import platform as _platform
 import re
-import shlex
 import weakref
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -192,6 +191,8 @@ def split_options(options: str | Sequence[str] | None) -> list[str]:
             stripped = options.strip(" \t\r\n")
             return _SPACE_RE.split(stripped) if stripped else []
         try:
+            import shlex  # quoted options only: most builds never load it
+
             return shlex.split(options)
         except ValueError as err:  # "No closing quotation": a KdbError, still a ValueError
             raise InvalidArgumentError(
