@@ -14,7 +14,6 @@ programs generated more code after their store (``refresh``: the back end's
 from __future__ import annotations
 
 
-
 STORE = "store"
 BOOKKEEPING = "bookkeeping"
 REFRESH = "refresh"
