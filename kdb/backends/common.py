@@ -1,5 +1,8 @@
-"""What every back end does the same way: source text in, a label for listings out, and a
-compiler back end's miss (compile, log, store later)."""
+"""What every back end does the same way: source text in, a label for listings out, a
+compiler back end's miss (compile, log, store later), and regular expressions compiled at
+their first use (:class:`LazyPattern`: ``re.compile`` costs 50-300 us a pattern, and
+``import kdb.opencl`` is paid by every process a framework starts, most of which never
+read an ``#include`` or label a kernel)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,35 @@ from typing import Callable
 from .. import logs
 from ..bookkeeping import UNCACHED, first_uncached
 from ..errors import InvalidArgumentError, UnsupportedTypeError
+
+
+#: What a compiled pattern answers; the first use copies them onto the instance, so later
+#: calls are plain attribute reads.
+_ATTRIBUTES = ("match", "fullmatch", "search", "sub", "subn", "split", "findall", "finditer",
+               "pattern", "flags", "groups", "groupindex")
+
+
+class LazyPattern:
+    """``re.compile(pattern, flags)``, done on the first attribute asked for.
+
+    >>> p = LazyPattern(r"a(\\d+)")
+    >>> p.search("xa12").group(1), p.sub("-", "a1a2"), p.pattern
+    ('12', '--', 'a(\\\\d+)')
+    """
+
+    def __init__(self, pattern: str, flags: int = 0) -> None:
+        self._args = (pattern, flags)
+
+    def __getattr__(self, name: str):
+        if name not in _ATTRIBUTES:
+            raise AttributeError(name)
+        compiled = re.compile(*self._args)
+        for attribute in _ATTRIBUTES:
+            setattr(self, attribute, getattr(compiled, attribute))
+        return getattr(compiled, name)
+
+    def __repr__(self) -> str:
+        return f"LazyPattern({self._args[0]!r})"
 
 
 def source_text(source: str | bytes, language: str) -> str:

@@ -21,6 +21,7 @@ import re
 import stat
 
 from .digests import file_digest
+from .common import LazyPattern
 
 
 def _read_text(path: str) -> str:
@@ -56,20 +57,20 @@ class IncludeSearch:
 
 
 #: A line splice: a backslash, the blanks clang tolerates before the line end, the line end.
-_SPLICE_RE = re.compile(r"\\[ \t\f\v]*\n")
-_LEX_RE = re.compile(r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'',
-                     re.DOTALL)
+_SPLICE_RE = LazyPattern(r"\\[ \t\f\v]*\n")
+_LEX_RE = LazyPattern(
+    r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
 #: A directive: ``#`` or its digraph ``%:`` first on a line, blanks (form feed and vertical
 #: tab included) around it.
-_DIRECTIVE_RE = re.compile(
+_DIRECTIVE_RE = LazyPattern(
     r"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)\b[ \t\f\v]*(.*)$",
     re.MULTILINE)
-_HAS_INCLUDE_RE = re.compile(r"__has_include(?:_next)?\s*\(\s*(.?)")
-_NAME_RE = re.compile(r'(?:<([^>\n]+)>|"([^"\n]+)")')
+_HAS_INCLUDE_RE = LazyPattern(r"__has_include(?:_next)?\s*\(\s*(.?)")
+_NAME_RE = LazyPattern(r'(?:<([^>\n]+)>|"([^"\n]+)")')
 #: The nine trigraphs (clang replaces them with ``-trigraphs`` or in strict C modes).
 _TRIGRAPHS = {"=": "#", "/": "\\", "'": "^", "(": "[", ")": "]", "!": "|", "<": "{", ">": "}",
               "-": "~"}
-_TRIGRAPH_RE = re.compile(r"\?\?([=/'()!<>-])")
+_TRIGRAPH_RE = LazyPattern(r"\?\?([=/'()!<>-])")
 
 
 def _lines(text: str) -> str:
@@ -123,7 +124,8 @@ def readings(text: str) -> tuple[str, ...]:
 
 #: The macros a compiler replaces with the time of the build (``__TIMESTAMP__``: the time
 #: the file was last written; kdb writes the program to a new file for nvcc and hipcc).
-_TEMPORAL_RE = re.compile(r"(?<![A-Za-z0-9_$])__(?:DATE|TIME|TIMESTAMP)__(?![A-Za-z0-9_$])")
+_TEMPORAL_RE = LazyPattern(
+    r"(?<![A-Za-z0-9_$])__(?:DATE|TIME|TIMESTAMP)__(?![A-Za-z0-9_$])")
 
 
 def temporal_macro(text: str) -> str | None:

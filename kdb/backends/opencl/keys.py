@@ -27,7 +27,7 @@ from ...keys import HashAttributes
 from . import archs
 from .binaries import library_of
 from .tempincludes import temporary_dirs
-from ..common import label
+from ..common import LazyPattern, label
 
 log = logs.get("kdb")
 BACKEND = "opencl"
@@ -62,8 +62,8 @@ ENV_VARS = tuple(sorted((
 
 # Attribute arguments nest two deep ((reqd_work_group_size(WG(1), 1, 1))), each written as
 # "runs of [^()] between groups": one way to match any text, so a miss backtracks linearly.
-_KERNEL_RE = re.compile(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\([^()]*(?:\([^()]*"
-                        r"(?:\([^()]*\)[^()]*)*\)[^()]*)*\)\)\s*)*void\s+(\w+)")
+_KERNEL_RE = LazyPattern(r"\b(?:__kernel|kernel)\s+(?:__attribute__\s*\(\([^()]*(?:\([^()]*"
+                          r"(?:\([^()]*\)[^()]*)*\)[^()]*)*\)\)\s*)*void\s+(\w+)")
 # shlex.split lexes in Python one character at a time (slow on long option strings); with
 # no quote or escape in the string its answer is a split on its four whitespace characters.
 _QUOTING_RE = re.compile(r"[\"'\\]")
