@@ -17,6 +17,7 @@ store worker reach it as ``KernelDB.tiers``; a program calls :class:`kdb.KernelD
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -29,14 +30,13 @@ from .file import discovery
 from .file.codec import decode
 from .file.kernelfile import KernelFile
 from .file.rows import Hit, Tier  # noqa: F401 - kdb.tiers names both
-from .signing import policy as signing
-from .storing import stores
-from .storing.stores import Storing
+from . import signing
 
 if TYPE_CHECKING:  # annotations are strings here
     from typing import Any, Callable, Iterable, Iterator
 
     from . import claims
+    from .storing.stores import Storing
     from .keys import HashAttributes
     from .file.kernelfile import CompileRecord, Entry, Row
 
@@ -150,11 +150,16 @@ class Tiers:
         # background store, a flush, the exit, or after this instance is collected.
         self._book = Book(self._user.__getitem__, self.disabled)
         bookkeeping.write_orphans()  # those of KernelDBs collected before this one
-        #: The store side: puts, spools, stores and drops entries, and flushes.
-        self.storing = Storing(user_dir=self.user_dir, cache_root=self.cache_root,
-                               user_file=self.user_file, book=self._book,
-                               inflight=self._inflight, shared=self._shared,
-                               disabled=self.disabled)
+
+    @functools.cached_property
+    def storing(self) -> Storing:
+        """The store side: puts, spools, stores and drops entries, and flushes. Made at its
+        first use: a process whose builds all hit never imports it."""
+        from .storing.stores import Storing
+
+        return Storing(user_dir=self.user_dir, cache_root=self.cache_root,
+                       user_file=self.user_file, book=self._book, inflight=self._inflight,
+                       shared=self._shared, disabled=self.disabled)
 
     def __del__(self) -> None:
         # Collected without a flush: its batched bookkeeping is not lost (written later:
@@ -252,7 +257,7 @@ class Tiers:
                          f"unusable: {reason}; it is dropped and compiled again",
                          once="bad:shared:" + attrs.key)
             stored = _stored_key(row, attrs.key)
-            stores.submit(lambda: tier.drop([stored]))
+            _submit(lambda: tier.drop([stored]))
         else:
             faults.fault(f"entry {attrs.key[:16]} in {tier.describe()} is unusable: {reason}; "
                          "skipped", once=f"bad:{tier.describe()}")
@@ -274,9 +279,11 @@ class Tiers:
         if cause is None:
             return True
         policy.refused(tier.name, tier.describe(), key, attrs.name, cause, signer)
-        if tier.name == "shared" and cause in (signing.BAD_SIGNATURE, signing.BAD_DIGEST):
+        from .signing.policy import BAD_DIGEST, BAD_SIGNATURE  # loaded: a policy is set
+
+        if tier.name == "shared" and cause in (BAD_SIGNATURE, BAD_DIGEST):
             stored = _stored_key(row, key)
-            stores.submit(lambda: tier.drop([stored]))
+            _submit(lambda: tier.drop([stored]))
         return False
 
     def _copy_to_user(self, shared, attrs: HashAttributes, raw: bytes, row,
@@ -301,7 +308,7 @@ class Tiers:
         self.storing.put_later(attrs, produce, compile_seconds=row.compile_seconds,
                                details=details, publish=False, signed=signed, claim=claim)
         stored = _stored_key(row, attrs.key)
-        stores.submit(lambda: shared.touch(stored))
+        _submit(lambda: shared.touch(stored))
 
     def claim_or_wait(self, attrs: HashAttributes, find: Callable[[], Any] | None = None
                       ) -> Hit | claims.Claim | None:
@@ -439,3 +446,10 @@ def _stored_key(row, key: str) -> str:
     """The key column of a fetched row: ``key``, or a signer's own row for it (a shared
     row published beside another signer's, :func:`kdb.shared.writes.slot_key`)."""
     return getattr(row, "stored_key", "") or key
+
+
+def _submit(job) -> None:
+    """Run ``job`` on the background store thread (:func:`kdb.storing.stores.submit`)."""
+    from .storing.stores import submit
+
+    submit(job)

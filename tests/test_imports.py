@@ -141,3 +141,36 @@ def test_import_kdb_opencl_after_pyopencl_loads_no_hashlib_json_or_shlex():
                            text=True).stdout.split()
     assert "kdb.backends.opencl" in added
     assert not {"hashlib", "json", "shlex"} & set(added), added
+
+
+#: What an OpenCL hit never loads: the store side, the claims, the early entries' module and
+#: the trust policy (a policy variable loads it), each imported where a miss needs it.
+NEVER_ON_AN_OPENCL_HIT = ("kdb.claims", "kdb.backends.opencl.stores", "kdb.backends.opencl.early",
+                          "kdb.storing.stores", "kdb.storing.jobs", "kdb.signing.policy")
+
+
+def test_an_opencl_hit_in_a_fresh_process_loads_no_store_side(run_py, cache_dir):
+    """A process whose every build hits (``install()``, programs with and without an
+    ``#include``) imports none of :data:`NEVER_ON_AN_OPENCL_HIT`; the process that compiled
+    them did, and stored them."""
+    import pytest
+
+    pytest.importorskip("pyopencl")
+    (cache_dir.parent / "inc").mkdir()
+    (cache_dir.parent / "inc" / "two.h").write_text("#define TWO 2.0f\n")
+    code = f"""
+        import sys, pyopencl as cl, kdb.opencl
+        kdb.opencl.install()
+        ctx = cl.Context(cl.get_platforms()[0].get_devices())
+        cl.Program(ctx, "__kernel void one(__global float *a) {{ a[0] = 1.0f; }}").build()
+        cl.Program(ctx, '#include "two.h"\\n__kernel void two(__global float *a) {{ a[0] = TWO; }}'
+                   ).build(options=["-I", {str(cache_dir.parent / "inc")!r}])
+        print(" ".join(m for m in {NEVER_ON_AN_OPENCL_HIT!r} if m in sys.modules))
+        from kdb.bookkeeping import process_counts
+        print(process_counts())
+    """
+    first = run_py(code).stdout.splitlines()
+    assert "kdb.backends.opencl.stores" in first[0].split()  # a miss loads the store side
+    second = run_py(code).stdout.splitlines()
+    assert eval(second[1]).get("hits.user") == 2, second  # noqa: S307 - our child's dict
+    assert second[0] == "", second

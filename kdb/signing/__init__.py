@@ -12,3 +12,22 @@ a process runs under, read from the environment once, and the one sign and verif
 ``cryptography`` package is imported only when a policy or a signing key is set, never on a
 hit without one.
 """
+
+from __future__ import annotations
+
+import os
+
+from ..config import ENV_REQUIRE_SIGNED, ENV_SIGNING_KEY, ENV_TRUSTED_KEYS
+
+
+def current():
+    """The trust policy the environment asks for (:func:`kdb.signing.policy.current`), or
+    None. With none of its three variables set, three reads: the policy module (and
+    ``cryptography``) is imported by the first process that sets one, not by every hit."""
+    get = os.environ.get
+    if not (get(ENV_TRUSTED_KEYS) or get(ENV_REQUIRE_SIGNED) or get(ENV_SIGNING_KEY)):
+        return None
+    from . import policy
+
+    return policy.current()
+

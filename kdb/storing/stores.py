@@ -25,7 +25,7 @@ from .. import bookkeeping, config, faults, logs
 from ..bookkeeping import Pending
 from ..file.kernelfile import CompileRecord, Entry
 from ..file.rows import PROVISIONAL
-from ..signing import policy as signing
+from .. import signing
 
 if TYPE_CHECKING:  # annotations are strings here
     from typing import Any, Callable
@@ -348,7 +348,9 @@ def make_entry(attrs: HashAttributes, raw: bytes, seconds: float,
     else:
         policy = signing.current()
         if policy is not None and policy.signer is not None:
-            signer, signature = policy.sign(attrs.key, attributes, signing.digest(raw))
+            from ..signing.policy import digest
+
+            signer, signature = policy.sign(attrs.key, attributes, digest(raw))
     return Entry(key=attrs.key, arch=attrs.arch, backend=attrs.backend, name=attrs.name,
                  attributes=attributes, raw=raw, compile_seconds=seconds,
                  details=details, signer=signer, signature=signature)

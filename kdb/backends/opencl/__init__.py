@@ -12,13 +12,12 @@ programs from binaries or IL, ``compile()`` and ``link_program()`` pass through 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pyopencl as cl
 
 from ... import config, logs
 from ...bookkeeping import add as _count
-from ...claims import Claim
 from ...db import KernelDB, default_db
 from ...errors import CompileError, InvalidArgumentError
 from ..includes import UncertainIncludes
@@ -40,17 +39,21 @@ from .keys import (
     plan_for,
     split_options,
 )
-from . import early, tempincludes
-from .poclbin import private_copies
+from . import tempincludes
+from .poclbin import is_early, private_copies
 from .refresh import loaded as _refresh_loaded
 from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
-from .stores import build_stamp, held as _held
-from .stores import compiled as _compiled
-from .stores import program_spec, rebuild_and_store, recheck_for, store_later  # noqa: F401 - the worker calls it here
 from ..common import log_uncached, source_text
+
+if TYPE_CHECKING:
+    from ...claims import Claim
 
 log = logs.get("kdb")
 trace_log = logs.get("kdb.trace")
+
+#: The store side (:mod:`.stores`), imported by this process's first miss: a process whose
+#: builds all hit never loads it, nor the claims and early entries a miss needs.
+_stores = None
 
 # -- build --------------------------------------------------------------------------------
 
@@ -182,8 +185,9 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
                             name=name or "")
              for a, c in zip(plan.archs, plan.compilers)]
     memory_key = (ctx.int_ptr, plan.dev_ptrs, tuple(a.key for a in attrs))
-    built = _held(memory_key, plan.devs)
-    if built is not None:  # compiled by this process, its binaries not read back yet
+    # Compiled by this process, its binaries not read back yet: only after a miss.
+    built = None if _stores is None else _stores.held(memory_key, plan.devs)
+    if built is not None:
         _count("hits.memory", len(attrs))
         return _wrap(built, wrapper)
     if plan.temporary and not db.tiers.disabled:  # built from a copy of each: one hash
@@ -218,7 +222,7 @@ def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: s
     held: dict[str, Claim] = {}
     if not all(hits):  # single flight: claim what missed, or wait for its compiler
         hits, held = _claim_or_wait(db, attrs, hits)
-    if all(hits) and any(early.is_early(h.binary) for h in hits):
+    if all(hits) and any(is_early(h.binary) for h in hits):
         raw, used, built = _from_early(db, ctx, plan, attrs, hits, text, name)
         if used:
             return raw, hits, held, None
@@ -246,6 +250,7 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
     """Build from source (or take ``built``: ``(program, seconds, start ns, end ns)``
     compiled on the way), then hand what missed (once per key) to the store worker; the
     claims of what another way served are let go."""
+    global _stores
     devs, opt_bytes = plan.devs, plan.opt_bytes
     if built is not None:
         raw, seconds, start_ns, end_ns = built
@@ -273,18 +278,22 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
         for a in {a.key: a for a in attrs}.values():
             db.tiers.storing.log_compile(db.tiers.record_compile(
                 a, seconds / max(len(devs), 1), reason=_ARG_INFO_REASON))
-    recheck = recheck_for(text, opt_bytes, plan.search)
+    from . import early, stores  # this process's first miss loads the store side
+
+    _stores = stores
+    recheck = stores.recheck_for(text, opt_bytes, plan.search)
     if missed and not db.tiers.disabled:
-        _compiled[memory_key] = (raw, build_stamp(raw, devs))
+        stores.compiled[memory_key] = (raw, stores.build_stamp(raw, devs))
         kept = early.compiled(db.tiers, [a for _, a in missed.values()], start_ns, end_ns,
                               kernel_names(text), recheck)
     else:
         kept = None
     # An early entry PoCL did not take (``built``) or none: the next process compiles too.
     first = kept is None or built is not None or not early.stands_in(plan.search)
-    store_later(db, raw, [d for d, _ in missed.values()], [a for _, a in missed.values()],
-                seconds, held, forget=memory_key, program=program_spec(text, opt_bytes, devs),
-                recheck=recheck, early_build=kept, first=first)
+    stores.store_later(db, raw, [d for d, _ in missed.values()],
+                       [a for _, a in missed.values()], seconds, held, forget=memory_key,
+                       program=stores.program_spec(text, opt_bytes, devs),
+                       recheck=recheck, early_build=kept, first=first)
     return prg
 
 
@@ -297,10 +306,12 @@ def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hit
     (program, seconds, start ns, end ns))``: that build is this process's compile, stored as
     on a miss, and its files, kept at exit, replace the early entries (``None`` for the
     program where none was built)."""
+    from . import early
+
     top = early.can_put_back()
-    unpacked = [early.unpack(h.binary) if early.is_early(h.binary) else None for h in hits]
+    unpacked = [early.unpack(h.binary) if is_early(h.binary) else None for h in hits]
     built = None
-    if top is not None and all(u is not None or not early.is_early(h.binary)
+    if top is not None and all(u is not None or not is_early(h.binary)
                                for u, h in zip(unpacked, hits)):
         start, start_ns = time.perf_counter(), time.time_ns()
         try:
@@ -324,13 +335,15 @@ def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hit
 
 def _claim_or_wait(db: KernelDB, attrs: list[HashAttributes], hits: list):
     """For each missed key: a hit published by another process meanwhile, or our claim."""
+    from ... import claims  # a miss: a hit never imports the claims
+
     hits = list(hits)
     held: dict[str, Claim] = {}
     for i, (a, h) in enumerate(zip(attrs, hits)):
         if h is not None or a.key in held:
             continue
         got = db.tiers.claim_or_wait(a)
-        if isinstance(got, Claim):
+        if isinstance(got, claims.Claim):
             held[a.key] = got
         elif got is not None:
             hits = [got if b.key == a.key else x for b, x in zip(attrs, hits)]
@@ -479,6 +492,16 @@ def uninstall() -> None:
 
 def installed() -> bool:
     return _original_build is not None
+
+
+def __getattr__(name: str):
+    """The store side's entry points, which the store worker finds here
+    (:mod:`kdb.registry`): imported when asked for, as a hit never needs them."""
+    if name in ("rebuild_and_store", "program_spec", "recheck_for", "store_later"):
+        from . import stores
+
+        return getattr(stores, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # KDB_AUTO's hook saw pyopencl imported by this very module, before install() existed

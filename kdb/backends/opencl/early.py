@@ -45,12 +45,10 @@ from typing import Callable, NamedTuple
 
 from ... import config, lifecycle, logs
 from .poclbin import _HASH_CHARS, MAX_BINARY, build_hash_of, kernel_cache_off
+from .poclbin import EARLY_MAGIC as MAGIC, is_early  # noqa: F401 - this format's
 
 log = logs.get("kdb")
 
-#: What an early entry's binary starts with; no PoCL binary (``poclbin\0``) or other
-#: driver's binary does.
-MAGIC = b"kdb-pocl-dir\0\1"
 #: File modification times come from the kernel's coarse clock, up to a tick behind the
 #: clock a build's window is read from: a directory counts for a build whose window,
 #: widened by this much at its start, holds its time.
@@ -111,11 +109,6 @@ def stands_in(search) -> bool:
     from .tempincludes import temporary_dirs
 
     return not temporary_dirs(search, forced=True)
-
-
-def is_early(binary: bytes) -> bool:
-    """Whether a stored binary is an early entry (PoCL's files) rather than a binary."""
-    return binary[:len(MAGIC)] == MAGIC
 
 
 # -- the entry's format ---------------------------------------------------------------------

@@ -23,6 +23,9 @@ import struct
 from typing import NamedTuple
 
 MAGIC = b"poclbin\0"
+#: What an early entry's binary starts with (:mod:`.early`: PoCL's files standing in for a
+#: binary); no PoCL binary (:data:`MAGIC`) or other driver's binary does.
+EARLY_MAGIC = b"kdb-pocl-dir\0\1"
 HASH_SIZE = 41  # SHA1_digest_t: 40 characters and a NUL (lib/CL/pocl_cl.h)
 
 _loads = itertools.count()
@@ -34,6 +37,12 @@ def kernel_cache_off() -> bool:
     that does not start with ``1`` (``pocl_get_bool_option``: ``true`` is off too)."""
     value = os.environ.get("POCL_KERNEL_CACHE")
     return value is not None and not value.startswith("1")
+
+
+def is_early(binary: bytes) -> bool:
+    """Whether a stored binary is an early entry (PoCL's files) rather than a binary: here,
+    not in :mod:`.early`, as a hit asks it of every binary and needs nothing else of that."""
+    return binary[:len(EARLY_MAGIC)] == EARLY_MAGIC
 
 
 def _hash_offset(binary: bytes) -> int | None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pyopencl as cl
 
 from ... import config, logs
-from ...claims import Claim
 from ...db import KernelDB
 from ...file.rows import PROVISIONAL
 from ...keys import HashAttributes
@@ -25,6 +24,9 @@ from . import early, refresh
 from .binaries import library_of, program_binaries
 from .finddevices import NEXT_RUN as _NEXT_RUN, job_devices
 from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
+
+if TYPE_CHECKING:
+    from ...claims import Claim
 
 log = logs.get("kdb")
 
