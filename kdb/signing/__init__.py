@@ -30,4 +30,3 @@ def current():
     from . import policy
 
     return policy.current()
-
