@@ -510,6 +510,20 @@ def test_install_build_returns_the_same_program_object(cache_dir, cl_ctx, kdb_in
     assert len(bookkeeping.records()) == 1
 
 
+def test_pyopencls_own_cache_settings_do_not_turn_kdb_off(cache_dir, cl_ctx, kdb_installed,
+                                                          monkeypatch):
+    """``cache_dir=False`` and ``PYOPENCL_NO_CACHE`` are settings of pyopencl's binary cache,
+    which kdb replaces: such builds are stored and served (docs/adoption.md)."""
+    monkeypatch.setenv("PYOPENCL_NO_CACHE", "1")
+    for _ in range(2):  # miss, then hit
+        prg = cl.Program(cl_ctx, SRC).build(["-DN=13"], cache_dir=False)
+        flush()
+    x, y = run_axpb(cl_ctx, prg, a=2.0)
+    np.testing.assert_allclose(y, 2 * x + 13)
+    assert len(bookkeeping.records()) == 1
+    assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 1
+
+
 def test_failed_build_after_install_raises_pyopencls_error(cache_dir, cl_ctx, kdb_installed,
                                                           quiet_tempdir):
     for _ in range(2):  # never cached: the second attempt fails the same way
