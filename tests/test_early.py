@@ -312,3 +312,21 @@ def test_a_temporary_include_directory_of_another_name_compiles_nothing_again(ca
         assert len(list((cache_dir / "v1" / "includes").iterdir())) == 2
     finally:
         os.close(held)
+
+
+def test_the_keep_at_exit_is_the_first_stores_hook_whatever_a_miss_registers_later():
+    """The keep runs first of the exit phase ``STORES``: the phase's other hooks (a store-ahead
+    child's close, claims handed over) may take seconds while the store worker rebuilds the
+    same programs in PoCL's cache, touching the directories the keep matches by time. So it
+    is registered when the back end is imported, not when a miss first loads :mod:`.early`."""
+    code = """
+        import pyopencl, kdb.opencl
+        from kdb import lifecycle
+        from kdb.storing import holding, queued
+        holding._register_exit(); queued._register()  # what a miss may register first
+        first = [h for p, h in lifecycle._exit_hooks if p == lifecycle.STORES][0]
+        print(first.__module__, first.__name__)
+    """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out == ["kdb.backends.opencl", "_keep_early_at_exit"], out

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import pyopencl as cl
 
-from ... import config, logs
+from ... import config, lifecycle, logs
 from ...bookkeeping import add as _count
 from ...db import KernelDB, default_db
 from ...errors import CompileError, InvalidArgumentError
@@ -492,6 +492,18 @@ def uninstall() -> None:
 
 def installed() -> bool:
     return _original_build is not None
+
+
+def _keep_early_at_exit() -> None:
+    """:func:`.early.at_exit` where a miss noted builds (``_stores`` set; :mod:`.early` is
+    imported by that miss), registered with this module, before any hook a miss registers."""
+    if _stores is not None:
+        from . import early
+
+        early.at_exit()
+
+
+lifecycle.on_exit(lifecycle.STORES, _keep_early_at_exit)
 
 
 def __getattr__(name: str):

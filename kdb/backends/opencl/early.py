@@ -356,9 +356,12 @@ def keep_now(build: Build) -> bool:
     return not _unstored(build.tiers, [build]) or keep(top, [build]) > 0
 
 
-def _at_exit() -> None:
+def at_exit() -> None:
     """Keep, for the next process, what PoCL's cache holds of the programs compiled here
-    and not stored yet."""
+    and not stored yet. First of the exit phase ``STORES`` (:mod:`kdb.backends.opencl`
+    registers it when imported): the other hooks of that phase (a store-ahead child's close,
+    claims handed over) may take seconds, meanwhile the store worker rebuilds these programs
+    in the same cache and touches the directories this keep matches by time."""
     builds = list(_builds)
     top = _top() if builds else None
     if top is None:
@@ -378,7 +381,6 @@ def _forget() -> None:
     _builds.clear()
 
 
-lifecycle.on_exit(lifecycle.STORES, _at_exit)
 lifecycle.on_fork(_forget)
 
 
