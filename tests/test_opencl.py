@@ -696,6 +696,20 @@ def test_elementwise_kernel_served_after_install(cache_dir, run_py):
     assert second == {"compiles": 0, "correct": True}
 
 
+def test_a_kernel_declared_through_a_macro_names_its_entry(cache_dir, cl_ctx):
+    """pyopencl's scans declare their kernels as ``KERNEL REQD_WG_SIZE(...) void name``, which
+    no scan of the text finds: the entry is named by the kernels the driver lists (the text's
+    order first), not "program", and a name in a comment only is left out."""
+    src = ("#define KERNEL __kernel\n#define WG(n) __attribute__((reqd_work_group_size(n, 1, 1)))\n"
+           "// __kernel void not_here(void) {}\n"
+           "__kernel void seen(__global float *a) { a[0] = 1.0f; }\n"
+           "KERNEL WG(1) void hidden(__global float *a) { a[0] = 2.0f; }\n")
+    kdb.opencl.build(cl_ctx, src)
+    flush()
+    assert [r["name"] for r in kernel_rows(cache_dir, arch(cl_ctx))] == ["seen,hidden"]
+    assert [r.name for r in bookkeeping.records()] == ["seen,hidden"]
+
+
 def test_a_repeated_build_in_one_process_is_served_from_memory(cache_dir, cl_ctx):
     """Built, its binaries not yet stored: building it again neither compiles nor waits."""
     first = kdb.opencl.build(cl_ctx, SRC, ["-DN=11"])

@@ -69,6 +69,15 @@ def label(kernel_re: re.Pattern[str], source: str, fallback: str) -> str:
     """
     # The first five: a source of many kernels is not scanned to its end for a label.
     names = [m.group(1) for m in itertools.islice(kernel_re.finditer(source), 5)]
+    return names_label(names, fallback)
+
+
+def names_label(names: list[str], fallback: str) -> str:
+    """A listing label from kernel names: the first four, else ``fallback``.
+
+    >>> names_label(["a", "b", "c", "d", "e"], "program"), names_label([], "program")
+    ('a,b,c,d,...', 'program')
+    """
     return ",".join(names[:4]) + (",..." if len(names) > 4 else "") if names else fallback
 
 

@@ -43,7 +43,7 @@ from . import tempincludes
 from .poclbin import is_early, private_copies
 from .refresh import loaded as _refresh_loaded
 from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
-from ..common import log_uncached, source_text
+from ..common import log_uncached, names_label, source_text
 
 if TYPE_CHECKING:
     from ...claims import Claim
@@ -265,7 +265,8 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
             raise
         seconds, end_ns = time.perf_counter() - start, time.time_ns()
     prg = _wrap(raw, wrapper)
-    label = name or _label(text)
+    names = _built_names(raw, text)
+    label = name or names_label(names, "program")
     attrs = [a if a.name == label else a.with_(name=label) for a in attrs]
     missed: dict[str, tuple] = {}  # devices of one class share a key
     for d, a, h in zip(devs, attrs, hits):
@@ -285,7 +286,7 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
     if missed and not db.tiers.disabled:
         stores.compiled[memory_key] = (raw, stores.build_stamp(raw, devs))
         kept = early.compiled(db.tiers, [a for _, a in missed.values()], start_ns, end_ns,
-                              kernel_names(text), recheck)
+                              names, recheck)
     else:
         kept = None
     # An early entry PoCL did not take (``built``) or none: the next process compiles too.
@@ -295,6 +296,21 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
                        program=stores.program_spec(text, opt_bytes, devs),
                        recheck=recheck, early_build=kept, first=first)
     return prg
+
+
+def _built_names(raw: cl._Program, text: str) -> list[str]:
+    """The kernels of a program built from ``text``: those :func:`kernel_names` finds, in
+    the source's order, that the driver lists, then the rest the driver lists. A kernel
+    declared through a macro (pyopencl's scans write ``KERNEL REQD_WG_SIZE(...) void``) is
+    found only there; it names the entry and tells :mod:`.early` which directory is its."""
+    found = kernel_names(text)
+    try:
+        listed = [n for n in raw.get_info(cl.program_info.KERNEL_NAMES).split(";") if n]
+    except (cl.Error, UnicodeDecodeError):
+        return found
+    if not listed:
+        return found
+    return [n for n in found if n in listed] + [n for n in listed if n not in found]
 
 
 def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hits: list,
