@@ -22,7 +22,7 @@ import pytest
 from kdb import KernelDB
 from kdb.config import private_dir
 from kdb.storing import spool
-from conftest import sql
+from conftest import kill_workers, sql
 
 cl = pytest.importorskip("pyopencl")
 early = pytest.importorskip("kdb.backends.opencl.early")
@@ -330,3 +330,41 @@ def test_the_keep_at_exit_is_the_first_stores_hook_whatever_a_miss_registers_lat
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=True,
                          capture_output=True, text=True).stdout.split()
     assert out == ["kdb.backends.opencl", "_keep_early_at_exit"], out
+
+
+#: pyopencl's inclusive scan, run once: its programs declare their kernels through a macro.
+SCAN = """
+    import json
+    import numpy as np
+    import pyopencl as cl, pyopencl.array as cla
+    from pyopencl.scan import InclusiveScanKernel
+    import kdb.opencl, kdb.bookkeeping
+    kdb.opencl.install()
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    q = cl.CommandQueue(ctx)
+    a = cla.arange(q, 3000, dtype=np.int32)
+    InclusiveScanKernel(ctx, np.int32, "a+b", neutral="0")(a)
+    print(json.dumps({"compiles": len(kdb.bookkeeping.records()), "last": int(a[-1].get())}))
+"""
+
+
+def test_a_scans_early_entries_carry_its_kernels_code(cache_dir, tmp_path):
+    """A scan's programs name no kernel in a way their text shows (``KERNEL REQD_WG_SIZE(...)
+    void scan_lev1``): kept at exit, each still carries its kernels' work-group functions,
+    found by the names the driver lists, so the next start on a fresh PoCL cache neither
+    compiles nor generates them."""
+    env = {**os.environ, **DETACH, "KDB_CACHE_DIR": str(cache_dir),
+           "POCL_CACHE_DIR": str(tmp_path / "pocl-1")}
+    held = _hold_worker_lock(cache_dir, env)
+    try:
+        first = _run(SCAN, env)
+        assert first["compiles"] >= 2 and first["last"] == 2999 * 3000 // 2
+        entries = _entries(cache_dir)
+        assert entries and all(early.is_early(b) and d["provisional"] for b, d in entries)
+        assert all(any(p.endswith(".so") for p, _ in early.unpack(b)[1]) for b, _ in entries)
+        second = _run(SCAN, {**env, "POCL_CACHE_DIR": str(tmp_path / "pocl-2")})
+        assert second == {"compiles": 0, "last": first["last"]}
+    finally:
+        os.close(held)
+        kill_workers(cache_dir)  # its jobs stay unstored: no worker goes on beside later tests
