@@ -305,12 +305,17 @@ def _built_names(raw: cl._Program, text: str) -> list[str]:
     found only there; it names the entry and tells :mod:`.early` which directory is its."""
     found = kernel_names(text)
     try:
-        listed = [n for n in raw.get_info(cl.program_info.KERNEL_NAMES).split(";") if n]
+        listed = _listed_kernels(raw)
     except (cl.Error, UnicodeDecodeError):
         return found
     if not listed:
         return found
     return [n for n in found if n in listed] + [n for n in listed if n not in found]
+
+
+def _listed_kernels(raw: cl._Program) -> list[str]:
+    """The kernels the driver lists for a built program (``CL_PROGRAM_KERNEL_NAMES``)."""
+    return [n for n in raw.get_info(cl.program_info.KERNEL_NAMES).split(";") if n]
 
 
 def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hits: list,
@@ -415,8 +420,7 @@ def _keeps_arg_info(raw: cl._Program) -> bool:
     from binaries (nor for pyopencl's own cache's), where PoCL keeps it. A program whose
     kernels take no argument has nothing to lose."""
     try:
-        names = [n for n in raw.get_info(cl.program_info.KERNEL_NAMES).split(";") if n]
-        for name in names:
+        for name in _listed_kernels(raw):
             kernel = cl.Kernel(raw, name)
             if kernel.get_info(cl.kernel_info.NUM_ARGS):
                 kernel.get_arg_info(0, cl.kernel_arg_info.NAME)
@@ -523,12 +527,12 @@ lifecycle.on_exit(lifecycle.STORES, _keep_early_at_exit)
 
 
 def __getattr__(name: str):
-    """The store side's entry points, which the store worker finds here
-    (:mod:`kdb.registry`): imported when asked for, as a hit never needs them."""
-    if name in ("rebuild_and_store", "program_spec", "recheck_for", "store_later"):
-        from . import stores
+    """``rebuild_and_store``, which the store worker finds here (:mod:`kdb.registry`):
+    imported from :mod:`.stores` when asked for, as a hit never needs it."""
+    if name == "rebuild_and_store":
+        from .stores import rebuild_and_store
 
-        return getattr(stores, name)
+        return rebuild_and_store
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
