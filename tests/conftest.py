@@ -232,24 +232,77 @@ def run_checked(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,
     return proc
 
 
+def once_per_run(tmp_path_factory, name: str, make) -> Path:
+    """The folder ``name`` that this run's test processes (pytest-xdist) share, filled by
+    ``make(folder)`` once: the first process to ask makes it, under a lock, and the others
+    wait for it. What is made there costs many CPU-seconds and is never written after."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's folder, above each test process's own
+    root = base / name
+    root.mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "made").exists():
+            make(root)
+            (root / "made").touch()
+    return root
+
+
+def pip_into(env_dir: Path, *args, cwd: Path) -> subprocess.CompletedProcess:
+    """This environment's pip run for the venv ``env_dir`` (``pip --python``): a venv made
+    without pip of its own (its ``ensurepip`` costs 3 CPU-s)."""
+    return run_checked([sys.executable, "-m", "pip", "--python", env_dir / "bin" / "python",
+                        *args], cwd=cwd)
+
+
 @pytest.fixture(scope="session")
-def kdb_venv(tmp_path_factory) -> Path:
+def kdb_wheel(tmp_path_factory) -> Path:
+    """kdb's wheel, built from this tree by pip once a run (:func:`once_per_run`)."""
+    def make(root: Path) -> None:
+        run_checked([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", root,
+                     REPO], cwd=root)
+
+    [wheel] = once_per_run(tmp_path_factory, "kdb-wheel", make).glob("kdb-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def kdb_venv(tmp_path_factory, kdb_wheel) -> Path:
     """A new virtual environment holding the kdb wheel built from this tree, pyopencl[pocl]
-    and numpy: what a user gets from ``pip install kdb``. Built once per session (the tests
-    of the wheel and of ``kdb pack`` share it); pip's cache makes the installs quick.
+    and numpy: what a user gets from ``pip install kdb``. Built once per run and shared by
+    its test processes (:func:`once_per_run`), so no test may install into it or remove
+    from it: one that does makes a venv of its own over it (:func:`venv_over`).
     """
     import venv
 
-    tmp = tmp_path_factory.mktemp("kdb-venv")
-    dist = tmp / "dist"
-    run_checked([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", dist, REPO],
-                cwd=tmp)
-    wheels = list(dist.glob("kdb-*.whl"))
-    assert len(wheels) == 1, wheels
-    env_dir = tmp / "venv"
-    venv.create(env_dir, with_pip=True)
-    run_checked([env_dir / "bin" / "python", "-m", "pip", "install", "--quiet", wheels[0],
-                 "pyopencl[pocl]", "numpy"], cwd=tmp)
+    def make(root: Path) -> None:
+        venv.create(root / "venv", with_pip=False)
+        pip_into(root / "venv", "install", "--quiet", kdb_wheel, "pyopencl[pocl]", "numpy",
+                 cwd=root)
+
+    return once_per_run(tmp_path_factory, "kdb-venv", make) / "venv"
+
+
+def purelib(python: Path) -> Path:
+    """The site-packages folder of the Python ``python``."""
+    return Path(run_checked([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                           "['purelib'])"], cwd=python.parent).stdout.strip())
+
+
+def venv_over(env_dir: Path, site: str | Path, *wheels: Path) -> Path:
+    """A new venv at ``env_dir`` with ``wheels`` installed by pip, that also sees the
+    packages in the folder ``site`` (a path line after its own, written after the install:
+    pip would take a package found there for the one it is asked to install). The venv
+    ``site`` belongs to stays as it is for the tests that share it."""
+    import venv
+
+    venv.create(env_dir, with_pip=False)
+    if wheels:
+        pip_into(env_dir, "install", "--no-deps", "--quiet", *wheels, cwd=env_dir)
+    (purelib(env_dir / "bin" / "python") / "zz-base-site.pth").write_text(f"{site}\n")
     return env_dir
 
 
@@ -284,24 +337,17 @@ def torch_env(cache: Path) -> dict:
 @pytest.fixture(scope="session")
 def torch_cold_master(tmp_path_factory) -> tuple[Path, dict]:
     """One cold torch.compile first step with kdb on (from code), for the whole run: its kdb
-    cache and figures. A cold compile costs 20 s, so the test processes of one run
-    (pytest-xdist) share it: the first to ask makes it, under a lock; never written after."""
-    import fcntl
+    cache and figures. A cold compile costs 20 s, so the test processes of one run share it
+    (:func:`once_per_run`)."""
     import json
 
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # this run's folder, above each test process's own
-    root = base / "torch-cold"
-    root.mkdir(exist_ok=True)
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = root / "first.json"
-        if not done.exists():
-            first, _ = torch_step(Path(sys.executable), torch_env(root / "kdb"), root / "cold",
-                                  "kdb")
-            done.write_text(json.dumps(first))
-        return root / "kdb", json.loads(done.read_text())
+    def make(root: Path) -> None:
+        first, _ = torch_step(Path(sys.executable), torch_env(root / "kdb"), root / "cold",
+                              "kdb")
+        (root / "first.json").write_text(json.dumps(first))
+
+    root = once_per_run(tmp_path_factory, "torch-cold", make)
+    return root / "kdb", json.loads((root / "first.json").read_text())
 
 
 @pytest.fixture(scope="module")

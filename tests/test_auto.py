@@ -22,7 +22,7 @@ import pytest
 import _kdb_auto
 from kdb import config
 from kdb.adopt import tally
-from conftest import no_store_worker
+from conftest import no_store_worker, purelib
 
 BIN = Path(sys.executable).parent
 KDB = str(BIN / "kdb")
@@ -546,9 +546,7 @@ def test_the_wheel_installs_the_hook_and_kdb_run_works_from_it(kdb_venv, app, en
     """What `pip install kdb` gives: kdb-auto.pth in a fresh venv's site-packages, an
     unmodified script adopted under `kdb run`, nothing compiled the second time."""
     python, kdb = kdb_venv / "bin" / "python", kdb_venv / "bin" / "kdb"
-    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                  env, check=True).stdout.strip()
-    assert (Path(purelib) / "kdb-auto.pth").is_file()
+    assert (purelib(python) / "kdb-auto.pth").is_file()
     compiled = []
     for _ in range(2):
         proc = run([kdb, "run", "--json", "--", python, app], env)

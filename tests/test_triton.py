@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import venv_over
+
 triton = pytest.importorskip("triton", reason="Triton is not installed (pip install 'kdb[triton]')")
 
 TRITON = tuple(int(p) for p in triton.__version__.split(".")[:2])
@@ -662,7 +664,7 @@ def pack(tmp_path, env, out: Path, arches=ARCHES) -> subprocess.CompletedProcess
 @pytest.mark.slow
 @needs_manifests
 def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
-        tmp_path, triton_env, cache_dir):
+        tmp_path, triton_env, cache_dir, kdb_wheel):
     amd = AMD_LINKER and amd_launches_keyed(tmp_path)
     arches = ARCHES if amd else [a for a in ARCHES if a.startswith("sm_")]
     pack(tmp_path, {**triton_env, "KDB_CACHE_DIR": str(tmp_path / "pack-a")}, tmp_path / "a",
@@ -686,23 +688,11 @@ def test_packs_per_arch_are_reproducible_and_an_installed_one_compiles_nothing(
     # packages (Triton, zstandard, ...) from this environment through a path line, as the
     # benchmarks' adopt scenario does, so nothing is downloaded.
     import sysconfig
-    import venv
 
-    repo = Path(__file__).resolve().parent.parent
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", "-w", str(tmp_path / "kdb-dist"), str(repo)], check=True,
-                   capture_output=True, timeout=600)
-    venv.EnvBuilder(with_pip=False).create(tmp_path / "venv")
-    python = tmp_path / "venv" / "bin" / "python"
-    wheels = [*(tmp_path / "kdb-dist").glob("kdb-*.whl"),
-              *(tmp_path / "a" / f"kdb_system_{a}-1.0.0-{PY_TAG}-none-any.whl"
-                for a in ("sm_90", "gfx942") if a in arches)]
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                    "--no-deps", "--quiet", *map(str, wheels)], check=True, timeout=600)
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                              "['purelib'])"], check=True, capture_output=True,
-                             text=True).stdout.strip()
-    Path(purelib, "zz-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    packs = [tmp_path / "a" / f"kdb_system_{a}-1.0.0-{PY_TAG}-none-any.whl"
+             for a in ("sm_90", "gfx942") if a in arches]
+    venv = venv_over(tmp_path / "venv", sysconfig.get_paths()["purelib"], kdb_wheel, *packs)
+    python = venv / "bin" / "python"
     fresh = {k: v for k, v in triton_env.items() if k != "PYTHONPATH"}
     for target in (NVIDIA, "hip:gfx942:64") if amd else (NVIDIA,):
         for plain in ("", "1"):  # kdb.triton.compile; plain triton.compile under KDB_AUTO
