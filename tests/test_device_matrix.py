@@ -1,6 +1,7 @@
 """The OpenCL tests that matter, on every CPU OpenCL implementation installed (issue 37,
 point 2): pip's PoCL (where it builds on this CPU), Debian's PoCL, Intel's CPU runtime,
-Oclgrind (a simulator whose binaries are LLVM IR).
+Oclgrind (a simulator whose binaries are LLVM IR), Mesa's Rusticl on llvmpipe (its own
+OpenCL C front end; its binaries are SPIR-V, made native when they are loaded).
 
 Each implementation runs alone (an ICD folder naming only it, the platform picked by its
 library), through ``kdb.opencl.install()`` with unmodified pyopencl code: programs from
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pip_pocl
-from test_opencl_impls import _debian_pocl, _intel_runtime, _oclgrind
+from test_opencl_impls import _debian_pocl, _intel_runtime, _oclgrind, _rusticl
 from test_spool import wait_for_worker
 
 pytest.importorskip("pyopencl")
@@ -74,7 +75,9 @@ def _pip_library() -> str:
 
 
 IMPLS = {"pip-pocl": _pip_library, "debian-pocl": _debian_pocl, "intel": _intel_runtime,
-         "oclgrind": _oclgrind}
+         "oclgrind": _oclgrind, "rusticl": _rusticl}
+#: What an implementation needs in its environment to list a CPU device.
+IMPL_ENV = {"rusticl": {"RUSTICL_ENABLE": "llvmpipe"}}
 
 
 @pytest.fixture(params=sorted(IMPLS))
@@ -87,7 +90,8 @@ def impl(request, tmp_path) -> dict:
         (folder / "impl.icd").write_text(library + "\n")
     return {"name": request.param, "pocl": "pocl" in request.param,
             "env": {"OCL_ICD_VENDORS": str(folder),
-                    "IMPL_LIBRARY": os.path.realpath(library)}}
+                    "IMPL_LIBRARY": os.path.realpath(library),
+                    **IMPL_ENV.get(request.param, {})}}
 
 
 def _run(run_py, impl: dict, include: Path, cache: Path, **env: str) -> dict:

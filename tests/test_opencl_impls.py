@@ -55,6 +55,17 @@ def _oclgrind() -> str:
     return found[0]
 
 
+def _rusticl() -> str:
+    """Mesa's Rusticl (its CPU driver, llvmpipe, where ``RUSTICL_ENABLE=llvmpipe``)."""
+    found = sorted(glob.glob(str(Path(sys.prefix) / "opencl-mesa" / "usr" / "lib" / "*" /
+                                 "libRusticlOpenCL.so.1"))
+                   + glob.glob("/usr/lib/*/libRusticlOpenCL.so.1"))
+    if not found:
+        pytest.skip("Mesa's Rusticl is not installed: tools/ensure_opencl.sh unpacks it as "
+                    "root with apt-get (Debian's mesa-opencl-icd, into <venv>/opencl-mesa)")
+    return found[0]
+
+
 def _vendors(tmp_path: Path, *libraries: str) -> dict[str, str]:
     """An ICD folder naming ``libraries``, as the environment of a subprocess."""
     folder = tmp_path / "vendors"
@@ -236,15 +247,15 @@ def test_intel_binaries_are_stored_by_the_process_that_built_them(run_py, cache_
     assert again["compiles"] == 0, again
 
 
-INTEL_IDIOMS = """
-    import json
+IDIOMS = """
+    import json, os
     import kdb.opencl, kdb.bookkeeping
     kdb.opencl.install()
     import numpy as np
     import pyopencl as cl, pyopencl.array as cla
     from pyopencl.elementwise import ElementwiseKernel
     from pyopencl.scan import ExclusiveScanKernel, InclusiveScanKernel
-    plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]
+    plat = [p for p in cl.get_platforms() if os.environ["RUNTIME"] in p.name][0]
     ctx = cl.Context(plat.get_devices())
     q = cl.CommandQueue(ctx)
     ok = []
@@ -267,14 +278,19 @@ INTEL_IDIOMS = """
 """
 
 
-def test_pyopencl_idioms_on_intel_are_right_from_source_and_from_kdb(run_py, cache_dir, tmp_path):
+@pytest.mark.parametrize("runtime", ["Intel", "rusticl"])
+def test_pyopencl_idioms_are_right_from_source_and_from_kdb(run_py, cache_dir, tmp_path,
+                                                            runtime):
     """Correct on every OpenCL: unmodified pyopencl code (arrays, reductions, scans with a
     fixed work-group size, an elementwise kernel) through ``install()`` on Intel's runtime
-    gives numpy's results when it compiles and when every program comes from kdb."""
-    env = {**_vendors(tmp_path, _intel_runtime()), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
-    first = run_json(run_py, INTEL_IDIOMS, env)
+    and on Rusticl gives numpy's results when it compiles and when every program comes from
+    kdb (pip's PoCL runs these in tests/test_opencl.py)."""
+    lib = {"Intel": _intel_runtime, "rusticl": _rusticl}[runtime]()
+    env = {**_vendors(tmp_path, lib), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "RUNTIME": runtime, "RUSTICL_ENABLE": "llvmpipe"}
+    first = run_json(run_py, IDIOMS, env)
     assert all(first["ok"]) and first["compiles"] > 0, first
-    again = run_json(run_py, INTEL_IDIOMS, {**env, "XDG_CACHE_HOME": str(tmp_path / "xdg2")})
+    again = run_json(run_py, IDIOMS, {**env, "XDG_CACHE_HOME": str(tmp_path / "xdg2")})
     assert all(again["ok"]) and again["compiles"] == 0, again
 
 
@@ -294,17 +310,18 @@ ARG_INFO = """
 """
 
 
-@pytest.mark.parametrize("runtime", ["Intel", POCL, "Oclgrind"])
+@pytest.mark.parametrize("runtime", ["Intel", POCL, "Oclgrind", "rusticl"])
 def test_a_build_asking_for_kernel_arg_info_gets_it_from_kdb_too(run_py, cache_dir, tmp_path,
                                                                   runtime):
     """``-cl-kernel-arg-info`` asks the program for its kernels' argument names and types;
     the OpenCL standard promises them only for a program created from source. Intel's CPU
     runtime gives none for one created from binaries (``KERNEL_ARG_INFO_NOT_AVAILABLE``,
     with pyopencl's own cache too), so kdb compiles such a build there, and says why in the
-    log; PoCL and Oclgrind keep them in their binaries, and such a build is served."""
-    lib = {"Intel": _intel_runtime, POCL: _debian_pocl, "Oclgrind": _oclgrind}[runtime]()
+    log; PoCL, Oclgrind and Rusticl keep them in their binaries, and such a build is served."""
+    lib = {"Intel": _intel_runtime, POCL: _debian_pocl, "Oclgrind": _oclgrind,
+           "rusticl": _rusticl}[runtime]()
     env = {**_vendors(tmp_path, lib), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
-           "RUNTIME": runtime}
+           "RUNTIME": runtime, "RUSTICL_ENABLE": "llvmpipe"}
     first = run_json(run_py, ARG_INFO, env)
     names = [row[0] for row in first["info"]]
     assert names == ["alpha", "beta", "gamma"] and first["compiles"] == 1, first

