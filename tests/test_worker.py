@@ -226,6 +226,31 @@ def test_the_compiled_programs_held_in_memory_are_bounded(cache_dir, run_py):
     assert compiles == 0  # the newest program was served from memory
 
 
+def test_a_program_built_again_and_again_stays_held_while_others_come_and_go(cache_dir,
+                                                                            run_py):
+    """A program rebuilt between many others (its store not landed yet) is served from
+    memory every time: each repeat makes it the newest, where before it was evicted
+    ``LIMIT`` builds after its first and compiled again (found by
+    tests/test_options_differential.py: one key compiled twice in a process)."""
+    code = """
+    import json, kdb.bookkeeping
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb.backends.opencl import stores as clstore
+    plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+    ctx = cl.Context(plat.get_devices()[:1])
+    clstore._Recent.LIMIT = 4  # 32: the same, eight times the compiles
+    again = "__kernel void again(__global float *a) { a[0] = -1; }"
+    for i in range(clstore._Recent.LIMIT + 4):
+        kdb.opencl.build(ctx, again)
+        kdb.opencl.build(ctx, f"__kernel void h{i}(__global float *a) {{ a[0] = {i}; }}")
+    kdb.opencl.build(ctx, again)
+    print(json.dumps([r.name for r in kdb.bookkeeping.records()].count("again")))
+    """
+    out = run_py(code, env={"KDB_STORE_AT_EXIT": "wait"})
+    assert json.loads(out.stdout.splitlines()[-1]) == 1
+
+
 def test_a_long_queue_costs_the_supervisor_a_small_share_of_the_lanes_cpu(cache_dir, run_py):
     """Queued jobs of a program stored already (cheap to store): the supervisor lists the
     spool a bounded number of times, not once per job and pass, and uses little CPU."""

@@ -51,8 +51,9 @@ def program_spec(text: str, opt_bytes: bytes, devs: list) -> dict | None:
 
 
 class _Recent(dict):
-    """A dict that keeps only its ``LIMIT`` newest entries: what was handed to the store
-    worker is not held for the process's life. ``get`` stays dict's own (the hit path)."""
+    """A dict that keeps only the ``LIMIT`` entries set last: what was handed to the store
+    worker is not held for the process's life. ``get`` stays dict's own; a hit sets its
+    entry again (:func:`held`), so a program built over and over stays held."""
 
     LIMIT = 32
 
@@ -64,7 +65,7 @@ class _Recent(dict):
 
 
 #: The memory tier: programs this process built from source, keyed by (context, devices,
-#: keys), the newest few, each with its :func:`build_stamp`. A repeated build is served at
+#: keys), the few built or served last, each with its :func:`build_stamp`. A repeated build is served at
 #: once instead of compiling again or waiting on this process's own claim; their binaries
 #: are stored by the store worker.
 compiled: dict[tuple, tuple] = _Recent()
@@ -92,6 +93,7 @@ def held(memory_key: tuple, devs):
         return None
     raw, stamp = got
     if stamp is not None and build_stamp(raw, devs) == stamp:
+        compiled[memory_key] = got  # the newest again: evicted last
         return raw
     compiled.pop(memory_key, None)
     log.debug("kdb: a program this process built was rebuilt with other options since; "
