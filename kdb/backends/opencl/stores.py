@@ -65,9 +65,9 @@ class _Recent(dict):
 
 
 #: The memory tier: programs this process built from source, keyed by (context, devices,
-#: keys), the few built or served last, each with its :func:`build_stamp`. A repeated build is served at
-#: once instead of compiling again or waiting on this process's own claim; their binaries
-#: are stored by the store worker.
+#: keys), the few built or served last, each with its :func:`build_stamp`. A repeated build
+#: is served at once instead of compiling again or waiting on this process's own claim;
+#: their binaries are stored by the store worker.
 compiled: dict[tuple, tuple] = _Recent()
 
 
