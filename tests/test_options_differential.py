@@ -2,10 +2,11 @@
 
 Each case draws build options that change what a kernel computes (macros defined and
 redefined in every order and spelling, values with parentheses, quoted and not, the math
-flags the compiler announces as macros, the OpenCL C version), as a string or as a list. A kernel writes what it was built with (its macros' values, the flags'
-macros, a result of the math they govern) into a buffer. The same cases run in three fresh
-processes: plain pyopencl, then through ``install()`` on an empty kdb cache (each compiled
-and stored), then through ``install()`` again on a fresh PoCL cache (each served by kdb).
+flags the compiler announces as macros, the OpenCL C version), as a string or as a list.
+A kernel writes what it was built with (its macros' values, the flags' macros, a result of
+the math they govern) into a buffer. The same cases run in three fresh processes: plain
+pyopencl, then through ``install()`` on an empty kdb cache (each compiled and stored), then
+through ``install()`` again on a fresh PoCL cache (each served by kdb).
 The property: all three give the same bytes for every case, and a build that fails fails in
 all three. Options that give another kernel but the same key would serve the first one's
 binary to the second: a stored wrong kernel.
