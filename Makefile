@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 TORCH  := $(VENV)/.torch
 # The tests run in 2 processes (pytest-xdist), each test file whole in one of them: 9-10.5 min
 # (800-930 CPU-s) on a quiet 2-core machine against 13 in one, 12.8-14.5 beside a CPU hog
-# (10.2-11.5 and 16.1-19.4 on a slower machine, 2026-12-06). PYTEST_JOBS=0: one.
+# (9.8-11.5 and 15.3-19.4 on a slower machine, 2026-12-06). PYTEST_JOBS=0: one.
 PYTEST_JOBS ?= 2
 
 .PHONY: setup demo test bench clean
