@@ -77,8 +77,14 @@ if ! compgen -G "$mesa/usr/lib/*/libRusticlOpenCL.so.1" >/dev/null; then
         [ -n "$(apt-cache depends mesa-opencl-icd 2>/dev/null)" ] || apt-get update -qq
         deps=$(apt-cache depends mesa-opencl-icd 2>/dev/null \
                | awk '/^  Depends: [^<]/ {print $2}' | grep -v -i opencl)
+        # Only those absent: naming an installed library (libc6, zlib1g) would upgrade it.
+        missing=$(for dep in $deps; do
+                      dpkg-query -W -f='${Status}\n' "$dep" 2>/dev/null \
+                          | grep -q "ok installed" || echo "$dep"
+                  done)
         if ! { [ -n "$deps" ] \
-                && apt-get install -y -qq --no-install-recommends $deps >/dev/null \
+                && { [ -z "$missing" ] \
+                     || apt-get install -y -qq --no-install-recommends $missing >/dev/null; } \
                 && (cd "$work" && apt-get download -qq mesa-opencl-icd 2>/dev/null) \
                 && dpkg-deb -x "$work"/mesa-opencl-icd_*.deb "$mesa" \
                 && compgen -G "$mesa/usr/lib/*/libRusticlOpenCL.so.1" >/dev/null; }; then
