@@ -32,6 +32,8 @@ os.environ["KDB_CACHE_DIR"] = str(_SESSION_TMP / "kdb-cache")
 # benchmarks keep the user's default: they measure what a user runs.)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("POCL_CACHE_DIR", str(_SESSION_TMP / "pocl-cache"))
+# Mesa's Rusticl keeps what it compiled in ~/.cache/mesa_shader_cache otherwise.
+os.environ.setdefault("MESA_SHADER_CACHE_DIR", str(_SESSION_TMP / "mesa-cache"))
 for _var in ("KDB_SYSTEM_DB_PATH", "KDB_DISABLE_CACHE", "KDB_STRICT", "KDB_TRACE",
              "KDB_CACHE_MAX_SIZE", "KDB_SHARED_URL", "KDB_WAIT_TIMEOUT", "KDB_STORE_TIMEOUT",
              "KDB_NVCC", "KDB_NVRTC", "KDB_STORE_AT_EXIT", "KDB_AUTO", "KDB_RUN_REPORT",
