@@ -263,3 +263,66 @@ def test_without_the_floor_stores_wait_for_idle_cpu(cache_dir, run_py, monkeypat
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_the_floor_takes_only_stores_no_early_entry_can_serve(tmp_path):
+    """The floor lane's CPU goes where the next process would otherwise compile: a job
+    another process waits for, one marked ``first``, one whose process ended (killed before
+    it could keep an early entry, or the entry was not kept); not one whose process still
+    runs (it keeps its early entries at exit), nor one the floor lane found an early entry
+    serving. A later process that took the pid over is not the job's."""
+    from kdb.storing.jobs import StoreJob
+    from kdb.worker import supervisor as worker
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    born = time.time_ns() - 5_000_000_000
+    later = subprocess.Popen(["sleep", "60"])  # started after the job was written
+    try:
+        stems = {"running": f"{born:020d}-1-1",  # pid 1 started at boot: still running
+                 "first": f"{born:020d}-1-2", "wanted": f"{born:020d}-1-3",
+                 "ended": f"{born:020d}-{ended.pid}-4", "reused": f"{born:020d}-{later.pid}-5"}
+        for what, stem in stems.items():
+            job = StoreJob(backend="opencl", entries=[{"key": what}], first=what == "first")
+            (tmp_path / (stem + spool.JOB)).write_text(job.to_json())
+        queue = worker._Queue(tmp_path)
+        queue.scan(set(), force=True)
+        queue.wanted = {"wanted"}
+        may = {what: queue.floor_may(stem) for what, stem in stems.items()}
+        assert may == {"running": False, "first": True, "wanted": True, "ended": True,
+                       "reused": True}, may
+        asked = {what: queue.may_stand_in(stem) for what, stem in stems.items()}
+        assert [w for w, a in asked.items() if a] == ["running", "ended", "reused"], asked
+        queue.stood_in.add(stems["ended"])
+        assert not queue.floor_may(stems["ended"])
+        took = [queue.pick(False, set(), floor=True) for _ in range(4)]
+        assert [p and p.stem for p in took] == [stems["wanted"], stems["first"],
+                                                stems["reused"], None], took
+        # The idle lanes take what the floor leaves.
+        assert {queue.pick(False, set()).stem for _ in range(2)} == {stems["running"],
+                                                                    stems["ended"]}
+    finally:
+        later.kill()
+        later.wait()
+
+
+def test_the_floor_lane_leaves_a_store_an_early_entry_serves_to_idle_cpu(cache_dir, run_py,
+                                                                       monkeypatch):
+    """A process that ended kept early entries for what it compiled: with no idle CPU the
+    floor lane, asked, finds them serving and leaves the full stores to the idle lanes
+    (here they get CPU and store them), so its share of a busy machine goes to nothing that
+    saves no compile."""
+    import json
+
+    from conftest import sql
+
+    monkeypatch.delenv("KDB_DISABLE_EARLY_STORE")
+    jobs = make_jobs(run_py, cache_dir, 2)
+    [user] = (cache_dir / "v1").glob("pocl-*.kdb")
+    details = [json.loads(d or "{}") for (d,) in sql(user, "SELECT details FROM kernels")]
+    assert len(details) == 2 and all(d.get("provisional") for d in details), details
+    busy = run_py(FIXED.format(none=True, jobs=str(jobs)))
+    assert "floor" in busy.stdout.split() and "idle" in busy.stdout.split(), busy.stderr
+    assert "an early entry serves it; left to idle CPU" in busy.stderr, busy.stderr
+    details = [json.loads(d or "{}") for (d,) in sql(user, "SELECT details FROM kernels")]
+    assert len(details) == 2 and not any(d.get("provisional") for d in details), details

@@ -53,6 +53,36 @@ def _stat(pid: int) -> list[bytes] | None:
         return None
 
 
+_boot_ns: int | None = None
+
+
+def boot_ns() -> int:
+    """The wall clock at boot (``btime`` in ``/proc/stat``: whole seconds), in ns; 0 unknown."""
+    global _boot_ns
+    if _boot_ns is None:
+        _boot_ns = 0
+        try:
+            with open("/proc/stat", "rb") as f:
+                for line in f:
+                    if line.startswith(b"btime "):
+                        _boot_ns = int(line.split()[1]) * 1_000_000_000
+                        break
+        except (OSError, ValueError, IndexError):
+            pass
+    return _boot_ns
+
+
+def ran_at(pid: int, wall_ns: int) -> bool:
+    """Whether process ``pid`` exists and had started by ``wall_ns`` (``time.time_ns()``): a
+    later process that reuses the pid does not count (one second of slack: ``btime`` is in
+    whole seconds). Without ``/proc``'s boot time, whether ``pid`` exists."""
+    ticks = start_time(pid)
+    if not ticks:
+        return False
+    boot = boot_ns()
+    return not boot or boot + int(ticks / hz() * 1e9) <= wall_ns + 1_000_000_000
+
+
 def start_time(pid: int | None = None) -> int:
     """When process ``pid`` (default: this one) started, in clock ticks since boot; 0 when
     unknown. With the pid it names a process: a pid reused by another process, or one of

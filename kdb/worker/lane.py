@@ -69,7 +69,9 @@ def serve(slow: bool = False, urgent: bool = False, floor: bool = False) -> int:
     job a live lane took first, and stores it all the same when the line is ``!path`` (the
     waiter saw that lane starve; storing is idempotent). ``floor``: the worker's floor lane,
     kept at normal priority and paced by its supervisor (:mod:`.floor`); any other lane
-    takes the lowest priority (a lane apart had it from its start: :func:`_preexec`)."""
+    takes the lowest priority (a lane apart had it from its start: :func:`_preexec`). The
+    floor lane answers ``left`` for a job whose line is ``?path`` when an early entry
+    serves its keys (:func:`_stood_in`), and queues it again as it was."""
     protocol = os.dup(1)
     os.dup2(2, 1)
     if urgent:
@@ -80,8 +82,15 @@ def serve(slow: bool = False, urgent: bool = False, floor: bool = False) -> int:
     dbs: dict = {}
     for line in sys.stdin.buffer:
         force = urgent and line.startswith(b"!")
-        path = Path(os.fsdecode(line[force:].rstrip(b"\n")))
+        ask = floor and line.startswith(b"?")
+        path = Path(os.fsdecode(line[force or ask:].rstrip(b"\n")))
         fd = take(path)  # None: its own process, or another worker, stores it
+        if fd is not None and ask and _stood_in(taken_path(path), dbs):
+            rename(taken_path(path), path)
+            os.close(fd)
+            say(f"{about(path)}: an early entry serves it; left to idle CPU")
+            os.write(protocol, b"left\n")
+            continue
         if fd is None and urgent:
             fd = take_taken(path)  # its taker died; else (-1) a lane stores it
             if fd == -1 and not force:
@@ -160,6 +169,29 @@ def _attributes(job: StoreJob) -> list[HashAttributes]:
             for e in job.entries]
 
 
+def _stood_in(path: Path, dbs: dict) -> bool:
+    """Whether every key of the job ``path`` has an entry in its user file and one of them is
+    only an early entry: the next process is served, and the store would only make it a
+    binary. A refresh job's entries are binaries already; bookkeeping serves nobody."""
+    data = read_job(path)
+    if data is None:
+        return False
+    job = StoreJob.from_dict(data)
+    if job.kind == REFRESH:
+        return True
+    attrs = _attributes(job)
+    if job.kind == BOOKKEEPING or not attrs:
+        return False
+    if job.cache_dir not in dbs:
+        dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
+    files = dbs[job.cache_dir].tiers
+    found = {}
+    for a in attrs:
+        found.update(files.user_file(a.arch).details([a.key]))
+    return len(found) == len({a.key for a in attrs}) and not _stored_already(
+        dbs[job.cache_dir], attrs)
+
+
 def _stored_already(db: KernelDB, attrs: list[HashAttributes]) -> bool:
     return bool(attrs) and all(a.key in db.tiers.user_file(a.arch).stored([a.key]) for a in attrs)
 
@@ -184,9 +216,12 @@ class Lane:
         self.apart = apart
         self.window = (0.0, 0.0)  # the wall clock and its CPU seconds as a window began
         self.fed: bool | None = None  # its last full window: it got the share (idle CPU)
+        self.left: str | None = None  # the stem of a job a floor lane left to idle CPU
 
-    def start(self, path: Path, build: tuple = (), limit: float | None = None) -> None:
-        """Have the child store ``path``, in ``limit`` CPU seconds at most (None: no bound)."""
+    def start(self, path: Path, build: tuple = (), limit: float | None = None,
+              ask: bool = False) -> None:
+        """Have the child store ``path``, in ``limit`` CPU seconds at most (None: no bound);
+        ``ask``: a floor lane first asks whether an early entry serves it (:func:`serve`)."""
         import subprocess
 
         if self.proc is not None and build and self.build != build:
@@ -207,7 +242,7 @@ class Lane:
         self.job, self.started, self.taken_at = path, self.clock(), time.monotonic()
         self.limit = limit
         self.window, self.fed = (self.taken_at, self.started), None
-        self.proc.stdin.write(os.fsencode(path) + b"\n")
+        self.proc.stdin.write((b"?" if ask else b"") + os.fsencode(path) + b"\n")
         self.proc.stdin.flush()
 
     def clock(self) -> float:
@@ -224,7 +259,11 @@ class Lane:
             return False
         path, done = self.job, None
         if select.select([self.proc.stdout], [], [], 0)[0]:  # b"": the child died
-            done = self.proc.stdout.readline() == b"done\n"
+            answer = self.proc.stdout.readline()
+            if answer == b"left\n":
+                self.job, self.left = None, path.stem
+                return True
+            done = answer == b"done\n"
         if done is None and (self.limit is None or self.clock() - self.started <= self.limit):
             return False
         if done is False:  # the child died (killed, or crashed inside the driver)

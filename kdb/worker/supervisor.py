@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from .. import config
+from ..claims import progress
 from ..dirs import open_regular
 from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove,
                                 rename, sweep_partial, take, taken_path)
@@ -67,6 +68,7 @@ class _Queue:
         self.foreign: list[str] = []
         self.jobs: dict[str, tuple | None] = {}
         self.wanted: set[str] = set()
+        self.stood_in: set[str] = set()  # stems the floor lane found an early entry serving
         self._wants: dict[str, set[str]] = {}
         self._seen: dict[str, tuple[int, float]] = {}  # directory -> (mtime, listed at)
         self.listings = 0
@@ -101,6 +103,7 @@ class _Queue:
             self.foreign = [stem[n] for n in taken if stem[n] not in back]
             self.jobs = {s: j for s, j in self.jobs.items() if s in normal or s in busy
                          or s in self.slow}
+            self.stood_in.intersection_update(self.jobs)
         for cdir in self._wants:  # the claims directories of the jobs read so far
             if self._changed(cdir, False):
                 try:
@@ -150,12 +153,15 @@ class _Queue:
     def keys(self, stem: str, suffix: str = JOB) -> list[str]:
         return (self.job(stem, suffix) or ((),))[0]
 
-    def pick(self, slow: bool, busy: set[str]) -> Path | None:
+    def pick(self, slow: bool, busy: set[str], floor: bool = False) -> Path | None:
         """The next job for a lane. Normal lane: one another process waits for, else one
         nothing stands in for (``first``), else the oldest, each old enough; a job whose
-        keys a slow job already holds joins the slow ones. Slow lane: the oldest slow job."""
-        while slow and self.slow:
-            stem = self.slow.pop(0)
+        keys a slow job already holds joins the slow ones. Slow lane: the oldest slow job.
+        ``floor``: only jobs :meth:`floor_may` store."""
+        for stem in list(self.slow) if slow else ():
+            if floor and not self.floor_may(stem, SLOW):
+                continue
+            self.slow.remove(stem)
             if self.job(stem, SLOW) is not None:
                 return self.spool / (stem + SLOW)
         if slow:
@@ -165,7 +171,8 @@ class _Queue:
         while self.normal:
             put_ahead = bool(ahead)
             stem = ahead.pop(0) if ahead else first_ready(
-                [s for s in self.normal if s not in young], [*self.slow, *busy, *self.foreign])
+                [s for s in self.normal if s not in young and (not floor or self.floor_may(s))],
+                [*self.slow, *busy, *self.foreign])
             if stem is None:
                 return None
             job = self.job(stem, JOB)
@@ -188,6 +195,30 @@ class _Queue:
             self.normal.pop(stem, None)
             return self.spool / (stem + JOB)
         return None
+
+    def may_stand_in(self, stem: str, suffix: str = JOB) -> bool:
+        """Whether an entry the job's process kept at its exit (an early entry) may serve
+        its keys: no other process waits for them and the job is not marked ``first``."""
+        job = self.job(stem, suffix) or ((), 0, None, (), False)
+        return self.wanted.isdisjoint(job[0]) and not job[4]
+
+    def floor_may(self, stem: str, suffix: str = JOB) -> bool:
+        """Whether the floor lane may take the job: the floor is there so that the next
+        process compiles nothing, and an early entry already sees to that at no cost. So
+        it leaves to idle CPU a job an early entry was found serving, and one whose process
+        still runs (it keeps its early entries at its exit); it takes those nothing can
+        stand in for (``first``), those another process waits for, and those of a process
+        that ended without keeping one (killed, say). The lane asks the user file when
+        :meth:`may_stand_in`."""
+        if not self.may_stand_in(stem, suffix):
+            return True
+        if stem in self.stood_in:
+            return False
+        try:
+            born, pid = (int(x) for x in stem.split("-", 2)[:2])
+        except ValueError:
+            return True
+        return not progress.ran_at(pid, born)
 
     def _ahead(self) -> list[str]:
         """The queued stems taken before the oldest: those with a key another process waits
@@ -249,6 +280,10 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
     no_idle_cpu = False  # until an idle lane starves: where CPU is idle, the floor waits
     while True:
         ended = [lane.poll() for lane in lanes]
+        for lane in lanes:
+            if lane.left is not None:  # an early entry serves it: idle CPU stores it
+                queue.stood_in.add(lane.left)
+                lane.left = None
         busy = {lane.job.stem for lane in lanes if lane.job is not None}
         queue.scan(busy)
         before = len(busy)
@@ -259,11 +294,13 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
             if lane.job is None and (lane.pacer is None or no_idle_cpu):
                 path = _pick(queue, lane, busy)
                 if path is None and lane.pacer is not None:
-                    path = _take_over(lanes, share)
+                    path = _take_over(queue, lanes, share)
             if path is not None:
                 _, seconds, _, build, _ = queue.jobs[path.stem]
                 lane.start(path, build, None if path.suffix == SLOW
-                           else max(SLOW_MIN_S, SLOW_FACTOR * seconds))
+                           else max(SLOW_MIN_S, SLOW_FACTOR * seconds),
+                           ask=lane.pacer is not None and queue.may_stand_in(path.stem,
+                                                                             path.suffix))
                 busy.add(path.stem)
         if len(busy) != before or any(ended):  # a waiter judges the lane storing its job
             publish_lanes(fd, [(lane.proc.pid, lane.pstart, lane.started, lane.job.stem)
@@ -281,10 +318,10 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
 
 def _pick(queue: _Queue, lane: Lane, busy: set[str]) -> Path | None:
     """The next job for ``lane``: the floor lane takes queued jobs first, then set-aside
-    (slow) ones; an idle lane its own kind."""
+    (slow) ones, of those it may (:meth:`_Queue.floor_may`); an idle lane its own kind."""
     if lane.pacer is None:
         return queue.pick(lane.slow, busy)
-    return queue.pick(False, busy) or queue.pick(True, busy)
+    return queue.pick(False, busy, floor=True) or queue.pick(True, busy, floor=True)
 
 
 def _no_idle_cpu(lanes: list[Lane], share: float, before: bool) -> bool:
@@ -297,12 +334,13 @@ def _no_idle_cpu(lanes: list[Lane], share: float, before: bool) -> bool:
     return True if False in judged else before
 
 
-def _take_over(lanes: list[Lane], share: float) -> Path | None:
+def _take_over(queue: _Queue, lanes: list[Lane], share: float) -> Path | None:
     """For the floor lane, with nothing queued (and no idle CPU): the job of an idle lane
-    that got less than the floor's share over its last :data:`TAKE_OVER_S`, queued again and
-    handed over."""
+    that got less than the floor's share over its last :data:`TAKE_OVER_S` and that the floor
+    may take (:meth:`_Queue.floor_may`), queued again and handed over."""
     for lane in lanes:
-        if lane.pacer is None and lane.starved(share, TAKE_OVER_S):
+        if (lane.pacer is None and lane.starved(share, TAKE_OVER_S)
+                and queue.floor_may(lane.job.stem, lane.job.suffix)):
             path = lane.hand_over()
             if path is not None:
                 _say(f"{_about(path)}: its lane got no idle CPU for {TAKE_OVER_S:.0f} s; "
