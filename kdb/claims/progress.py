@@ -72,15 +72,23 @@ def boot_ns() -> int:
     return _boot_ns
 
 
-def ran_at(pid: int, wall_ns: int) -> bool:
-    """Whether process ``pid`` exists and had started by ``wall_ns`` (``time.time_ns()``): a
-    later process that reuses the pid does not count (one second of slack: ``btime`` is in
-    whole seconds). Without ``/proc``'s boot time, whether ``pid`` exists."""
+def started_ns(pid: int) -> int:
+    """When process ``pid`` started, on the wall clock (``time.time_ns()``), to the second
+    (``btime`` is in whole seconds); 0 when no such process; 1 when ``/proc`` gives no boot
+    time (it exists, its start unknown)."""
     ticks = start_time(pid)
     if not ticks:
-        return False
+        return 0
     boot = boot_ns()
-    return not boot or boot + int(ticks / hz() * 1e9) <= wall_ns + 1_000_000_000
+    return boot + int(ticks / hz() * 1e9) if boot else 1
+
+
+def ran_at(pid: int, wall_ns: int, started: int | None = None) -> bool:
+    """Whether process ``pid`` exists and had started by ``wall_ns`` (``time.time_ns()``): a
+    later process that reuses the pid does not count (one second of slack). ``started``:
+    :func:`started_ns` of ``pid``, read before."""
+    started = started_ns(pid) if started is None else started
+    return 0 < started <= wall_ns + 1_000_000_000
 
 
 def start_time(pid: int | None = None) -> int:

@@ -37,6 +37,8 @@ from .lane import say as _say
 #: program's first launches have put their work-group code in PoCL's cache: the stored
 #: binary then carries it and the next start's first launches skip PoCL's JIT.
 MIN_AGE_S = 1.0
+#: Seconds the floor lane's look at whether a job's process still runs holds, per pid.
+STARTED_S = 1.0
 #: Seconds without a job after which the worker exits.
 IDLE_EXIT_S = 3.0
 #: A store may take ``SLOW_FACTOR`` times its compile, and at least ``SLOW_MIN_S`` seconds
@@ -69,6 +71,7 @@ class _Queue:
         self.jobs: dict[str, tuple | None] = {}
         self.wanted: set[str] = set()
         self.stood_in: set[str] = set()  # stems the floor lane found an early entry serving
+        self._started: dict[int, tuple[float, int]] = {}  # pid -> (looked at, started_ns)
         self._wants: dict[str, set[str]] = {}
         self._seen: dict[str, tuple[int, float]] = {}  # directory -> (mtime, listed at)
         self.listings = 0
@@ -104,6 +107,8 @@ class _Queue:
             self.jobs = {s: j for s, j in self.jobs.items() if s in normal or s in busy
                          or s in self.slow}
             self.stood_in.intersection_update(self.jobs)
+            self._started = {p: v for p, v in self._started.items()
+                             if time.monotonic() - v[0] <= STARTED_S}
         for cdir in self._wants:  # the claims directories of the jobs read so far
             if self._changed(cdir, False):
                 try:
@@ -218,7 +223,12 @@ class _Queue:
             born, pid = (int(x) for x in stem.split("-", 2)[:2])
         except ValueError:
             return True
-        return not progress.ran_at(pid, born)
+        now = time.monotonic()
+        looked, started = self._started.get(pid, (-1.0, 0))
+        if now - looked > STARTED_S:  # one look a pid, however many jobs it queued
+            started = progress.started_ns(pid)
+            self._started[pid] = (now, started)
+        return not progress.ran_at(pid, born, started)
 
     def _ahead(self) -> list[str]:
         """The queued stems taken before the oldest: those with a key another process waits
@@ -278,6 +288,7 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
 
     idle_since = time.monotonic()
     no_idle_cpu = False  # until an idle lane starves: where CPU is idle, the floor waits
+    floor_looks = 0.0  # when the floor lane, having found nothing it may take, looks again
     while True:
         ended = [lane.poll() for lane in lanes]
         for lane in lanes:
@@ -291,10 +302,14 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
             no_idle_cpu = _no_idle_cpu(lanes, share, no_idle_cpu)
         for lane in lanes:
             path = None
-            if lane.job is None and (lane.pacer is None or no_idle_cpu):
+            if lane.job is None and (lane.pacer is None or (
+                    no_idle_cpu and time.monotonic() >= floor_looks)):
                 path = _pick(queue, lane, busy)
                 if path is None and lane.pacer is not None:
                     path = _take_over(queue, lanes, share)
+                    # Every queued job looked at: not again before a second (a long queue
+                    # of jobs early entries serve would cost the supervisor CPU each loop).
+                    floor_looks = time.monotonic() + (STARTED_S if path is None else 0.0)
             if path is not None:
                 _, seconds, _, build, _ = queue.jobs[path.stem]
                 lane.start(path, build, None if path.suffix == SLOW
