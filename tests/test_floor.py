@@ -326,3 +326,33 @@ def test_the_floor_lane_leaves_a_store_an_early_entry_serves_to_idle_cpu(cache_d
     assert "an early entry serves it; left to idle CPU" in busy.stderr, busy.stderr
     details = [json.loads(d or "{}") for (d,) in sql(user, "SELECT details FROM kernels")]
     assert len(details) == 2 and not any(d.get("provisional") for d in details), details
+
+
+def test_the_floor_lane_asks_before_it_takes_so_a_job_never_moves_back(cache_dir, run_py,
+                                                                       monkeypatch):
+    """Asked about a job an early entry serves (``?path``), the floor lane's child answers
+    ``left`` without taking it: the job stays ``.job``, never renamed. Taking it and
+    renaming it back could, to a process waiting for its store, look like a job that ended
+    without its entry (that process then compiled it again: 10 compiles of 5, eight
+    processes in step beside a CPU hog). Asked about a job nothing serves, it stores it."""
+    import json
+
+    from conftest import sql
+
+    monkeypatch.delenv("KDB_DISABLE_EARLY_STORE")
+    jobs = make_jobs(run_py, cache_dir, 1)
+    (job,) = sorted(jobs.glob("*.job"))[:1]
+    before = job.stat().st_ctime_ns  # a rename changes it, even one back to the same name
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDB_")}
+    asked = subprocess.run([sys.executable, "-m", "kdb.worker", "--floor-child"],
+                           input=f"?{job}\n", env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert asked.stdout == "left\n", asked.stderr
+    assert job.exists() and job.stat().st_ctime_ns == before
+    stored_now = subprocess.run([sys.executable, "-m", "kdb.worker", "--floor-child"],
+                                input=f"{job}\n", env=env, capture_output=True, text=True,
+                                timeout=120)
+    assert stored_now.stdout == "done\n", stored_now.stderr
+    [user] = (cache_dir / "v1").glob("pocl-*.kdb")
+    [(details,)] = sql(user, "SELECT details FROM kernels")
+    assert not job.exists() and not json.loads(details or "{}").get("provisional")

@@ -71,7 +71,9 @@ def serve(slow: bool = False, urgent: bool = False, floor: bool = False) -> int:
     kept at normal priority and paced by its supervisor (:mod:`.floor`); any other lane
     takes the lowest priority (a lane apart had it from its start: :func:`_preexec`). The
     floor lane answers ``left`` for a job whose line is ``?path`` when an early entry
-    serves its keys (:func:`_stood_in`), and queues it again as it was."""
+    serves its keys (:func:`_stood_in`), read before the job is taken: a job moving back
+    from ``.taken`` to ``.job`` could look, to a process waiting for it, like one that
+    ended without its entry."""
     protocol = os.dup(1)
     os.dup2(2, 1)
     if urgent:
@@ -84,13 +86,11 @@ def serve(slow: bool = False, urgent: bool = False, floor: bool = False) -> int:
         force = urgent and line.startswith(b"!")
         ask = floor and line.startswith(b"?")
         path = Path(os.fsdecode(line[force or ask:].rstrip(b"\n")))
-        fd = take(path)  # None: its own process, or another worker, stores it
-        if fd is not None and ask and _stood_in(taken_path(path), dbs):
-            rename(taken_path(path), path)
-            os.close(fd)
+        if ask and _stood_in(path, dbs):  # asked before taking: the job never moves back
             say(f"{about(path)}: an early entry serves it; left to idle CPU")
             os.write(protocol, b"left\n")
             continue
+        fd = take(path)  # None: its own process, or another worker, stores it
         if fd is None and urgent:
             fd = take_taken(path)  # its taker died; else (-1) a lane stores it
             if fd == -1 and not force:
@@ -173,10 +173,13 @@ def _stood_in(path: Path, dbs: dict) -> bool:
     """Whether every key of the job ``path`` has an entry in its user file and one of them is
     only an early entry: the next process is served, and the store would only make it a
     binary. A refresh job's entries are binaries already; bookkeeping serves nobody."""
-    data = read_job(path)
-    if data is None:
+    data = read_job(path)  # None: taken by another meanwhile, or stored
+    try:
+        job = StoreJob.from_dict(data) if data is not None else None
+    except ValueError:
+        return False  # malformed: taking it sets it aside and says why
+    if job is None:
         return False
-    job = StoreJob.from_dict(data)
     if job.kind == REFRESH:
         return True
     attrs = _attributes(job)
