@@ -71,6 +71,7 @@ class _Queue:
         self.jobs: dict[str, tuple | None] = {}
         self.wanted: set[str] = set()
         self.stood_in: set[str] = set()  # stems the floor lane found an early entry serving
+        self.refused = 0  # jobs :meth:`floor_may` refused since the floor lane last looked
         self._started: dict[int, tuple[float, int]] = {}  # pid -> (looked at, started_ns)
         self._wants: dict[str, set[str]] = {}
         self._seen: dict[str, tuple[int, float]] = {}  # directory -> (mtime, listed at)
@@ -218,6 +219,7 @@ class _Queue:
         if not self.may_stand_in(stem, suffix):
             return True
         if stem in self.stood_in:
+            self.refused += 1
             return False
         try:
             born, pid = (int(x) for x in stem.split("-", 2)[:2])
@@ -228,7 +230,9 @@ class _Queue:
         if now - looked > STARTED_S:  # one look a pid, however many jobs it queued
             started = progress.started_ns(pid)
             self._started[pid] = (now, started)
-        return not progress.ran_at(pid, born, started)
+        may = not progress.ran_at(pid, born, started)
+        self.refused += not may
+        return may
 
     def _ahead(self) -> list[str]:
         """The queued stems taken before the oldest: those with a key another process waits
@@ -307,9 +311,11 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
                 path = _pick(queue, lane, busy)
                 if path is None and lane.pacer is not None:
                     path = _take_over(queue, lanes, share)
-                    # Every queued job looked at: not again before a second (a long queue
-                    # of jobs early entries serve would cost the supervisor CPU each loop).
-                    floor_looks = time.monotonic() + (STARTED_S if path is None else 0.0)
+                    # Jobs it may not take: not again before a second (a long queue of
+                    # jobs early entries serve would cost the supervisor CPU each loop).
+                    # Jobs only too young: at once (an idle lane would drain them first).
+                    floor_looks = time.monotonic() + (
+                        STARTED_S if path is None and queue.refused else 0.0)
             if path is not None:
                 _, seconds, _, build, _ = queue.jobs[path.stem]
                 lane.start(path, build, None if path.suffix == SLOW
@@ -336,6 +342,7 @@ def _pick(queue: _Queue, lane: Lane, busy: set[str]) -> Path | None:
     (slow) ones, of those it may (:meth:`_Queue.floor_may`); an idle lane its own kind."""
     if lane.pacer is None:
         return queue.pick(lane.slow, busy)
+    queue.refused = 0
     return queue.pick(False, busy, floor=True) or queue.pick(True, busy, floor=True)
 
 
