@@ -11,7 +11,10 @@ still queued, entries in the user file. Every run builds the same programs, so a
 in run 2 or run 3 is of a program run 1 compiled; the goal is none. After run 3 the
 store worker's backlog is read once more and its processes (found by an environment
 variable every process of the arm carries) are killed, so that nothing of one arm runs
-beside the next.
+beside the next. The CPU time of each run's processes is counted as they exit, and the
+store worker's over the three runs as it is reaped: the benchmark makes itself the
+subreaper of what its children leave behind, so the worker's CPU, lanes included, lands
+here instead of with init.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from __future__ import annotations
 import os
 
 from _harness import Metric, Outcome, Table, Workspace, at_most
-from _load import JOB_MARKER, hogs, kill_job, new_token, worker_state
+from _load import (JOB_MARKER, adopt_orphans, children_cpu, hogs, kill_job, new_token,
+                   reap_orphans, worker_state)
 from _script import autogroup
 
 RUNS = (1, 2, 3)
@@ -33,6 +37,8 @@ HOG_LIMIT_S = {True: 600, False: 3600}
 
 def _metrics() -> list[Metric]:
     out = [Metric(f"run{n}", f"run {n}", unit="s") for n in RUNS]
+    out += [Metric(f"cpu{n}", f"CPU, run {n}'s processes", unit="s") for n in RUNS]
+    out.append(Metric("worker_cpu", "CPU, store worker (runs 1-3)", unit="s", ratio=False))
     out += [Metric(f"c{n}", f"compiles run {n}", unit="n", ratio=False) for n in RUNS]
     out.append(Metric("programs", "programs a run", unit="n", ratio=False))
     for n in RUNS[1:]:
@@ -43,10 +49,12 @@ def _metrics() -> list[Metric]:
     return out
 
 
-def _three_runs(ws: Workspace, t: Table, arm: str, policy: str) -> None:
+def _three_runs(ws: Workspace, t: Table, arm: str, policy: str, reaper: bool) -> None:
     """Runs 1 to 3 of one arm, back to back, the hogs running from before run 1 to after
     run 3; then the store worker's backlog, and its processes killed (waiting for it on a
-    shared machine took minutes: a --quick run could not afford it)."""
+    shared machine took minutes: a --quick run could not afford it). ``reaper``: this
+    process is the subreaper of the arm's store workers (:func:`_load.adopt_orphans`), so
+    their CPU time can be counted."""
     from _scenarios import _intel_env  # the suite scenario's (imported late: no cycle)
 
     cache, pocl = ws.fresh("kdb-busy"), ws.fresh("pocl-busy")
@@ -60,6 +68,10 @@ def _three_runs(ws: Workspace, t: Table, arm: str, policy: str) -> None:
             state = worker_state(cache)
     finally:
         killed = kill_job(JOB_MARKER, token)
+        # The hogs are reaped: what is left are the arm's store workers and lanes, ours
+        # since busy() made this process their subreaper.
+        worker_cpu = reap_orphans()
+    t.add(arm, "worker_cpu", worker_cpu if reaper else None)
     if arm == "kdb":
         t.add(arm, "q_end", state["queued"])
         t.add(arm, "killed", len(killed))
@@ -78,8 +90,10 @@ def _runs(ws: Workspace, t: Table, arm: str, policy: str, where: dict) -> None:
         what = "Intel's runtime" if policy == INTEL else f"PoCL cache {policy}"
         ws.log(f"busy: {what}, {arm}, run {n} (queued {state['queued']}, "
                f"entries {state['entries']})")
+        cpu = children_cpu()
         got = _suite_run({**where["env"], "POCL_CACHE_DIR": str(pocl)}, scale)
         t.add(arm, f"run{n}", got["wall"])
+        t.add(arm, f"cpu{n}", children_cpu() - cpu)  # its processes', not the worker's
         t.add(arm, f"c{n}", got["compiles"])
         if n > 1 and arm == "kdb":
             t.add(arm, f"q{n}", state["queued"])
@@ -104,6 +118,7 @@ def busy(ws: Workspace, o: Outcome) -> None:
     from _scenarios import _intel_env  # the suite scenario's (imported late: no cycle)
 
     runs, cores = ws.opts.n(1), os.cpu_count() or 1
+    reaper = adopt_orphans()
     ag = autogroup()
     shown = "absent" if ag is None else str(ag)
     # --quick: the suite's smallest scale and PoCL's cache kept only (about a minute),
@@ -117,7 +132,8 @@ def busy(ws: Workspace, o: Outcome) -> None:
     o.title = (f"Busy machine: the suite (2 processes back to back) run 3 times in a row while "
                f"{cores} CPU-bound process(es) at normal priority keep every core busy, kdb "
                f"against no kdb on the same busy machine; sched_autogroup_enabled = {shown}")
-    o.info.update(sched_autogroup_enabled=ag, hogs=cores, policies=list(policies))
+    o.info.update(sched_autogroup_enabled=ag, hogs=cores, policies=list(policies),
+                  subreaper=reaper)
     for policy in policies:
         t = o.table((f"Intel's CPU runtime, pyopencl's own cache kept between runs (the "
                      "no-kdb arm is pyopencl's cache)" if policy == INTEL else
@@ -131,7 +147,7 @@ def busy(ws: Workspace, o: Outcome) -> None:
         t.arm("kdb", "kdb through kdb.opencl.install(), defaults")
         for _ in range(runs):
             for arm in ("nokdb", "kdb"):
-                _three_runs(ws, t, arm, policy)
+                _three_runs(ws, t, arm, policy, reaper)
         _checks(o, t, policy)
     if ws.opts.quick:
         o.notes.append("--quick: the suite's smallest scale (scale 0) and, on PoCL, its cache "

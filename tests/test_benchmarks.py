@@ -148,6 +148,28 @@ def test_kill_job_finds_a_process_that_left_the_session_by_its_marker(load_modul
     assert load_module.job_processes(load_module.JOB_MARKER, token) == []
 
 
+def test_an_orphaned_grandchilds_cpu_time_is_counted_once_it_is_reaped(tmp_path):
+    """The busy scenario counts the store worker's CPU time: a grandchild that left the
+    session and outlived its parent (as kdb's worker does) is reparented to the benchmark,
+    its subreaper, and its CPU time counted as it is reaped."""
+    script = tmp_path / "reaper.py"
+    script.write_text(f"""
+import subprocess, sys, time
+sys.path.insert(0, {str(REPO / "benchmarks")!r})
+import _load
+assert _load.adopt_orphans()
+burn = "import time; t = time.process_time()\\nwhile time.process_time() - t < 0.3: pass"
+subprocess.run([sys.executable, "-c", "import subprocess, sys; subprocess.Popen("
+                "[sys.executable, '-c', sys.argv[1]], start_new_session=True)", burn],
+               check=True)
+print(round(_load.reap_orphans(), 2))
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) >= 0.3, proc.stdout
+
+
 def test_worker_kind_names_what_kdb_starts(load_module):
     kind = load_module.worker_kind
     assert kind("python -m kdb.worker /c/v1/spool/ab") == "worker"
