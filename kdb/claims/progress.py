@@ -83,11 +83,10 @@ def started_ns(pid: int) -> int:
     return boot + int(ticks / hz() * 1e9) if boot else 1
 
 
-def ran_at(pid: int, wall_ns: int, started: int | None = None) -> bool:
-    """Whether process ``pid`` exists and had started by ``wall_ns`` (``time.time_ns()``): a
-    later process that reuses the pid does not count (one second of slack). ``started``:
-    :func:`started_ns` of ``pid``, read before."""
-    started = started_ns(pid) if started is None else started
+def ran_at(started: int, wall_ns: int) -> bool:
+    """Whether a process whose :func:`started_ns` is ``started`` exists and had started by
+    ``wall_ns`` (``time.time_ns()``): a later process that reuses the pid does not count
+    (one second of slack)."""
     return 0 < started <= wall_ns + 1_000_000_000
 
 

@@ -230,7 +230,7 @@ class _Queue:
         if now - looked > STARTED_S:  # one look a pid, however many jobs it queued
             started = progress.started_ns(pid)
             self._started[pid] = (now, started)
-        may = not progress.ran_at(pid, born, started)
+        may = not progress.ran_at(started, born)
         self.refused += not may
         return may
 
