@@ -83,7 +83,8 @@ def take(path: Path) -> int | None:
 def first_ready(queued, pending) -> str | None:
     """The oldest of the ``queued`` job stems a lane may take: a refresh job waits while a
     job older than it is still ``pending`` (being stored, or set aside), whose binary the
-    refresh would otherwise look at before it is stored.
+    refresh would otherwise look at before it is stored. ``queued`` (oldest first) is read
+    only as far as that job.
 
     >>> first_ready(["2-7-1-refresh", "3-8-1"], pending=["1-6-1"])
     '3-8-1'

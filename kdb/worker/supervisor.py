@@ -176,8 +176,10 @@ class _Queue:
         slow_keys = {k for s in self.slow + list(busy) for k in self.keys(s, SLOW)}
         while self.normal:
             put_ahead = bool(ahead)
+            # Lazily: a pick looks as far as the first job it may take, not at every
+            # queued job (the floor lane's looks made a long queue cost n**2 / 2 of them).
             stem = ahead.pop(0) if ahead else first_ready(
-                [s for s in self.normal if s not in young and (not floor or self.floor_may(s))],
+                (s for s in self.normal if s not in young and (not floor or self.floor_may(s))),
                 [*self.slow, *busy, *self.foreign])
             if stem is None:
                 return None
