@@ -396,7 +396,7 @@ def test_a_random_edit_gives_the_same_result_through_kdb_as_without_it(cache_dir
             continue  # a layout the compiler refuses (a missing header): nothing to compare
         kdb.default_db().flush()
         victim = rng.choice(lay.headers)  # "#define V1 7" -> "#define V1 17"
-        victim.write_bytes(re.sub(rb"(#define V\d+ )", rb"\g<1>1", victim.read_bytes(), 1))
+        victim.write_bytes(re.sub(rb"(#define V\d+ )", rb"\g<1>1", victim.read_bytes(), count=1))
         through = run(kdb.opencl.build(cl_ctx, src, lay.options))
         plain = run(cl.Program(cl_ctx, src).build(options=lay.options))
         assert through == plain, f"kdb served {through}, the compiler gives {plain} " \

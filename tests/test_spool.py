@@ -323,11 +323,13 @@ def test_only_a_python_executable_is_started(monkeypatch):
 
 def test_a_build_under_a_deleted_working_directory_is_served(cache_dir, run_py, tmp_path):
     """os.getcwd() fails there: the build still works (no job can describe it; it is stored
-    before exit) and so does the system-database lookup."""
+    before exit) and so does the system-database lookup. The directory goes after pyopencl's
+    import and before kdb's: CPython 3.13.0 fails numpy's import from a deleted working
+    directory (``SystemError``; fine with ``python -P``, which leaves it off ``sys.path``)."""
     gone = tmp_path / "gone"
     code = BUILD.format(n=2).replace(
-        "import json, sys, time", f"import json, os, sys, time\n    os.mkdir({str(gone)!r}); "
-                            f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})")
+        "import pyopencl as cl", f"import os, pyopencl as cl\n    os.mkdir({str(gone)!r}); "
+                                 f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})")
     out = run_json(run_py, code)
     assert out["compiles"] == 2
     wait_for_worker(cache_dir)
