@@ -2,15 +2,14 @@
 queued (or being stored) gets it stored first and waits for it, when the times recorded per
 device say that costs less than compiling (``kdb.storing.queued``); else it compiles.
 
-Real processes, real PoCL builds, the real store worker held back with SIGSTOP (or killed),
-real job files. Each second process runs with PoCL's cache fresh unless a test says kept.
+Real processes, real PoCL builds, real job files, the real store worker held back (the test
+holds its lock, as a stopped worker would). Each second process runs with PoCL's cache fresh unless a test says kept.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -23,7 +22,8 @@ from kdb import HashAttributes
 from kdb.storing import jobfiles, queued, spool, storetimes
 from kdb.storing.jobs import StoreJob
 from conftest import kill_workers
-from test_spool import ARCH, BUILD, DETACH, _stop_workers, run_json, stored, wait_for_worker
+from test_spool import (ARCH, BUILD, DETACH, HeldWorker, run_held, run_json, stored,
+                        wait_for_worker)
 
 cl = pytest.importorskip("pyopencl")
 
@@ -40,22 +40,18 @@ def _queued_jobs(cache: Path) -> list[Path]:
     return [p for p in spool.jobs(cache / "v1") if json.loads(p.read_text()).get("entries")]
 
 
-def _first_run(run_py, cache: Path, n: int, pocl: Path, code: str = "") -> list[int]:
+def _first_run(run_py, cache: Path, n: int, pocl: Path, code: str = "") -> HeldWorker:
     """A process that compiles ``n`` kernels (``code``: its own) and exits, its stores left
-    queued: the store worker is stopped (SIGSTOP) before it takes any. Returns the pids."""
-    out = run_json(run_py, code or BUILD.format(n=n), {"POCL_CACHE_DIR": str(pocl)})
-    stopped = _stop_workers(cache)
-    assert out["compiles"] == n
-    assert len(_queued_jobs(cache)) >= 1 and stored(cache) == 0
-    return stopped
-
-
-def _resume(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    queued: the store worker is held back (:class:`HeldWorker`) and takes none of them.
+    ``release()`` it."""
+    out, held = run_held(run_py, cache, code or BUILD.format(n=n), {"POCL_CACHE_DIR": str(pocl)})
+    try:
+        assert out["compiles"] == n
+        assert len(_queued_jobs(cache)) >= 1 and stored(cache) == 0
+    except BaseException:
+        held.release()
+        raise
+    return held
 
 
 def _writer(job: Path) -> int:
@@ -80,7 +76,7 @@ def test_the_next_process_gets_a_queued_store_first_and_compiles_nothing(cache_d
     """The compiler has exited; its jobs are queued and the worker is held back. The next
     process (PoCL's cache fresh: another spool) finds each key's job, has it stored by a
     child at its own priority in the job's environment, and compiles none of them."""
-    stopped = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
+    held = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
     try:
         marks = list((cache_dir / "v1" / "claims").glob("*" + jobfiles.QUEUED))
         assert len(marks) == 3
@@ -97,7 +93,7 @@ def test_the_next_process_gets_a_queued_store_first_and_compiles_nothing(cache_d
         assert len(times[ARCH]["names"]) == 3, times
         assert len(times[ARCH]["store"]) >= 3 and len(times[ARCH]["build"]) >= 3, times
     finally:
-        _resume(stopped)
+        held.release()
     wait_for_worker(cache_dir)
     assert stored(cache_dir) == 3
 
@@ -118,7 +114,7 @@ def test_the_cost_rule_weighs_recorded_store_times_against_the_compile(
     compile (and, in the same spool, than PoCL's cache answering a rebuild); a job set aside
     as slow is never waited for. Then a process compiles at once."""
     pocl = tmp_path / "pocl-a"
-    stopped = _first_run(run_py, cache_dir, 1, pocl)
+    held = _first_run(run_py, cache_dir, 1, pocl)
     try:
         user_dir = cache_dir / "v1"
         job = _queued_jobs(cache_dir)[0]
@@ -157,7 +153,7 @@ def test_the_cost_rule_weighs_recorded_store_times_against_the_compile(
         second = run_json(run_py, BUILD.format(n=1), {"POCL_CACHE_DIR": str(tmp_path / "b")})
         assert second["compiles"] == 1
     finally:
-        _resume(stopped)
+        held.release()
     wait_for_worker(cache_dir)
 
 
@@ -167,7 +163,7 @@ def test_with_pocl_s_cache_kept_a_cheap_rebuild_is_built_not_waited_for(cache_di
     cost a fraction of the compile, a from-source build is PoCL's cache answering, cheaper
     than the store: the next process builds, at once, and the worker stores the jobs."""
     pocl = tmp_path / "pocl-kept"
-    stopped = _first_run(run_py, cache_dir, 3, pocl)
+    held = _first_run(run_py, cache_dir, 3, pocl)
     first = _writer(_queued_jobs(cache_dir)[0])
     try:
         _record(cache_dir, store=1.0, build=0.05)
@@ -186,7 +182,7 @@ def test_with_pocl_s_cache_kept_a_cheap_rebuild_is_built_not_waited_for(cache_di
             for r in reasons), reasons
         assert len(_queued_jobs(cache_dir)) >= 3  # nobody stored them: the worker will
     finally:
-        _resume(stopped)
+        held.release()
     wait_for_worker(cache_dir)
     assert stored(cache_dir) == 3
 
@@ -195,7 +191,7 @@ def test_a_store_that_ends_without_the_entry_ends_the_wait(cache_dir, run_py, tm
     """The jobs' stores fail: one names a platform that is gone, one reads a header its key
     did not hold (a header changed), one is not a job. The next process tries each store,
     then compiles: it never hangs."""
-    stopped = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
+    held = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
     first = _writer(_queued_jobs(cache_dir)[0])
     try:
         jobs = sorted(_queued_jobs(cache_dir))
@@ -215,7 +211,7 @@ def test_a_store_that_ends_without_the_entry_ends_the_wait(cache_dir, run_py, tm
                                                        "KDB_WAIT_TIMEOUT": "30"})
         assert second["compiles"] == 3
         assert second["build_s"] < 20
-        log = _log(cache_dir)  # the worker is stopped: the second process's child said these
+        log = _log(cache_dir)  # the worker is held back: the second process's child said these
         assert "No Such Platform" in log
         assert "'extra.h' is new" in log
         reasons = _reasons(cache_dir, first)  # waited for, or found ended or unreadable
@@ -224,7 +220,7 @@ def test_a_store_that_ends_without_the_entry_ends_the_wait(cache_dir, run_py, tm
             or "cannot be read (the store worker sets it aside)" in r for r in reasons), reasons
         assert all(f"queued by process {first}" in r for r in reasons), reasons
     finally:
-        _resume(stopped)
+        held.release()
 
 
 def test_a_job_with_seconds_not_a_number_or_a_fifo_for_a_job_costs_a_compile(
@@ -233,7 +229,7 @@ def test_a_job_with_seconds_not_a_number_or_a_fifo_for_a_job_costs_a_compile(
     list, and a FIFO where the job file should be (an open() of it would wait for a writer
     for ever). The next process compiles all three, at once, and its store worker stores
     them: it never dies, and nothing blocks."""
-    stopped = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
+    held = _first_run(run_py, cache_dir, 3, tmp_path / "pocl-a")
     try:
         jobs = sorted(_queued_jobs(cache_dir))
         for job, seconds in zip(jobs, ["abc", [1, 2]]):
@@ -247,7 +243,7 @@ def test_a_job_with_seconds_not_a_number_or_a_fifo_for_a_job_costs_a_compile(
         assert second["compiles"] == 3
         assert second["build_s"] < 20
     finally:
-        _resume(stopped)
+        held.release()
     wait_for_worker(cache_dir)  # the FIFO's worker too: set aside, not waited on
     assert stored(cache_dir) == 3
     again = run_json(run_py, BUILD.format(n=3), {"POCL_CACHE_DIR": str(tmp_path / "c")})
@@ -258,9 +254,7 @@ def test_a_job_whose_worker_was_killed_mid_store_is_stored_by_the_next_process(
         cache_dir, run_py, tmp_path):
     """A worker killed while its lane stored a job leaves it taken by nobody: the next
     process that misses it takes it over and stores it, and compiles nothing."""
-    stopped = _first_run(run_py, cache_dir, 2, tmp_path / "pocl-a")
-    for pid in stopped:
-        os.kill(pid, signal.SIGKILL)
+    _first_run(run_py, cache_dir, 2, tmp_path / "pocl-a").release(start=False)  # as killed
     for job in _queued_jobs(cache_dir):
         os.rename(job, jobfiles.taken_path(job))  # as its killed lane left it
     second = run_json(run_py, BUILD.format(n=2), {"POCL_CACHE_DIR": str(tmp_path / "b")})
@@ -306,7 +300,7 @@ def test_stores_an_earlier_process_queued_are_done_ahead_in_the_next_one_s_sessi
     """The worker is held back; the next process misses the first of the six programs the
     last one queued. Beside that wait, a process of its own session (its CPU share, at
     nice 19) stores the others, newest first, before it asks for them; it ends with it."""
-    stopped = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
+    held = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
     try:
         db = str(cache_dir / "v1" / f"{ARCH}.kdb")
         code = textwrap.dedent(AHEAD.format(n=6, db=db, wait=120))
@@ -324,7 +318,7 @@ def test_stores_an_earlier_process_queued_are_done_ahead_in_the_next_one_s_sessi
             assert time.monotonic() < deadline
             time.sleep(0.1)
     finally:
-        _resume(stopped)
+        held.release()
 
 
 def test_one_process_a_spool_stores_ahead(cache_dir, run_py, tmp_path):
@@ -332,10 +326,10 @@ def test_one_process_a_spool_stores_ahead(cache_dir, run_py, tmp_path):
     stores them ahead (an ``flock`` on the spool's ``ahead.lock``), not one per rank."""
     import fcntl
 
-    stopped = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
+    held = _first_run(run_py, cache_dir, 6, tmp_path / "pocl-a")
     spool_dir = _queued_jobs(cache_dir)[0].parent
-    held = os.open(spool_dir / jobfiles.AHEAD_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(held, fcntl.LOCK_EX)  # as another rank's store-ahead process holds it
+    ahead = os.open(spool_dir / jobfiles.AHEAD_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(ahead, fcntl.LOCK_EX)  # as another rank's store-ahead process holds it
     try:
         db = str(cache_dir / "v1" / f"{ARCH}.kdb")
         code = textwrap.dedent(AHEAD.format(n=6, db=db, wait=3))
@@ -348,8 +342,8 @@ def test_one_process_a_spool_stores_ahead(cache_dir, run_py, tmp_path):
         assert out["compiles"] == 0 and out["stored"] == 1  # its own wait, nothing ahead
         assert not out["ahead"], out
     finally:
-        os.close(held)
-        _resume(stopped)
+        os.close(ahead)
+        held.release()
 
 
 _LANE = """
@@ -370,7 +364,7 @@ _LANE = """
 def test_a_starved_lane_is_overtaken(cache_dir, run_py, tmp_path):
     """A lane of the worker took the job and gets no CPU (nice 19 on a busy machine; here it
     is stopped): the waiting process sees it make no progress and stores the job itself."""
-    stopped = _first_run(run_py, cache_dir, 1, tmp_path / "pocl-a")
+    held = _first_run(run_py, cache_dir, 1, tmp_path / "pocl-a")
     job = _queued_jobs(cache_dir)[0]
     lane = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_LANE), str(job)],
                             stdout=subprocess.PIPE, text=True)
@@ -384,7 +378,7 @@ def test_a_starved_lane_is_overtaken(cache_dir, run_py, tmp_path):
     finally:
         lane.kill()
         lane.wait()
-        _resume(stopped)
+        held.release()
 
 
 SCAN = """
@@ -411,7 +405,7 @@ def test_a_store_that_costs_more_than_the_compile_is_given_up_and_set_aside(
     the waiter's child is stopped once it has spent what compiling costs, the job set
     aside as slow (the next process compiles it at once), and the program is built."""
     programs = 3  # InclusiveScanKernel's (an upsweep, a downsweep, a final update)
-    stopped = _first_run(run_py, cache_dir, programs, tmp_path / "pocl-a", SCAN)
+    held = _first_run(run_py, cache_dir, programs, tmp_path / "pocl-a", SCAN)
     try:
         first = len(_queued_jobs(cache_dir))
         second = run_json(run_py, SCAN, {"POCL_CACHE_DIR": str(tmp_path / "b"),
@@ -424,5 +418,5 @@ def test_a_store_that_costs_more_than_the_compile_is_given_up_and_set_aside(
         assert (1 if slow else 0) <= second["compiles"] <= first, (len(slow), _log(cache_dir))
         assert second["build_s"] < 200  # given up, not waited out (on a loaded machine too)
     finally:
-        _resume(stopped)
+        held.release()
         kill_workers(cache_dir)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -103,30 +102,88 @@ def test_a_process_leaves_its_stores_to_the_worker_and_exits_at_once(cache_dir, 
     assert run_json(run_py, BUILD.format(n=3))["compiles"] == 0
 
 
-def _stop_workers(cache: Path) -> list[int]:
-    """SIGSTOP every store worker of ``cache`` and then its lanes (``python -m kdb.worker
-    --child``, which a pattern on the cache directory does not find: a lane that took a
-    job before the stop would store it meanwhile); its jobs then stay pending."""
-    out = subprocess.run(["pgrep", "-f", f"kdb.worker {cache}"], capture_output=True,
-                         text=True).stdout.split()
-    pids = [int(p) for p in out]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    lanes = [int(p) for pid in pids for p in subprocess.run(
-        ["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
-    for pid in lanes:
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:
-            pass
-    return pids + lanes
+class HeldWorker:
+    """The store worker's lock of the spool a process run with ``env`` writes its jobs to,
+    taken by this test before that process starts: no worker starts, and its jobs stay
+    queued however long it runs, as a worker stopped before it took any would leave them.
+    (Stopped only after the process exits, a worker may have stored the oldest already: a job
+    a second old is its to take, and a process of several compiles outlasts that.)"""
+
+    def __init__(self, cache: Path, env: dict | None = None) -> None:
+        import fcntl
+
+        from kdb.config import private_dir
+
+        self.spool = spool.spool_dir(cache / "v1", {**os.environ, **DETACH, **(env or {})})
+        private_dir(self.spool)
+        self.fd: int | None = os.open(self.spool / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def release(self, start: bool = True) -> None:
+        """Let go of the lock and (``start``) start the spool's worker, as its next job would:
+        else the jobs wait for the next process (as a killed worker leaves them)."""
+        if self.fd is None:
+            return
+        os.close(self.fd)
+        self.fd = None
+        if start and spool.exists_any(self.spool):
+            spool.ensure_worker(self.spool)
 
 
-def test_kdb_log_shows_a_run_s_compiles_before_they_are_stored(cache_dir, run_py):
+def run_held(run_py, cache: Path, code: str, env: dict) -> tuple[dict, HeldWorker]:
+    """:func:`run_json` with the store worker held back (:class:`HeldWorker`) before the
+    process starts: its jobs are all queued when it returns. ``release()`` the worker.
+    ``env`` names ``POCL_CACHE_DIR``: a spool is per its value, and ``run_py`` picks one."""
+    assert "POCL_CACHE_DIR" in env
+    held = HeldWorker(cache, env)
+    try:
+        return run_json(run_py, code, env), held
+    except BaseException:
+        held.release()
+        raise
+
+
+def killed(run_py, cache: Path, code: str, tmp_path: Path) -> None:
+    """Run ``code`` with its worker held back, then let go of the worker's lock as a worker
+    killed before it stored a job leaves it: the jobs wait for the next process."""
+    run_held(run_py, cache, code, {"POCL_CACHE_DIR": str(tmp_path / "pocl-killed")}
+             )[1].release(start=False)
+
+
+def test_a_held_worker_stores_nothing_of_a_process_that_outlasts_a_job_s_age(cache_dir,
+                                                                           run_py, tmp_path):
+    """The tests that need a process's stores still queued hold its worker back from before
+    it starts: stopped only after the process exits, the worker would already have stored
+    a job older than ``MIN_AGE_S`` (the cause of a failure seen under load)."""
+    from kdb.worker.supervisor import MIN_AGE_S
+
+    code = f"""
+        import time
+        import pyopencl as cl
+        import kdb.opencl
+        plat = [p for p in cl.get_platforms() if "Portable" in p.name][0]
+        ctx = cl.Context(plat.get_devices()[:1])
+        kdb.opencl.build(ctx, "__kernel void g0(__global float *a) {{ a[0] = 0; }}")
+        time.sleep({MIN_AGE_S + 2})  # g0's job is older than a worker leaves a job
+        kdb.opencl.build(ctx, "__kernel void g1(__global float *a) {{ a[0] = 1; }}")
+        print("{{}}")
+    """
+    out, held = run_held(run_py, cache_dir, code, {"POCL_CACHE_DIR": str(tmp_path / "pocl"),
+                                                   "KDB_DISABLE_EARLY_STORE": "1"})
+    try:
+        assert stored(cache_dir) == 0
+        assert len([p for p in spool.jobs(cache_dir / "v1") if "bookkeeping" not in p.name]) >= 2
+    finally:
+        held.release()
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 2
+
+
+def test_kdb_log_shows_a_run_s_compiles_before_they_are_stored(cache_dir, run_py, tmp_path):
     from click.testing import CliRunner
 
-    run_json(run_py, BUILD.format(n=2))
-    stopped = _stop_workers(cache_dir)
+    _, held = run_held(run_py, cache_dir, BUILD.format(n=2),
+                       {"POCL_CACHE_DIR": str(tmp_path / "pocl")})
     try:
         res = CliRunner().invoke(cli, ["log", "--json"])
         assert res.exit_code == 0, res.output
@@ -135,8 +192,7 @@ def test_kdb_log_shows_a_run_s_compiles_before_they_are_stored(cache_dir, run_py
         text = CliRunner().invoke(cli, ["log"]).output
         assert "binary not stored yet" in text
     finally:
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
+        held.release()
     wait_for_worker(cache_dir)
     rows = json.loads(CliRunner().invoke(cli, ["log", "--json"]).output)
     assert len(rows) == 2 and not any(r["pending"] for r in rows)
@@ -255,12 +311,10 @@ def test_a_stuck_holder_is_given_up_on_once_per_process(cache_dir, monkeypatch, 
         holder.wait()
 
 
-def test_a_killed_worker_loses_nothing(cache_dir, run_py):
+def test_a_killed_worker_loses_nothing(cache_dir, run_py, tmp_path):
     """Jobs are files: a worker killed mid-way leaves them, and the next process that
     writes a job starts a new worker that stores them all."""
-    run_json(run_py, BUILD.format(n=2))
-    for pid in _stop_workers(cache_dir):
-        os.kill(pid, signal.SIGKILL)
+    killed(run_py, cache_dir, BUILD.format(n=2), tmp_path)
     assert len([p for p in spool.jobs(cache_dir / "v1") if "bookkeeping" not in p.name]) >= 2
     code = BUILD.format(n=3)  # h0, h1 compile again (not stored), h2 is new
     run_json(run_py, code)
@@ -271,9 +325,7 @@ def test_a_killed_worker_loses_nothing(cache_dir, run_py):
 def test_a_slow_store_is_set_aside_and_done_when_idle(cache_dir, run_py, tmp_path):
     """A store that takes far longer than its compile is stopped and retried only when no
     other job waits; it is still stored in the end."""
-    run_json(run_py, BUILD.format(n=2))
-    for pid in _stop_workers(cache_dir):
-        os.kill(pid, signal.SIGKILL)
+    killed(run_py, cache_dir, BUILD.format(n=2), tmp_path)
     spool_dir = next((cache_dir / "v1" / "spool").iterdir())
     (spool_dir / spool.LOCK).unlink(missing_ok=True)
     code = f"""
@@ -445,17 +497,15 @@ def test_a_full_disk_queues_no_job_and_storing_resumes_once_there_is_room(tmp_pa
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_a_worker_whose_log_cannot_be_written_still_stores(cache_dir, run_py):
+def test_a_worker_whose_log_cannot_be_written_still_stores(cache_dir, run_py, tmp_path):
     """Every line the worker writes fails (its log leads to /dev/full, which answers every
     write with ENOSPC, as a full disk does): it stores its jobs all the same."""
-    run_json(run_py, BUILD.format(n=2))
-    for pid in _stop_workers(cache_dir):
-        os.kill(pid, signal.SIGKILL)
+    killed(run_py, cache_dir, BUILD.format(n=2), tmp_path)
     v1 = cache_dir / "v1"
     spool_dir = next(d for d in (v1 / "spool").iterdir() if d.is_dir())
     (spool_dir / spool.LOCK).unlink(missing_ok=True)
     (spool_dir / f"{1000:020d}-1-1.job").write_text("[1]")  # one line to say: not a job
-    (v1 / spool.LOG_NAME).unlink()
+    (v1 / spool.LOG_NAME).unlink(missing_ok=True)
     (v1 / spool.LOG_NAME).symlink_to("/dev/full")
     with open("/dev/full", "wb") as log:
         proc = subprocess.run([sys.executable, "-m", "kdb.worker", str(spool_dir)],
