@@ -298,6 +298,21 @@ def test_bad_options_and_sources_are_clear_errors(db):
     with pytest.raises(CompileError, match="hipcc failed") as info:
         kdb.hip.compile("__global__ void f() { nonsense }", "gfx90a", db=db)
     assert "nonsense" in info.value.log
+    assert info.value.command[0] == HIPCC and "--offload-arch=gfx90a" in info.value.command
+
+
+@needs_hipcc
+def test_a_hipcc_that_cannot_run_any_more_is_a_clear_error(db, counting_hipcc):
+    """hipcc known to this process (its identity probed), then replaced by a file that
+    cannot be executed: the build names it and what to do, a BackendUnavailableError, not
+    the OSError."""
+    wrapper, _ = counting_hipcc
+    kdb.hip.compile(SRC, "gfx90a", ["-DSCALE=5.0f"], db=db, hipcc=wrapper)
+    st = wrapper.stat()  # the same size and time (its identity still holds), not a program
+    wrapper.write_bytes(b"\0" * st.st_size)
+    os.utime(wrapper, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(BackendUnavailableError, match=f"cannot run {wrapper}.*working hipcc"):
+        kdb.hip.compile(SRC, "gfx90a", ["-DSCALE=6.0f"], db=db, hipcc=wrapper)
 
 
 def test_a_missing_toolchain_names_the_package(cache_dir, tmp_path, monkeypatch):

@@ -7,67 +7,31 @@ nvcc cross-compiles, so this half needs no GPU and never imports pycuda.
 from __future__ import annotations
 
 import os
-import shlex
 from typing import Iterable, Sequence
 
 from ... import config, logs
 from ...db import KernelDB, default_db
-from ...errors import BackendUnavailableError, CompileError
+from ...errors import BackendUnavailableError
 from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
-from ..common import UnkeyedRead, compile_and_store, uncached_build
+from ..common import compile_and_store, run_compiler, uncached_build
 from ..common import cached_build as _cached_build
-from ..includes import unkeyed_read
 
 log = logs.get("kdb")
 
 
 def _run_nvcc(req: _Request) -> bytes:
-    """nvcc in a temporary directory; its failure is a :class:`kdb.CompileError`. nvcc also
-    writes the files it read (``-MD``): one it read that the key does not hold raises
-    :class:`UnkeyedRead` with the binary, which is then served and not stored."""
-    import subprocess
-    import tempfile
+    """nvcc in a temporary directory (:func:`run_compiler`): a file it read that the key
+    does not hold raises :class:`UnkeyedRead` with the binary, then served and not stored."""
+    def unavailable(path: str, err: OSError) -> Exception:
+        return BackendUnavailableError(f"cannot run {path}: {err}; set {config.ENV_NVCC} or "
+                                       "CUDA_HOME to a working nvcc")
 
-    out_name = f"kernel.{req.output}"
-    with tempfile.TemporaryDirectory(prefix="kdb-nvcc-") as tmp:
-        with open(os.path.join(tmp, "kernel.cu"), "w", encoding="utf-8") as f:
-            f.write(req.text)
-        cmd = req.command("kernel.cu", out_name)
-        try:
-            proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
-                                  capture_output=True)
-        except OSError as err:
-            raise BackendUnavailableError(
-                f"cannot run {req.nvcc.path}: {err}; set {config.ENV_NVCC} or CUDA_HOME "
-                "to a working nvcc") from err
-        said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
-        out_path = os.path.join(tmp, out_name)
-        if proc.returncode != 0 or not os.path.isfile(out_path):
-            why = f"exit status {proc.returncode}" if proc.returncode else "no output file"
-            err = CompileError(
-                f"nvcc failed ({why}) building {req.attrs.name} for {req.arch}; fix the "
-                f"source or options. Command (run in a temporary directory): "
-                f"{shlex.join(cmd)}", log=said, options=req.options)
-            err.command = cmd  # type: ignore[attr-defined]
-            raise err
-        with open(out_path, "rb") as f:
-            data = f.read()
-        unkeyed = _unkeyed_reads(req, tmp)
-    if said.strip():
-        log.debug("kdb: nvcc said, building %s: %s", req.attrs.name, said.strip())
-    if unkeyed:
-        raise UnkeyedRead(data, f"nvcc read {unkeyed!r}, a file kdb's include model did not "
-                                "find, so the key would not see its edits")
-    return data
-
-
-def _unkeyed_reads(req: _Request, tmp: str) -> str | None:
-    """The first file nvcc read (its ``-MD`` list) that is neither the program, nor under
-    the directories it or its host compiler search by default, nor a header the key holds."""
-    return unkeyed_read(os.path.join(tmp, "kernel.d"), (*req.nvcc.system_dirs, *req.host_dirs),
-                        req.header_files, "nvcc")
+    return run_compiler("nvcc", req.command, req.text, "kernel.cu", f"kernel.{req.output}",
+                        building=f"{req.attrs.name} for {req.arch}", options=req.options,
+                        system_dirs=(*req.nvcc.system_dirs, *req.host_dirs),
+                        header_files=req.header_files, unavailable=unavailable)
 
 
 def _build(req: _Request) -> bytes:

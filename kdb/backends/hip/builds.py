@@ -8,7 +8,6 @@ processor and features): one for another target is dropped, never served.
 from __future__ import annotations
 
 import os
-import shlex
 from typing import Iterable, Sequence
 
 from ... import config, logs
@@ -19,54 +18,24 @@ from . import hiprtc as _hiprtc
 from .hiprtc import HiprtcIdentity
 from .keys import Request, compiler_kind, compiler_rank, request
 from .targets import code_object_target
-from ..common import UnkeyedRead, cached_build, compile_and_store, uncached_build
+from ..common import cached_build, compile_and_store, run_compiler, uncached_build
 
 log = logs.get("kdb")
 
 
 def _run_hipcc(req: Request) -> bytes:
-    """hipcc in a temporary directory; its failure is a :class:`kdb.CompileError`. Its
-    ``-MD`` list of what it read is checked against the key (:class:`UnkeyedRead`)."""
-    import subprocess
-    import tempfile
+    """hipcc in a temporary directory (:func:`run_compiler`); its ``-MD`` list of what it
+    read is checked against the key (:class:`UnkeyedRead`)."""
+    def unavailable(path: str, err: OSError) -> Exception:
+        return BackendUnavailableError(f"cannot run {path}: {err}; {_hipcc.POINT} of a "
+                                       f"working hipcc, or install one: {_hipcc.INSTALL}")
 
-    with tempfile.TemporaryDirectory(prefix="kdb-hipcc-") as tmp:
-        with open(os.path.join(tmp, "kernel.hip"), "w", encoding="utf-8") as f:
-            f.write(req.text)
-        cmd = req.command("kernel.hip", "kernel.co")
-        try:
-            proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
-                                  env=_hipcc.run_env(tmp=tmp), capture_output=True)
-        except OSError as err:
-            raise BackendUnavailableError(
-                f"cannot run {cmd[0]}: {err}; {_hipcc.POINT} of a working hipcc, or install "
-                f"one: {_hipcc.INSTALL}") from err
-        said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
-        out_path = os.path.join(tmp, "kernel.co")
-        if proc.returncode != 0 or not os.path.isfile(out_path):
-            why = f"exit status {proc.returncode}" if proc.returncode else "no output file"
-            raise CompileError(
-                f"hipcc failed ({why}) building {req.attrs.name} for {req.target}; fix the "
-                f"source or options. Command (run in a temporary directory, HIP_PLATFORM=amd): "
-                f"{shlex.join(cmd)}", log=said, options=req.options)
-        with open(out_path, "rb") as f:
-            data = f.read()
-        unkeyed = _unkeyed_reads(req, tmp)
-    if said.strip():
-        log.debug("kdb: hipcc said, building %s: %s", req.attrs.name, said.strip())
-    if unkeyed:
-        raise UnkeyedRead(data, f"hipcc read {unkeyed!r}, a file kdb's include model did not "
-                                "find, so the key would not see its edits")
-    return data
-
-
-def _unkeyed_reads(req: Request, tmp: str) -> str | None:
-    """The first file hipcc read that is neither the program, nor under clang's default
-    directories, nor a header the key holds; None when none."""
-    from ..includes import unkeyed_read
-
-    dirs = req.tool.system_dirs  # type: ignore[union-attr]
-    return unkeyed_read(os.path.join(tmp, "kernel.d"), dirs, req.header_files, "hipcc")
+    return run_compiler("hipcc", req.command, req.text, "kernel.hip", "kernel.co",
+                        building=f"{req.attrs.name} for {req.target}", options=req.options,
+                        system_dirs=req.tool.system_dirs,  # type: ignore[union-attr]
+                        header_files=req.header_files, unavailable=unavailable,
+                        env=lambda tmp: _hipcc.run_env(tmp=tmp),
+                        where="run in a temporary directory, HIP_PLATFORM=amd")
 
 
 def _build(req: Request) -> bytes:
