@@ -238,6 +238,19 @@ def test_ls_lists_entries_of_both_tiers(store):
     assert [r["name"] for r in system] == ["blur"]
 
 
+def test_ls_of_an_arch_with_nothing_stored_names_the_arches_that_have_entries(store, tmp_path):
+    said = ok(["ls", "--arch", "sm_80"], store["env"])
+    assert said.startswith("no entries for arch 'sm_80' in the user tier")
+    assert f"entries are stored for: {', '.join(sorted({store['pocl'], 'sm_90'}))}" in said
+    assert "kdb info" in said
+    system = ok(["ls", "--arch", "sm_80", "--tier", "system"], store["env"])
+    assert system.startswith("no entries for arch 'sm_80' in the system databases; entries "
+                             "are stored for: sm_90 (")
+    empty = {"KDB_CACHE_DIR": str(tmp_path / "empty"), "KDB_SYSTEM_DB_PATH": ""}
+    assert ok(["ls"], empty).startswith("no entries in the user tier")
+    assert "none for any arch" in ok(["ls", "--arch", "sm_80"], empty)
+
+
 def test_stats_counts_hits_per_tier_and_compiles(store):
     data = json.loads(ok(["stats", "--json"], store["env"]))
     assert data["compiles"] == 3

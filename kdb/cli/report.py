@@ -29,13 +29,26 @@ def ls_(obj: Settings, arch: str | None, tier: str | None, as_json: bool) -> Non
         kdb ls --arch pocl-x86_64-znver3 --tier user
     """
     rows = report.entries(obj.user_dir, arch, tier)
-    if json_or_empty(rows, as_json, "no entries"):
+    if json_or_empty(rows, as_json, _nothing_stored(obj, arch, tier) if not rows else ""):
         return
     table(["KEY", "NAME", "ARCH", "BACKEND", "TIER", "RAW", "STORED", "HITS",
             "LAST ACCESS", "CREATED"],
            [[r["key"][:12], cut(r["name"] or "-", 32), r["arch"], r["backend"], r["tier"],
              human_bytes(r["raw_size"]), human_bytes(r["stored_size"]), r["hits"],
              when(r["last_access"]), when(r["created"])] for r in rows])
+
+
+def _nothing_stored(obj: Settings, arch: str | None, tier: str | None) -> str:
+    """What ``kdb ls`` says when nothing matched: where it looked, and (for an arch with
+    nothing stored) the arches that have entries, since a mistyped arch id looks the same."""
+    where = {"user": f"the user tier ({obj.user_dir})", "system": "the system databases"}.get(
+        tier or "", f"the user tier ({obj.user_dir}) or the system databases")
+    if arch is None:
+        return f"no entries in {where}"
+    stored = sorted({r["arch"] for r in report.entries(obj.user_dir, None, tier)})
+    return (f"no entries for arch {arch!r} in {where}; "
+            + (f"entries are stored for: {', '.join(stored)}" if stored else "none for any arch")
+            + " (`kdb info` shows each device's arch id)")
 
 
 @click.command()
