@@ -1012,6 +1012,44 @@ def test_a_triton_kernel_one_node_compiled_is_served_to_another_from_the_shared_
         assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
 
 
+def test_torch_compile_s_entries_in_the_shared_tier_serve_a_node_with_every_cache_empty(
+        shared_url, torch_cold_master, tmp_path):
+    """torch.compile's entries (its graphs, AOTAutograd's entry, the C++ modules) in the shared
+    tier serve a node whose own caches, kdb's and Inductor's, are empty: its first step
+    compiles no graph, builds no C++ module and gives the same bits. The entries are those of
+    the run's cold step (conftest), each put as the node that compiled it would publish it."""
+    pytest.importorskip("torch", reason="torch is not installed (make test installs its CPU build)")
+    from conftest import torch_env, torch_step
+    from kdb.file import compact
+    from kdb.file.codec import decode
+
+    master, first = torch_cold_master
+    node_a = KernelDB(cache_dir=tmp_path / "a")
+    names = []
+    for user_file in (master / "v1").glob("*.kdb"):
+        with sqlite3.connect(f"file:{user_file}?mode=ro", uri=True) as conn:
+            compact.register(conn)
+            attributes, join = compact.columns(True)
+            rows = conn.execute(f"SELECT kernels.name, codec, blob, raw_size, checksum, "
+                                f"{attributes} FROM kernels{join}").fetchall()
+        for name, codec, blob, raw_size, checksum, text in rows:
+            node_a.put(HashAttributes.from_canonical(text, name),
+                       decode(codec, blob, raw_size, checksum))
+            names.append(name)
+    node_a.close()
+    assert any(n.startswith("fx-graph") for n in names) and any(
+        n.startswith("cpp:") for n in names), names
+
+    env = {**torch_env(tmp_path / "b"), "KDB_SHARED_URL": shared_url,
+           "KDB_STORE_AT_EXIT": "wait"}  # its copies written before it exits
+    node_b = torch_step(Path(sys.executable), env, tmp_path / "node-b", "kdb")[0]
+    assert (node_b["fx_miss"], node_b["aot_miss"], node_b["cpp_builds"]) == (0, 0, 0), node_b
+    assert node_b["fx_hit"] == first["fx_miss"] and node_b["aot_hit"] == 1, node_b
+    assert node_b["digest"] == first["digest"]
+    with sqlite3.connect(next((tmp_path / "b" / "v1").glob("cpu-*.kdb"))) as conn:  # copied home
+        assert conn.execute("SELECT count(*) FROM kernels").fetchone()[0] == len(names)
+
+
 # -- the cap and last use (kdb.shared.usage) -------------------------------------------------
 
 def shared_rows(pg: PgServer, url: str, query: str) -> list[tuple]:
