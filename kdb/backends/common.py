@@ -15,8 +15,6 @@ from .. import logs
 from ..bookkeeping import UNCACHED, first_uncached
 from ..errors import InvalidArgumentError, UnsupportedTypeError
 
-log = logs.get("kdb")
-
 
 #: What a compiled pattern answers; the first use copies them onto the instance, so later
 #: calls are plain attribute reads.
@@ -90,56 +88,6 @@ class UnkeyedRead(Exception):
     def __init__(self, binary: bytes, why: str) -> None:
         super().__init__(why)
         self.binary = binary
-
-
-def run_compiler(tool: str, command: Callable[[str, str], list[str]], text: str,
-                 source_name: str, out_name: str, *, building: str, options,
-                 system_dirs, header_files, unavailable: Callable[[str, OSError], Exception],
-                 env: Callable[[str], dict] | None = None,
-                 where: str = "run in a temporary directory") -> bytes:
-    """What a command-line compiler (nvcc, hipcc) makes of ``text`` in a temporary directory.
-
-    ``command(source, output)`` is its command line, to which ``-MD -MF kernel.d`` is added;
-    ``env(tmp)`` its environment. A failure is a :class:`kdb.CompileError` naming
-    ``building`` and the command; a compiler that cannot run, ``unavailable(path, error)``.
-    A file it read (its ``-MD`` list) that is neither the program, nor under
-    ``system_dirs``, nor one of ``header_files`` raises :class:`UnkeyedRead` with the
-    output, which is then served and not stored."""
-    import os
-    import shlex
-    import subprocess
-    import tempfile
-
-    from ..errors import CompileError
-    from .includes import unkeyed_read
-
-    with tempfile.TemporaryDirectory(prefix=f"kdb-{tool}-") as tmp:
-        with open(os.path.join(tmp, source_name), "w", encoding="utf-8") as f:
-            f.write(text)
-        cmd = command(source_name, out_name)
-        try:
-            proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
-                                  env=None if env is None else env(tmp), capture_output=True)
-        except OSError as err:
-            raise unavailable(cmd[0], err) from err
-        said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
-        out_path = os.path.join(tmp, out_name)
-        if proc.returncode != 0 or not os.path.isfile(out_path):
-            why = f"exit status {proc.returncode}" if proc.returncode else "no output file"
-            failed = CompileError(f"{tool} failed ({why}) building {building}; fix the source "
-                                  f"or options. Command ({where}): {shlex.join(cmd)}",
-                                  log=said, options=options)
-            failed.command = cmd  # type: ignore[attr-defined]
-            raise failed
-        with open(out_path, "rb") as f:
-            data = f.read()
-        unkeyed = unkeyed_read(os.path.join(tmp, "kernel.d"), system_dirs, header_files, tool)
-    if said.strip():
-        log.debug("kdb: %s said, building %s: %s", tool, building, said.strip())
-    if unkeyed:
-        raise UnkeyedRead(data, f"{tool} read {unkeyed!r}, a file kdb's include model did not "
-                                "find, so the key would not see its edits")
-    return data
 
 
 def uncached_build(db, attrs, build: Callable[[], bytes], why: str, language: str) -> bytes:

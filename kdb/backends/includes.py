@@ -10,7 +10,8 @@ matches (a spurious miss is harmless, a stale hit is not).
 phases and refuses, with :class:`UncertainIncludes`, what it cannot be sure of (a macro
 include, a FIFO, an unreadable header): that build is not cached. Each back end says where
 its compiler looks: :func:`.cloptions.parse_search` (OpenCL C options), :mod:`.cuda.search` (nvcc and
-NVRTC).
+NVRTC). :func:`run_compiler` runs a command-line compiler (nvcc, hipcc) and checks what it
+read (its ``-MD`` list) against the headers the key holds.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ import functools
 import os
 import re
 import stat
+from typing import Callable
 
 from .digests import file_digest
-from .common import LazyPattern
+from .. import logs
+from .common import LazyPattern, UnkeyedRead
+
+log = logs.get("kdb")
 
 
 def _read_text(path: str) -> str:
@@ -387,3 +392,51 @@ def unkeyed_read(dep_file: str, system_dirs, header_files, compiler: str) -> str
         if (st.st_dev, st.st_ino) not in header_files:
             return dep
     return None
+
+
+def run_compiler(tool: str, command: Callable[[str, str], list[str]], text: str,
+                 source_name: str, out_name: str, *, building: str, options,
+                 system_dirs, header_files, unavailable: Callable[[str, OSError], Exception],
+                 env: Callable[[str], dict] | None = None,
+                 where: str = "run in a temporary directory") -> bytes:
+    """What a command-line compiler (nvcc, hipcc) makes of ``text`` in a temporary directory.
+
+    ``command(source, output)`` is its command line, to which ``-MD -MF kernel.d`` is added;
+    ``env(tmp)`` its environment. A failure is a :class:`kdb.CompileError` naming
+    ``building`` and the command; a compiler that cannot run, ``unavailable(path, error)``.
+    A file it read (its ``-MD`` list) that is neither the program, nor under
+    ``system_dirs``, nor one of ``header_files`` raises :class:`UnkeyedRead` with the
+    output, which is then served and not stored."""
+    import shlex
+    import subprocess
+    import tempfile
+
+    from ..errors import CompileError
+
+    with tempfile.TemporaryDirectory(prefix=f"kdb-{tool}-") as tmp:
+        with open(os.path.join(tmp, source_name), "w", encoding="utf-8") as f:
+            f.write(text)
+        cmd = command(source_name, out_name)
+        try:
+            proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
+                                  env=None if env is None else env(tmp), capture_output=True)
+        except OSError as err:
+            raise unavailable(cmd[0], err) from err
+        said = (proc.stderr + proc.stdout).decode("utf-8", "replace")
+        out_path = os.path.join(tmp, out_name)
+        if proc.returncode != 0 or not os.path.isfile(out_path):
+            why = f"exit status {proc.returncode}" if proc.returncode else "no output file"
+            failed = CompileError(f"{tool} failed ({why}) building {building}; fix the source "
+                                  f"or options. Command ({where}): {shlex.join(cmd)}",
+                                  log=said, options=options)
+            failed.command = cmd  # type: ignore[attr-defined]
+            raise failed
+        with open(out_path, "rb") as f:
+            data = f.read()
+        unkeyed = unkeyed_read(os.path.join(tmp, "kernel.d"), system_dirs, header_files, tool)
+    if said.strip():
+        log.debug("kdb: %s said, building %s: %s", tool, building, said.strip())
+    if unkeyed:
+        raise UnkeyedRead(data, f"{tool} read {unkeyed!r}, a file kdb's include model did not "
+                                "find, so the key would not see its edits")
+    return data

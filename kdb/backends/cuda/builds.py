@@ -15,8 +15,9 @@ from ...errors import BackendUnavailableError
 from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
-from ..common import compile_and_store, run_compiler, uncached_build
+from ..common import compile_and_store, uncached_build
 from ..common import cached_build as _cached_build
+from ..includes import run_compiler
 
 log = logs.get("kdb")
 

@@ -18,7 +18,8 @@ from . import hiprtc as _hiprtc
 from .hiprtc import HiprtcIdentity
 from .keys import Request, compiler_kind, compiler_rank, request
 from .targets import code_object_target
-from ..common import cached_build, compile_and_store, run_compiler, uncached_build
+from ..common import cached_build, compile_and_store, uncached_build
+from ..includes import run_compiler
 
 log = logs.get("kdb")
 
