@@ -414,6 +414,14 @@ class Tiers:
 
     # -- shared tier (kdb.shared.tier; only when KDB_SHARED_URL is set) ------------------------
 
+    def shared_arches(self, backend: str, name: str) -> list[str]:
+        """The arches the shared tier holds an entry of ``backend`` named ``name`` in; none
+        without a shared tier. For a lookup that cannot know its arch and finds none in this
+        node's files (Triton's host modules on a fresh node)."""
+        shared = self._shared()
+        arches = getattr(shared, "arches", None)
+        return [] if arches is None else arches(backend, name)
+
     def _shared(self):
         """The shared tier, or ``None`` when ``KDB_SHARED_URL`` is unset (read when used)."""
         url = config.shared_url()

@@ -272,6 +272,18 @@ class SharedTier(CrossNodeLocks):
 
         return self._run("looking up a kernel", q, None)
 
+    def arches(self, backend: str, name: str) -> list[str]:
+        """The arches the tier holds an entry of ``backend`` named ``name`` in (one read on
+        the name's index; none when the tier is unavailable): for a lookup that cannot know
+        its arch yet (a fresh node's first Triton host module)."""
+        def q(engine: Engine) -> list[str]:
+            with engine.connect() as conn:
+                rows = conn.execute(select(kernels.c.arch).where(
+                    kernels.c.backend == backend, kernels.c.name == name).distinct()).all()
+            return sorted({r[0] for r in rows if isinstance(r[0], str)})
+
+        return self._run("listing the arches of an entry", q, [])
+
     def signature(self, key: str, row: SharedRow) -> tuple[str | None, bytes | None]:
         """Who signed a fetched entry (:mod:`kdb.signing`)."""
         return row.signer, row.signature

@@ -83,6 +83,15 @@ _no_device: list = []
 _seen: list = []
 
 
+def is_triton_arch(arch: str) -> bool:
+    """Whether ``arch`` names a Triton target kdb keeps a file for (``sm_90``, ``gfx90a``).
+
+    >>> is_triton_arch("sm_90a"), is_triton_arch("gfx942"), is_triton_arch("../x")
+    (True, True, False)
+    """
+    return _ARCH_FILE.match(arch + ".kdb") is not None
+
+
 def known_archs(tiers) -> list[str]:
     """The Triton arches (``sm_*``, ``gfx*``) this process could find entries for: its user
     files, the system files in ``KDB_SYSTEM_DB_PATH`` and the installed system packages."""
