@@ -1012,23 +1012,31 @@ def test_a_triton_kernel_one_node_compiled_is_served_to_another_from_the_shared_
         assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
 
 
-def test_a_triton_host_module_one_node_built_is_loaded_by_another_from_the_shared_tier(
-        shared_url, tmp_path):
-    """A host module Triton builds with the C compiler (as it builds ``cuda_utils`` and the
-    launchers on a GPU node) on node a is published to the shared tier; node b, with its kdb
-    and Triton caches empty, loads it from there without running the compiler."""
+def _host_module_nodes(tmp_path: Path, target: str, **first_env: str) -> tuple[dict, dict]:
+    """tests/test_triton_hostmods.py's app, which has Triton build a host module (``target``:
+    inside ``kdb.triton.target``, else with the arch unknown), run on node a and then on node
+    b, each with its own empty kdb and Triton caches, one shared tier: what each said."""
     pytest.importorskip("triton", reason="Triton is not installed (pip install 'kdb[triton]')")
     from test_triton_hostmods import APP, KERNELS, run
 
     (tmp_path / "app.py").write_text(APP)
     (tmp_path / "kernels.py").write_text(KERNELS)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_MANAGER"}
-    env.update(KERNELS_DIR=str(tmp_path), TARGET="90", KDB_STORE_AT_EXIT="wait")
+    env.update(KERNELS_DIR=str(tmp_path), TARGET=target, KDB_STORE_AT_EXIT="wait")
     first, _ = run(tmp_path, env, KDB_CACHE_DIR=str(tmp_path / "a"),
-                   TRITON_CACHE_DIR=str(tmp_path / "ta"))
-    assert first == {**first, "answer": 42, "compiler_runs": 1}
+                   TRITON_CACHE_DIR=str(tmp_path / "ta"), **first_env)
     second, _ = run(tmp_path, env, KDB_CACHE_DIR=str(tmp_path / "b"),
                     TRITON_CACHE_DIR=str(tmp_path / "tb"))
+    return first, second
+
+
+def test_a_triton_host_module_one_node_built_is_loaded_by_another_from_the_shared_tier(
+        shared_url, tmp_path):
+    """A host module Triton builds with the C compiler (as it builds ``cuda_utils`` and the
+    launchers on a GPU node) on node a is published to the shared tier; node b, with its kdb
+    and Triton caches empty, loads it from there without running the compiler."""
+    first, second = _host_module_nodes(tmp_path, "90")
+    assert first == {**first, "answer": 42, "compiler_runs": 1}
     assert second == {**second, "answer": 42, "compiler_runs": 0}
     assert "kdb-triton-" in second["file"]
     assert not (tmp_path / "tb").exists() or not any(
@@ -1040,18 +1048,8 @@ def test_a_host_module_built_before_the_arch_is_known_is_found_in_the_shared_tie
     """Triton builds cuda_utils while it makes its driver, before kdb may ask the device's
     arch, and a fresh node has no file of its own to name one: the shared tier names the
     arches it holds that module in, and node b loads it from there without the compiler."""
-    pytest.importorskip("triton", reason="Triton is not installed (pip install 'kdb[triton]')")
-    from test_triton_hostmods import APP, KERNELS, run
-
-    (tmp_path / "app.py").write_text(APP)
-    (tmp_path / "kernels.py").write_text(KERNELS)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_MANAGER"}
-    env.update(KERNELS_DIR=str(tmp_path), TARGET="", KDB_STORE_AT_EXIT="wait")
-    first, _ = run(tmp_path, env, KDB_CACHE_DIR=str(tmp_path / "a"),
-                   TRITON_CACHE_DIR=str(tmp_path / "ta"), THEN_KERNEL="1")
+    first, second = _host_module_nodes(tmp_path, "", THEN_KERNEL="1")
     assert first["compiler_runs"] == 1  # stored (and published) once the kernel named sm_90
-    second, _ = run(tmp_path, env, KDB_CACHE_DIR=str(tmp_path / "b"),
-                    TRITON_CACHE_DIR=str(tmp_path / "tb"))
     assert second == {**second, "answer": 42, "compiler_runs": 0}
     assert list((tmp_path / "b" / "v1").glob("sm_90.kdb"))  # copied home, under its arch
 
