@@ -235,6 +235,49 @@ def run_app(tmp_path, env, *kernels, **more):
     return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
 
 
+#: Compiles ``scale`` for sm_90 through plain ``triton.compile`` (kdb under ``KDB_AUTO``), then
+#: says whether torch was imported and whether the kernel was served.
+NO_DRIVER = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import kernels
+hits = []
+triton.knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "FACTOR": "constexpr",
+       "BLOCK": "constexpr"}
+triton.compile(ASTSource(fn=kernels.scale, signature=sig, constexprs={"FACTOR": 3, "BLOCK": 64}),
+               target=GPUTarget("cuda", 90, 32))
+print(json.dumps({"torch": "torch" in sys.modules, "hits": hits}))
+"""
+
+
+def test_without_a_gpu_device_file_triton_s_driver_is_not_made_to_learn_the_arch(
+        triton_env, tmp_path):
+    """kdb asks Triton's driver for the device's arch only where a GPU device file exists:
+    making the driver probes every backend, and AMD's probe imports torch (1.7 s of a warm
+    start of 20 kernels that took 0.6 s without it, Triton 3.9), for an answer known already.
+    The kernel is still compiled once and served from kdb after."""
+    import importlib.util
+
+    from kdb.backends.triton.targets import GPU_DEVICE_FILES
+
+    if any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        pytest.skip("this machine has a GPU device file: there kdb asks the driver")
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed: AMD's probe has nothing to import")
+    (tmp_path / "program.py").write_text(NO_DRIVER)
+    env = {**triton_env, "KDB_AUTO": "1"}
+    said = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(tmp_path / "program.py")], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        said.append(json.loads(proc.stdout.splitlines()[-1]))
+    assert said == [{"torch": False, "hits": [False]}, {"torch": False, "hits": [True]}], said
+
+
 def entries(cache_dir: Path, arch: str) -> list[tuple]:
     path = cache_dir / "v1" / f"{arch}.kdb"
     if not path.exists():

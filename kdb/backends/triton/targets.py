@@ -53,12 +53,22 @@ def target(gpu_target):
         _target.reset(token)
 
 
+#: The device files a GPU driver Triton can use needs (NVIDIA's, WSL's, AMD's, the DRM render
+#: nodes of the rest): with none of them there is no active device to ask.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd", "/dev/dri")
+
+
 def current_arch() -> str | None:
     """The arch Triton compiles for here: :func:`target`'s, else the active device's, else
-    ``None`` (no GPU, or no driver)."""
+    ``None`` (no GPU, or no driver). Where no GPU device file exists the driver is not asked:
+    making Triton's driver probes every backend, and AMD's imports torch to do so (1.7 s
+    where torch is installed and not imported, Triton 3.9), for an answer known already."""
     arch = _target.get()
     if arch is not None or _no_device:
         return arch
+    if not any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        _no_device.append(True)
+        return None
     try:
         from triton.runtime.driver import driver
 
