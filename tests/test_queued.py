@@ -270,9 +270,11 @@ AHEAD = """
 
     def watch():  # from before the wait: a store-ahead may end as the wait does
         while not done.is_set():
-            for pid in subprocess.run(["pgrep", "-f", "kdb.worker --ahead"],
+            # "[.]": a pattern this code does not match, nor a child it forks (until that
+            # child's exec, its command line is this code's)
+            for pid in subprocess.run(["pgrep", "-f", "kdb[.]worker --ahead"],
                                       capture_output=True, text=True).stdout.split():
-                try:  # of this session (this very code names it: not this process), ours
+                try:  # of this session and not this process: ours
                     if os.getsid(int(pid)) == os.getsid(0) and int(pid) != os.getpid():
                         ours[pid] = os.getpriority(os.PRIO_PROCESS, int(pid))
                 except OSError:
