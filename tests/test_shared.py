@@ -1012,6 +1012,33 @@ def test_a_triton_kernel_one_node_compiled_is_served_to_another_from_the_shared_
         assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
 
 
+def test_a_bare_triton_compile_on_a_node_with_no_file_and_no_gpu_is_served_from_the_shared_tier(
+        shared_url, tmp_path):
+    """A plain ``triton.compile(..., target=...)`` under ``KDB_AUTO`` on a machine with no GPU
+    does not tell kdb the arch before Triton asks its cache: a node with a file of its own
+    looks in that file's arches, and a fresh one in those the shared tier holds the kernel in.
+    Node b, every cache empty, is served what node a compiled."""
+    pytest.importorskip("triton", reason="Triton is not installed (pip install 'kdb[triton]')")
+    from test_triton import APP, KERNELS, NVIDIA, run_app
+    from kdb.backends.triton import targets
+
+    if any(os.path.exists(f) for f in targets.GPU_DEVICE_FILES):
+        pytest.skip("a GPU device file exists: the driver names the arch")
+    (tmp_path / "kernels.py").write_text(KERNELS)
+    (tmp_path / "app.py").write_text(APP)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_MANAGER"}
+    env.update(KERNELS_DIR=str(tmp_path), TARGET=NVIDIA, KDB_STORE_AT_EXIT="wait", PLAIN="1",
+               KDB_AUTO="1")
+    first, _ = run_app(tmp_path, env, "add", KDB_CACHE_DIR=str(tmp_path / "a"),
+                       TRITON_CACHE_DIR=str(tmp_path / "ta"))
+    assert first["hits"] == [False]
+    second, _ = run_app(tmp_path, env, "add", KDB_CACHE_DIR=str(tmp_path / "b"),
+                        TRITON_CACHE_DIR=str(tmp_path / "tb"))
+    assert second["hits"] == [True]
+    with sqlite3.connect(tmp_path / "b" / "v1" / "sm_90.kdb") as conn:  # copied home
+        assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
+
+
 def _host_module_nodes(tmp_path: Path, target: str, **first_env: str) -> tuple[dict, dict]:
     """tests/test_triton_hostmods.py's app, which has Triton build a host module (``target``:
     inside ``kdb.triton.target``, else with the arch unknown), run on node a and then on node

@@ -34,7 +34,7 @@ from ...db import default_db
 from ...keys import HashAttributes
 from ...tiers import Hit
 from . import groups, hostmods
-from .targets import BACKEND, arch_of, compiler_identity, current_arch, known_archs
+from .targets import BACKEND, arch_of, compiler_identity, current_arch, lookup_archs
 
 log = logs.get("kdb")
 
@@ -169,8 +169,8 @@ class CacheManager(_TritonCacheManager):
 
     def _find(self, tiers, name: str, arch: str | None) -> dict[str, str] | None:
         """The kernel's files from the first tier that holds them, for ``arch`` (else for
-        every Triton arch this process has a file for)."""
-        for a in [arch] if arch is not None else known_archs(tiers):
+        every arch :func:`~.targets.lookup_archs` names)."""
+        for a in [arch] if arch is not None else lookup_archs(tiers, name):
             attrs = self._attrs(a, name)
             hit = tiers.lookup(attrs)
             if hit is not None:

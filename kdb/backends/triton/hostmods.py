@@ -28,7 +28,7 @@ from ... import faults, logs
 from ...keys import HashAttributes
 from .. import stdlibs
 from . import groups
-from .targets import BACKEND, compiler_identity, is_triton_arch, known_arch, known_archs
+from .targets import BACKEND, compiler_identity, known_arch, lookup_archs
 
 log = logs.get("kdb")
 
@@ -109,7 +109,7 @@ class HostModule:
         (Triton builds it)."""
         tiers = self.tiers
         arch = known_arch()
-        for a in [arch] if arch is not None else self._archs():
+        for a in [arch] if arch is not None else lookup_archs(self.tiers, self.name):
             attrs = self.attrs(a)
             hit = tiers.lookup(attrs)
             if hit is None:
@@ -129,13 +129,6 @@ class HostModule:
             return path
         self._asked = time.perf_counter()
         return None
-
-    def _archs(self) -> list[str]:
-        """Where to look while the device's arch is unknown: every Triton arch this node has
-        a file for; on a node with none (a fresh one), those the shared tier holds the
-        module in, if one is set."""
-        return known_archs(self.tiers) or [
-            a for a in self.tiers.shared_arches(BACKEND, self.name) if is_triton_arch(a)]
 
     def put(self, data: bytes) -> str:
         """Store the module Triton built (under the device's arch, now or once it is known)

@@ -118,6 +118,15 @@ def known_archs(tiers) -> list[str]:
     return sorted(found)
 
 
+def lookup_archs(tiers, name: str) -> list[str]:
+    """Where to look for ``name`` while the device's arch is unknown: every Triton arch this
+    node has a file for; on a node with none (a fresh one), the Triton arches the shared tier
+    holds an entry of that name in, if one is set. A row's arch is whatever a writer put
+    there, so only Triton's forms are taken."""
+    return known_archs(tiers) or [
+        a for a in tiers.shared_arches(BACKEND, name) if is_triton_arch(a)]
+
+
 def compiler_identity() -> tuple[tuple[str, str], ...]:
     """Triton's version and the Python it runs on. Triton's cache key already digests its
     code, the backend's tools and the target, and with them its compiled extension, which is
