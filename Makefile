@@ -9,10 +9,13 @@ TRITON := $(VENV)/.triton
 # torch from the registry without a pin pulls about 3 GB of NVIDIA libraries instead.
 TORCH_PIN ?= torch==2.13.0
 TORCH  := $(VENV)/.torch
-# The tests run in 2 processes (pytest-xdist), each test file whole in one of them: 9-10.5 min
-# (800-930 CPU-s) on a quiet 2-core machine against 13 in one, 12.8-14.5 beside a CPU hog
-# (9.8-11.5 and 15.3-19.4 on a slower machine, 2026-12-06). PYTEST_JOBS=0: one.
-PYTEST_JOBS ?= 2
+# The tests run in 3 processes (pytest-xdist), each test file whole in one of them. Many tests
+# wait (for a store worker to finish, a claim to expire) without using CPU; a third process
+# fills those waits: on a quiet 2-core machine 8.7 min (914 CPU-s) against 10.0 (884) in 2 and
+# 13 in one; beside a CPU hog 14.8 min, as it is then bound by CPU (2026-12-07). A hog in
+# another session gets a core of its own whatever the count (the kernel's autogroups).
+# PYTEST_JOBS=0: one.
+PYTEST_JOBS ?= 3
 
 .PHONY: setup demo test bench clean
 
