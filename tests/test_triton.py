@@ -278,6 +278,56 @@ def test_without_a_gpu_device_file_triton_s_driver_is_not_made_to_learn_the_arch
     assert said == [{"torch": False, "hits": [False]}, {"torch": False, "hits": [True]}], said
 
 
+#: Compiles ``scale`` through plain ``triton.compile`` (kdb under ``KDB_AUTO``) for each target
+#: of argv (``90``, ``80``: sm_XX), and says per compile whether it was a hit and the target
+#: in the kernel's metadata, and how often kdb listed the arches it could look in.
+TARGETS = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kdb.backends.triton import cache
+import kernels
+listed = []
+real = cache.lookup_archs
+cache.lookup_archs = lambda *a: listed.append(1) or real(*a)
+hits, targets = [], []
+triton.knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "FACTOR": "constexpr",
+       "BLOCK": "constexpr"}
+for cc in sys.argv[1:]:
+    k = triton.compile(ASTSource(fn=kernels.scale, signature=sig,
+                                 constexprs={"FACTOR": 3, "BLOCK": 64}),
+                       target=GPUTarget("cuda", int(cc), 32))
+    targets.append(k.metadata.target.arch)
+print(json.dumps({"hits": hits, "targets": targets, "listed": len(listed)}))
+"""
+
+
+def test_with_the_arch_unknown_each_target_gets_its_own_kernel_and_a_warm_start_lists_once(
+        triton_env, tmp_path):
+    """Without a GPU a plain ``triton.compile(..., target=...)`` does not tell kdb the target
+    before Triton asks its cache: kdb looks first in the arches that served the process
+    already (a warm start lists the cache's directories once, not per kernel), and the key
+    holds the target, so a kernel for sm_80 is never served sm_90's files."""
+    from kdb.backends.triton.targets import GPU_DEVICE_FILES
+
+    if any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        pytest.skip("this machine has a GPU device file: there kdb asks the driver")
+    (tmp_path / "program.py").write_text(TARGETS)
+    env = {**triton_env, "KDB_AUTO": "1"}
+
+    def run(*ccs: str) -> dict:
+        proc = subprocess.run([sys.executable, str(tmp_path / "program.py"), *ccs], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    assert run("90", "80")["hits"] == [False, False]
+    warm = run("90", "90", "80", "90", "80")
+    assert warm == {"hits": [True] * 5, "targets": [90, 90, 80, 90, 80], "listed": 2}, warm
+
+
 def entries(cache_dir: Path, arch: str) -> list[tuple]:
     path = cache_dir / "v1" / f"{arch}.kdb"
     if not path.exists():

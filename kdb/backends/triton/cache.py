@@ -43,6 +43,9 @@ ANY_ARCH = "triton"
 
 #: Claims this process holds for kernels it is compiling: key -> (claim, start time, thread).
 _compiling: dict[str, tuple] = {}
+#: The arches that served this process's kernels while the target was unknown, looked in first:
+#: a warm start of a program that compiles for one target lists no directory per kernel.
+_served_from: list[str] = []
 
 
 def _release_failed() -> None:
@@ -54,6 +57,14 @@ def _release_failed() -> None:
         claim = _compiling.pop(key, (None,))[0]
         if claim is not None:
             claim.release()
+
+def _unknown_arch_order(tiers, name: str):
+    """The arches to look in while the target is unknown: those that served this process
+    first, then the others (listed only if those missed)."""
+    tried = tuple(_served_from)
+    yield from tried
+    yield from (a for a in lookup_archs(tiers, name) if a not in tried)
+
 
 _db: contextvars.ContextVar = contextvars.ContextVar("kdb_triton_db", default=None)
 
@@ -169,13 +180,17 @@ class CacheManager(_TritonCacheManager):
 
     def _find(self, tiers, name: str, arch: str | None) -> dict[str, str] | None:
         """The kernel's files from the first tier that holds them, for ``arch`` (else for
-        every arch :func:`~.targets.lookup_archs` names)."""
-        for a in [arch] if arch is not None else lookup_archs(tiers, name):
+        the arches that served this process before, then every other arch
+        :func:`~.targets.lookup_archs` names). The key holds Triton's, which holds the target,
+        so a kernel looked up under another arch is a miss, never another target's files."""
+        for a in [arch] if arch is not None else _unknown_arch_order(tiers, name):
             attrs = self._attrs(a, name)
             hit = tiers.lookup(attrs)
             if hit is not None:
                 got = self._served(tiers, attrs, hit)
                 if got is not None:
+                    if arch is None and a not in _served_from:
+                        _served_from.append(a)
                     return got
         return None
 
