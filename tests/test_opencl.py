@@ -723,7 +723,7 @@ def test_a_repeated_build_in_one_process_is_served_from_memory(cache_dir, cl_ctx
 MULTI_DEVICE_CHILD = CHILD_PRELUDE + """
     devs = plat.get_devices()
     ctx = cl.Context(devs)
-    prg = kdb.opencl.build(ctx, SRC, ["-DN=5"])
+    prg = kdb.opencl.build(ctx, SRC, ["-DN=5"], devices=devs[::-1] if REVERSED else None)
     sizes = [len(b) for b in prg.binaries]
     results = [axpb_ok(ctx, cl.CommandQueue(ctx, dev), prg, 2, 5, 64) for dev in devs]
     print(json.dumps({"devices": len(devs), "compiles": len(bookkeeping.records()),
@@ -731,16 +731,24 @@ MULTI_DEVICE_CHILD = CHILD_PRELUDE + """
 """
 
 
-def test_a_context_with_two_devices_stores_and_loads_a_binary_per_device(cache_dir, run_py):
+@pytest.mark.parametrize("reversed_", [False, True], ids=["context-order", "reversed"])
+def test_a_context_with_two_devices_stores_and_loads_a_binary_per_device(cache_dir, run_py,
+                                                                         reversed_):
     """PoCL offers two CPU devices with POCL_DEVICES="basic pthread" (different drivers, so
-    different compiler identities: two keys, two entries, one program built from both)."""
+    different compiler identities: two keys, two entries, one program built from both).
+    ``reversed``: the build names the context's devices the other way round, and PoCL 3.0
+    hands their binaries back in the build's order while it lists the devices in the
+    context's: each device's entry must hold its own binary (before, each held the other's,
+    the driver refused it at the next start, and every start compiled again)."""
     env = {"KDB_CACHE_DIR": str(cache_dir), "POCL_DEVICES": "basic pthread"}
-    code = f"SRC = {SRC!r}\n" + textwrap.dedent(MULTI_DEVICE_CHILD)
+    code = f"SRC = {SRC!r}\nREVERSED = {reversed_}\n" + textwrap.dedent(MULTI_DEVICE_CHILD)
     first = json.loads(run_py(code, env=env).stdout.strip().splitlines()[-1])
     if first["devices"] != 2:
         pytest.skip("this PoCL does not offer two devices")
     assert first["compiles"] == 2 and first["correct"] == [True, True]
-    second = json.loads(run_py(code, env=env).stdout.strip().splitlines()[-1])
+    again = run_py(code, env=env)
+    second = json.loads(again.stdout.strip().splitlines()[-1])
+    assert "refused" not in again.stderr, again.stderr[-2000:]
     assert second["compiles"] == 0 and second["correct"] == [True, True]
     assert all(second["binaries"])  # each device got its own stored binary
     arch_ids = {p.stem for p in (cache_dir / "v1").glob("*.kdb")}
@@ -787,3 +795,12 @@ def test_pyopencl_library_programs_hit_in_a_second_process(cache_dir, run_py):
         assert second == {"compiles": 0, "correct": True}
     finally:
         kill_workers(cache_dir)
+
+
+def test_binaries_doctests():
+    import doctest
+
+    from kdb.backends.opencl import binaries
+
+    result = doctest.testmod(binaries)
+    assert result.attempted >= 1 and result.failed == 0

@@ -416,9 +416,9 @@ SLOW_READS = """
     from kdb.storing import background
     real = stores.program_binaries
 
-    def slow(raw):  # a driver whose reads cost more than its builds
+    def slow(raw, built_for=None):  # a driver whose reads cost more than its builds
         time.sleep(max(1.0, 10 * stores.SLOW_READ_S))  # longer than a small build, busy or not
-        return real(raw)
+        return real(raw, built_for)
 
     stores.program_binaries = slow
     plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]

@@ -55,15 +55,20 @@ def _info(lib: ctypes.CDLL, prog: int, param: int, buf, size: int) -> int:
     return written.value // ctypes.sizeof(ctypes.c_size_t)
 
 
-def program_binaries(program) -> dict[int, bytes]:
-    """``{device int_ptr: binary}`` of a built pyopencl program (empty binaries left out)."""
+def program_binaries(program, built_for=None) -> dict[int, bytes]:
+    """``{device int_ptr: binary}`` of a built pyopencl program (empty binaries left out);
+    empty where which binary is whose cannot be told. ``built_for``: the devices the build
+    named, in its order. PoCL 3.0 hands the binaries back in that order while it lists the
+    program's devices in the context's: a build for a context's two devices named the other
+    way round had each device's binary stored under the other's key (the driver refused
+    them at the next start, where two devices of one kind would have run them)."""
     lib = _libopencl() if os.name == "posix" else None
     if lib is None:
         import pyopencl as cl
 
         devs = program.get_info(cl.program_info.DEVICES)
         bins = program.get_info(cl.program_info.BINARIES)
-        if len(bins) != len(devs):
+        if len(bins) != len(devs) or not _same_order([d.int_ptr for d in devs], built_for):
             return {}  # which binary is whose cannot be told (see below)
         return {d.int_ptr: bytes(b) for d, b in zip(devs, bins) if b}
     prog = program.int_ptr
@@ -72,6 +77,8 @@ def program_binaries(program) -> dict[int, bytes]:
     count = n.value
     devs = (ctypes.c_void_p * count)()
     _info(lib, prog, CL_PROGRAM_DEVICES, devs, ctypes.sizeof(devs))
+    if not _same_order([d or 0 for d in devs], built_for):
+        return {}
     sizes = (ctypes.c_size_t * count)()
     if _info(lib, prog, CL_PROGRAM_BINARY_SIZES, sizes, ctypes.sizeof(sizes)) != count:
         # PoCL 3.0 lists one size per device it built for, not per device of the program:
@@ -81,6 +88,23 @@ def program_binaries(program) -> dict[int, bytes]:
     ptrs = (ctypes.c_void_p * count)(*[ctypes.addressof(b) for b in bufs])
     _info(lib, prog, CL_PROGRAM_BINARIES, ptrs, ctypes.sizeof(ptrs))
     return {devs[i] or 0: bufs[i].raw[: sizes[i]] for i in range(count) if sizes[i]}
+
+
+def _same_order(program_devices: list[int], built_for) -> bool:
+    """Whether the build named its devices in the order the program lists them (those it
+    did not name left out), so that each binary's place says whose it is.
+
+    >>> from types import SimpleNamespace as Device
+    >>> _same_order([1, 2, 3], None), _same_order([1, 2, 3], [Device(int_ptr=1), Device(int_ptr=3)])
+    (True, True)
+    >>> _same_order([1, 2], [Device(int_ptr=2), Device(int_ptr=1)])
+    False
+    """
+    if built_for is None:
+        return True
+    named = [d.int_ptr for d in built_for]
+    wanted = set(named)
+    return [p for p in program_devices if p in wanted] == named
 
 
 @functools.lru_cache(maxsize=None)

@@ -146,7 +146,7 @@ def _build_and_read(program: dict) -> list[bytes]:
     os.chdir(program.get("cwd") or "/")  # relative -I paths
     raw = cl._Program(cl.Context(devs), program["source"].encode("utf-8", "surrogateescape"))
     raw.build(program["options"].encode("latin-1"), devs)
-    binaries = program_binaries(raw)
+    binaries = program_binaries(raw, devs)
     return [binaries.get(d.int_ptr, b"") for d in devs]
 
 

@@ -181,7 +181,7 @@ def _read_now(raw, devs, attrs: list[HashAttributes], seconds: float) -> dict[in
         return None
     start = time.perf_counter()
     try:
-        binaries = program_binaries(raw)
+        binaries = program_binaries(raw, devs)
     except (OSError, cl.Error) as err:
         log.debug("kdb: reading the binaries right after the build failed (%s); the store "
                   "worker stores them", err)
@@ -256,8 +256,9 @@ def _binaries(raw, devs, program: dict | None, ptrs: list[int],
     """``raw``'s binaries by device. Where reading them here could abort this process
     (:func:`.readback.at_risk`), the helper's, built again there under the key's build
     variables ``build``. Where the driver does not say whose binary is whose (PoCL 3.0, a
-    program built for some of its context's devices: :mod:`.binaries`), those of the same
-    build made again in a context of just ``devs``, PoCL's cache answering."""
+    program built for some of its context's devices, or for all of them named in another
+    order: :mod:`.binaries`), those of the same build made again in a context of just
+    ``devs``, PoCL's cache answering."""
     from . import readback  # the store path only: a hit imports nothing of it (3 ms)
 
     if readback.at_risk(raw, devs):
@@ -265,8 +266,8 @@ def _binaries(raw, devs, program: dict | None, ptrs: list[int],
             raise LookupError("a PoCL before 6.0 could abort this process reading them, and "
                               "the build cannot be made again elsewhere (sub-devices)")
         return readback.read_elsewhere(program, ptrs, build)
-    binaries = program_binaries(raw)
-    if binaries or program is None or len(devs) == raw.get_info(cl.program_info.NUM_DEVICES):
+    binaries = program_binaries(raw, devs)
+    if binaries or program is None:
         return binaries
     try:
         if os.getcwd() != program.get("cwd"):
@@ -275,7 +276,7 @@ def _binaries(raw, devs, program: dict | None, ptrs: list[int],
         return {}
     again = cl._Program(cl.Context(devs), program["source"].encode("utf-8", "surrogateescape"))
     again.build(program["options"].encode("latin-1"), devs)
-    return program_binaries(again)
+    return program_binaries(again, devs)
 
 
 def _reader(raw, devs, stamp: tuple | None, forget: tuple, in_process: bool, *,
@@ -362,7 +363,7 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
     raw = cl._Program(ctx, prog["source"].encode("utf-8", "surrogateescape"))
     raw.build(opt_bytes, devs)
     build_s = time.process_time() - start
-    binaries = program_binaries(raw)
+    binaries = program_binaries(raw, devs)
     items = []
     for e, attrs in zip(job.entries, keyed):
         binary = binaries.get(devs[e["device"]].int_ptr)
