@@ -71,6 +71,12 @@ CASES = {
     "#\\ newline include": ('#\\\ninclude "h.h"', lambda d: ["-I", d], "inc/h.h"),
     "# /* comment */ include": ('#/* x */include "h.h"', lambda d: ["-I", d], "inc/h.h"),
     "nested, own dir first": ('#include "sub/n.h"', lambda d: ["-I", d], "inc/sub/m.h"),
+    # A temporary -I directory the search reaches another way too (the working directory,
+    # or a directory within another -I one): built as asked, not from a copy, which would
+    # be a second file where the key holds one (every build compiled, none was stored).
+    "-I . (the working directory)": ('#include "h.h"', lambda d: ["-I", "."], "h.h"),
+    "-I d/sub and -I d": ('#include "sub/n.h"', lambda d: ["-I", d + "/sub", "-I", d],
+                          "inc/sub/m.h"),
 }
 
 

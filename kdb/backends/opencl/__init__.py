@@ -11,6 +11,7 @@ programs from binaries or IL, ``compile()`` and ``link_program()`` pass through 
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Sequence
 
@@ -206,10 +207,35 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
 
 def _with_copies(plan: _Plan, db: KernelDB, headers, text: str) -> _Plan:
     """``plan`` building with its temporary include directories given as their copies in
-    kdb's cache (:mod:`.tempincludes`), where faithful copies can be made; else as it is."""
+    kdb's cache (:mod:`.tempincludes`), where faithful copies can be made and the build
+    finds through them the headers the key holds; else as it is. A directory the search
+    also reaches another way (``-I .``, the working directory searched anyway; ``-I d/sub``
+    beside ``-I d``) is one file twice there, and a copy plus the original once copied:
+    such a build never matched its key, so nothing it compiled was ever stored."""
     options = tempincludes.rewritten(plan.opt_bytes, plan.temporary,
                                      str(db.user_dir / "includes"), headers, text)
-    return plan if options is None else plan.with_options(options)
+    if options is None:
+        return plan
+    copied = plan.with_options(options)
+    try:
+        memo = (options, os.getcwd(), headers, text)
+    except OSError:
+        return plan
+    same = _same_through_copies.get(memo)
+    if same is None:
+        try:
+            same = headers_of(text, options, search=copied.search) == headers
+        except UncertainIncludes:
+            same = False
+        if len(_same_through_copies) >= 256:
+            _same_through_copies.clear()
+        _same_through_copies[memo] = same
+    return copied if same else plan
+
+
+#: (options with the copies, working directory, the key's headers, source) -> whether that
+#: build finds the key's headers (:func:`_with_copies`): checked once per process.
+_same_through_copies: dict[tuple, bool] = {}
 
 
 def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: str,
