@@ -510,6 +510,18 @@ def test_install_build_returns_the_same_program_object(cache_dir, cl_ctx, kdb_in
     assert len(bookkeeping.records()) == 1
 
 
+@pytest.mark.parametrize("source", ["", "  \n", b""], ids=["empty", "blank", "empty-bytes"])
+def test_a_program_with_no_text_builds_after_install_as_in_pyopencl(cache_dir, cl_ctx,
+                                                                    kdb_installed, source):
+    """pyopencl builds a program of no text (no kernels); after install() it still does,
+    and kdb stores nothing for it (``kdb.opencl.build`` itself refuses an empty source)."""
+    prg = cl.Program(cl_ctx, source).build()
+    assert prg.get_info(cl.program_info.NUM_KERNELS) == 0
+    assert len(bookkeeping.records()) == 0
+    with pytest.raises(kdb.InvalidArgumentError, match="source is empty"):
+        kdb.opencl.build(cl_ctx, source)
+
+
 def test_pyopencls_own_cache_settings_do_not_turn_kdb_off(cache_dir, cl_ctx, kdb_installed,
                                                           monkeypatch):
     """``cache_dir=False`` and ``PYOPENCL_NO_CACHE`` are settings of pyopencl's binary cache,

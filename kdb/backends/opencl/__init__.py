@@ -6,7 +6,8 @@ otherwise it is built from source and returned at once, and a job describing the
 to the store worker (:mod:`kdb.storing.spool`): :mod:`.stores`. The keys come from :mod:`.keys`.
 
 ``install()`` routes every ``pyopencl.Program(ctx, source).build()`` through the same path;
-programs from binaries or IL, ``compile()`` and ``link_program()`` pass through untouched.
+programs from binaries or IL, programs of no text, ``compile()`` and ``link_program()`` pass
+through untouched.
 """
 
 from __future__ import annotations
@@ -518,6 +519,8 @@ def install(db: KernelDB | None = None) -> None:
         from pyopencl.tools import is_spirv
 
         if isinstance(source, bytes) and is_spirv(source):
+            return _original_build(self, options, devices, cache_dir)
+        if not source.strip():  # no kernel to keep: pyopencl builds it, as without kdb
             return _original_build(self, options, devices, cache_dir)
         ctx = self._context
         return _build(ctx, source, options, devices, db, None, None, pyopencl_errors=True,
