@@ -155,6 +155,21 @@ def test_a_usage_error_is_clean(cache_dir):
     assert result.exit_code == 2
 
 
+@pytest.mark.parametrize("args", [
+    ["log", "--limit", "99999999999999999999999"],
+    ["explain", "x", "--nearest", "99999999999999999999999"],
+    ["demo", "--kernels", "99"],
+    ["demo", "--kernels", "1", "--json", "/nonexistent-dir/x.json"],
+], ids=["log-limit", "explain-nearest", "demo-kernels", "demo-json-dir"])
+def test_an_out_of_range_argument_is_a_usage_error_before_any_work(args, cache_dir):
+    """A count past SQLite's integers was an OverflowError's traceback; the demo's --json
+    in a directory that does not exist failed only after the whole demo had run."""
+    result = run(args)
+    clean_error(result)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value" in result.output
+
+
 def test_an_unknown_key_is_a_clean_error(store):
     result = run(["explain", "deadbeef0000"], store["env"])
     clean_error(result)

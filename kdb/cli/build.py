@@ -44,7 +44,17 @@ def demo(ctx: click.Context, kernels: int | None, json_out: str | None, keep: bo
         extra["cache_dir"] = str(obj.cache_root)
     if keep:
         extra["keep"] = True
-    ctx.exit(demo_main(kernels=kernels, json_out=json_out, **extra) or 0)
+    if json_out is not None:  # said before the demo runs, not after
+        parent = Path(json_out).resolve().parent
+        if not parent.is_dir():
+            raise click.BadParameter(f"{parent} is not a directory", param_hint="--json")
+    from ..errors import InvalidArgumentError
+
+    try:
+        code = demo_main(kernels=kernels, json_out=json_out, **extra)
+    except InvalidArgumentError as err:  # a count larger than the demo's programs
+        raise click.BadParameter(str(err), param_hint="--kernels") from None
+    ctx.exit(code or 0)
 
 
 # -- pack -----------------------------------------------------------------------------------

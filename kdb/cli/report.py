@@ -9,7 +9,7 @@ import click
 from .. import config
 from ..bookkeeping import UNCACHED
 from ..admin import report
-from .tools import Settings, cut, emit_json, human_bytes, json_option, json_or_empty, table, when
+from .tools import MAX_COUNT, Settings, cut, emit_json, human_bytes, json_option, json_or_empty, table, when
 from ..admin.explain import explain as explain_of
 
 
@@ -100,7 +100,7 @@ def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
 
 
 @click.command("log")
-@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+@click.option("--limit", type=click.IntRange(min=0, max=MAX_COUNT), default=50, show_default=True,
               help="Most recent compiles to show.")
 @click.option("--arch", default=None, help="Only this arch id.")
 @json_option
@@ -128,7 +128,7 @@ def log_(obj: Settings, limit: int, arch: str | None, as_json: bool) -> None:
 
 @click.command()
 @click.argument("key_or_name")
-@click.option("--nearest", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--nearest", type=click.IntRange(min=1, max=MAX_COUNT), default=5, show_default=True,
               help="How many nearest stored entries to show.")
 @json_option
 @click.pass_obj

@@ -15,6 +15,11 @@ from typing import Any, Sequence
 import click
 
 
+#: The largest count an option takes (SQLite's largest integer): a larger one is a usage
+#: error, not an overflow deep in a query.
+MAX_COUNT = 2**63 - 1
+
+
 @dataclass(frozen=True)
 class Settings:
     cache_root: Path
