@@ -400,6 +400,7 @@ def test_corrupt_blob_is_recompiled_and_replaced(cache_dir, cl_ctx, caplog):
     x, y = run_axpb(cl_ctx, prg)
     np.testing.assert_allclose(y, 2 * x + 5)
     assert "checksum mismatch" in caplog.text
+    assert f"({row['name']}) dropped" in caplog.text  # named as stored, not "unnamed"
 
     flush()
     (fixed,) = kernel_rows(cache_dir, arch_id)

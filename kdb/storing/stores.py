@@ -326,14 +326,25 @@ class Storing:
     def discard(self, attrs: HashAttributes, reason: str, tier: str = "user") -> None:
         """Drop an entry that proved bad (e.g. the driver refused the binary) from the user
         tier, and from the shared tier too when it came from there."""
-        faults.fault(f"entry {attrs.key[:16]} ({attrs.name or 'unnamed'}) dropped: {reason}",
+        f = self.user_file(attrs.arch)
+        name = attrs.name or _stored_name(f, attrs.key) or "unnamed"  # a hit's key has none
+        faults.fault(f"entry {attrs.key[:16]} ({name}) dropped: {reason}",
                      once=f"discard:{self.user_dir}")
         self._inflight.pop(attrs.key, None)
-        f = self.user_file(attrs.arch)
         submit(lambda: f.delete([attrs.key]))
         shared = self._shared() if tier == "shared" else None
         if shared is not None:
             submit(lambda: shared.drop([attrs.key]))
+
+
+def _stored_name(file, key: str) -> str | None:
+    """The name an entry was stored under, for the warning that drops it (a lookup's key
+    carries none: naming a hit would scan its source)."""
+    try:
+        rows = file.query("SELECT name FROM kernels WHERE key = ?", (key,))
+    except Exception:  # noqa: BLE001 - a damaged file: the warning goes without the name
+        return None
+    return rows[0][0] if rows and isinstance(rows[0][0], str) and rows[0][0] else None
 
 
 def make_entry(attrs: HashAttributes, raw: bytes, seconds: float,
