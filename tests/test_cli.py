@@ -170,6 +170,35 @@ def test_an_out_of_range_argument_is_a_usage_error_before_any_work(args, cache_d
     assert "Invalid value" in result.output
 
 
+def test_a_cache_dir_variable_naming_a_file_is_refused_as_the_option_is(tmp_path):
+    """``--cache-dir FILE`` was a usage error while ``KDB_CACHE_DIR=FILE`` listed an empty
+    cache with status 0."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    result = run(["ls"], {"KDB_CACHE_DIR": str(afile)})
+    clean_error(result)
+    assert result.exit_code == 2 and "KDB_CACHE_DIR=" in result.output
+    assert "is not a directory" in result.output
+
+
+def test_key_files_in_a_missing_directory_are_usage_errors(tmp_path):
+    """Both said ``FileNotFoundError: [Errno 2] ...`` with status 1."""
+    gen = run(["key", "gen", str(tmp_path / "no-such-dir" / "k.pem")])
+    clean_error(gen)
+    assert gen.exit_code == 2 and "is not a directory: make it first" in gen.output
+    ident = run(["key", "id", str(tmp_path / "missing.pem")])
+    clean_error(ident)
+    assert ident.exit_code == 2 and "does not exist" in ident.output
+
+
+def test_pack_from_the_log_of_a_missing_database_names_that_option(tmp_path):
+    result = run(["pack", "--arch", "sm_90", "--from-log", "--out", str(tmp_path / "out")],
+                 {"KDB_CACHE_DIR": str(tmp_path / "cache")})
+    clean_error(result)
+    assert result.exit_code == 1 and "--from-log " in result.output
+    assert "--from-db" not in result.output
+
+
 def test_an_unknown_key_is_a_clean_error(store):
     result = run(["explain", "deadbeef0000"], store["env"])
     clean_error(result)

@@ -853,8 +853,8 @@ STATES: dict[str, State] = {
     "old-revision": State(_old_revision, 0),
     "entries-at-revision-0005": State(_entries_at_0005, 0, check=_upgraded_in_place),
     "lost-sources": State(_lost_sources, 1),
-    "cache-dir-is-a-file": State(_cache_is_file, 0),
-    "cache-dir-is-dev-null": State(_cache_is_devnull, 0),
+    "cache-dir-is-a-file": State(_cache_is_file, 0, cli=2),  # refused as --cache-dir FILE is
+    "cache-dir-is-dev-null": State(_cache_is_devnull, 0, cli=2),
     "read-only-dir": State(_read_only_dir, 0, needs="setpriv"),
     "read-only-mount": State(_read_only_mount, 0, needs="mount"),
     "full-disk": State(_full_disk, 0, needs="mount"),

@@ -42,7 +42,10 @@ class _Group(click.Group):
             raise click.ClickException(str(err)) from err
         except BrokenPipeError:
             raise
-        except (sqlite3.Error, OSError) as err:
+        except OSError as err:  # say what failed on which path, not the exception's class
+            where = f": {err.filename}" if err.filename else ""
+            raise click.ClickException(f"{err.strerror or err}{where}") from err
+        except sqlite3.Error as err:
             raise click.ClickException(f"{type(err).__name__}: {err}") from err
 
 
@@ -72,10 +75,14 @@ def cli(ctx: click.Context, cache_dir: Path | None) -> None:
         from ..signing.policy import problems as key_problems
 
         bad += key_problems()
+    root = config.cache_root(cache_dir)
+    if cache_dir is None and root.exists() and not root.is_dir():  # as --cache-dir FILE is
+        bad.append(f"{config.ENV_CACHE_DIR}={str(root)!r} is not a directory: name the "
+                   "directory kdb's user tier lives in")
     if bad:  # a program warns and goes on; a command says so and does nothing (status 2)
         raise _ConfigProblem("\n".join(bad) + "\nfix or unset the variable(s) and run the "
                              "command again")
-    ctx.obj = Settings(config.cache_root(cache_dir), config.user_dir(cache_dir),
+    ctx.obj = Settings(root, config.user_dir(cache_dir),
                        cache_dir is not None)
 
 

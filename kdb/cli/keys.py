@@ -52,6 +52,10 @@ def gen(private: Path, public: Path | None, force: bool, as_json: bool) -> None:
     from ..signing import keyfiles
 
     public = public or _public_path(private)
+    for path, hint in ((private, "PRIVATE"), (public, "--public")):
+        if not path.resolve().parent.is_dir():
+            raise click.BadParameter(f"{path.resolve().parent} is not a directory: make it "
+                                     "first", param_hint=hint)
     key_id = keyfiles.generate(str(private), str(public), force=force)
     if as_json:
         emit_json({"private": str(private), "public": str(public), "key_id": key_id})
@@ -62,7 +66,7 @@ def gen(private: Path, public: Path | None, force: bool, as_json: bool) -> None:
 
 
 @key.command("id")
-@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def id_(path: Path) -> None:
     """Print the key id of a public or private key file (the id `kdb verify` and warnings
     name as the signer).

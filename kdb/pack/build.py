@@ -163,7 +163,8 @@ def _copied(from_db, arch: str, work: Path, from_log: bool,
             step: Step) -> tuple[Path, set[str] | None]:
     """The user database (or the shared tier's copy under ``work``) to pack ``arch`` from,
     and with ``from_log`` the keys its start-up latency log names."""
-    src = user_db_file(from_db, arch, work_dir=work)
+    src = user_db_file(from_db, arch, work_dir=work,
+                       option="--from-log" if from_log else "--from-db")
     shown = shown_source(from_db) or src  # the shared tier: its URL, password masked
     check_source(src, shown)
     keys = log_keys(src) if from_log else None

@@ -20,13 +20,14 @@ Step = Callable[[str, str], None]  # (arch, what is being done now)
 
 
 def user_db_file(source: str | os.PathLike[str] | None, arch: str,
-                 work_dir: Path | None = None) -> Path:
+                 work_dir: Path | None = None, option: str = "--from-db") -> Path:
     """The user file of ``arch`` named by ``--from-db``: a file, a cache dir, or the default.
 
     ``source`` may also be a URL of a local SQLite file or directory: ``sqlite:///path`` (the
     SQLAlchemy spelling) or ``file:///path``; or the shared tier's URL
     (``postgresql+psycopg://...``), whose ``arch`` entries and compile log are exported into
-    a SQLite file in ``work_dir`` first.
+    a SQLite file in ``work_dir`` first. ``option``: the one a missing file is reported
+    under (``--from-log`` reads the same files).
     """
     if source is None:
         return config.user_dir() / f"{arch}.kdb"
@@ -38,7 +39,7 @@ def user_db_file(source: str | os.PathLike[str] | None, arch: str,
     for candidate in (p / f"v{config.FORMAT_MAJOR}" / f"{arch}.kdb", p / f"{arch}.kdb"):
         if candidate.is_file():
             return candidate
-    raise PackError(f"--from-db {source}: no database for arch {arch!r} there (looked for "
+    raise PackError(f"{option} {source}: no database for arch {arch!r} there (looked for "
                     f"{p / f'v{config.FORMAT_MAJOR}' / f'{arch}.kdb'} and {p / f'{arch}.kdb'})")
 
 
