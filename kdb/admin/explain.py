@@ -239,6 +239,9 @@ def describe_difference(name: str, mine: Any, other: Any) -> str:
     'this: -DN=64; other: -DN=32'
     >>> describe_difference("arch", "sm_90", "sm_80")
     "this: 'sm_90'; other: 'sm_80'"
+    >>> a, b = "a = b; " * 10, " d = e;" * 10
+    >>> describe_difference("source", a + "c = 1;" + b, a + "c = 2;" + b)[:60]
+    "line 1: this '...; a = b; a = b; c = 1; d = e; d = e; d = e; d"
     """
     if isinstance(mine, list) and isinstance(other, list):
         a = [_short(x) for x in mine]
@@ -253,10 +256,20 @@ def describe_difference(name: str, mine: Any, other: Any) -> str:
         la, lb = mine.splitlines(), other.splitlines()
         for i, (x, y) in enumerate(zip(la, lb)):
             if x != y:
-                return f"line {i + 1}: this {x.strip()[:50]!r}; other {y.strip()[:50]!r}"
+                return f"line {i + 1}: this {_around(x, y)!r}; other {_around(y, x)!r}"
         return f"this has {len(la)} lines, other {len(lb)}"
     return f"this: {_short(mine)!r}; other: {_short(other)!r}" if not isinstance(mine, list) \
         else f"this: {_short(mine)}; other: {_short(other)}"
+
+
+def _around(line: str, other: str, width: int = 50) -> str:
+    """``width`` characters of ``line`` from a little before where it first differs from
+    ``other`` (a long line's start is the same in both: showing it says nothing)."""
+    line, other = line.strip(), other.strip()
+    at = next((i for i, (a, b) in enumerate(zip(line, other)) if a != b),
+              min(len(line), len(other)))
+    start = max(0, min(at - 20, len(line) - width))
+    return ("..." if start else "") + line[start:start + width]
 
 
 def _short(value: Any, width: int = 60) -> str:
