@@ -241,7 +241,7 @@ def describe_difference(name: str, mine: Any, other: Any) -> str:
     "this: 'sm_90'; other: 'sm_80'"
     >>> a, b = "a = b; " * 10, " d = e;" * 10
     >>> describe_difference("source", a + "c = 1;" + b, a + "c = 2;" + b)[:60]
-    "line 1: this '...; a = b; a = b; c = 1; d = e; d = e; d = e; d"
+    "line 1: this '...; a = b; a = b; c = 1; d = e; d = e; d = e;"
     """
     if isinstance(mine, list) and isinstance(other, list):
         a = [_short(x) for x in mine]
