@@ -232,6 +232,7 @@ def build(cl_ctx):
     ((None,), {}, UnsupportedTypeError),
     (("__kernel void k() {}", 5), {}, UnsupportedTypeError),
     (("__kernel void k() {}", ["-O2", 3]), {}, UnsupportedTypeError),
+    (("__kernel void k() {}", b"-DV=1"), {}, UnsupportedTypeError),  # said "got int (45)"
     (("__kernel void k() {}", '-DX="unclosed'), {}, InvalidArgumentError),
     (("__kernel void k() {}",), {"devices": "cpu"}, InvalidArgumentError),
     (("__kernel void k() {}",), {"devices": []}, InvalidArgumentError),
@@ -244,6 +245,8 @@ def test_opencl_build_refuses_bad_input(args, kwargs, error, build, cache_dir, u
     with pytest.raises(error) as info:
         build(*args, **kwargs)
     assert str(info.value)
+    if len(args) > 1 and isinstance(args[1], bytes):
+        assert "got bytes (b'-DV=1'): decode them first" in str(info.value)
 
 
 def test_opencl_build_refuses_a_non_context(cache_dir):

@@ -198,6 +198,10 @@ def split_options(options: str | Sequence[str] | None) -> list[str]:
             raise InvalidArgumentError(
                 f"build options {options[:80]!r} cannot be split like a shell line ({err}); "
                 "close the quote or pass the options as a list") from None
+    if isinstance(options, (bytes, bytearray)):  # iterated, they would be numbers
+        raise UnsupportedTypeError(
+            f"build options must be a str or a list of str; got {type(options).__name__} "
+            f"({bytes(options)[:80]!r}): decode them first")
     out = []
     for opt in _items(options, "build options"):
         if not isinstance(opt, str):
