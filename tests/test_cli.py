@@ -160,7 +160,9 @@ def test_a_usage_error_is_clean(cache_dir):
     ["explain", "x", "--nearest", "99999999999999999999999"],
     ["demo", "--kernels", "99"],
     ["demo", "--kernels", "1", "--json", "/nonexistent-dir/x.json"],
-], ids=["log-limit", "explain-nearest", "demo-kernels", "demo-json-dir"])
+    ["ls", "--arch", ""],
+    ["pack", "--arch", "BAD!", "--from-db"],
+], ids=["log-limit", "explain-nearest", "demo-kernels", "demo-json-dir", "ls-arch", "pack-arch"])
 def test_an_out_of_range_argument_is_a_usage_error_before_any_work(args, cache_dir):
     """A count past SQLite's integers was an OverflowError's traceback; the demo's --json
     in a directory that does not exist failed only after the whole demo had run."""

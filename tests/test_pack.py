@@ -267,14 +267,14 @@ def test_an_opencl_arch_that_is_not_present_names_those_that_are(small, arch, tm
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--arch", "../x"], "not valid"),
-    (["--arch", "native", "--version", "one"], "not a valid package version"),
-    (["--arch", "native", "--version", "1.0", "--name", "Bad Name"], "prefix"),
+@pytest.mark.parametrize("args, message, code", [
+    (["--arch", "../x"], "not valid", 2),  # a usage error of the option itself
+    (["--arch", "native", "--version", "one"], "not a valid package version", 1),
+    (["--arch", "native", "--version", "1.0", "--name", "Bad Name"], "prefix", 1),
 ])
-def test_bad_arguments_fail_before_compiling(small, tmp_path, args, message):
+def test_bad_arguments_fail_before_compiling(small, tmp_path, args, message, code):
     result = invoke("pack", "--manifest", small["manifest"], "--out", tmp_path / "out", *args)
-    assert result.exit_code == 1 and message in result.stderr
+    assert result.exit_code == code and message in result.stderr
     assert "[1/2]" not in result.stderr
 
 

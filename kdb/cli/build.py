@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .. import config
-from .tools import Settings, emit_json, human_bytes, json_option, table
+from .tools import Settings, checked_arch, emit_json, human_bytes, json_option, table
 from ..errors import CommandError
 
 
@@ -111,6 +111,7 @@ class _PackProgress:
 
 @click.command("pack")
 @click.option("--arch", "arches", multiple=True, required=True, metavar="ARCH",
+              callback=checked_arch,
               help="Arch id to pack for (repeatable); 'native' = the arches of the OpenCL "
                    "devices present.")
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -7,14 +7,14 @@ import click
 
 from .. import config
 from ..admin import maintenance
-from .tools import Settings, emit_json, human_bytes, json_option, table
+from .tools import Settings, checked_arch, emit_json, human_bytes, json_option, table
 from ..errors import KdbError
 
 
 
 
 @click.command()
-@click.option("--arch", default=None, help="Only this arch id's files.")
+@click.option("--arch", default=None, callback=checked_arch, help="Only this arch id's files.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @click.pass_obj
@@ -57,7 +57,7 @@ def clear(obj: Settings, arch: str | None, yes: bool, as_json: bool) -> None:
 @click.option("--repair", is_flag=True,
               help="Drop bad entries from user files, recompute their totals, move aside a "
                    "user file that cannot be repaired. System files are never changed.")
-@click.option("--arch", default=None, help="Only this arch id's files.")
+@click.option("--arch", default=None, callback=checked_arch, help="Only this arch id's files.")
 @json_option
 @click.pass_context
 def verify(ctx: click.Context, repair: bool, arch: str | None, as_json: bool) -> None:
@@ -119,7 +119,7 @@ def _next_step(files: list[dict], repaired: bool) -> str:
 @click.option("--to", "size", required=True, metavar="SIZE",
               help="Stored bytes to keep per user file: bytes or a suffix (500M, 2G); 0 "
                    "empties the files.")
-@click.option("--arch", default=None, help="Only this arch id's file.")
+@click.option("--arch", default=None, callback=checked_arch, help="Only this arch id's file.")
 @json_option
 @click.pass_context
 def evict(ctx: click.Context, size: str, arch: str | None, as_json: bool) -> None:

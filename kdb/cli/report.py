@@ -9,14 +9,14 @@ import click
 from .. import config
 from ..bookkeeping import UNCACHED
 from ..admin import report
-from .tools import MAX_COUNT, Settings, cut, emit_json, human_bytes, json_option, json_or_empty, table, when
+from .tools import MAX_COUNT, Settings, checked_arch, cut, emit_json, human_bytes, json_option, json_or_empty, table, when
 from ..admin.explain import explain as explain_of
 
 
 
 
 @click.command("ls")
-@click.option("--arch", default=None, help="Only this arch id.")
+@click.option("--arch", default=None, callback=checked_arch, help="Only this arch id.")
 @click.option("--tier", type=click.Choice(["user", "system"]), default=None,
               help="Only this tier.")
 @json_option
@@ -52,7 +52,7 @@ def _nothing_stored(obj: Settings, arch: str | None, tier: str | None) -> str:
 
 
 @click.command()
-@click.option("--arch", default=None, help="Only this arch id.")
+@click.option("--arch", default=None, callback=checked_arch, help="Only this arch id.")
 @json_option
 @click.pass_obj
 def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
@@ -102,7 +102,7 @@ def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
 @click.command("log")
 @click.option("--limit", type=click.IntRange(min=0, max=MAX_COUNT), default=50, show_default=True,
               help="Most recent compiles to show.")
-@click.option("--arch", default=None, help="Only this arch id.")
+@click.option("--arch", default=None, callback=checked_arch, help="Only this arch id.")
 @json_option
 @click.pass_obj
 def log_(obj: Settings, limit: int, arch: str | None, as_json: bool) -> None:

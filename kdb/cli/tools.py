@@ -27,6 +27,19 @@ class Settings:
     explicit: bool  # --cache-dir given
 
 
+def checked_arch(ctx: click.Context, param: click.Parameter, value):
+    """An ``--arch`` option's value(s), each a valid arch id, else a usage error (status 2)."""
+    from .. import config
+    from ..errors import UnsafeArchError
+
+    try:
+        if isinstance(value, tuple):
+            return tuple(config.check_arch(v) for v in value)
+        return None if value is None else config.check_arch(value)
+    except UnsafeArchError as err:
+        raise click.BadParameter(str(err)) from None
+
+
 def json_option(func):
     return click.option("--json", "as_json", is_flag=True,
                         help="Print JSON instead of a table.")(func)
