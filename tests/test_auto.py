@@ -385,6 +385,12 @@ def test_kdb_run_of_a_missing_command_exits_127(env):
     assert "command not found: no-such-command-kdb" in proc.stderr
 
 
+def test_kdb_run_of_an_empty_command_name_is_a_usage_error(env):
+    """It said "cannot execute  (Permission denied)" with status 126."""
+    proc = run([KDB, "run", "--", ""], env)
+    assert proc.returncode == 2 and "the command's name is empty" in proc.stderr
+
+
 def test_kdb_run_passes_a_process_substitution_through(env):
     """bash's ``<(...)`` is a pipe the command reads as /dev/fd/N: kdb run must not close it."""
     proc = run(["bash", "-c", f"{KDB} run -- cat <(echo hello)"], env)

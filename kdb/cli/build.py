@@ -270,6 +270,8 @@ def run_command(ctx: click.Context, run_cache_dir: Path | None, as_json: bool,
     from ..adopt import tally
 
     obj: Settings = ctx.obj
+    if not command[0].strip():
+        raise click.BadParameter("the command's name is empty", param_hint="COMMAND")
     cache_dir = run_cache_dir or (obj.cache_root if obj.explicit else None)
     try:
         status, summary = running.run(command, cache_dir)
