@@ -406,6 +406,11 @@ def test_clear_removes_user_files_and_never_a_system_file(tmp_path):
     result = run(["clear"], env, input="n\n")  # declined: nothing removed
     assert result.exit_code != 0 and "Aborted" in result.output
     assert {p.name for p in user.glob("*.kdb")} == {"sm_90.kdb", "sm_80.kdb"}
+    for answer in ("n\n", ""):  # with --json, declined or unanswered (no terminal): JSON
+        result = CliRunner().invoke(cli, ["clear", "--json"], env=env, input=answer)
+        assert result.exit_code == 1
+        assert json.loads(result.stdout)["aborted"] is True and "Aborted" in result.stderr
+    assert {p.name for p in user.glob("*.kdb")} == {"sm_90.kdb", "sm_80.kdb"}
 
     assert "removed" in ok(["clear", "--arch", "sm_80", "--yes"], env)
     assert {p.name for p in user.glob("*.kdb*")} >= {"sm_90.kdb"}

@@ -40,7 +40,15 @@ def clear(obj: Settings, arch: str | None, yes: bool, as_json: bool) -> None:
     for p in paths:
         click.echo(f"  {p}", err=as_json)
     if not yes:  # with --json the listing and the question go to stderr
-        click.confirm(f"Delete these {len(paths)} file(s)?", abort=True, err=as_json)
+        try:
+            confirmed = click.confirm(f"Delete these {len(paths)} file(s)?", err=as_json)
+        except click.Abort:  # no answer: stdin closed (no terminal), or Ctrl-C
+            confirmed = False
+        if not confirmed:
+            if as_json:  # stdout is JSON also when nothing was done
+                emit_json({"user_dir": str(obj.user_dir), "removed": [], "failed": [],
+                           "aborted": True})
+            raise click.Abort()
     removed, failed = maintenance.clear(paths)
     if as_json:
         emit_json({"user_dir": str(obj.user_dir), "removed": removed,
