@@ -171,6 +171,31 @@ def test_checksum_mismatch_is_a_miss_and_the_entry_is_replaced(cache_dir, caplog
     assert blob != bad
 
 
+@pytest.mark.parametrize("column", ["checksum", "codec", "attributes_sha256"])
+def test_an_entry_whose_text_is_not_utf8_is_dropped_and_the_file_keeps_serving(
+        cache_dir, caplog, column):
+    """A byte flipped in one row's text column (not UTF-8 any more) was taken for an I/O
+    error: the whole file was set aside for the process, in every process, every kernel
+    compiled and nothing stored. It is one bad entry: dropped and compiled again."""
+    import sqlite3
+
+    a, b = attrs("__kernel void a() {}"), attrs("__kernel void b() {}")
+    KernelDB().put(a, BINARY)
+    KernelDB().put(b, BINARY + b"b")
+    path = user_path(cache_dir)
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"UPDATE kernels SET {column} = CAST(X'ff00fe41' AS TEXT) WHERE key = ?",
+                     (a.key,))
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.lookup(a) is None
+    assert "dropped" in caplog.text and "cannot use" not in caplog.text
+    assert db.get(b) == BINARY + b"b"  # the file's other entries still serve
+    assert db.get_or_compile(a, Compiler(b"again")) == b"again#1"
+    db.flush()
+    assert KernelDB().get(a) == b"again#1"
+
+
 def test_corrupt_entry_is_dropped(cache_dir):
     a = attrs()
     KernelDB().put(a, BINARY)

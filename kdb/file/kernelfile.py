@@ -42,6 +42,26 @@ _FETCH_WHOLE = "SELECT codec, blob, raw_size, checksum, attributes, compile_seco
     "FROM kernels WHERE key = ?"
 
 _SIGNATURE = "SELECT signer, signature FROM kernels WHERE key = ?"
+#: sqlite3's error for a TEXT column whose bytes are not UTF-8: a damaged row.
+_UNDECODABLE = "Could not decode to UTF-8"
+
+
+def _damaged_row(conn: sqlite3.Connection, sql: str, key: str) -> Row | None:
+    """The row of ``key`` whose text is not UTF-8, its text columns as bytes: the one check
+    of a hit (:func:`kdb.tiers.verified`) refuses it, so the entry is dropped and compiled
+    again like any corrupt entry, while the file's other entries go on serving. (Taken for
+    an I/O error, it had the whole file set aside for the process, in every process.)"""
+    old = conn.text_factory
+    conn.text_factory = bytes  # this thread's own connection
+    try:
+        row = conn.execute(sql, (key,)).fetchone()
+    except DAMAGE:
+        return None
+    finally:
+        conn.text_factory = old
+    if row is None:
+        return None
+    return Row(*row[:5], 0.0, *row[6:])
 
 _FETCH_ANY = ("SELECT key, codec, blob, raw_size, checksum, {attributes}, compile_seconds "
               "FROM kernels{join} WHERE compiler_free_key = ?")
@@ -303,6 +323,8 @@ class KernelFile:
         try:
             row = conn.execute(_FETCH if self.compact else _FETCH_WHOLE, (key,)).fetchone()
         except DAMAGE as err:
+            if _UNDECODABLE in str(err):  # one row's text is damaged, not the file
+                return _damaged_row(conn, _FETCH if self.compact else _FETCH_WHOLE, key)
             if "no such table" in str(err):
                 return None  # a file the writer has created but not migrated yet
             if "no such column" in str(err) and again:  # another process upgraded it
