@@ -461,6 +461,10 @@ def test_bad_output_and_options_are_refused(cache_dir, monkeypatch):
     for opts in (["-arch=sm_80"], ["-o", "x.cubin"], ["--gpu-architecture", "sm_80"], ["-ptx"]):
         with pytest.raises(InvalidArgumentError, match="set by kdb"):
             kdb.cuda.compile(DOUBLE_SRC, "sm_90", opts)
+    # nvcc -M returned its make rule of the headers as the "cubin", with no error
+    for opts in (["-M"], ["-MM"], ["--generate-dependencies"], ["-MD"], ["-MF", "x.d"]):
+        with pytest.raises(InvalidArgumentError, match="list of the headers, not a binary"):
+            kdb.cuda.compile(DOUBLE_SRC, "sm_90", opts)
     with pytest.raises(UnsupportedTypeError):
         kdb.cuda.compile(DOUBLE_SRC, "sm_90", [3])
     with pytest.raises(InvalidArgumentError):

@@ -46,6 +46,14 @@ RESERVED_OPTIONS = frozenset({
     "-o", "--output-file", "-odir", "--output-directory", "-cubin", "--cubin", "-ptx",
     "--ptx", "-fatbin", "--fatbin", "-c", "--compile", "-E", "--preprocess",
 })
+#: Options that make nvcc write a make rule of the headers (instead of, or beside, the
+#: binary, where kdb reads its own ``-MD`` list): kdb finds the headers itself.
+DEPENDENCY_OPTIONS = frozenset({
+    "-M", "--generate-dependencies", "-MM", "--generate-nonsystem-dependencies",
+    "-MD", "--generate-dependencies-with-compile", "-MMD",
+    "--generate-nonsystem-dependencies-with-compile", "-MF", "--dependency-output",
+    "-MT", "--dependency-target-name", "-MP", "--generate-dependency-targets",
+})
 
 # Arguments nest one deep, written as in opencl/keys.py: one way to match, a miss is linear
 # ([^)]* rescanned the rest of the source from every "__launch_bounds__(" left open).
@@ -108,6 +116,10 @@ def split_options(options: str | Sequence[str] | None) -> list[str]:
 
 def _check_options(options: Iterable[str]) -> None:
     for opt in options:
+        if opt.split("=", 1)[0] in DEPENDENCY_OPTIONS:  # -M returned the rule as a "cubin"
+            raise InvalidArgumentError(
+                f"option {opt!r} writes a list of the headers, not a binary: leave it out "
+                "(kdb finds every header the build reads; `kdb explain` shows them)")
         if opt.split("=", 1)[0] in RESERVED_OPTIONS:
             raise InvalidArgumentError(
                 f"option {opt!r} is set by kdb: pass arch= (e.g. 'sm_90') and output= "

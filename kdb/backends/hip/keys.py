@@ -35,7 +35,8 @@ COMPILERS = ("hipcc", "hiprtc")
 #: Options kdb sets itself: pass ``arch=``.
 RESERVED_OPTIONS = frozenset({
     "--offload-arch", "--amdgpu-target", "--genco", "--cuda-device-only", "-o", "-c", "-E",
-    "--no-gpu-bundle-output", "--gpu-bundle-output", "-x", "-MD", "-MF", "-M", "-MM",
+    "--no-gpu-bundle-output", "--gpu-bundle-output", "-x", "-MD", "-MF", "-M", "-MM", "-MMD",
+    "-MT", "-MP", "-MQ",
 })
 _KERNEL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^()]*(?:\([^()]*\)[^()]*)*\)"
                         r"\s*)?void\s+(\w+)")
