@@ -407,6 +407,29 @@ def test_a_cuda_pack_twice_gives_byte_identical_files_and_wheels(tmp_path, cache
     assert (e / "sm_90.kdb").read_bytes() != (c / "sm_90.kdb").read_bytes()
 
 
+def test_a_manifest_pack_does_not_depend_on_where_the_manifest_is(tmp_path, cache_dir):
+    """The same manifest and headers in two directories give the same bytes: the include
+    directories' absolute paths (and the compiler's) stayed in each entry's details."""
+    compilers = _cuda_compilers()
+    if not compilers:
+        pytest.skip("neither nvcc nor NVRTC is reachable here")
+    outs = []
+    for where in ("one", "two/deeper"):
+        d = tmp_path / where
+        (d / "inc").mkdir(parents=True)
+        (d / "inc" / "k.h").write_text("#define A 2\n")
+        (d / "m.toml").write_text(
+            f'[[kernel]]\nname = "ki"\nbackend = "cuda"\ncompiler = "{compilers[0]}"\n'
+            f'source = \'#include "k.h"\\n{CUDA_SRC}\'\ninclude_dirs = ["inc"]\n')
+        result = CliRunner(env={"SOURCE_DATE_EPOCH": "1700000000"}).invoke(
+            cli, ["pack", "--arch", "sm_90", "--manifest", str(d / "m.toml"), "--version",
+                  "1.0.0", "--out", str(d / "out")], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        outs.append(d / "out")
+    for name in ("sm_90.kdb", "kdb_system_sm_90-1.0.0-py3-none-any.whl"):
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+
+
 def test_a_manifest_names_the_compiler(tmp_path):
     path = tmp_path / "m.toml"
     path.write_text('[defaults]\ncompiler = "nvrtc"\n'

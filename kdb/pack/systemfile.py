@@ -76,7 +76,7 @@ def write_system_db(dest: Path, arch: str, sources: Iterable[Path],
 
     Reproducible: the same entries give the same bytes. Rows go in sorted by key (the first
     source that holds a key gives it); times are ``SOURCE_DATE_EPOCH`` (0 when unset), hits
-    0; the packing host's name is dropped from each entry's details; with
+    0; the packing host's name and absolute paths are dropped from each entry's details; with
     ``keep_compile_seconds=False`` (entries compiled for this pack, whose timings vary
     from run to run) compile seconds are 0.
 
@@ -224,10 +224,13 @@ def _sign(entry: dict, sign, vouch) -> str | None:
 
 
 def _portable_details(text: object) -> str:
-    """An entry's details without the packing host's name (a pack must not depend on it).
+    """An entry's details without what belongs to the packing machine: its host name and
+    absolute paths (the compiler's, the toolkit's, the include directories', which a
+    manifest names relative to itself): a pack must not depend on where it was built.
 
-    >>> _portable_details('{"host": "build7", "nvcc": "/usr/bin/nvcc"}')
-    '{"nvcc": "/usr/bin/nvcc"}'
+    >>> _portable_details('{"host": "build7", "nvcc": "/usr/bin/nvcc", "release": "13.0", '
+    ...                   '"include_dirs": ["/tmp/b1/inc"], "defines": ["N=1"]}')
+    '{"defines": ["N=1"], "release": "13.0"}'
     """
     import json
 
@@ -238,7 +241,15 @@ def _portable_details(text: object) -> str:
     if not isinstance(details, dict):
         return "{}"
     details.pop("host", None)
-    return json.dumps(details, sort_keys=True)
+    return json.dumps({k: v for k, v in details.items() if not _local_path(v)}, sort_keys=True)
+
+
+def _local_path(value: object) -> bool:
+    """Whether ``value`` is an absolute path, or a non-empty list of them."""
+    if isinstance(value, str):
+        return os.path.isabs(value)
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(v, str) and os.path.isabs(v) for v in value))
 
 
 def _verify(path: Path, expected: int) -> None:
