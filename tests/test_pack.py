@@ -556,6 +556,11 @@ def test_from_db_errors_are_clear(cache_dir, arch, tmp_path):
     assert result.exit_code == 1 and "needs a PostgreSQL URL" in result.stderr
     result = invoke("pack", "--arch", arch, "--from-log", "--out", tmp_path)
     assert result.exit_code == 1 and "no database for arch" in result.stderr
+    empty = tmp_path / "empty.kdb"  # 0 bytes: was "OperationalError: no such table"
+    empty.write_bytes(b"")
+    result = invoke("pack", "--arch", arch, "--from-db", empty, "--out", tmp_path / "o")
+    assert result.exit_code == 1 and "is empty: no kernel was ever stored" in result.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_user_file_from_a_newer_kdb_is_never_repacked_as_an_older_revision(cache_dir,

@@ -62,6 +62,9 @@ def check_source(src: Path, shown: object) -> None:
                         "(pip install -U kdb) and pack again.")
     if status.kind == "foreign":
         raise PackError(f"{shown} is {status.what}; give a kdb user database")
+    if status.kind == "empty":  # was "OperationalError: no such table: src0.kernels"
+        raise PackError(f"{shown} is empty: no kernel was ever stored in it; run the workload "
+                        "first, or give the database it wrote")
 
 
 def log_keys(user_file: Path, since: float | None = None) -> set[str]:
