@@ -419,8 +419,7 @@ class Tiers:
         without a shared tier. For a lookup that cannot know its arch and finds none in this
         node's files (Triton's host modules on a fresh node)."""
         shared = self._shared()
-        arches = getattr(shared, "arches", None)
-        return [] if arches is None else arches(backend, name)
+        return [] if shared is None else shared.arches(backend, name)
 
     def _shared(self):
         """The shared tier, or ``None`` when ``KDB_SHARED_URL`` is unset (read when used)."""

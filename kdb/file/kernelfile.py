@@ -44,6 +44,8 @@ _FETCH_WHOLE = "SELECT codec, blob, raw_size, checksum, attributes, compile_seco
 _SIGNATURE = "SELECT signer, signature FROM kernels WHERE key = ?"
 #: sqlite3's error for a TEXT column whose bytes are not UTF-8: a damaged row.
 _UNDECODABLE = "Could not decode to UTF-8"
+_FETCH_ANY = ("SELECT key, codec, blob, raw_size, checksum, {attributes}, compile_seconds "
+              "FROM kernels{join} WHERE compiler_free_key = ?")
 
 
 def _damaged_row(conn: sqlite3.Connection, sql: str, key: str) -> Row | None:
@@ -62,9 +64,6 @@ def _damaged_row(conn: sqlite3.Connection, sql: str, key: str) -> Row | None:
     if row is None:
         return None
     return Row(*row[:5], 0.0, *row[6:])
-
-_FETCH_ANY = ("SELECT key, codec, blob, raw_size, checksum, {attributes}, compile_seconds "
-              "FROM kernels{join} WHERE compiler_free_key = ?")
 
 
 class KernelFile:

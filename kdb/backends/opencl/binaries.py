@@ -60,8 +60,8 @@ def program_binaries(program, built_for=None) -> dict[int, bytes]:
     empty where which binary is whose cannot be told. ``built_for``: the devices the build
     named, in its order. PoCL 3.0 hands the binaries back in that order while it lists the
     program's devices in the context's: a build for a context's two devices named the other
-    way round had each device's binary stored under the other's key (the driver refused
-    them at the next start, where two devices of one kind would have run them)."""
+    way round had each device's binary stored under the other's key (PoCL refused them at
+    the next start; a driver that takes another device's binary would have run it)."""
     lib = _libopencl() if os.name == "posix" else None
     if lib is None:
         import pyopencl as cl

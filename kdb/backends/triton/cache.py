@@ -58,6 +58,7 @@ def _release_failed() -> None:
         if claim is not None:
             claim.release()
 
+
 def _unknown_arch_order(tiers, name: str):
     """The arches to look in while the target is unknown: those that served this process
     first, then the others (listed only if those missed)."""

@@ -109,7 +109,7 @@ class HostModule:
         (Triton builds it)."""
         tiers = self.tiers
         arch = known_arch()
-        for a in [arch] if arch is not None else lookup_archs(self.tiers, self.name):
+        for a in [arch] if arch is not None else lookup_archs(tiers, self.name):
             attrs = self.attrs(a)
             hit = tiers.lookup(attrs)
             if hit is None:
