@@ -278,6 +278,29 @@ def test_nvcc_environment_variables_enter_the_key(db, monkeypatch):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("name, value", [
+    ("PTXAS_FLAGS", "-O0"), ("CUDAFE_FLAGS", "-O0"), ("INCLUDES", "-I/nowhere"),
+    ("SYSTEM_INCLUDES", "-isystem /nowhere")])
+def test_variables_nvcc_profile_adds_to_enter_the_key(name, value, db, monkeypatch):
+    """nvcc.profile writes ``PTXAS_FLAGS +=`` and the like: nvcc keeps what the environment
+    holds and adds to it, so each changes the cubin (``PTXAS_FLAGS=-O0``: ptxas's -O0)."""
+    plain = kdb.cuda.attributes_for(SCALE_SRC, "sm_90")
+    monkeypatch.setenv(name, value)
+    flagged = kdb.cuda.attributes_for(SCALE_SRC, "sm_90")
+    assert flagged.key != plain.key
+    assert dict(flagged.environment) == {name: value}
+
+
+@needs_nvcc
+def test_ptxas_flags_from_the_environment_are_never_served_another_build(db, monkeypatch):
+    plain = kdb.cuda.compile(DOUBLE_SRC, "sm_90", db=db, compiler="nvcc")
+    db.flush()
+    monkeypatch.setenv("PTXAS_FLAGS", "-O0")
+    unoptimized = kdb.cuda.compile(DOUBLE_SRC, "sm_90", db=db, compiler="nvcc")
+    assert unoptimized != plain
+
+
+@needs_nvcc
 def test_another_nvcc_misses(db, tmp_path, counting_nvcc):
     """An nvcc that reports another version is another compiler: its own key, its own compile."""
     _, log = counting_nvcc
@@ -399,6 +422,31 @@ def test_a_header_clangs_argument_edits_find_is_never_served_stale(cache_dir, tm
     assert "a file kdb's include model did not find" in edited.stderr, edited.stderr
     ptx = json.loads(edited.stdout.splitlines()[-1])["ptx"]
     assert PTX_3 in first.encode() and PTX_7 in ptx.encode()
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name, form", [("INCLUDES", "-I{}"),
+                                        ("SYSTEM_INCLUDES", "-isystem {}")])
+def test_a_header_nvccs_profile_variables_find_is_never_served_stale(name, form, cache_dir,
+                                                                     tmp_path, run_py):
+    """``nvcc.profile`` adds to ``INCLUDES`` and ``SYSTEM_INCLUDES``, so a directory they
+    name is searched. The probe of nvcc's default directories ran with them and listed it:
+    its headers counted as the toolkit's, keyed by its identity, and an edited one was
+    served the cubin built before the edit."""
+    inc = tmp_path / "profile"
+    inc.mkdir()
+    (inc / "scale.cuh").write_text("#define SCALE 3.0f\n")
+    code = f"""
+        import json, kdb.cuda
+        b = kdb.cuda.compile({HEADER_SRC.replace('"scale.cuh"', "<scale.cuh>")!r}, "sm_90",
+                             output="ptx", compiler="nvcc")
+        print(json.dumps({{"ptx": b.decode()}}))
+    """
+    env = {"KDB_STORE_AT_EXIT": "wait", name: form.format(inc)}
+    first = json.loads(run_py(code, env=env).stdout.splitlines()[-1])["ptx"]
+    (inc / "scale.cuh").write_text("#define SCALE 7.0f\n")
+    edited = json.loads(run_py(code, env=env).stdout.splitlines()[-1])["ptx"]
+    assert PTX_3 in first.encode() and PTX_7 in edited.encode()
 
 
 def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):

@@ -72,6 +72,11 @@ CASES = {
     "NVCC_PREPEND_FLAGS=--include-path": (
         "nvcc", '#include "scale.cuh"', lambda d: [],
         lambda d: {"NVCC_PREPEND_FLAGS": f"--include-path {d}"}, "inc"),
+    # nvcc.profile's "INCLUDES +=" and "SYSTEM_INCLUDES +=" keep what the environment holds
+    "INCLUDES": ("nvcc", '#include "scale.cuh"', lambda d: [],
+                 lambda d: {"INCLUDES": f'"-I{d}"'}, "inc"),
+    "SYSTEM_INCLUDES": ("nvcc", "#include <scale.cuh>", lambda d: [],
+                        lambda d: {"SYSTEM_INCLUDES": f"-isystem {d}"}, "inc"),
     "#\\ splice": ("nvcc", '#\\\ninclude "scale.cuh"', lambda d: ["-I", d], lambda d: {}, "inc"),
     "macro include into a subdirectory": (
         "nvcc", '#define H "sub/scale.cuh"\n#include H', lambda d: ["-I", d], lambda d: {},

@@ -32,13 +32,18 @@ BACKEND = "cuda"
 #: Output kinds and the nvcc flag that makes each.
 OUTPUTS = {"cubin": "-cubin", "ptx": "-ptx", "fatbin": "-fatbin"}
 
-#: Variables nvcc reads that change what it produces (the nvcc guide documents them; nvcc
-#: 13.0's binary reads exactly these). No ``CUDA_*`` variable changes nvcc's output:
+#: Variables nvcc reads that change what it produces. The nvcc guide documents the first
+#: three. ``nvcc.profile`` writes ``PTXAS_FLAGS +=``, ``CUDAFE_FLAGS +=``, ``INCLUDES +=``
+#: and ``SYSTEM_INCLUDES +=``: nvcc keeps what the environment holds and adds the profile's
+#: (``PTXAS_FLAGS=-O0`` is ptxas's -O0, ``INCLUDES=-I<dir>`` one more directory). The
+#: profile's other ``+=`` names are not about device code: ``LIBRARIES`` links, and
+#: ``PATH`` / ``LD_LIBRARY_PATH`` get the toolkit's own directories first, so its cicc and
+#: ptxas run, whose identity is in the key. No ``CUDA_*`` variable changes nvcc's output:
 #: ``CUDA_CACHE_*`` steer the driver's JIT cache, ``CUDA_HOME`` / ``KDB_NVCC`` only choose
-#: the nvcc, whose identity is in the key already. ``CCC_OVERRIDE_OPTIONS`` edits the
-#: arguments of clang's driver, which preprocesses the device code where clang is nvcc's
-#: host compiler.
-ENV_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CCC_OVERRIDE_OPTIONS")
+#: the nvcc. ``CCC_OVERRIDE_OPTIONS`` edits the arguments of clang's driver, which
+#: preprocesses the device code where clang is nvcc's host compiler.
+ENV_VARS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "PTXAS_FLAGS",
+            "CUDAFE_FLAGS", "INCLUDES", "SYSTEM_INCLUDES", "CCC_OVERRIDE_OPTIONS")
 
 #: Options that kdb sets itself (arch, output kind, output file): pass ``arch=`` / ``output=``.
 RESERVED_OPTIONS = frozenset({

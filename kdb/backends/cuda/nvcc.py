@@ -27,6 +27,7 @@ from ... import config
 from ..digests import machine_digest, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError
 from ..includes import search_list
+from . import search
 
 if TYPE_CHECKING:
     import subprocess
@@ -193,13 +194,9 @@ def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
 
 
 #: The revision of :func:`_probe` a remembered identity needs: 2, the default directories
-#: probed without CCC_OVERRIDE_OPTIONS (one probed with it may list a directory it added).
-PROBE_REVISION = 2
-
-
-#: Variables that add to the default search; unset for the probe of the defaults.
-_SEARCH_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_PREPEND_FLAGS",
-                     "NVCC_APPEND_FLAGS")
+#: probed without CCC_OVERRIDE_OPTIONS (one probed with it may list a directory it added);
+#: 3, without INCLUDES and SYSTEM_INCLUDES, for the same reason.
+PROBE_REVISION = 3
 
 
 def _default_dirs(path: str) -> list[str]:
@@ -212,7 +209,7 @@ def _default_dirs(path: str) -> list[str]:
     # Nor clang's argument edits, where clang is the host compiler: "+-I<dir>" made <dir>
     # one of the defaults, whose headers a build's key holds only through the identity.
     env = {k: v for k, v in os.environ.items()
-           if k not in _SEARCH_VARIABLES and k != "CCC_OVERRIDE_OPTIONS"}
+           if k not in search.VARIABLES and k != "CCC_OVERRIDE_OPTIONS"}
     with tempfile.TemporaryDirectory(prefix="kdb-nvcc-probe-") as tmp:
         open(os.path.join(tmp, "probe.cu"), "w").close()
         try:

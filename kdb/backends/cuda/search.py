@@ -11,7 +11,9 @@ environment) makes the build uncertain: it is built and not cached.
 nvcc reads ``-I``/``--include-path``, ``-isystem``/``--system-include`` and
 ``-include``/``--pre-include``, each with a comma-separated list, and its host preprocessor
 reads ``CPATH``, ``C_INCLUDE_PATH`` and ``CPLUS_INCLUDE_PATH``; ``NVCC_PREPEND_FLAGS`` and
-``NVCC_APPEND_FLAGS`` add options. NVRTC reads only its options, one per element, and
+``NVCC_APPEND_FLAGS`` add options, and ``INCLUDES`` / ``SYSTEM_INCLUDES`` (which
+``nvcc.profile`` adds to) directories after the toolkit's. NVRTC reads only its options,
+one per element, and
 resolves quoted includes of the program from the working directory.
 """
 
@@ -34,7 +36,9 @@ _PATH_VARIABLES = (("CPATH", "dirs"), ("C_INCLUDE_PATH", "system"),
                    ("CPLUS_INCLUDE_PATH", "system"))
 #: Every variable the model reads, for :func:`kdb.config.read_variables`.
 VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "NVCC_PREPEND_FLAGS",
-             "NVCC_APPEND_FLAGS")
+             "NVCC_APPEND_FLAGS", "INCLUDES", "SYSTEM_INCLUDES")
+#: Variables nvcc splits like a shell line and reads include options from.
+_OPTION_VARIABLES = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "INCLUDES", "SYSTEM_INCLUDES")
 
 
 #: A CUDA build's include search (:class:`..optsearch.OptionSearch`).
@@ -98,7 +102,7 @@ def _environment(variables: Mapping[str, str | None], more: dict[str, list[str]]
     """Add the include search nvcc takes from its environment to ``more``; a problem when
     kdb cannot name what it finds (a relative path: relative to nvcc's own directory)."""
     problem = None
-    for name in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"):
+    for name in _OPTION_VARIABLES:
         value = (variables.get(name) or "").strip()
         if not value:
             continue
