@@ -344,22 +344,41 @@ def process_counts() -> dict[str, float]:
         return dict(_counts)
 
 
+_report_name: str | None = None  # this process's report, "<pid>-<ns>", rewritten as it counts
+_report_lock = threading.Lock()
+
+
 def write_run_report(directory: str | os.PathLike[str] | None = None):
     """Leave this process's counts in ``directory`` (default ``KDB_RUN_REPORT``) as
-    ``<pid>-<ns>.json``; the file, or None when there is nothing to say or nowhere to say
-    it. One file per process is exact under concurrency with no lock."""
+    ``<pid>-<ns>.json``, one file a process, written again with the counts so far each
+    time; the file, or None when there is nothing to say or nowhere to say it. One file per
+    process is exact under concurrency with no lock."""
+    global _report_name
     if directory is None:
         directory = os.environ.get(config.ENV_RUN_REPORT)
-    got = process_counts()
-    if not directory or not got:
+    if not directory:
         return None
-    import json
+    with _report_lock:
+        got = process_counts()
+        if not got:
+            return None
+        import json
 
-    path = Path(directory) / f"{os.getpid()}-{time.time_ns()}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "counts": got}), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+        if _report_name is None:
+            _report_name = f"{os.getpid()}-{time.time_ns()}"
+        path = Path(directory) / f"{_report_name}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "counts": got}), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+
+def report_compile() -> None:
+    """After a compile is counted: the report says so at once, for a process that never
+    reaches its exit handlers (multiprocessing's pool workers end in ``os._exit``, or a
+    pool's ``terminate()`` in SIGTERM). A compile costs a thousand times this write."""
+    if os.environ.get(config.ENV_RUN_REPORT):
+        _report_at_exit()
 
 
 def _report_at_exit() -> None:
@@ -370,9 +389,11 @@ def _report_at_exit() -> None:
 
 
 def _after_fork() -> None:
-    global _counts_lock, _records_lock
+    global _counts_lock, _records_lock, _report_lock, _report_name
     _counts_lock = threading.Lock()  # another thread of the parent may have held them
     _records_lock = threading.Lock()
+    _report_lock = threading.Lock()
+    _report_name = None  # the parent's is the parent's
     _counts.clear()
     forget_compiles()
     for book in list(_books):

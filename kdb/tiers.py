@@ -410,6 +410,7 @@ class Tiers:
                              ",".join(missed), reason)
         self.count(attrs.arch, "compiles", 1)
         self.count(attrs.arch, "compile_seconds", seconds if own is None else own)
+        bookkeeping.report_compile()
         return rec
 
     # -- shared tier (kdb.shared.tier; only when KDB_SHARED_URL is set) ------------------------

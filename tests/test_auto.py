@@ -520,6 +520,35 @@ def test_kdb_run_summary_counts_every_build_call(env, tmp_path):
     assert second["saved_basis"] == tally.SAVED_BASIS
 
 
+POOL_APP = textwrap.dedent('''
+    import multiprocessing, sys
+
+    def build(i):
+        import pyopencl as cl
+        ctx = cl.Context(cl.get_platforms()[0].get_devices())
+        cl.Program(ctx, "__kernel void p%d(__global int *a) { a[0] = %d; }" % (i, i)).build()
+        return i
+
+    if __name__ == "__main__":
+        # Leaving "with" terminates the workers (SIGTERM); a forked one ends in os._exit.
+        with multiprocessing.get_context(sys.argv[1]).Pool(2) as pool:
+            print(sum(pool.map(build, range(4), chunksize=1)))
+''')
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_kdb_run_counts_the_compiles_of_pool_workers_that_never_run_their_exit_handlers(
+        start, env, tmp_path):
+    """multiprocessing's pool workers end in os._exit or by the pool's SIGTERM: their counts,
+    written only at exit, never reached ``kdb run``, whose summary said 0 compiled."""
+    app = tmp_path / "pool.py"
+    app.write_text(POOL_APP)
+    proc = run([KDB, "run", "--json", "--", sys.executable, app, start], env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "6", proc.stderr
+    summary = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert summary["compiled"] == 4, summary
+
+
 def test_kdb_run_summary_says_how_many_compiles_are_still_pending_store(app, env):
     """Issue 35: with no store worker running, a run's compile is counted at once and its
     store shown pending, in the summary line and its JSON; a later run, after the store

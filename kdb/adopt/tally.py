@@ -36,8 +36,9 @@ def read_reports(directory: str | os.PathLike[str],
                  skip: frozenset[str] | set[str] = frozenset(),
                  plus: dict[str, float] | None = None) -> dict[str, Any]:
     """The reports in ``directory`` (but the file names in ``skip``) added up, with the
-    counts ``plus`` (a live process's own, not reported yet): :func:`summarize` of them,
-    ``processes``, the reports read, and ``pids``, the processes they came from."""
+    counts ``plus`` (this live process's own, which replace any report it left so far):
+    :func:`summarize` of them, ``processes``, the reports read, and ``pids``, the processes
+    they came from."""
     import json
 
     total: dict[str, float] = dict(plus or {})
@@ -51,6 +52,8 @@ def read_reports(directory: str | os.PathLike[str],
             pid = report.get("pid")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # a report cut short by a killed process: its counts are lost, not ours
+        if plus is not None and pid == os.getpid():
+            continue
         pids.append(pid)
         for k, v in data.items():
             if isinstance(v, (int, float)):
