@@ -135,6 +135,42 @@ def test_a_worker_killed_mid_store_leaves_nothing_stuck(cache_dir, run_py):
     assert stored(cache_dir) == 3
 
 
+#: A supervisor that would wait a long time before it leaves an empty spool.
+PATIENT_WORKER = ("import sys; from pathlib import Path; from kdb.worker import supervisor; "
+                  "supervisor.IDLE_EXIT_S = 600.0; sys.exit(supervisor.supervise(Path(sys.argv[1])))")
+
+
+def test_a_worker_whose_cache_dir_was_removed_and_made_again_leaves_it(cache_dir, run_py):
+    """``rm -rf`` of the cache directory while its worker idles, then a process writes jobs
+    there again and starts a worker, which locks a new ``worker.lock``. The old one served
+    that spool beside it (two floor lanes, one no waiter saw) until it had been idle for
+    ``IDLE_EXIT_S``; it leaves at once."""
+    import fcntl
+    import shutil
+
+    jobs = make_jobs(run_py, cache_dir, 1)
+    old = subprocess.Popen([sys.executable, "-c", PATIENT_WORKER, str(jobs)], cwd="/",
+                           start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while spool.jobs(cache_dir / "v1") or stored(cache_dir) < 1:
+            assert time.monotonic() < deadline and old.poll() is None, "no store was seen"
+            time.sleep(0.05)
+        shutil.rmtree(cache_dir / "v1")
+        jobs.mkdir(parents=True)
+        fd = os.open(jobs / spool.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the new spool's worker
+        try:
+            assert old.wait(timeout=60) == 0
+        finally:
+            os.close(fd)
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait()
+
+
 def test_a_job_taken_by_a_live_process_is_left_to_it_until_it_dies(cache_dir, run_py):
     jobs = make_jobs(run_py, cache_dir, 2)
     first = sorted(jobs.glob("*.job"))[0]

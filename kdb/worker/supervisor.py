@@ -297,6 +297,9 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
     floor_looks = 0.0  # when the floor lane, having found nothing it may take, looks again
     while True:
         ended = [lane.poll() for lane in lanes]
+        ours = _still_locked_here(fd, queue.spool)
+        if not ours and all(lane.job is None for lane in lanes):
+            return
         for lane in lanes:
             if lane.left is not None:  # an early entry serves it: idle CPU stores it
                 queue.stood_in.add(lane.left)
@@ -308,7 +311,7 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
             no_idle_cpu = _no_idle_cpu(lanes, share, no_idle_cpu)
         for lane in lanes:
             path = None
-            if lane.job is None and (lane.pacer is None or (
+            if ours and lane.job is None and (lane.pacer is None or (
                     no_idle_cpu and time.monotonic() >= floor_looks)):
                 path = _pick(queue, lane, busy)
                 if path is None and lane.pacer is not None:
@@ -337,6 +340,19 @@ def _serve(queue: _Queue, lanes: list[Lane], fd: int, share: float) -> None:
         due = min(lane.pace() for lane in lanes)
         select.select([lane.proc.stdout for lane in lanes  # until a lane is done
                        if lane.job is not None and lane.proc is not None], [], [], due)
+
+
+def _still_locked_here(fd: int, spool: Path) -> bool:
+    """Whether ``spool``'s ``worker.lock`` is still the file this worker locked. A cache
+    directory removed and made again (``rm -rf``) has a new one, which the next process
+    finds unlocked and starts a worker for; this one would serve the new spool beside it
+    (two floor lanes, and lanes no waiter sees), so it takes no more jobs and leaves."""
+    try:
+        here = os.stat(spool / LOCK)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev)
 
 
 def _pick(queue: _Queue, lane: Lane, busy: set[str]) -> Path | None:
