@@ -171,6 +171,57 @@ def test_a_worker_whose_cache_dir_was_removed_and_made_again_leaves_it(cache_dir
             old.wait()
 
 
+def _kill_a_lane_storing(jobs: Path, proc: subprocess.Popen, stem: str | None = None,
+                         spare: int | None = None) -> tuple[str, int]:
+    """SIGKILL a lane of ``proc`` (the supervisor of ``jobs``) caught storing a job (``stem``,
+    else any), but the lane ``spare`` (one killed before); that job's stem and the lane."""
+    import signal
+
+    from kdb.storing import jobfiles
+
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None, "no lane was caught"
+        for taken in jobs.glob(f"{stem or '*'}{spool.TAKEN}"):
+            lane = jobfiles.lane_of(taken)
+            if lane is None or lane[0] == spare:
+                continue
+            os.kill(lane[0], signal.SIGSTOP)  # then it cannot finish before the kill
+            if taken.exists():
+                os.kill(lane[0], signal.SIGKILL)
+                return taken.stem, lane[0]
+            os.kill(lane[0], signal.SIGCONT)
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("kills", [1, 2])
+def test_a_lane_killed_mid_store_has_its_job_tried_once_more(kills, cache_dir, run_py):
+    """A lane ended from outside (the OOM killer, a user) while it stores a job: that job
+    is tried again, not dropped; one that ends its lane twice is dropped (a driver that
+    crashes on it would otherwise take a lane down for ever)."""
+    import signal
+
+    jobs = make_jobs(run_py, cache_dir, 3)
+    said = cache_dir / "said.log"
+    with open(said, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kdb.worker", str(jobs)], cwd="/",
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        killed, lane = _kill_a_lane_storing(jobs, proc)
+        if kills == 2:
+            _kill_a_lane_storing(jobs, proc, killed, spare=lane)
+        drain(cache_dir)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log = said.read_text()
+    assert f"the store of {killed} (" in log and "tried once more" in log, log
+    assert ("ended its process again; the job is dropped" in log) == (kills == 2), log
+    if kills == 1:  # (killed twice, its entry may have been written before the second kill)
+        assert stored(cache_dir) == 3
+
+
 def test_a_job_taken_by_a_live_process_is_left_to_it_until_it_dies(cache_dir, run_py):
     jobs = make_jobs(run_py, cache_dir, 2)
     first = sorted(jobs.glob("*.job"))[0]

@@ -26,6 +26,11 @@ from ..storing.spool import ENVIRONMENT, job_environment, read_job
 from .floor import Pacer
 
 
+#: Jobs whose store ended its lane's process once (the OOM killer, a user's kill, a driver
+#: that crashes on it): one more try each, then dropped (at most a compile is lost).
+_ended_a_lane: set[str] = set()
+
+
 def lowest_priority(idle: bool) -> None:
     """nice 19 (yields to any normal process); with ``idle`` (the slow lane), also
     ``SCHED_IDLE``: run only on a CPU nothing else wants."""
@@ -270,9 +275,16 @@ class Lane:
         if done is None and (self.limit is None or self.clock() - self.started <= self.limit):
             return False
         if done is False:  # the child died (killed, or crashed inside the driver)
-            say(f"the store of {about(path)} ended its process; the job is dropped")
-            remove(path)
+            self.proc.wait()
             self.proc = None
+            if path.stem in _ended_a_lane:  # again: the job itself ends it (a driver's crash)
+                say(f"the store of {about(path)} ended its process again; the job is dropped")
+                remove(path)
+            else:
+                _ended_a_lane.add(path.stem)
+                say(f"the store of {about(path)} ended its process (killed, or the driver "
+                    "crashed); it is tried once more")
+                rename(taken_path(path), path)  # queued again (unless it was never taken)
         elif done is None:
             say(f"{about(path)}: storing took over {self.limit:.0f} s of CPU time; set "
                  "aside, to be stored beside the other jobs")
