@@ -136,11 +136,15 @@ def test_a_macro_include_is_built_without_the_cache_with_one_warning(cache_dir, 
 
 
 @needs_nvcc
-@pytest.mark.parametrize("options", [["-Xcompiler", "-I/somewhere"], ["--options-file", "x"]])
-def test_options_kdb_does_not_read_make_the_build_uncertain(options, db):
+@pytest.mark.parametrize("options, why", [
+    (["-Xcompiler", "-I/somewhere"], "may change where headers are found"),
+    (["--options-file", "x"], "may change where headers are found"),
+    (["--libdevice-directory=/somewhere", "--dont-use-profile"], "read files kdb would key"),
+    (["-ldir", "/somewhere"], "read files kdb would key")])
+def test_options_kdb_does_not_read_make_the_build_uncertain(options, why, db):
     req = cuda_keys._request(KERNEL.replace("SCALE", "2.0f"), "sm_90", options, (), "ptx",
                              nvcc=None, memo_dir=db.cache_root, name=None)
-    assert req.uncertain and "may change where headers are found" in req.uncertain
+    assert req.uncertain and why in req.uncertain
 
 
 @needs_nvcc

@@ -146,6 +146,67 @@ def test_a_header_enters_the_key_by_content_and_an_edit_rebuilds(db, tmp_path, m
     assert kdb.hip.attributes_for(HEADER_SRC, "gfx1030", [f"-I{other}"]).key == edited.key
 
 
+BOTH = [pytest.param("hipcc", marks=needs_hipcc), pytest.param("hiprtc", marks=needs_hiprtc)]
+
+
+@pytest.mark.parametrize("compiler", BOTH)
+@pytest.mark.parametrize("how", ["include_dirs", "-I", "CPATH"])
+def test_a_header_found_any_way_either_compiler_finds_it_is_keyed(compiler, how, db, tmp_path,
+                                                                  monkeypatch):
+    """HIPRTC was handed no include option at all (a build with one failed: 'scale.h' file
+    not found), and read CPATH, which its key did not follow: an edited header there was
+    served the code object built before the edit."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    monkeypatch.chdir(tmp_path)
+    if how == "CPATH":
+        monkeypatch.setenv("CPATH", str(inc))
+    given = {"include_dirs": {"include_dirs": ["inc"]}, "-I": {"options": ["-Iinc"]},
+             "CPATH": {}}[how]
+
+    def build(k: str) -> bytes:
+        (inc / "scale.h").write_text(f"#define K {k}f\n")
+        return kdb.hip.compile(HEADER_SRC, "gfx90a", db=db, compiler=compiler, **given)
+
+    three = build("3.0")
+    db.flush()
+    seven = build("7.0")
+    assert seven != three
+    db.flush()
+    assert build("3.0") == three
+
+
+@pytest.mark.parametrize("compiler", BOTH)
+def test_a_directory_reached_through_a_link_and_dotdot_is_the_one_the_system_finds(
+        compiler, db, tmp_path, monkeypatch):
+    """``-Ilink/../inc``, ``link`` leading to ``real/sub``: the compiler reads
+    ``real/inc``. kdb tidied the path as text into ``inc`` (another directory), and built
+    and keyed the header there."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "inc").mkdir()
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    (tmp_path / "real" / "inc" / "scale.h").write_text("#define K 3.0f\n")
+    (tmp_path / "inc" / "scale.h").write_text("#define K 7.0f\n")
+    monkeypatch.chdir(tmp_path)
+    through = kdb.hip.compile(HEADER_SRC, "gfx90a", ["-Ilink/../inc"], db=db, compiler=compiler)
+    assert through == kdb.hip.compile(HEADER_SRC, "gfx90a", db=db, compiler=compiler,
+                                      include_dirs=[tmp_path / "real" / "inc"])
+    assert kdb.hip.compile(HEADER_SRC, "gfx90a", db=db, compiler=compiler,
+                           include_dirs=["link/../inc"]) == through
+
+
+@needs_hipcc
+@pytest.mark.parametrize("option", ["--hip-device-lib=my.bc", "--hip-device-lib-path=/bc",
+                                    "-fprofile-instr-use=p.profdata", "-Wl,--script=x.ld"])
+def test_options_that_read_files_other_than_headers_make_the_build_uncertain(option,
+                                                                           cache_dir):
+    """A bitcode library named by ``--hip-device-lib=`` was keyed by the option only: an
+    edited library was served the code object built with the one before."""
+    req = hip_keys.request(SRC, "gfx90a", ["-DSCALE=2.0f", option], ())
+    assert req.uncertain and "read files kdb would key by name only" in req.uncertain
+
+
 @needs_hipcc
 def test_hipccs_variables_enter_the_key(cache_dir, monkeypatch):
     base = kdb.hip.attributes_for(SRC, "gfx90a", ["-DSCALE=1"])

@@ -44,12 +44,24 @@ def absolute(paths: list[str], base: str, what: str) -> tuple[list[str], str | N
     out, problem = [], None
     for p in paths:
         if os.path.isabs(p):
-            out.append(os.path.normpath(p))
+            out.append(tidy(p))
         elif base:
-            out.append(os.path.normpath(os.path.join(base, p)))
+            out.append(tidy(os.path.join(base, p)))
         else:
             problem = problem or f"{what} names the relative path {p!r}"
     return out, problem
+
+
+def tidy(path: str) -> str:
+    """``path`` without ``.`` and empty parts, its ``..`` kept: the system resolves
+    ``link/..`` from where ``link`` leads, as the compiler does (``os.path.normpath`` would
+    drop both and name another directory).
+
+    >>> tidy("/w/./a//link/../inc/"), tidy("//x/./y")
+    ('/w/a/link/../inc', '/x/y')
+    """
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    return ("/" if path.startswith("/") else "") + "/".join(parts) or "."
 
 
 def assemble(rest: list[str], given: dict[str, list[str]], more: dict[str, list[str]],
@@ -59,7 +71,7 @@ def assemble(rest: list[str], given: dict[str, list[str]], more: dict[str, list[
     already: other readings of the options, the variables the compiler reads), which the
     compiler finds by itself and kdb only follows."""
     own = {w: absolute(v, cwd, "an option")[0] for w, v in given.items() if w != "forced"}
-    own["dirs"] = [os.path.normpath(os.path.join(cwd, d)) for d in include_dirs] + own["dirs"]
+    own["dirs"] = [tidy(os.path.join(cwd, d)) for d in include_dirs] + own["dirs"]
     # -include: the compiler looks in its working directory (kdb's copy's), then the path
     own["forced"] = [os.path.join(cwd, f) if cwd and os.path.isfile(os.path.join(cwd, f))
                      else f for f in given["forced"]]

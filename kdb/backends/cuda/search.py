@@ -31,6 +31,8 @@ _FLAGS = (("-I", "--include-path", "dirs"), ("-isystem", "--system-include", "sy
           ("-include", "--pre-include", "forced"))
 #: Options whose value may change the include search in ways kdb does not model.
 _OPAQUE = ("-Xcompiler", "--compiler-options", "-optf", "--options-file", "-Xpreprocessor")
+#: Options that make nvcc read files other than headers, named by the option only.
+_READS_FILES = ("--libdevice-directory", "-ldir")
 #: The host preprocessor's variables: (name, where).
 _PATH_VARIABLES = (("CPATH", "dirs"), ("C_INCLUDE_PATH", "system"),
                    ("CPLUS_INCLUDE_PATH", "system"))
@@ -83,6 +85,9 @@ def _parse(options: Sequence[str], nvcc: bool
             if head in _OPAQUE:
                 problem = problem or (f"the option {opt!r} may change where headers are found "
                                       "(kdb does not read it)")
+            elif head in _READS_FILES:
+                problem = problem or (f"the option {opt!r} makes the compiler read files kdb "
+                                      "would key by name only")
             rest.append(opt)
     return rest, found, extra, problem
 

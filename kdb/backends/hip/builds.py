@@ -42,8 +42,8 @@ def _run_hipcc(req: Request) -> bytes:
 def _build(req: Request) -> bytes:
     """Run the request's compiler; a code object for another target is a CompileError."""
     if isinstance(req.tool, HiprtcIdentity):
-        data, said = _hiprtc.run(req.tool.path, req.text, req.target, req.options,
-                                 req.attrs.name)
+        data, said = _hiprtc.run(req.tool.path, req.text, req.target,
+                                 (*req.options, *req.include_args), req.attrs.name)
         if said.strip():
             log.debug("kdb: HIPRTC said, building %s: %s", req.attrs.name, said.strip())
     else:

@@ -6,11 +6,13 @@ compiler in one normal form (``-I``, ``-isystem``, ``-iquote``, ``-include``), e
 The key keeps the other options; the headers enter it by content
 (:func:`kdb.backends.includes.read_headers`). What the model cannot be sure of (an options
 file, ``-Xclang``, ``--sysroot``, a relative directory in a variable) makes the build
-uncertain: it is built and not cached.
+uncertain: it is built and not cached, as is one whose options name other files the compiler
+reads (bitcode libraries, profiles, plugins), which the key would hold only by name.
 
 clang reads ``-I``/``--include-directory``, ``-isystem``, ``-iquote``, ``-idirafter`` and
-``-include``, and ``CPATH``, ``C_INCLUDE_PATH``, ``CPLUS_INCLUDE_PATH``; hipcc adds the
-options in ``HIPCC_COMPILE_FLAGS_APPEND``. HIPRTC reads only its options.
+``-include``, and ``CPATH``, ``C_INCLUDE_PATH``, ``CPLUS_INCLUDE_PATH``; HIPRTC is clang in
+the calling process and reads them too; hipcc adds the options in
+``HIPCC_COMPILE_FLAGS_APPEND``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ _FLAGS = ((("--include-directory", "-I"), "dirs"), (("-isystem", "-idirafter"), 
 #: Options whose value may change the include search in ways kdb does not model.
 _OPAQUE = ("-Xclang", "-Xpreprocessor", "--sysroot", "-isysroot", "-nostdinc", "-nostdinc++",
            "-iprefix", "-iwithprefix", "-iwithprefixbefore", "--config", "-cxx-isystem")
+#: Options that make the compiler read files other than headers, named by the option only:
+#: an edited bitcode library was served the code object built with the one before.
+_READS_FILES = ("--hip-device-lib", "--hip-device-lib-path", "--rocm-device-lib-path",
+                "--rocm-path", "--hip-path", "-resource-dir", "--gcc-toolchain",
+                "-fprofile-instr-use", "-fprofile-use", "-fprofile-sample-use",
+                "-fpass-plugin", "-fplugin", "-fsanitize-ignorelist", "-fprofile-list",
+                "-mlink-bitcode-file", "-mlink-builtin-bitcode", "-Xlinker")
+_READS_FILES_PREFIXES = ("-Wl,", "-B")
 _PATH_VARIABLES = (("CPATH", "dirs"), ("C_INCLUDE_PATH", "system"),
                    ("CPLUS_INCLUDE_PATH", "system"))
 #: Every variable the model reads, for :func:`kdb.config.read_variables`.
@@ -63,9 +73,13 @@ def _parse(options: Sequence[str]) -> tuple[list[str], dict[str, list[str]], str
             if got[1] is not None:
                 found[got[0]].append(got[1])
             continue
-        if opt.startswith("@") or opt.split("=", 1)[0] in _OPAQUE:
+        head = opt.split("=", 1)[0]
+        if opt.startswith("@") or head in _OPAQUE:
             problem = problem or (f"the option {opt!r} may change where headers are found "
                                   "(kdb does not read it)")
+        elif head in _READS_FILES or opt.startswith(_READS_FILES_PREFIXES):
+            problem = problem or (f"the option {opt!r} makes the compiler read files kdb "
+                                  "would key by name only")
         rest.append(opt)
     return rest, found, problem
 
@@ -76,16 +90,17 @@ def hip_search(options: Sequence[str], include_dirs: Sequence[str], hipcc: bool,
     ``include_dirs`` (kdb's argument), ``hipcc`` (else HIPRTC), the :data:`VARIABLES` read."""
     rest, found, problem = _parse(options)
     more: dict[str, list[str]] = {"dirs": [], "system": [], "quote": [], "forced": []}
-    if hipcc:
-        problem = problem or _environment(variables, more)
+    problem = problem or _environment(variables, more, hipcc)
     return assemble(rest, found, more, include_dirs, cwd, problem)
 
 
-def _environment(variables: Mapping[str, str | None], more: dict[str, list[str]]) -> str | None:
-    """Add the include search hipcc takes from its environment to ``more``; a problem when
-    kdb cannot name what it finds (a relative path: relative to hipcc's own directory)."""
+def _environment(variables: Mapping[str, str | None], more: dict[str, list[str]],
+                 hipcc: bool) -> str | None:
+    """Add the include search the compiler takes from its environment to ``more``; a
+    problem when kdb cannot name what it finds (a relative path: relative to hipcc's own
+    directory, or to whatever directory HIPRTC's caller is in when it compiles)."""
     problem = None
-    value = (variables.get("HIPCC_COMPILE_FLAGS_APPEND") or "").strip()
+    value = (variables.get("HIPCC_COMPILE_FLAGS_APPEND") or "").strip() if hipcc else ""
     if value:
         try:
             _, found, why = _parse(shlex.split(value))
