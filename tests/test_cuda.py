@@ -450,12 +450,17 @@ def test_a_header_nvccs_profile_variables_find_is_never_served_stale(name, form,
 
 
 def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
+    from kdb.backends.digests import file_stamp
+
     piece = tmp_path / "ptxas"
     piece.write_bytes(b"one")
     st = piece.stat()
     rec = {"version": "v", "sha256": {}, "include_dirs": [], "stamps": {
-        "ptxas": f"{piece}|{st.st_size}|{st.st_mtime_ns}"}, "probe": cuda_nvcc.PROBE_REVISION}
+        "ptxas": file_stamp(str(piece))}, "probe": cuda_nvcc.PROBE_REVISION}
     assert cuda_nvcc._still_valid(rec)
+    # remembered with size and mtime only: probed again
+    assert not cuda_nvcc._still_valid({**rec, "stamps": {
+        "ptxas": f"{piece}|{st.st_size}|{st.st_mtime_ns}"}})
     # one probed before CCC_OVERRIDE_OPTIONS was left out may list a directory it added
     assert not cuda_nvcc._still_valid({k: v for k, v in rec.items() if k != "probe"})
     assert not cuda_nvcc._still_valid({k: v for k, v in rec.items() if k != "include_dirs"})

@@ -124,6 +124,29 @@ def test_a_library_replaced_by_one_of_the_same_size_and_mtime_gets_its_own_ident
     assert len(json.loads((memo / "digests.json").read_text())) == 1  # the stale one went
 
 
+@pytest.mark.parametrize("how", ["replaced", "rewritten in place"])
+def test_a_file_a_memo_depends_on_no_longer_holds_once_changed_with_size_and_mtime_kept(
+        tmp_path, how):
+    """The stamps a compiler's identity is remembered with (its device libraries, the C++
+    library's configuration): a device library overwritten by its same-size twin with the
+    old mtime kept the identity, and the code object built with the old one was served."""
+    from kdb.backends.digests import file_stamp, stamps_hold
+
+    lib = tmp_path / "oclc_finite_only_off.bc"
+    lib.write_bytes(b"finite only: off")
+    stamps = [file_stamp(str(lib))]
+    assert stamps_hold(stamps)
+    if how == "replaced":
+        new = tmp_path / "twin"
+        _same_size_and_mtime(new, "finite only: on!", lib)
+        os.replace(new, lib)
+    else:
+        st = lib.stat()
+        lib.write_bytes(b"finite only: on!")
+        os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert not stamps_hold(stamps)
+
+
 def _sha(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 

@@ -61,7 +61,7 @@ def test_what_is_watched_is_the_configuration_and_the_gcc_installations(tmp_path
 
 
 def _stamped(stamps: list[str], suffix: str) -> bool:
-    return any(s.rsplit("|", 2)[0].endswith(suffix) for s in stamps)
+    return any(s.rsplit("|", 5)[0].endswith(suffix) for s in stamps)
 
 
 @pytest.mark.skipif(HIPCC is None or GXX is None, reason="hipcc or g++ is not on PATH")
@@ -80,7 +80,7 @@ def test_hipccs_identity_holds_the_libstdcxx_its_clang_reads(tmp_path, monkeypat
     # Another GCC installed since the probe: that directory's stamp no longer holds, and the
     # remembered identity is probed again (here: the stamp made stale, the identity edited).
     rec["ids"]["stdlib"] = "from before"
-    rec["stamps"] = [s if not s.rsplit("|", 2)[0].endswith("/bits/c++config.h")
+    rec["stamps"] = [s if not s.rsplit("|", 5)[0].endswith("/bits/c++config.h")
                      else s.rsplit("|", 1)[0] + "|1" for s in rec["stamps"]]
     memo.write_text(json.dumps({k: rec for k in json.loads(memo.read_text())}))
     monkeypatch.setattr(hipcc, "_identities", {})

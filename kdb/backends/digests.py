@@ -119,20 +119,21 @@ def machine_digest(path: str | os.PathLike[str], memo_dir: Path) -> str:
 
 
 def file_stamp(path: str) -> str:
-    """``<real path>|<size>|<mtime ns>``: what a machine memo's value records of each file
-    it depends on beyond the one it is kept under (:func:`stamps_hold`)."""
-    st = os.stat(path)
-    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}"
+    """``<real path>|dev|ino|size|mtime|ctime``: what a machine memo's value records of each
+    file it depends on beyond the one it is kept under (:func:`stamps_hold`). Size and mtime
+    alone held for a device library replaced by its same-size twin with the old mtime
+    (``oclc_finite_only_on.bc`` over ``_off.bc``, then ``touch -d``): the identity stayed,
+    and the code object built with the old library was served."""
+    return _tag(os.path.realpath(path), os.stat(path))
 
 
 def stamps_hold(stamps) -> bool:
-    """Whether every file of ``stamps`` (:func:`file_stamp`) still has the size and mtime it
-    had; False for a file gone or a malformed stamp."""
+    """Whether every file of ``stamps`` (:func:`file_stamp`) is still the version it was;
+    False for a file gone or a malformed stamp (one of an older, shorter form too)."""
     try:
-        for stamp in stamps:
-            p, size, mtime = stamp.rsplit("|", 2)
-            st = os.stat(p)
-            if st.st_size != int(size) or st.st_mtime_ns != int(mtime):
+        for one in stamps:
+            p, *numbers = one.rsplit("|", 5)
+            if tuple(map(int, numbers)) != stamp(os.stat(p)):
                 return False
     except (OSError, TypeError, ValueError, AttributeError):
         return False

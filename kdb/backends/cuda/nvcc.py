@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import config
-from ..digests import machine_digest, machine_memo, stamps_hold
+from ..digests import file_stamp, machine_digest, machine_memo, stamps_hold
 from ...errors import BackendUnavailableError
 from ..includes import search_list
 from . import search
@@ -184,8 +184,7 @@ def _probe(path: str, memo_dir: Path) -> dict[str, Any]:
     pieces = _pieces(path, variables)
     stamps, sha = {}, {}
     for name, p in pieces.items():
-        st = os.stat(p)
-        stamps[name] = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+        stamps[name] = file_stamp(p)
         sha[name] = machine_digest(p, memo_dir)
     here = variables.get("_HERE_") or os.path.dirname(os.path.realpath(path))
     return {"version": version, "toolkit": os.path.normpath(os.path.join(here, os.pardir)),
