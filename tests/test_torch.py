@@ -75,6 +75,37 @@ def test_a_fresh_process_with_kdb_warm_compiles_nothing_and_gives_the_same_bits(
     assert again["digest"] == first["digest"]
 
 
+def test_inductor_told_to_cache_nothing_is_served_nothing(cold):
+    """``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`` (one debugging a compiler): Inductor looks
+    in no cache, and kdb served it every C++ module all the same."""
+    env, root, first = cold
+    off = step({**env, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}, root / "off", kdb_auto=True)
+    assert off["cpp_builds"] > 0 and (off["fx_hit"], off["aot_hit"]) == (0, 0), off
+    assert off["digest"] == first["digest"]
+
+
+def test_triton_kernels_go_to_inductors_own_fresh_directory_when_it_caches_nothing(
+        cache_dir, tmp_path, monkeypatch):
+    """On a GPU, Inductor told to cache nothing gives Triton a fresh directory of its own:
+    kdb, Triton's cache manager, leaves every kernel to it (none looked up, none stored)."""
+    pytest.importorskip("triton")
+    from torch._inductor import config as inductor_config
+
+    from kdb.backends.triton.cache import CacheManager
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "fresh"))
+    kernel = tmp_path / "made" / "k.cubin"
+    kernel.parent.mkdir()
+    kernel.write_bytes(b"cubin")
+    with inductor_config.patch(force_disable_caches=True):
+        manager = CacheManager("a" * 52)
+        assert manager.get_group("k.json") is None
+        where = manager.put(b"cubin", "k.cubin")
+        manager.put_group("k.json", {"k.cubin": where})
+    assert where.startswith(str(tmp_path / "fresh" / ("a" * 52)))
+    assert not list(cache_dir.glob("v1/*.kdb"))
+
+
 @pytest.mark.slow
 def test_stored_compile_seconds_count_each_second_once(cold):
     """The AOTAutograd entry's compile holds its graphs', a graph's its C++ modules': each

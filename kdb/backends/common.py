@@ -45,6 +45,19 @@ class LazyPattern:
         return f"LazyPattern({self._args[0]!r})"
 
 
+def inductor_caches_off() -> bool:
+    """Whether torch.compile's user told Inductor to cache nothing
+    (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``, or ``torch._inductor.config``'s
+    ``force_disable_caches``, which the documentation says overrides every other caching
+    setting: one debugs a compiler so). kdb then serves Inductor nothing either, its C++
+    modules and Triton kernels included, and stores nothing of it. False where Inductor's
+    configuration was never imported."""
+    import sys
+
+    settings = sys.modules.get("torch._inductor.config")
+    return bool(getattr(settings, "force_disable_caches", False)) if settings else False
+
+
 def source_text(source: str | bytes, language: str) -> str:
     """The program text as ``str``; bytes must be UTF-8.
 

@@ -31,6 +31,7 @@ from ...db import default_db
 from ...keys import HashAttributes, sha256
 from ...tiers import Hit
 from .. import stdlibs
+from ..common import inductor_caches_off
 from .targets import BACKEND, cxx_identity, host_arch, identity
 
 log = logs.get("kdb")
@@ -82,7 +83,7 @@ def build(lock_path: str, cpp_builders) -> None:  # mirrors Inductor's _worker_c
 
     steps = list(cpp_builders) if isinstance(cpp_builders, (list, tuple)) else [cpp_builders]
     target = steps[-1].get_target_file_path()
-    attrs = None if os.path.exists(target) else attrs_for(steps)
+    attrs = None if os.path.exists(target) or inductor_caches_off() else attrs_for(steps)
     if attrs is None:
         return compile_()
     return _through_kdb(attrs, target, compile_)
@@ -94,7 +95,7 @@ def build_one(self) -> None:  # mirrors CppBuilder.build
     if getattr(_inside, "on", False):
         return _original_build(self)
     target = self.get_target_file_path()
-    attrs = None if os.path.exists(target) else attrs_for([self])
+    attrs = None if os.path.exists(target) or inductor_caches_off() else attrs_for([self])
     if attrs is None:
         return _original_build(self)
     return _through_kdb(attrs, target, lambda: _original_build(self))

@@ -33,6 +33,7 @@ from ...claims import Claim
 from ...db import default_db
 from ...keys import HashAttributes
 from ...tiers import Hit
+from ..common import inductor_caches_off
 from . import groups, hostmods
 from .targets import BACKEND, arch_of, compiler_identity, current_arch, lookup_archs
 
@@ -94,6 +95,8 @@ class CacheManager(_TritonCacheManager):
         self._files = FileCacheManager(key, override=True) if override else None
         self._dump = FileCacheManager(key, dump=True) if dump else None
         self._kernel: bool | None = None  # None until the first call says which kind
+        if self._files is None and inductor_caches_off():  # Inductor's fresh directory
+            self._files, self._kernel = FileCacheManager(key), False
         self._written: dict[str, tuple[str, bytes]] = {}  # name -> (path, bytes) written
         self._arch: str | None = None
         self._host: hostmods.HostModule | None = None
