@@ -205,8 +205,10 @@ class Tiers:
 
     # -- the hot path ---------------------------------------------------------------------
 
-    def lookup(self, attrs: HashAttributes) -> Hit | None:
-        """The binary for ``attrs`` from the first tier that holds a sound copy, else None."""
+    def lookup(self, attrs: HashAttributes, count_miss: bool = True) -> Hit | None:
+        """The binary for ``attrs`` from the first tier that holds a sound copy, else None.
+        ``count_miss=False``: one of several arches a caller that cannot know its own looks
+        in; it counts the one miss itself, under the arch it then compiles for."""
         if self.disabled:
             return None
         if self.trace:
@@ -216,7 +218,7 @@ class Tiers:
             add("hits.memory", 1)  # this process's own counts only: not a file's statistics
             return Hit(raw, "memory", "", 0.0)
         hit = self._first_hit(attrs, self._tiers(attrs.arch))
-        if hit is None:
+        if hit is None and count_miss:
             self.count(attrs.arch, "misses", 1)
             log.debug("kdb: miss %s %s", attrs.key[:16], attrs.name)
         return hit

@@ -326,6 +326,15 @@ def test_with_the_arch_unknown_each_target_gets_its_own_kernel_and_a_warm_start_
     assert run("90", "80")["hits"] == [False, False]
     warm = run("90", "90", "80", "90", "80")
     assert warm == {"hits": [True] * 5, "targets": [90, 90, 80, 90, 80], "listed": 2}, warm
+    # A kernel for a third target, looked up in both arches first: one miss, its own arch's
+    # (each arch it looked in counted one, and that arch's stats showed misses it never had).
+    assert run("75")["hits"] == [False]
+    stats = json.loads(subprocess.run([str(Path(sys.executable).with_name("kdb")), "stats",
+                                       "--json"], env=env, capture_output=True, text=True,
+                                      timeout=120, check=True).stdout)
+    misses = {a: s["misses"] for a, s in stats["arches"].items()}
+    compiles = {a: s["compiles"] for a, s in stats["arches"].items()}
+    assert misses == compiles == {"sm_90": 1, "sm_80": 1, "sm_75": 1}, stats
 
 
 def entries(cache_dir: Path, arch: str) -> list[tuple]:

@@ -189,7 +189,7 @@ class CacheManager(_TritonCacheManager):
         so a kernel looked up under another arch is a miss, never another target's files."""
         for a in [arch] if arch is not None else _unknown_arch_order(tiers, name):
             attrs = self._attrs(a, name)
-            hit = tiers.lookup(attrs)
+            hit = tiers.lookup(attrs, count_miss=arch is not None)
             if hit is not None:
                 got = self._served(tiers, attrs, hit)
                 if got is not None:
@@ -230,6 +230,8 @@ class CacheManager(_TritonCacheManager):
             claim = None
         seconds = time.perf_counter() - start if start is not None else 0.0
         blob = groups.pack(files)
+        if self._arch is None:  # looked up in every arch, each uncounted: one miss, here
+            tiers.count(arch, "misses", 1)
         rec = tiers.record_compile(attrs, seconds)
         tiers.storing.put_later(attrs, lambda: blob, compile_seconds=seconds,
                                 details={"target": target, "files": sorted(files)}, log=rec,

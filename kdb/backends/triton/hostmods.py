@@ -98,6 +98,7 @@ class HostModule:
         self.name = module_name(filename) or filename
         self._served = None  # (attrs, tier) of the entry a get served
         self._asked = time.perf_counter()
+        self._uncounted = False  # a get's miss not counted yet (the arch was unknown)
 
     def attrs(self, arch: str) -> HashAttributes:
         return HashAttributes(backend=BACKEND, source=self.key, arch=arch,
@@ -109,9 +110,10 @@ class HostModule:
         (Triton builds it)."""
         tiers = self.tiers
         arch = known_arch()
+        self._uncounted = arch is None  # looked up in every arch: one miss, when stored
         for a in [arch] if arch is not None else lookup_archs(tiers, self.name):
             attrs = self.attrs(a)
-            hit = tiers.lookup(attrs)
+            hit = tiers.lookup(attrs, count_miss=arch is not None)
             if hit is None:
                 continue
             files = groups.unpack(hit.binary)
@@ -153,6 +155,8 @@ def flush(arch: str) -> None:
         module, blob, seconds = _pending.pop(0)
         tiers = module.tiers
         attrs = module.attrs(arch)
+        if module._uncounted:
+            tiers.count(arch, "misses", 1)
         rec = tiers.record_compile(attrs, seconds)
         tiers.storing.put_later(attrs, lambda blob=blob: blob, compile_seconds=seconds,
                                 details={"host_module": module.filename}, log=rec)
