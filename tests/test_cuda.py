@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -472,6 +473,17 @@ def test_remembered_identity_is_rechecked_against_its_pieces(tmp_path):
 
 
 # -- errors -------------------------------------------------------------------------------
+
+@needs_nvrtc
+def test_an_nvrtc_build_that_gives_no_cubin_is_an_error_and_stores_nothing(db, cache_dir):
+    """``-dlto``: NVRTC makes LTO IR and no cubin; kdb stored the empty cubin and served it."""
+    with pytest.raises(CompileError, match="-dlto"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_80", ["-dlto"], db=db, compiler="nvrtc")
+    db.flush()
+    assert not list(cache_dir.glob("v1/*.kdb")) or all(
+        not sqlite3.connect(f).execute("SELECT count(*) FROM kernels").fetchone()[0]
+        for f in cache_dir.glob("v1/*.kdb"))
+
 
 @needs_nvcc
 def test_nvcc_failure_raises_compile_error_with_its_message(db):

@@ -77,6 +77,12 @@ CASES = {
                  lambda d: {"INCLUDES": f'"-I{d}"'}, "inc"),
     "SYSTEM_INCLUDES": ("nvcc", "#include <scale.cuh>", lambda d: [],
                         lambda d: {"SYSTEM_INCLUDES": f"-isystem {d}"}, "inc"),
+    "-I=dir": ("nvcc", '#include "scale.cuh"', lambda d: [f"-I={d}"], lambda d: {}, "inc"),
+    "-include=file": ("nvcc", "", lambda d: [f"-include={d}/scale.cuh"], lambda d: {}, "inc"),
+    "NVRTC: -I=dir": ("nvrtc", '#include "scale.cuh"', lambda d: [f"-I={d}"], lambda d: {},
+                      "inc"),
+    "NVRTC: -include=file": ("nvrtc", "", lambda d: [f"-include={d}/scale.cuh"], lambda d: {},
+                             "inc"),
     "#\\ splice": ("nvcc", '#\\\ninclude "scale.cuh"', lambda d: ["-I", d], lambda d: {}, "inc"),
     "macro include into a subdirectory": (
         "nvcc", '#define H "sub/scale.cuh"\n#include H', lambda d: ["-I", d], lambda d: {},
@@ -145,6 +151,17 @@ def test_options_kdb_does_not_read_make_the_build_uncertain(options, why, db):
     req = cuda_keys._request(KERNEL.replace("SCALE", "2.0f"), "sm_90", options, (), "ptx",
                              nvcc=None, memo_dir=db.cache_root, name=None)
     assert req.uncertain and why in req.uncertain
+
+
+@needs_nvcc
+def test_an_option_passed_on_to_another_tool_keeps_its_value(db):
+    """``-Xcompiler -I/x``: the host compiler's ``-I``, not nvcc's (it was handed to nvcc as
+    a device include directory, and ``-Xcompiler`` took the option after it)."""
+    req = cuda_keys._request(KERNEL.replace("SCALE", "2.0f"), "sm_90",
+                             ["-Xcompiler", "-I/x", "-DFOO", "-Xptxas", "-v"], (), "ptx",
+                             nvcc=None, memo_dir=db.cache_root, name=None)
+    assert req.options == ("-Xcompiler", "-I/x", "-DFOO", "-Xptxas", "-v")
+    assert "-I/x" not in req.include_args
 
 
 @needs_nvcc

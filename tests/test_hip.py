@@ -196,6 +196,46 @@ def test_a_directory_reached_through_a_link_and_dotdot_is_the_one_the_system_fin
                            include_dirs=["link/../inc"]) == through
 
 
+@pytest.mark.parametrize("compiler", BOTH)
+@pytest.mark.parametrize("form", ["--include {}", "--include={}", "-include {}"])
+def test_every_spelling_of_a_forced_include_is_keyed_by_its_content(compiler, form, db,
+                                                                    tmp_path):
+    """``--include f.h`` (clang's long spelling) was an option kdb did not read: HIPRTC,
+    which has no list of what it read to check, was served the code object built before an
+    edit of ``f.h``."""
+    forced = tmp_path / "pre.h"
+    options = form.format(forced).split(" ")
+    src = 'extern "C" __global__ void sc(float *a) { a[0] *= K; }\n'
+
+    def build(k: str) -> bytes:
+        forced.write_text(f"#define K {k}f\n")
+        return kdb.hip.compile(src, "gfx90a", options, db=db, compiler=compiler)
+
+    three = build("3.0")
+    db.flush()
+    assert build("7.0") != three
+
+
+@needs_hipcc
+@pytest.mark.parametrize("options", [["-F/d"], ["-iframework", "/d"], ["-iwithsysroot/d"],
+                                     ["-Xclang", "-include", "-Xclang", "/d/pre.h"]])
+def test_search_options_kdb_does_not_follow_are_uncertain_and_passed_on_in_order(options,
+                                                                                 cache_dir):
+    """``-Xclang -include -Xclang f.h`` was read as kdb's own ``-include``: the command
+    said ``-Xclang f.h -include -Xclang`` and the build failed."""
+    req = hip_keys.request(SRC, "gfx90a", ["-DSCALE=2.0f", *options], ())
+    assert req.uncertain and "may change where headers are found" in req.uncertain
+    assert req.options == ("-DSCALE=2.0f", *options) and req.include_args == ()
+
+
+@needs_hipcc
+def test_idirafter_is_handed_on_as_idirafter(cache_dir):
+    """Searched after the system directories, not before them as ``-isystem`` is."""
+    req = hip_keys.request(SRC, "gfx90a", ["-idirafter", "/a", "--include-directory-after=/b"],
+                           ())
+    assert req.include_args == ("-idirafter", "/a", "-idirafter", "/b")
+
+
 @needs_hipcc
 @pytest.mark.parametrize("option", ["--hip-device-lib=my.bc", "--hip-device-lib-path=/bc",
                                     "-fprofile-instr-use=p.profdata", "-Wl,--script=x.ld"])

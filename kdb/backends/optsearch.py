@@ -67,23 +67,27 @@ def tidy(path: str) -> str:
 def assemble(rest: list[str], given: dict[str, list[str]], more: dict[str, list[str]],
              include_dirs, cwd: str, problem: str | None) -> OptionSearch:
     """The search of a build whose options gave ``given`` (``{"dirs", "system", "forced"}``
-    and, for clang, ``"quote"``: as written) and ``include_dirs``, plus ``more`` (absolute
-    already: other readings of the options, the variables the compiler reads), which the
-    compiler finds by itself and kdb only follows."""
+    and, for clang, ``"quote"`` and ``"after"`` (``-idirafter``, searched after the system
+    directories): as written) and ``include_dirs``, plus ``more`` (absolute already: other
+    readings of the options, the variables the compiler reads), which the compiler finds by
+    itself and kdb only follows."""
     own = {w: absolute(v, cwd, "an option")[0] for w, v in given.items() if w != "forced"}
     own["dirs"] = [tidy(os.path.join(cwd, d)) for d in include_dirs] + own["dirs"]
     # -include: the compiler looks in its working directory (kdb's copy's), then the path
     own["forced"] = [os.path.join(cwd, f) if cwd and os.path.isfile(os.path.join(cwd, f))
                      else f for f in given["forced"]]
     own = {w: list(dict.fromkeys(v)) for w, v in own.items()}
-    quote = own.get("quote", [])
+    quote, after = own.get("quote", []), own.get("after", [])
     args = ([f"-I{d}" for d in own["dirs"]] + [a for d in own["system"] for a in ("-isystem", d)]
             + [a for d in quote for a in ("-iquote", d)]
+            + [a for d in after for a in ("-idirafter", d)]
             + [a for f in own["forced"] for a in ("-include", f)])
-    dirs = own["dirs"] + own["system"] + more.get("dirs", []) + more.get("system", [])
+    dirs = (own["dirs"] + own["system"] + more.get("dirs", []) + more.get("system", [])
+            + after + more.get("after", []))
     search = IncludeSearch(quote=[(d,) for d in quote + more.get("quote", [])],
                            dirs=[(d,) for d in dict.fromkeys(dirs)],
                            forced=[(f,) for f in dict.fromkeys(own["forced"]
                                                                + more.get("forced", []))],
                            problem=problem)
-    return OptionSearch(tuple(rest), tuple(args), search, tuple(own["dirs"] + own["system"]))
+    return OptionSearch(tuple(rest), tuple(args), search,
+                        tuple(own["dirs"] + own["system"] + after))

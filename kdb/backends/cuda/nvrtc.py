@@ -263,6 +263,11 @@ def run(path: str, text: str, arch: str, output: str, options: Sequence[str],
         data = buf.raw
         if output == "ptx":
             data = data.rstrip(b"\0")  # NVRTC counts the terminating NUL; nvcc's file has none
+        if not data:  # -dlto: LTO IR instead, which kdb does not hold; never store nothing
+            raise CompileError(
+                f"NVRTC built no {output} of {name} for {arch} (an option such as -dlto makes "
+                f"LTO IR instead, which kdb.cuda does not return); drop it. Options: "
+                f"{' '.join(opts)}", log=said, options=list(options))
         return data, said
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))

@@ -33,6 +33,11 @@ _FLAGS = (("-I", "--include-path", "dirs"), ("-isystem", "--system-include", "sy
 _OPAQUE = ("-Xcompiler", "--compiler-options", "-optf", "--options-file", "-Xpreprocessor")
 #: Options that make nvcc read files other than headers, named by the option only.
 _READS_FILES = ("--libdevice-directory", "-ldir")
+#: Options whose value is the next element, never read as an option of nvcc's own:
+#: ``-Xcompiler -I/x`` is the host compiler's ``-I``.
+_PASS_ON = ("-Xcompiler", "--compiler-options", "-Xptxas", "--ptxas-options", "-Xnvlink",
+            "--nvlink-options", "-Xlinker", "--linker-options", "-Xarchive",
+            "--archive-options", "-Xfatbin", "--fatbin-options", "-optf", "--options-file")
 #: The host preprocessor's variables: (name, where).
 _PATH_VARIABLES = (("CPATH", "dirs"), ("C_INCLUDE_PATH", "system"),
                    ("CPLUS_INCLUDE_PATH", "system"))
@@ -66,11 +71,19 @@ def _parse(options: Sequence[str], nvcc: bool
     problem = None
     it = iter(options)
     for opt in it:
+        if opt in _PASS_ON:  # its value is the next element's, whatever it looks like
+            if opt in _OPAQUE:
+                problem = problem or (f"the option {opt!r} may change where headers are "
+                                      "found (kdb does not read it)")
+            rest += [opt, *[v for v in [next(it, None)] if v is not None]]
+            continue
         for short, long, where in _FLAGS:
             if opt in (short, long):
                 value = next(it, None)
             elif opt.startswith(long + "="):
                 value = opt[len(long) + 1:]
+            elif opt.startswith(short + "="):  # nvcc and NVRTC read -I=dir as -I dir
+                value = opt[len(short) + 1:]
             elif opt.startswith(short):
                 value = opt[len(short):]
             else:

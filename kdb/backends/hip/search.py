@@ -25,11 +25,23 @@ from ..optsearch import OptionSearch, assemble
 from ..optsearch import absolute as _absolute
 
 #: Include options: (spellings, where).
-_FLAGS = ((("--include-directory", "-I"), "dirs"), (("-isystem", "-idirafter"), "system"),
-          (("-iquote",), "quote"), (("-include",), "forced"))
-#: Options whose value may change the include search in ways kdb does not model.
+_FLAGS = ((("--include-directory", "-I"), "dirs"),
+          (("-isystem",), "system"), (("-idirafter", "--include-directory-after"), "after"),
+          (("-iquote",), "quote"), (("-include", "--include"), "forced"))
+#: Options whose value may change the include search in ways kdb does not model (with its
+#: value attached or not: ``-F/dir``, ``-iwithsysroot/dir``).
 _OPAQUE = ("-Xclang", "-Xpreprocessor", "--sysroot", "-isysroot", "-nostdinc", "-nostdinc++",
-           "-iprefix", "-iwithprefix", "-iwithprefixbefore", "--config", "-cxx-isystem")
+           "-iprefix", "-iwithprefix", "-iwithprefixbefore", "--config", "-cxx-isystem",
+           "-iwithsysroot", "-iframework", "-iframeworkwithsysroot", "-F", "-isystem-after",
+           "--include-prefix", "--include-with-prefix", "--include-with-prefix-after",
+           "--include-with-prefix-before")
+_OPAQUE_PREFIXES = ("-iwithsysroot", "-iframework", "-F", "-iprefix", "-iwithprefix",
+                    "-cxx-isystem", "-isysroot", "--sysroot")
+#: Options whose value is the next element, never read as an option of clang's own:
+#: ``-Xclang -include -Xclang f.h`` is cc1's ``-include``.
+_PASS_ON = ("-Xclang", "-Xpreprocessor", "-mllvm", "-Xlinker", "-Xassembler", "-Xarch_host",
+            "-Xarch_device", "-Xoffload-linker", "-Xcuda-ptxas", "-Xcuda-fatbinary",
+            "-Xopenmp-target")
 #: Options that make the compiler read files other than headers, named by the option only:
 #: an edited bitcode library was served the code object built with the one before.
 _READS_FILES = ("--hip-device-lib", "--hip-device-lib-path", "--rocm-device-lib-path",
@@ -64,17 +76,23 @@ def _match(opt: str, it) -> tuple[str, str | None] | None:
 def _parse(options: Sequence[str]) -> tuple[list[str], dict[str, list[str]], str | None]:
     """``(other options, {where: [values]}, problem)`` of one option list."""
     rest: list[str] = []
-    found: dict[str, list[str]] = {"dirs": [], "system": [], "quote": [], "forced": []}
+    found: dict[str, list[str]] = {"dirs": [], "system": [], "quote": [], "after": [], "forced": []}
     problem = None
     it = iter(options)
     for opt in it:
+        if opt in _PASS_ON:  # its value is the next element's, whatever it looks like
+            if opt in _OPAQUE:
+                problem = problem or (f"the option {opt!r} may change where headers are "
+                                      "found (kdb does not read it)")
+            rest += [opt, *[v for v in [next(it, None)] if v is not None]]
+            continue
         got = _match(opt, it)
         if got is not None:
             if got[1] is not None:
                 found[got[0]].append(got[1])
             continue
         head = opt.split("=", 1)[0]
-        if opt.startswith("@") or head in _OPAQUE:
+        if opt.startswith(("@", *_OPAQUE_PREFIXES)) or head in _OPAQUE:
             problem = problem or (f"the option {opt!r} may change where headers are found "
                                   "(kdb does not read it)")
         elif head in _READS_FILES or opt.startswith(_READS_FILES_PREFIXES):
@@ -89,7 +107,7 @@ def hip_search(options: Sequence[str], include_dirs: Sequence[str], hipcc: bool,
     """The include search of a HIP build: ``options`` (an element one option),
     ``include_dirs`` (kdb's argument), ``hipcc`` (else HIPRTC), the :data:`VARIABLES` read."""
     rest, found, problem = _parse(options)
-    more: dict[str, list[str]] = {"dirs": [], "system": [], "quote": [], "forced": []}
+    more: dict[str, list[str]] = {"dirs": [], "system": [], "quote": [], "after": [], "forced": []}
     problem = problem or _environment(variables, more, hipcc)
     return assemble(rest, found, more, include_dirs, cwd, problem)
 
