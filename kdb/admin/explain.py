@@ -212,8 +212,19 @@ def _why(records: list[dict], stored: list[dict], ranked: list[dict], name: str,
         return f"{reason}; its attributes were not stored, so no comparison is possible"
     parts = [f"{k} (another {', another '.join(best['another'])})"
              if k == "compiler" and best.get("another") else k for k in best["differs"]]
-    return (f"{reason}; the nearest stored entry ({best['key'][:12]}) differs in "
-            + ", ".join(parts))
+    said = f"{reason}; the nearest stored entry ({best['key'][:12]}) differs in " + \
+        ", ".join(parts)
+    if "compiler" in best["differs"]:
+        return said
+    # Where a compiler's version is in the key's source too (Inductor's keys hold torch's),
+    # no entry of another compiler is nearer than one of this compiler's other kernels.
+    other = [e for e in ranked if e.get("another")]
+    made_by = sorted({part for e in other for part in e["another"]})
+    if not other:
+        return said
+    return (f"{said}; {len(other)} stored {backend} entr{'y' if len(other) == 1 else 'ies'} "
+            f"for {arch} {'was' if len(other) == 1 else 'were'} made by another "
+            + ", another ".join(made_by))
 
 
 def another(mine: Any, other: Any) -> list[str]:
