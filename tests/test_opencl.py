@@ -295,6 +295,25 @@ def test_key_is_equal_across_virtual_environments(cache_dir, cl_ctx, tmp_path):
     assert c.key != a.key
 
 
+@pytest.mark.parametrize("variable", ["POCL_EXTRA_BUILD_FLAGS", "AMD_OCL_BUILD_OPTIONS",
+                                      "IGC_ExtraOCLOptions", "OCLGRIND_BUILD_OPTIONS"])
+def test_options_a_driver_adds_from_its_environment_are_keyed_with_their_headers(
+        variable, cl_ctx, tmp_path, monkeypatch):
+    """Each OpenCL's variable of options it adds to every build: its value, and the headers
+    its -I finds, are in the key (Oclgrind's was not: a binary built with -DX=2 in it was
+    served to a process without it)."""
+    dev = cl_ctx.devices[0]
+    src = '#include "scale.h"\n' + SRC
+    (tmp_path / "scale.h").write_text("#define SCALE 3\n")
+    plain = kdb.opencl.attributes_for(dev, SRC, [], internal_options(cl_ctx))
+    monkeypatch.setenv(variable, "-DX=2")
+    assert kdb.opencl.attributes_for(dev, SRC, [], internal_options(cl_ctx)).key != plain.key
+    monkeypatch.setenv(variable, f"-I{tmp_path}")
+    before = kdb.opencl.attributes_for(dev, src, [], internal_options(cl_ctx))
+    (tmp_path / "scale.h").write_text("#define SCALE 5\n")
+    assert kdb.opencl.attributes_for(dev, src, [], internal_options(cl_ctx)).key != before.key
+
+
 def test_back_end_attributes_are_what_the_constructor_makes_of_them(cl_ctx, tmp_path, monkeypatch):
     """The back end's attributes are what the constructor makes of the same fields: its keys
     are those of the same attributes built any other way (explain, pack, a framework)."""

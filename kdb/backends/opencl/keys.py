@@ -58,6 +58,9 @@ ENV_VARS = tuple(sorted((
     "POCL_WILOOPS_MAX_UNROLL_COUNT", "POCL_KERNELLIB_NAME", "POCL_ENABLE_UNINIT",
     "AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND", "CL_CONFIG_CPU_TARGET_ARCH",
     "IGC_ExtraOCLOptions", "IGC_ExtraOCLInternalOptions", *INTEL_CODEGEN_VARS,
+    # Oclgrind adds it to every build, as PoCL does POCL_EXTRA_BUILD_FLAGS: a binary built
+    # with -DX=2 in it was served to a process without it (liboclgrind names it).
+    "OCLGRIND_BUILD_OPTIONS",
 )))
 
 # Attribute arguments nest two deep ((reqd_work_group_size(WG(1), 1, 1))), each written as
@@ -278,7 +281,7 @@ def attributes_for(device: cl.Device, source: str, user_options: list[str],
 #: Variables whose value an OpenCL runtime adds to every build's options (PoCL appends
 #: ``POCL_EXTRA_BUILD_FLAGS``): the include options in them find headers too.
 _OPTION_VARIABLES = ("AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND",
-                     "IGC_ExtraOCLOptions", "POCL_EXTRA_BUILD_FLAGS")
+                     "IGC_ExtraOCLOptions", "OCLGRIND_BUILD_OPTIONS", "POCL_EXTRA_BUILD_FLAGS")
 
 
 def search_of(opt_bytes: bytes, env: Sequence[tuple[str, str]] = ()) -> IncludeSearch:
