@@ -924,6 +924,32 @@ def test_info_reads_only_and_reports_an_unreachable_server(pg, shared_url, cache
     assert PASSWORD not in res.output and "kdb:***@127.0.0.1" in res.output
 
 
+@pytest.mark.parametrize("form", ["kdb:{pw}@127.0.0.1:{port}/x",
+                                  "kdb@127.0.0.1:{port}/x?password={pw}",
+                                  "kdb@127.0.0.1:{port}/x?sslmode=disable&password={pw}"])
+def test_a_password_in_the_url_is_masked_wherever_it_is_written(form, cache_dir, monkeypatch,
+                                                                caplog):
+    """libpq reads ``?password=`` too: such a URL connected, and kdb info, kdb stats and the
+    warning showed its password in full."""
+    from click.testing import CliRunner
+
+    import kdb.shared.tier
+    from kdb.cli import cli
+
+    url = "postgresql+psycopg://" + form.format(pw=PASSWORD, port=_free_port())
+    monkeypatch.setenv("KDB_SHARED_URL", url)
+    for args in (["info"], ["stats"], ["info", "--json"]):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0 and PASSWORD not in res.output, res.output
+        assert "unreachable" in res.output and ("password=***" in res.output
+                                                or "kdb:***@" in res.output), res.output
+    kdb.shared.tier.reset()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert KernelDB().get_or_compile(attrs(1), lambda: BINARY) == BINARY
+    assert "shared tier" in caplog.text and PASSWORD not in caplog.text
+    kdb.shared.tier.reset()
+
+
 def test_pack_from_db_accepts_the_shared_url(shared_url, cache_dir, tmp_path):
     from click.testing import CliRunner
 

@@ -30,18 +30,60 @@ from ..file.schema import meta
 log = logging.getLogger("kdb")
 
 
+#: Query parameters of a URL that hold a secret (libpq reads ``?password=`` as the password).
+SECRET_PARAMETERS = ("password", "sslpassword")
+
+
 def mask(url: str) -> str:
     """``url`` with its password hidden, for every place a URL is shown or logged.
 
     >>> mask("postgresql+psycopg://kdb:secret@db:5432/kdb")
     'postgresql+psycopg://kdb:***@db:5432/kdb'
+    >>> mask("postgresql+psycopg://kdb@db/kdb?sslmode=require&password=secret")
+    'postgresql+psycopg://kdb@db/kdb?password=***&sslmode=require'
     """
+    import re
+
     from sqlalchemy.engine import make_url
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        shown = make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - an unparsable URL may still hold a password
         return "<unparsable URL>"
+    for name in SECRET_PARAMETERS:
+        shown = re.sub(rf"([?&]{name}=)[^&]*", r"\g<1>***", shown)
+    return shown
+
+
+def secrets(url: str) -> list[str]:
+    """The secrets ``url`` holds: its password and the query's (:data:`SECRET_PARAMETERS`)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - unparsable: nothing of it is shown (mask)
+        return []
+    found = [parsed.password] + [parsed.query.get(name) for name in SECRET_PARAMETERS]
+    return [str(v) for v in found if v and isinstance(v, str)]
+
+
+def scrub(message: str, url: str) -> str:
+    """``message`` (a driver's error) with ``url`` shown masked and its secrets hidden where
+    a driver writes them (``:pw@``, ``password=pw``), and anywhere when long enough to mean
+    nothing else: a short one replaced everywhere garbled the text ("Name or ***rvice not
+    known" for the password "se") and hinted at what it was.
+
+    >>> scrub("bad dsn: user=kdb password=se host=x: Name or service not known",
+    ...       "postgresql+psycopg://kdb:se@x/kdb")
+    'bad dsn: user=kdb password=*** host=x: Name or service not known'
+    """
+    message = message.replace(url, mask(url))
+    for secret in secrets(url):
+        for form in (f":{secret}@", f"={secret}", f"='{secret}'", f'="{secret}"'):
+            message = message.replace(form, form.replace(secret, "***"))
+        if len(secret) >= 8:
+            message = message.replace(secret, "***")
+    return message
 
 
 def lock_id(text_: str, namespace: str | None = None) -> int:

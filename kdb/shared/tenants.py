@@ -97,19 +97,8 @@ def apply(url: str, namespace: str, role: str | None = None) -> list[str]:
     except KdbError:
         raise
     except Exception as err:  # noqa: BLE001 - refused, unreachable: say so, no secrets
-        message = pgserver.reason(err).replace(url, shown)
-        password = _password(url)
-        raise KdbError(f"{shown}: {message.replace(password, '***') if password else message}"
+        raise KdbError(f"{shown}: {pgserver.scrub(pgserver.reason(err), url)}"
                        "; nothing was changed") from None
     finally:
         engine.dispose()
     return done
-
-
-def _password(url: str) -> str | None:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).password
-    except Exception:  # noqa: BLE001 - unparsable: create_engine refused it already
-        return None

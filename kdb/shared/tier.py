@@ -204,14 +204,7 @@ class SharedTier(CrossNodeLocks):
 
     def reason(self, err: BaseException) -> str:
         """Why ``err`` happened, in one line, with no SQL, parameters, URL or password."""
-        from sqlalchemy.engine import make_url
-
-        message = pgserver.reason(err).replace(self.url, self.shown)
-        try:
-            password = make_url(self.url).password
-        except Exception:  # noqa: BLE001 - unparsable: the URL itself was replaced above
-            password = None
-        return message.replace(str(password), "***") if password else message
+        return pgserver.scrub(pgserver.reason(err), self.url)
 
     def _run(self, doing: str, fn: Callable[[Engine], T], default: T) -> T:
         with pgserver.watchdog.guard(pgserver.bound_s()):
