@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -329,8 +330,13 @@ class Tiers:
         from .claims import waiting
         from .storing import queued
 
-        if self.disabled or claims.held_here(attrs.key):
-            return None  # this process compiled it and is storing it: never wait on oneself
+        if self.disabled:
+            return None
+        mine = claims.held(attrs.key)
+        if mine is not None:  # never wait on oneself, nor for an entry that may never come
+            if mine.thread == threading.get_ident() or mine.state != claims.COMPILING:
+                return None
+            return self._wait_for_thread(attrs, mine, find)
         user = self.user_file(attrs.arch)
         if not self.storing.user_trusted(user):
             return None  # claims live beside the user file: none in a directory others own
@@ -350,6 +356,29 @@ class Tiers:
                                      attrs.name or attrs.key[:16], find, config.wait_timeout(),
                                      shared=shared, idle=idle,
                                      queued=lambda _: queued.plan(self.user_dir, attrs))
+
+    def _wait_for_thread(self, attrs: HashAttributes, claim, find: Callable[[], Any] | None):
+        """Another thread of this process compiles ``attrs`` (it holds ``claim``): its
+        binary, once in memory or stored (``find``'s answer, for a back end that cannot name
+        its arch), else None (compile) when that thread's compile ended without one or after
+        ``KDB_WAIT_TIMEOUT``. Two threads building one program compiled it twice."""
+        from . import claims
+
+        deadline = time.monotonic() + config.wait_timeout()
+        while True:
+            raw = self._inflight.get(attrs.key)
+            if raw is not None:
+                add("hits.memory", 1)
+                return Hit(raw, "memory", "", 0.0)
+            got = find() if find is not None else None
+            if got is not None:
+                return got
+            if claims.held(attrs.key) is not claim or claim.state != claims.COMPILING:
+                return find() if find is not None else self._first_hit(
+                    attrs, self._tiers(attrs.arch))
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.005)
 
     # -- misses ---------------------------------------------------------------------------
 

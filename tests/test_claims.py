@@ -124,6 +124,48 @@ def _generic_round(work: Path, procs: int, keys: int) -> float:
     return wall
 
 
+def test_threads_of_one_process_building_one_kernel_compile_it_once(cache_dir):
+    """A second thread asking for a kernel the first is compiling waits for it (it compiled
+    too: the claim was this process's, and a process never waits on itself)."""
+    db = KernelDB(use_system=False)
+    calls, started = [], threading.Event()
+
+    def compile_fn() -> bytes:
+        calls.append(threading.get_ident())
+        started.set()
+        time.sleep(0.5)
+        return b"binary"
+
+    got: list[bytes] = []
+    first = threading.Thread(target=lambda: got.append(db.get_or_compile(attrs(), compile_fn)))
+    first.start()
+    assert started.wait(30)
+    got.append(db.get_or_compile(attrs(), compile_fn))
+    first.join()
+    db.flush()
+    assert got == [b"binary", b"binary"] and len(calls) == 1, calls
+    # A compile that fails leaves the waiter to compile itself (its failure is its own).
+    calls.clear()
+    started.clear()
+
+    def failing() -> bytes:
+        calls.append(1)
+        started.set()
+        time.sleep(0.3)
+        raise RuntimeError("boom")
+
+    def try_it() -> None:
+        try:
+            db.get_or_compile(attrs(2), failing)
+        except RuntimeError:
+            pass
+    thread = threading.Thread(target=try_it)
+    thread.start()
+    assert started.wait(30)
+    assert db.get_or_compile(attrs(2), lambda: b"second") == b"second"
+    thread.join()
+
+
 def test_eight_processes_compile_each_key_once(tmp_path):
     rounds = 10 if LONG else 1
     walls = [_generic_round(tmp_path / f"round-{r}", 8, 10) for r in range(rounds)]

@@ -67,6 +67,8 @@ class Claim:
         self.state = COMPILING
         #: Handed to a store that releases it once done (:meth:`kdb.tiers.Tiers.put_later`).
         self.handed = False
+        #: The thread that compiles: another thread of this process asking waits for it.
+        self.thread = threading.get_ident()
 
     def __repr__(self) -> str:
         return f"Claim({self.key[:16]})"
