@@ -473,6 +473,29 @@ def test_pytest_kdb_switches_kdb_on_for_the_session_and_its_subprocesses(app, en
     assert without.returncode == 1 and "kdb:" not in without.stdout  # plain pyopencl
 
 
+def test_a_relative_cache_dir_is_one_directory_whatever_the_processes_cwd(env, tmp_path):
+    """``kdb run --cache-dir rel`` and ``pytest --kdb-cache-dir rel`` handed ``rel`` on as
+    written: a process that changed directory first made another cache (a test in its
+    ``tmp_path`` one there, compiled again every session)."""
+    out = run([KDB, "run", "--cache-dir", "rel", "--", "/usr/bin/env"], env, cwd=tmp_path)
+    assert f"KDB_CACHE_DIR={tmp_path / 'rel'}\n" in out.stdout, out.stdout
+    (tmp_path / "test_where.py").write_text(
+        "import os\ndef test_where():\n    print('CACHE', os.environ['KDB_CACHE_DIR'])\n")
+    got = run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "--kdb",
+               "--kdb-cache-dir", "relp", "test_where.py"], env, cwd=tmp_path)
+    assert f"CACHE {tmp_path / 'relp'}" in got.stdout, got.stdout + got.stderr
+
+
+def test_kdb_run_hands_on_no_locale_its_python_set_itself(tmp_path):
+    """Under the C locale Python sets ``LC_CTYPE=C.UTF-8`` in its own environment (PEP 538):
+    ``kdb run`` handed it on, and ``wc -m`` counted a 2-byte character as one."""
+    bare = {"PATH": os.environ["PATH"], "KDB_CACHE_DIR": str(tmp_path / "cache")}
+    out = run([KDB, "run", "--", "/usr/bin/env"], bare)
+    assert out.returncode == 0 and "LC_CTYPE=" not in out.stdout, out.stdout
+    given = run([KDB, "run", "--", "/usr/bin/env"], {**bare, "LC_CTYPE": "C.UTF-8"})
+    assert "LC_CTYPE=C.UTF-8" in given.stdout  # one the caller set is kept
+
+
 # -- counting -------------------------------------------------------------------------------
 
 def test_reports_add_up_across_processes_and_skip_torn_files(tmp_path):

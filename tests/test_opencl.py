@@ -295,6 +295,20 @@ def test_key_is_equal_across_virtual_environments(cache_dir, cl_ctx, tmp_path):
     assert c.key != a.key
 
 
+def test_a_relative_include_dir_in_a_working_directory_that_is_gone_builds(cache_dir, cl_ctx,
+                                                                            tmp_path,
+                                                                            monkeypatch):
+    """pyopencl builds ``-Iinc`` where the working directory was removed; with kdb the check
+    for a temporary include directory raised FileNotFoundError (realpath of a relative path
+    needs the working directory)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    prg = kdb.opencl.build(cl_ctx, "__kernel void y(__global int *a) { a[0] = 1; }", ["-Iinc"])
+    assert prg.y is not None
+
+
 @pytest.mark.parametrize("variable", ["POCL_EXTRA_BUILD_FLAGS", "AMD_OCL_BUILD_OPTIONS",
                                       "IGC_ExtraOCLOptions", "OCLGRIND_BUILD_OPTIONS"])
 def test_options_a_driver_adds_from_its_environment_are_keyed_with_their_headers(

@@ -52,6 +52,8 @@ def pytest_configure(config: Any) -> None:
         report_dir = own = tempfile.mkdtemp(prefix="kdb-pytest-")
         before = set()
     cache_dir = config.getoption("kdb_cache_dir", None)
+    if cache_dir is not None:  # a test that changes directory would make another cache of it
+        cache_dir = os.path.abspath(cache_dir)
     saved_env = {k: os.environ.get(k) for k in (settings.ENV_AUTO, settings.ENV_RUN_REPORT,
                                                 settings.ENV_CACHE_DIR)}
     _state.update(report_dir=report_dir, own=own, before=before, env=saved_env)

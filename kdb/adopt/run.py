@@ -41,13 +41,32 @@ _SI_KERNEL = 0x80  # si_code of a signal the kernel sent (a terminal's ^C), Linu
 
 
 def environment(report_dir: str, cache_dir: str | os.PathLike[str] | None) -> dict[str, str]:
-    """The command's environment: ours, with kdb switched on."""
+    """The command's environment: ours as it was given to us, with kdb switched on (a
+    relative cache directory made absolute here: a process that changes directory first
+    would make another cache of it)."""
     env = dict(os.environ)
+    for name in _coerced():
+        env.pop(name, None)
     env[config.ENV_AUTO] = "1"
     env[config.ENV_RUN_REPORT] = report_dir
     if cache_dir is not None:
-        env[config.ENV_CACHE_DIR] = os.fspath(cache_dir)
+        env[config.ENV_CACHE_DIR] = os.path.abspath(os.fspath(cache_dir))
     return env
+
+
+def _coerced() -> list[str]:
+    """The locale variables this interpreter set itself (PEP 538: under the C locale it sets
+    ``LC_CTYPE=C.UTF-8`` in its own environment), which the command must not inherit: ``wc
+    -m`` counted 2 characters of a 3-byte file where it counts 3. Read from the environment
+    the process was started with (Linux: ``/proc/self/environ``); none where unknown."""
+    if "LC_CTYPE" not in os.environ:
+        return []
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            given = f.read().split(b"\0")
+    except OSError:
+        return []
+    return [] if any(v.startswith(b"LC_CTYPE=") for v in given) else ["LC_CTYPE"]
 
 
 def run(command: Sequence[str], cache_dir: str | os.PathLike[str] | None = None

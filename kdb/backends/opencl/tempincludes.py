@@ -80,7 +80,10 @@ def temporary(path: str) -> bool:
     >>> import sys; temporary(sys.prefix + "/lib/site-packages/pyopencl/cl")
     False
     """
-    real = os.path.realpath(path)
+    try:
+        real = os.path.realpath(path)
+    except OSError:  # relative, and the working directory is gone: nothing to copy
+        return False
     return (any(real.startswith(root) for root in _temporary_roots())
             and not any((real + "/").startswith(own) for own in _installation()))
 
