@@ -464,6 +464,19 @@ class Tiers:
 
     # -- bookkeeping ----------------------------------------------------------------------
 
+    def unserved(self, attrs: HashAttributes, hit: Hit | None) -> None:
+        """A hit its caller could not use (an early entry the driver did not take, a binary
+        it refused) and compiled instead: counted as a miss, not a hit, so that one build
+        call is never both served and compiled (``kdb run`` said 10 programs requested of
+        8 build calls)."""
+        if hit is None:
+            return
+        if hit.tier == "memory":
+            add("hits.memory", -1)
+            return
+        self.count(attrs.arch, f"hits.{hit.tier}", -1, saved=-hit.compile_seconds)
+        self.count(attrs.arch, "misses", 1)
+
     def count(self, arch: str, counter: str, n: float, key: str | None = None,
               saved: float = 0.0) -> None:
         """Count ``n`` of ``counter`` for ``arch`` in memory (a hit on ``key``, the seconds it

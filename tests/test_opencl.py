@@ -455,9 +455,14 @@ def test_binary_the_driver_refuses_is_a_miss_and_replaced(cache_dir, cl_ctx, cap
     assert stored_raw(row) == garbage
 
     caplog.set_level("WARNING", logger="kdb")
+    before = bookkeeping.process_counts()
     prg = kdb.opencl.build(cl_ctx, SRC, ["-DN=6"])
     recs = bookkeeping.records()
     assert len(recs) == 1 and recs[0].key == attrs.key  # built from source
+    # one build call: compiled, not also served (kdb run counted it twice)
+    counts = {k: v - before.get(k, 0) for k, v in bookkeeping.process_counts().items()}
+    assert {k: v for k, v in counts.items() if k.startswith(("hits.", "compiles", "misses"))
+            and v} == {"compiles": 1, "misses": 1}, counts
     x, y = run_axpb(cl_ctx, prg)
     np.testing.assert_allclose(y, 2 * x + 6)
     assert "refused" in caplog.text

@@ -253,6 +253,8 @@ def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: s
         raw, used, built = _from_early(db, ctx, plan, attrs, hits, text, name)
         if used:
             return raw, hits, held, None
+        for a, h in zip(attrs, hits):
+            db.tiers.unserved(a, h)
         return None, [None] * len(attrs), held, built
     if all(hits):
         try:
@@ -262,6 +264,7 @@ def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: s
                 return raw, hits, held, None
         except (cl.RuntimeError, cl.LogicError) as err:
             for a, h in zip(attrs, hits):
+                db.tiers.unserved(a, h)
                 if h.tier in ("user", "shared", "memory"):
                     db.tiers.storing.discard(
                         a.with_(name=name or _label(text)),
