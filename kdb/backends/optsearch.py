@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Iterator
 
 from .includes import IncludeSearch
 
@@ -50,6 +51,22 @@ def absolute(paths: list[str], base: str, what: str) -> tuple[list[str], str | N
         else:
             problem = problem or f"{what} names the relative path {p!r}"
     return out, problem
+
+
+def pass_on(opt: str, options: Iterator[str], opaque: tuple[str, ...]
+            ) -> tuple[list[str], str | None]:
+    """``opt``, an option whose value is the next element of ``options`` and meant for
+    another tool (``-Xclang -include``, ``-Xcompiler -I/x``), kept with that value as they
+    are, never read as an include option; and a problem where ``opt`` is one of ``opaque``
+    (it may change where headers are found).
+
+    >>> pass_on("-Xclang", iter(["-include", "f.h"]), ("-Xclang",))[0]
+    ['-Xclang', '-include']
+    """
+    value = next(options, None)
+    problem = (f"the option {opt!r} may change where headers are found (kdb does not read "
+               "it)") if opt in opaque else None
+    return [opt] + ([] if value is None else [value]), problem
 
 
 def tidy(path: str) -> str:

@@ -23,7 +23,7 @@ import os
 import shlex
 from typing import Mapping, Sequence
 
-from ..optsearch import OptionSearch, assemble
+from ..optsearch import OptionSearch, assemble, pass_on
 from ..optsearch import absolute as _absolute
 
 #: Include options with their long spellings: (short, long, where).
@@ -72,10 +72,9 @@ def _parse(options: Sequence[str], nvcc: bool
     it = iter(options)
     for opt in it:
         if opt in _PASS_ON:  # its value is the next element's, whatever it looks like
-            if opt in _OPAQUE:
-                problem = problem or (f"the option {opt!r} may change where headers are "
-                                      "found (kdb does not read it)")
-            rest += [opt, *[v for v in [next(it, None)] if v is not None]]
+            kept, why = pass_on(opt, it, _OPAQUE)
+            rest += kept
+            problem = problem or why
             continue
         for short, long, where in _FLAGS:
             if opt in (short, long):
