@@ -218,7 +218,9 @@ def test_every_spelling_of_a_forced_include_is_keyed_by_its_content(compiler, fo
 
 @needs_hipcc
 @pytest.mark.parametrize("options", [["-F/d"], ["-iframework", "/d"], ["-iwithsysroot/d"],
-                                     ["-Xclang", "-include", "-Xclang", "/d/pre.h"]])
+                                     ["-Xclang", "-include", "-Xclang", "/d/pre.h"],
+                                     ["-imacros", "/d/m.h"], ["-imacros/d/m.h"],
+                                     ["-include-pch", "/d/pre.pch"]])
 def test_search_options_kdb_does_not_follow_are_uncertain_and_passed_on_in_order(options,
                                                                                  cache_dir):
     """``-Xclang -include -Xclang f.h`` was read as kdb's own ``-include``: the command

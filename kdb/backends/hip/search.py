@@ -34,14 +34,14 @@ _OPAQUE = ("-Xclang", "-Xpreprocessor", "--sysroot", "-isysroot", "-nostdinc", "
            "-iprefix", "-iwithprefix", "-iwithprefixbefore", "--config", "-cxx-isystem",
            "-iwithsysroot", "-iframework", "-iframeworkwithsysroot", "-F", "-isystem-after",
            "--include-prefix", "--include-with-prefix", "--include-with-prefix-after",
-           "--include-with-prefix-before")
+           "--include-with-prefix-before", "-imacros", "-include-pch", "--imacros")
 _OPAQUE_PREFIXES = ("-iwithsysroot", "-iframework", "-F", "-iprefix", "-iwithprefix",
-                    "-cxx-isystem", "-isysroot", "--sysroot")
+                    "-cxx-isystem", "-isysroot", "--sysroot", "-imacros", "--imacros=")
 #: Options whose value is the next element, never read as an option of clang's own:
 #: ``-Xclang -include -Xclang f.h`` is cc1's ``-include``.
 _PASS_ON = ("-Xclang", "-Xpreprocessor", "-mllvm", "-Xlinker", "-Xassembler", "-Xarch_host",
             "-Xarch_device", "-Xoffload-linker", "-Xcuda-ptxas", "-Xcuda-fatbinary",
-            "-Xopenmp-target")
+            "-Xopenmp-target", "-imacros", "--imacros", "-include-pch")
 #: Options that make the compiler read files other than headers, named by the option only:
 #: an edited bitcode library was served the code object built with the one before.
 _READS_FILES = ("--hip-device-lib", "--hip-device-lib-path", "--rocm-device-lib-path",
