@@ -219,9 +219,9 @@ def _why(records: list[dict], stored: list[dict], ranked: list[dict], name: str,
     # Where a compiler's version is in the key's source too (Inductor's keys hold torch's),
     # no entry of another compiler is nearer than one of this compiler's other kernels.
     other = [e for e in ranked if e.get("another")]
-    made_by = sorted({part for e in other for part in e["another"]})
     if not other:
         return said
+    made_by = sorted({part for e in other for part in e["another"]})
     return (f"{said}; {len(other)} stored {backend} entr{'y' if len(other) == 1 else 'ies'} "
             f"for {arch} {'was' if len(other) == 1 else 'were'} made by another "
             + ", another ".join(made_by))

@@ -191,12 +191,6 @@ def try_claim(directory: Path, key: str) -> Claim | None:
         os.close(fd)  # the holder released and unlinked it meanwhile: take the new file
 
 
-def held_here(key: str) -> bool:
-    """Whether this process holds the claim on ``key`` (its store is still pending)."""
-    with _lock:
-        return key in _held
-
-
 def held(key: str) -> Claim | None:
     """This process's claim on ``key``, if it holds one."""
     with _lock:

@@ -23,6 +23,7 @@ from pathlib import Path
 from .. import config
 from ..claims import progress
 from ..dirs import open_regular
+from ..file.fileformat import identity
 from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove,
                                 rename, sweep_partial, take, taken_path)
 from ..storing.jobs import StoreJob
@@ -347,12 +348,8 @@ def _still_locked_here(fd: int, spool: Path) -> bool:
     directory removed and made again (``rm -rf``) has a new one, which the next process
     finds unlocked and starts a worker for; this one would serve the new spool beside it
     (two floor lanes, and lanes no waiter sees), so it takes no more jobs and leaves."""
-    try:
-        here = os.stat(spool / LOCK)
-    except OSError:
-        return False
     mine = os.fstat(fd)
-    return (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev)
+    return identity(str(spool / LOCK)) == (mine.st_dev, mine.st_ino)
 
 
 def _pick(queue: _Queue, lane: Lane, busy: set[str]) -> Path | None:
