@@ -430,8 +430,11 @@ def test_server_stopped_mid_run_costs_no_correctness(tmp_path):
         assert PASSWORD not in err and "***" in err
         # Nothing lost locally: every kernel is in the node's user tier.
         assert len(_keys_of(node, {f"k{i}" for i in range(5)})) == 5
-        # Retried after KDB_SHARED_RETRY: the build after the restart was published again.
-        assert shared_keys(server, url) == _keys_of(node, {"k0", "k1", "k4"})
+        # Retried after KDB_SHARED_RETRY: the build after the restart was published, and
+        # with it the two compiled while the server was down (before, never: every other
+        # node compiled k2 and k3 again).
+        assert shared_keys(server, url) == _keys_of(node, {f"k{i}" for i in range(5)})
+        assert not (node / "v1" / "unpublished").exists()
     finally:
         server.close()
 
@@ -462,6 +465,146 @@ def test_lookup_order_user_then_shared_then_compile(shared_url, cache_dir, tmp_p
     # The shared hit was copied into the user tier, the compile went to both.
     assert db.lookup(attrs(1)).tier == "user" and db.lookup(attrs(2)).tier == "user"
     assert KernelDB(cache_dir=tmp_path / "third").lookup(attrs(2)).tier == "shared"
+
+
+def _down_url(monkeypatch) -> str:
+    """A URL where no server listens, set as KDB_SHARED_URL, retried at once."""
+    import kdb.shared.tier
+
+    url = f"postgresql+psycopg://kdb:{PASSWORD}@127.0.0.1:{_free_port()}/kdb"
+    monkeypatch.setenv("KDB_SHARED_URL", url)
+    monkeypatch.setenv("KDB_SHARED_RETRY", "0")
+    kdb.shared.tier.reset()
+    return url
+
+
+def _serve(monkeypatch, url: str) -> None:
+    import kdb.shared.tier
+
+    monkeypatch.setenv("KDB_SHARED_URL", url)
+    kdb.shared.tier.reset()
+
+
+def test_compiles_the_server_missed_are_published_once_it_takes_a_publish(
+        shared_url, pg, cache_dir, tmp_path, monkeypatch, caplog):
+    """Two kernels compiled while the server is down are stored on the node, their keys
+    kept; the next compile the server takes publishes them too, and another node compiles
+    none of the three (before: it compiled the first two again)."""
+    from kdb.storing import backlog
+
+    _down_url(monkeypatch)
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        for i in (0, 1):
+            db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
+        db.flush()
+    assert backlog.waiting(cache_dir / "v1") == {"a1": 2}
+    db.close()
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    said = CliRunner().invoke(cli, ["info"])
+    assert said.exit_code == 0 and "2 entries compiled here while the server was away" in \
+        said.output, said.output
+
+    _serve(monkeypatch, shared_url)
+    db = KernelDB()
+    db.get_or_compile(attrs(2), lambda: BINARY + bytes([2]))
+    db.flush()
+    db.close()
+    assert shared_keys(pg, shared_url) == {attrs(i).key for i in range(3)}
+    assert backlog.waiting(cache_dir / "v1") == {}
+    other = KernelDB(cache_dir=tmp_path / "other-node")
+    for i in range(3):
+        hit = other.lookup(attrs(i))
+        assert hit is not None and hit.tier == "shared" and hit.binary == BINARY + bytes([i])
+    other.close()
+
+
+def test_a_shared_hit_publishes_what_the_node_compiled_while_the_server_was_down(
+        shared_url, pg, cache_dir, tmp_path, monkeypatch):
+    """A node that compiles nothing new once the server is back still offers what it kept:
+    a shared hit says the server answers."""
+    from kdb.storing import backlog
+
+    other = KernelDB(cache_dir=tmp_path / "other-node")
+    other.get_or_compile(attrs(1), lambda: BINARY + b"1")
+    other.flush()
+    other.close()
+    _down_url(monkeypatch)
+    db = KernelDB()
+    db.get_or_compile(attrs(0), lambda: BINARY + b"0")
+    db.flush()
+    db.close()
+    assert backlog.waiting(cache_dir / "v1") == {"a1": 1}
+
+    _serve(monkeypatch, shared_url)
+    db = KernelDB()
+    assert db.lookup(attrs(1)).tier == "shared"
+    db.flush()
+    db.close()
+    assert shared_keys(pg, shared_url) == {attrs(0).key, attrs(1).key}
+    assert backlog.waiting(cache_dir / "v1") == {}
+
+
+def test_a_kept_key_whose_entry_is_gone_or_damaged_is_dropped_not_sent(
+        shared_url, pg, cache_dir, monkeypatch):
+    """What is kept is a name: an entry cleared or damaged meanwhile is not sent, and its
+    name goes."""
+    from kdb.storing import backlog
+
+    _down_url(monkeypatch)
+    db = KernelDB()
+    for i in (0, 1, 2):
+        db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
+    db.flush()
+    db.close()
+    user = cache_dir / "v1" / "a1.kdb"
+    with sqlite3.connect(user) as conn:
+        conn.execute("DELETE FROM kernels WHERE key = ?", (attrs(0).key,))
+        conn.execute("UPDATE kernels SET blob = X'00' WHERE key = ?", (attrs(1).key,))
+    conn.close()
+    _serve(monkeypatch, shared_url)
+    db = KernelDB()
+    db.get_or_compile(attrs(3), lambda: BINARY + b"3")
+    db.flush()
+    db.close()
+    assert shared_keys(pg, shared_url) == {attrs(2).key, attrs(3).key}
+    assert backlog.waiting(cache_dir / "v1") == {}
+
+
+def test_a_kept_name_the_server_refuses_three_times_is_forgotten(tmp_path):
+    """A row the server can never take (each publish fails) is tried three times, then its
+    name goes: it must not take the tier down at every later drain."""
+    from kdb.file.rows import Entry
+    from kdb.storing import backlog
+
+    entry = Entry(key="f" * 64, arch="a1", backend="test", name="k", attributes="{}",
+                  raw=BINARY)
+    assert backlog.keep(tmp_path, [entry]) == 1
+    tries = []
+    for _ in range(backlog.TRIES):
+        assert backlog.waiting(tmp_path) == {"a1": 1}
+        assert backlog.drain(tmp_path, lambda arch, keys: [entry],
+                             lambda entries: tries.append(entries) and False) == 0
+    assert len(tries) == backlog.TRIES and backlog.waiting(tmp_path) == {}
+
+
+def test_a_node_that_cannot_keep_names_still_compiles_and_stores(cache_dir, monkeypatch):
+    """The directory of kept names cannot be made (a file in its way): the compile is
+    stored on the node all the same, and nothing is raised."""
+    from kdb.storing import backlog
+
+    _down_url(monkeypatch)
+    (cache_dir / "v1").mkdir(parents=True)
+    (cache_dir / "v1" / backlog.DIRNAME).write_text("not a directory")
+    db = KernelDB()
+    assert db.get_or_compile(attrs(0), lambda: BINARY) == BINARY
+    db.flush()
+    assert db.lookup(attrs(0)).tier in ("user", "memory")
+    db.close()
+    assert backlog.waiting(cache_dir / "v1") == {}
 
 
 def test_the_shared_tier_answers_publish_and_drop_as_a_file_tier_does(shared_url, tmp_path):
@@ -861,9 +1004,12 @@ def test_schema_from_the_future_turns_the_tier_off(pg, shared_url, cache_dir, ca
 
     kdb.shared.tier.reset()
     with caplog.at_level(logging.WARNING, logger="kdb"):
-        assert KernelDB().get_or_compile(attrs(1), lambda: BINARY) == BINARY
+        kdb_db = KernelDB()
+        assert kdb_db.get_or_compile(attrs(1), lambda: BINARY) == BINARY
+        kdb_db.flush()
     assert "newer than this kdb" in caplog.text and PASSWORD not in caplog.text
     assert pg.sql("SELECT version_num FROM alembic_version", db) == [("9999",)]  # untouched
+    assert not (cache_dir / "v1" / "unpublished").exists()  # off for good: nothing kept
 
 
 # -- CLI: info, stats, pack ------------------------------------------------------------------

@@ -175,6 +175,16 @@ def _hip_default(rows: dict[str, Any]) -> tuple[str | None, str]:
     return None, ""
 
 
+def _with_unpublished(shared: dict[str, Any] | None, user_dir: Path) -> dict[str, Any] | None:
+    """The shared tier's summary, with what this node compiled while the server was away
+    and has not published yet (``{arch: entries}``, :mod:`kdb.storing.backlog`)."""
+    if shared is not None:
+        from ..storing import backlog
+
+        shared["unpublished"] = backlog.waiting(user_dir)
+    return shared
+
+
 def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
     """Everything ``kdb info`` shows: settings, user files, system databases, devices."""
     users = [describe_file(p, "user", p.name[: -len(".kdb")], "user dir")
@@ -213,7 +223,7 @@ def info(user_dir: Path, cache_root: Path) -> dict[str, Any]:
         "cuda": cuda,
         "hip": hip_toolchain(cache_root),
         "backends": backends(),
-        "shared": shared_summary(),
+        "shared": _with_unpublished(shared_summary(), user_dir),
         "auto": auto.status(),
         "trust": trust_status(),
         "settings": settings(),

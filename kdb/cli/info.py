@@ -115,6 +115,10 @@ def _echo_shared(shared: dict[str, Any] | None) -> None:
     click.echo(f"shared tier: {shared['url']} ({config.ENV_SHARED_URL})"
                + (f", namespace {shared['namespace']} ({config.ENV_SHARED_NAMESPACE})"
                   if shared.get("namespace") else ""))
+    kept = sum(shared.get("unpublished", {}).values())
+    if kept:
+        click.echo(f"  {kept} entries compiled here while the server was away, to publish "
+                   "with this node's next publish the server takes")
     if shared["problem"]:
         click.echo(f"  [{shared['problem']}]")
         return

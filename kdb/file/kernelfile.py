@@ -398,6 +398,45 @@ class KernelFile:
             out[key] = value if isinstance(value, dict) else None
         return out
 
+    def entries(self, keys: list[str]) -> list[Entry]:
+        """The entries of ``keys`` stored here as binaries (not provisional stand-ins), whole,
+        decoded and checked, signed as they were stored: what a publish to the shared tier
+        sends of what this node compiled. A damaged or unreadable entry is left out."""
+        import json
+
+        from . import codec
+
+        conn = self.connection() if keys else None
+        if conn is None:
+            return []
+        attributes, join = compact.columns(self.compact)
+        marks = ",".join("?" * len(keys))
+        try:
+            compact.register(conn)
+            rows = conn.execute(
+                f"SELECT key, arch, backend, name, {attributes}, codec, blob, raw_size, "
+                f"checksum, compile_seconds, details, signer, signature FROM kernels{join} "
+                f"WHERE key IN ({marks})", keys).fetchall()
+        except sqlite3.Error:  # damaged, locked, or a revision before 0005: nothing to send
+            return []
+        out = []
+        for key, arch, backend, name, text, kind, blob, size, digest, seconds, details, \
+                signer, signature in rows:
+            try:
+                info = json.loads(details) if details else None
+            except (ValueError, TypeError):
+                info = None
+            info = info if isinstance(info, dict) else None
+            raw = codec.decode(kind, blob, size, digest)
+            if raw is None or not isinstance(text, str) or (info or {}).get(PROVISIONAL):
+                continue
+            signed = isinstance(signer, str) and isinstance(signature, bytes)
+            out.append(Entry(key=key, arch=arch, backend=backend, name=name, attributes=text,
+                             raw=raw, compile_seconds=float(seconds or 0.0), details=info,
+                             signer=signer if signed else None,
+                             signature=signature if signed else None))
+        return out
+
     def stored(self, keys: list[str]) -> set[str]:
         """Those of ``keys`` whose entry here is a binary, not a provisional stand-in for one
         (:data:`kdb.file.rows.PROVISIONAL`): what a store of them would no longer add."""

@@ -117,7 +117,7 @@ class Storing:
         written = self._book.write_pending(attrs.arch, pending)
         shared = self._shared()  # shared tier: a compile is published to both
         if shared is not None:
-            shared.publish([entry])
+            self._publish(shared, [entry])
         return written
 
     def log_compile(self, rec: CompileRecord) -> None:
@@ -172,9 +172,11 @@ class Storing:
                     self._book.write(attrs.arch)  # else nothing of this job's to write
                 if entry is not None:
                     self._inflight.pop(entry.key, None)  # stored: the user file serves it now
-                shared = self._shared() if publish and entry is not None else None
-                if shared is not None:  # shared tier: published before the claim is released
-                    shared.publish([entry], [log] if log is not None else [])
+                shared = self._shared() if entry is not None else None
+                if shared is not None and publish:  # published before the claim is released
+                    self._publish(shared, [entry], [log] if log is not None else [])
+                elif shared is not None:  # a shared hit copied here: the server answers
+                    self._publish_kept(shared)
             finally:
                 if claim is not None:
                     claim.release()
@@ -261,7 +263,7 @@ class Storing:
             ok = self.user_file(arch).write(entries, rows.get(arch, []), {}, {}) and ok
             shared = self._shared() if entries else None
             if shared is not None:
-                shared.publish(entries, rows.get(arch, []))
+                self._publish(shared, entries, rows.get(arch, []))
         if why is not None:
             raise HeaderChangedError(why)
         return ok
@@ -277,23 +279,32 @@ class Storing:
         shared = self._shared() if attrs else None
         if shared is None:
             return
-        from ..file import codec
-
-        entries = []
+        by_arch: dict[str, list[str]] = {}
         for a in attrs:
-            f = self.user_file(a.arch)
-            if a.key not in f.stored([a.key]):  # none, or a stand-in: nothing to publish
-                continue
-            row = f.fetch(a.key)
-            raw = None if row is None else codec.decode(row.codec, row.blob, row.raw_size,
-                                                        row.checksum)
-            if raw is None:
-                continue
-            signer, signature = f.signature(a.key)
-            entries.append(make_entry(a, raw, row.compile_seconds, f.details([a.key]).get(a.key),
-                                      (signer, signature) if signature is not None else None))
+            by_arch.setdefault(a.arch, []).append(a.key)
+        entries = [e for arch, keys in by_arch.items() for e in self._stored_entries(arch, keys)]
         if entries:
-            shared.publish(entries)
+            self._publish(shared, entries)
+
+    def _stored_entries(self, arch: str, keys: list[str]) -> list[Entry]:
+        return self.user_file(arch).entries(keys)
+
+    def _publish(self, shared, entries: list[Entry], logs: list[CompileRecord] = ()) -> None:
+        """Publish ``entries`` (and their latency rows): once the server takes them, what it
+        did not take before goes too; what it does not take is kept to publish later
+        (:mod:`.backlog`), unless the tier is off for good (a newer schema, no driver)."""
+        from . import backlog
+
+        if shared.publish(entries, logs):
+            self._publish_kept(shared)
+        elif shared.problem is None:
+            backlog.keep(self.user_dir, entries)
+
+    def _publish_kept(self, shared) -> None:
+        """The server answers: publish what was compiled here while it did not."""
+        from . import backlog
+
+        backlog.drain(self.user_dir, self._stored_entries, shared.publish)
 
     def store_provisional(self, items: list) -> bool:
         """Store ``(attrs, binary, compile_seconds, details)`` items in the user files only,
