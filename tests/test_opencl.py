@@ -771,6 +771,29 @@ def test_a_repeated_build_in_one_process_is_served_from_memory(cache_dir, cl_ctx
     assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 1
 
 
+def test_devices_given_as_none_an_iterator_or_twice_build_and_serve_as_pyopencl_does(
+        cache_dir, cl_ctx, kdb_installed, caplog):
+    """``build(devices=[])`` builds for the program's devices and an iterator is read once
+    (both raised IndexError); ``[dev, dev]`` builds once for the device, as clBuildProgram
+    does, and is served: clCreateProgramWithBinary refuses a device named twice, and the
+    sound entry was dropped at every start as a binary the driver refused."""
+    dev = cl_ctx.devices[0]
+    caplog.set_level("WARNING", logger="kdb")
+    for i, devices in enumerate(([], iter([dev]), [dev, dev], (dev, dev))):
+        prg = cl.Program(cl_ctx, SRC).build(options=[f"-DN={40 + i % 2}"], devices=devices)
+        x, y = run_axpb(cl_ctx, prg)
+        np.testing.assert_allclose(y, 2 * x + 40 + i % 2)
+    flush()
+    assert len(bookkeeping.records()) == 2  # -DN=40 and -DN=41, each compiled once
+    assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 2
+    other = cl.Context([dev])  # another context: loaded from the user file, not memory
+    again = cl.Program(other, SRC).build(options=["-DN=41"], devices=[dev, dev])
+    _, y = run_axpb(other, again)
+    np.testing.assert_allclose(y, 2 * x + 41)
+    assert "refused" not in caplog.text and len(bookkeeping.records()) == 2
+    assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 2
+
+
 MULTI_DEVICE_CHILD = CHILD_PRELUDE + """
     devs = plat.get_devices()
     ctx = cl.Context(devs)

@@ -265,12 +265,26 @@ def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: s
         except (cl.RuntimeError, cl.LogicError) as err:
             for a, h in zip(attrs, hits):
                 db.tiers.unserved(a, h)
-                if h.tier in ("user", "shared", "memory"):
+                if h.tier in ("user", "shared", "memory") and _says_binary_is_bad(err):
                     db.tiers.storing.discard(
                         a.with_(name=name or _label(text)),
                         f"the driver refused the stored binary ({err})", h.tier)
             hits = [None] * len(attrs)  # rebuilt from source and stored again
     return None, hits, held, None
+
+
+#: What a driver answers for a binary it cannot use. Any other error of a load (a device,
+#: the context, memory) says nothing of the binary: the program is built from source and
+#: the entry kept (dropping it cost every node sharing it a compile).
+_BAD_BINARY = frozenset(getattr(cl.status_code, n) for n in (
+    "INVALID_BINARY", "BUILD_PROGRAM_FAILURE", "INVALID_PROGRAM",
+    "INVALID_PROGRAM_EXECUTABLE", "LINK_PROGRAM_FAILURE", "COMPILE_PROGRAM_FAILURE")
+    if hasattr(cl.status_code, n))
+
+
+def _says_binary_is_bad(err: Exception) -> bool:
+    code = getattr(err, "code", None)
+    return not isinstance(code, int) or code in _BAD_BINARY
 
 
 def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,

@@ -323,7 +323,7 @@ class _Plan:
 
     def __init__(self, ctx, devices, options, arch, memo: str, forced: str | None,
                  env: tuple[tuple[str, str], ...]) -> None:
-        self.devs = list(devices) if devices is not None else list(ctx.devices)
+        self.devs = _devices(ctx, devices)
         self.dev_ptrs = tuple(d.int_ptr for d in self.devs)
         user = split_options(options)
         added = _internal_options(self.devs[0], forced)
@@ -361,9 +361,24 @@ _FORCED = ("PYOPENCL_BUILD_OPTIONS",)
 BUILD_VARIABLES = DEFAULT_DB_VARIABLES + ENV_VARS + _FORCED
 
 
+def _devices(ctx, devices) -> list:
+    """The devices a build is for, each once: ``clBuildProgram`` builds for the program's
+    every device when given none (``devices=[]``), and once for a device named twice,
+    while ``clCreateProgramWithBinary`` refuses a device named twice (``INVALID_DEVICE``:
+    the stored binary was dropped at every start)."""
+    devs = list(ctx.devices) if devices is None else list(devices)
+    if not devs:
+        return list(ctx.devices)
+    seen: set = set()
+    return [d for d in devs if getattr(d, "int_ptr", d) not in seen
+            and not seen.add(getattr(d, "int_ptr", d))]
+
+
 def plan_for(ctx, devices, options, arch, memo: str,
              variables: Mapping[str, str | None]) -> _Plan:
     """The plan of a build on ``ctx``, ``variables`` holding :data:`BUILD_VARIABLES`."""
+    if devices is not None and not isinstance(devices, (list, tuple)):
+        devices = list(devices)  # an iterator is read once: by the plan's key, then gone
     forced = variables[_FORCED[0]]
     env = environment(variables)
     try:
