@@ -577,11 +577,19 @@ def test_pyopencls_own_cache_settings_do_not_turn_kdb_off(cache_dir, cl_ctx, kdb
 
 def test_failed_build_after_install_raises_pyopencls_error(cache_dir, cl_ctx, kdb_installed,
                                                           quiet_tempdir):
+    dev = cl_ctx.devices[0]
     for _ in range(2):  # never cached: the second attempt fails the same way
+        prg = cl.Program(cl_ctx, BAD_SRC)
         with pytest.raises(cl.RuntimeError) as info:
-            cl.Program(cl_ctx, BAD_SRC).build(["-DN=1"])
+            prg.build(["-DN=1"])
         assert "undefined_thing_kdb" in str(info.value)  # the build log
         assert "-DN=1" in str(info.value)  # pyopencl appends the options
+        # The program answers for the build that failed, as pyopencl's does (it answered
+        # for a new, unbuilt one: an empty log, INVALID_PROGRAM, and a warning).
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert "undefined_thing_kdb" in prg.get_build_info(dev, cl.program_build_info.LOG)
+            assert prg.get_build_info(dev, cl.program_build_info.STATUS) == -2  # ERROR
     flush()
     assert bookkeeping.records() == []
     assert kernel_rows(cache_dir, arch(cl_ctx)) == []

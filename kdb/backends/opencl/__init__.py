@@ -156,12 +156,17 @@ def _uncached(ctx, source, text: str, plan: _Plan, err: UncertainIncludes, *,
 
 def _compile(ctx, src, opt_bytes: bytes, devs, pyopencl_errors: bool, wrapper) -> cl._Program:
     raw = cl._Program(ctx, src)
-    if pyopencl_errors and wrapper is not None:
-        # As pyopencl's own uncached build does: the options appended to the message.
-        wrapper._build_and_catch_errors(lambda: raw.build(opt_bytes, devs),
-                                        options_bytes=opt_bytes)
-    else:
-        raw.build(opt_bytes, devs)
+    try:
+        if pyopencl_errors and wrapper is not None:
+            # As pyopencl's own uncached build does: the options appended to the message.
+            wrapper._build_and_catch_errors(lambda: raw.build(opt_bytes, devs),
+                                            options_bytes=opt_bytes)
+        else:
+            raw.build(opt_bytes, devs)
+    except BaseException:
+        if wrapper is not None:  # as pyopencl's: the failed program answers for its build
+            wrapper._prg = raw  # (its log, its status); else a new, unbuilt one did
+        raise
     return raw
 
 
