@@ -439,10 +439,16 @@ class Tiers:
             reason = f"{reason}; {why}"
         rec = bookkeeping.record(attrs.key, attrs.name, attrs.arch, attrs.backend, seconds,
                              ",".join(missed), reason)
-        self.count(attrs.arch, "compiles", 1)
-        self.count(attrs.arch, "compile_seconds", seconds if own is None else own)
-        bookkeeping.report_compile()
+        self.count_compile(attrs, seconds if own is None else own)
         return rec
+
+    def count_compile(self, attrs: HashAttributes, seconds: float) -> None:
+        """Count a compile (the process's counters, ``kdb stats``, ``kdb run``'s report);
+        :meth:`record_compile` also logs it. A build kdb does not cache is logged once per
+        key and process, and counted each time."""
+        self.count(attrs.arch, "compiles", 1)
+        self.count(attrs.arch, "compile_seconds", seconds)
+        bookkeeping.report_compile()
 
     # -- shared tier (kdb.shared.tier; only when KDB_SHARED_URL is set) ------------------------
 

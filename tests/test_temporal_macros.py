@@ -257,11 +257,14 @@ def test_a_loop_that_builds_one_uncached_program_logs_it_once(db, cache_dir):
     """Each build compiles, but the start-up latency log names such a program once per
     process: a service that builds one per request would otherwise grow the log without
     end. The exit summary counts it beside the cached ones."""
+    before = bookkeeping.process_counts().get("compiles", 0)
     for _ in range(4):
         kdb.cuda.compile(CU_STAMP, "sm_90", output="ptx", db=db, compiler="nvcc")
     kdb.cuda.compile("__global__ void plain(int *a) { a[0] = 1; }", "sm_90", output="ptx",
                      db=db, compiler="nvcc")
     db.flush()
     assert len(_uncached_records("uses __DATE__")) == 1
+    # Counted each time it compiled (kdb stats, kdb run's report): it was counted once.
+    assert bookkeeping.process_counts().get("compiles", 0) - before == 5
     assert "Later starts load 1 of them from the cache; 1 cannot be cached" in \
         bookkeeping.summary()

@@ -121,11 +121,14 @@ def uncached_build(db, attrs, build: Callable[[], bytes], why: str, language: st
 
 def log_uncached(db, attrs: list, seconds: float, why: str) -> None:
     """An uncached build of ``attrs`` (its seconds shared among them) in the start-up
-    latency log, with why it was not cached: once per key and process."""
+    latency log, with why it was not cached, once per key and process; counted as a compile
+    each time (a build repeated five times was counted once)."""
     for a in attrs:
         if first_uncached(a.key):
             db.tiers.storing.log_compile(db.tiers.record_compile(
                 a, seconds / len(attrs), reason=UNCACHED + why))
+        else:
+            db.tiers.count_compile(a, seconds / len(attrs))
 
 
 def served_unkeyed(db, attrs, err: UnkeyedRead, seconds: float, language: str) -> bytes:
