@@ -79,13 +79,18 @@ def arch(cl_ctx) -> str:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory, cl_ctx, arch) -> dict:
-    """`kdb pack --arch native` of a two-kernel manifest, with a wheel: the CLI's result."""
+    """`kdb pack --arch native` of a two-kernel manifest, with a wheel: the CLI's result,
+    with kdb's default store mode, as a user has it (the tests' children store before they
+    exit): stores handed to the store worker failed every OpenCL kernel of the pack."""
     tmp = tmp_path_factory.mktemp("small-pack")
     manifest = tmp / "small.toml"
     manifest.write_text(SMALL_MANIFEST)
     out = tmp / "out"
-    result = invoke("pack", "--arch", "native", "--manifest", manifest, "--version", "1.2.3",
-                    "--out", out)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("KDB_STORE_AT_EXIT", raising=False)
+        result = invoke("pack", "--arch", "native", "--manifest", manifest, "--version",
+                        "1.2.3", "--out", out)
+        assert os.environ.get("KDB_STORE_AT_EXIT") is None  # the pack's setting undone
     assert result.exit_code == 0, result.output
     return {"manifest": manifest, "out": out, "file": out / f"{arch}.kdb", "result": result}
 

@@ -7,11 +7,13 @@ CUDA back ends, a :class:`~kdb.db.KernelDB` storing into the user tier), so the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import bookkeeping, registry
+from .. import bookkeeping, config, registry
 from ..errors import BackendUnavailableError, CompileError, PackError
 from .manifest import KernelSpec, applicable
 from ..file.kernelfile import KernelFile
@@ -60,6 +62,42 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
     db = KernelDB(cache_dir=work_dir, system_path=[], use_system=False, disabled=False)
     failures: list[tuple[str, str]] = []
     compiled: dict[str, list[str]] = {}  # kernel name -> keys its build compiled
+    with _stored_by_this_process():
+        _compile_all(db, todo, packers, arch, progress, keep_going, failures, compiled)
+    path = db.tiers.user_file(arch).path
+    # The binaries are read back from the driver and stored in the background, where a
+    # failure is only logged: a kernel that compiled but was not stored is a failure here.
+    stored = _stored_keys(path)
+    for name, keys in compiled.items():
+        if any(k not in stored for k in keys):
+            failures.append((name, "compiled, but its binary could not be read back and "
+                                   "stored (see the kdb warnings above)"))
+    if progress:
+        progress(len(todo), len(todo), "")
+    return path, failures
+
+
+@contextlib.contextmanager
+def _stored_by_this_process():
+    """The pack's builds stored by this process before it reads them (``KDB_STORE_AT_EXIT
+    =wait`` while it compiles). Handed to the store worker, the default, none was stored
+    yet when the pack looked: every OpenCL kernel failed the pack, and the worker wrote
+    into the pack's work directory after the pack had removed it."""
+    before = os.environ.get(config.ENV_STORE_AT_EXIT)
+    os.environ[config.ENV_STORE_AT_EXIT] = "wait"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(config.ENV_STORE_AT_EXIT, None)
+        else:
+            os.environ[config.ENV_STORE_AT_EXIT] = before
+
+
+def _compile_all(db, todo, packers, arch: str, progress, keep_going: bool,
+                 failures: list, compiled: dict) -> None:
+    """Build each spec through its back end, noting failures and the keys each compiled;
+    every store is written when this returns."""
     try:
         for i, spec in enumerate(todo):
             if progress:
@@ -85,17 +123,6 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
         db.close()
         # These compiles are the product, not a slow start-up: no exit summary for them.
         bookkeeping.forget_compiles()
-    path = db.tiers.user_file(arch).path
-    # The binaries are read back from the driver and stored in the background, where a
-    # failure is only logged: a kernel that compiled but was not stored is a failure here.
-    stored = _stored_keys(path)
-    for name, keys in compiled.items():
-        if any(k not in stored for k in keys):
-            failures.append((name, "compiled, but its binary could not be read back and "
-                                   "stored (see the kdb warnings above)"))
-    if progress:
-        progress(len(todo), len(todo), "")
-    return path, failures
 
 
 def _uncached(recs) -> str | None:
