@@ -22,7 +22,7 @@ import pytest
 import _kdb_auto
 from kdb import config
 from kdb.adopt import tally
-from conftest import no_store_worker, purelib
+from conftest import no_store_worker, purelib, stored_entries
 
 BIN = Path(sys.executable).parent
 KDB = str(BIN / "kdb")
@@ -564,12 +564,22 @@ def test_kdb_run_counts_the_compiles_of_pool_workers_that_never_run_their_exit_h
         start, env, tmp_path):
     """multiprocessing's pool workers end in os._exit or by the pool's SIGTERM: their counts,
     written only at exit, never reached ``kdb run``, whose summary said 0 compiled."""
+    from kdb.storing import spool
+
     app = tmp_path / "pool.py"
     app.write_text(POOL_APP)
     proc = run([KDB, "run", "--json", "--", sys.executable, app, start], env)
     assert proc.returncode == 0 and proc.stdout.strip() == "6", proc.stderr
     summary = json.loads(proc.stderr.strip().splitlines()[-1])
     assert summary["compiled"] == 4, summary
+    # Stored all the same with KDB_STORE_AT_EXIT=wait: a terminated worker's stores went
+    # to the store worker (they waited for an exit that never came: every run compiled).
+    assert env.get("KDB_STORE_AT_EXIT", os.environ.get("KDB_STORE_AT_EXIT")) == "wait"
+    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 120) == 0
+    assert stored_entries(env["KDB_CACHE_DIR"]) == 4
+    proc = run([KDB, "run", "--json", "--", sys.executable, app, start], env)
+    again = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert again["compiled"] == 0, again  # (what a worker was served is not counted)
 
 
 def test_kdb_run_summary_says_how_many_compiles_are_still_pending_store(app, env):

@@ -9,6 +9,7 @@ Until then the program itself serves repeats in this process (:data:`compiled`).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -321,8 +322,14 @@ def recheck_for(text: str, opt_bytes: bytes, search) -> Callable[[], tuple]:
 
 
 def _detach() -> bool:
-    """Whether stores go to the store worker (``KDB_STORE_AT_EXIT=detach``, the default)."""
-    return config.store_at_exit() == "detach"
+    """Whether stores go to the store worker: ``KDB_STORE_AT_EXIT=detach``, the default, and
+    under ``wait`` in a child of :mod:`multiprocessing`, whose end is its parent's: a pool
+    leaving ``with`` terminates its workers (SIGTERM), and what one kept to store before its
+    exit was lost, run after run."""
+    if config.store_at_exit() == "detach":
+        return True
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.parent_process() is not None
 
 
 def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
