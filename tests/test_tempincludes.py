@@ -125,3 +125,22 @@ def _copy_in_step(start, results, top: str, root: str) -> None:
     ti._checked.clear()
     path = ti.copy_of(top, root)
     results.put((path, path is not None and ti._intact(path, ti.files_of(top))))
+
+
+def test_a_copy_made_first_leaves_the_cache_directories_private_whatever_the_umask(
+        inc, tmp_path):
+    """Under umask 002 (Debian's, Fedora's for a user) a first build whose include directory
+    is copied made the cache root and ``v1`` group-writable on the way to ``includes``:
+    kdb then refused its own cache for good (nothing stored, one warning a start)."""
+    from kdb.file import fs
+
+    cache = tmp_path / "cache"
+    root = cache / "v1" / "includes"
+    old = os.umask(0o002)
+    try:
+        assert ti.copy_of(str(inc), str(root)) is not None
+    finally:
+        os.umask(old)
+    for d in (cache, cache / "v1", root):
+        assert d.stat().st_mode & 0o777 == 0o700, d
+    assert not fs.refused([cache, cache / "v1"], ("x", "y"))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .. import config, lifecycle, logs
+from ..dirs import make_private_dir
 from ..errors import UnsafeArchError
 from ..file.rows import Entry
 
@@ -48,7 +49,7 @@ def keep(user_dir: Path, entries: Iterable[Entry]) -> int:
         where = Path(user_dir) / DIRNAME / entry.arch
         try:
             if str(where) not in _counts:
-                where.mkdir(mode=0o700, parents=True, exist_ok=True)
+                make_private_dir(where)
                 _counts[str(where)] = sum(1 for _ in os.scandir(where))
             if _counts[str(where)] >= MAX_KEPT:  # drained meanwhile by another process?
                 _counts[str(where)] = sum(1 for _ in os.scandir(where))
@@ -57,7 +58,7 @@ def keep(user_dir: Path, entries: Iterable[Entry]) -> int:
             try:
                 os.close(os.open(where / entry.key, os.O_CREAT | os.O_WRONLY, 0o600))
             except FileNotFoundError:  # the directory drained and removed meanwhile
-                where.mkdir(mode=0o700, parents=True, exist_ok=True)
+                make_private_dir(where)
                 os.close(os.open(where / entry.key, os.O_CREAT | os.O_WRONLY, 0o600))
         except (OSError, ValueError) as err:  # ValueError: a NUL in a name
             log.debug("kdb: cannot keep %s to publish later: %s", entry.key[:16], err)

@@ -198,7 +198,9 @@ def _write(root: str, target: str, files: list[tuple[str, bytes]]) -> None:
     intact (a copy changed since: moved aside, then removed)."""
     import shutil
 
-    os.makedirs(root, mode=0o700, exist_ok=True)
+    from ...dirs import make_private_dir
+
+    make_private_dir(root)  # and the cache's own directories, 0700 whatever the umask
     temp = f"{target}.{os.getpid()}.tmp"
     shutil.rmtree(temp, ignore_errors=True)
     os.mkdir(temp, 0o700)
