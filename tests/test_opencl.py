@@ -802,6 +802,31 @@ def test_devices_given_as_none_an_iterator_or_twice_build_and_serve_as_pyopencl_
     assert len(kernel_rows(cache_dir, arch(cl_ctx))) == 2
 
 
+def test_a_build_whose_include_copies_went_meanwhile_builds_from_the_originals(
+        cache_dir, cl_ctx, tmp_path, monkeypatch):
+    """A temporary include directory is built from its copy in the cache; the cache removed
+    under a build (``rm -rf ~/.cache/kdb``) took the copy with it, and the program's build
+    failed ('h.h' file not found). It is built as asked instead, and gives its result."""
+    import kdb.backends.opencl as backend
+
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "h.h").write_text("#define N 3\n")
+    copies = cache_dir / "v1" / "includes"
+    with_copies = backend._with_copies
+
+    def then_removed(*args, **kwargs):  # the copy made and checked, then gone
+        plan = with_copies(*args, **kwargs)
+        assert str(copies).encode() in plan.opt_bytes
+        shutil.rmtree(copies)
+        return plan
+
+    monkeypatch.setattr(backend, "_with_copies", then_removed)
+    prg = kdb.opencl.build(cl_ctx, '#include "h.h"\n' + SRC, ["-I", str(inc)])
+    x, y = run_axpb(cl_ctx, prg)
+    np.testing.assert_allclose(y, 2 * x + 3)
+
+
 MULTI_DEVICE_CHILD = CHILD_PRELUDE + """
     devs = plat.get_devices()
     ctx = cl.Context(devs)

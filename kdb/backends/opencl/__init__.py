@@ -306,8 +306,18 @@ def _compile_and_store(ctx, source, text: str, plan: _Plan, db: KernelDB, *,
     else:
         start, start_ns = time.perf_counter(), time.time_ns()
         try:
-            raw = _compile(ctx, _program_source(source, text), opt_bytes, devs,
-                           pyopencl_errors, wrapper)
+            try:
+                raw = _compile(ctx, _program_source(source, text), opt_bytes, devs,
+                               pyopencl_errors, wrapper)
+            except Exception:
+                if plan.asked is None:
+                    raise
+                # Built from copies of its include directories, which went meanwhile (the
+                # cache removed under the build): built as asked, it reads the originals.
+                plan = plan.asked
+                devs, opt_bytes = plan.devs, plan.opt_bytes
+                raw = _compile(ctx, _program_source(source, text), opt_bytes, devs,
+                               pyopencl_errors, wrapper)
         except BaseException:
             for claim in held.values():
                 claim.release()

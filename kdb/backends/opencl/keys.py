@@ -319,7 +319,7 @@ class _Plan:
     """
 
     __slots__ = ("devs", "dev_ptrs", "user_rest", "added_rest", "opt_bytes", "search",
-                 "archs", "compilers", "environment", "temporary", "temporal")
+                 "archs", "compilers", "environment", "temporary", "temporal", "asked")
 
     def __init__(self, ctx, devices, options, arch, memo: str, forced: str | None,
                  env: tuple[tuple[str, str], ...]) -> None:
@@ -337,6 +337,7 @@ class _Plan:
         # an option that expands to the time of the build (-DSTAMP=__TIME__): not cached
         self.temporal = temporal_options(
             " ".join((self.opt_bytes.decode("utf-8", "replace"), *(v for _, v in env))).split())
+        self.asked: _Plan | None = None  # the plan as the caller asked, where copies stand in
 
     def with_options(self, opt_bytes: bytes) -> "_Plan":
         """This plan, building with ``opt_bytes`` (the same options for the key: include
@@ -347,6 +348,7 @@ class _Plan:
         other.opt_bytes = opt_bytes
         other.search = search_of(opt_bytes, self.environment)
         other.temporary = temporary_dirs(other.search)
+        other.asked = self.asked or self
         return other
 
 
