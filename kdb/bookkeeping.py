@@ -219,6 +219,8 @@ def _write_every_book() -> None:
 
 #: How the reason of a build kdb neither looked up nor stored begins (it compiles at every start).
 UNCACHED = "not cached: "
+#: The reason of a compile while the cache is off: nothing is looked up or stored.
+DISABLED = "cache disabled (KDB_DISABLE_CACHE)"
 
 _records: list[CompileRecord] = []
 #: The once-key prefix of a build kdb does not cache that this process has logged: one row
@@ -294,7 +296,11 @@ def summary() -> str | None:
     if missing:
         text += ("; no system kernel database for " + ", ".join(missing)
                  + ": install its package or build one with `kdb pack`")
-    uncached = sum(r.reason.startswith(UNCACHED) for r in recs)
+    off = sum(r.reason.startswith(DISABLED) for r in recs)
+    if off == len(recs):  # nothing stored, nothing logged: no later start loads them
+        return text + (". kdb's cache is off (KDB_DISABLE_CACHE, or disabled=True): later "
+                       "starts compile them again.")
+    uncached = sum(r.reason.startswith(UNCACHED) for r in recs) + off
     if not uncached:
         text += ". Later starts load them from the cache"
     elif uncached < len(recs):

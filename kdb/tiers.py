@@ -430,7 +430,7 @@ class Tiers:
             if self._shared() is not None:
                 missed.append("shared")
         if reason is None:
-            reason = ("cache disabled (KDB_DISABLE_CACHE)" if self.disabled
+            reason = (bookkeeping.DISABLED if self.disabled
                       else f"no system database for {attrs.arch}"
                       if not self._system.get(attrs.arch) else "not in any tier")
         from .storing import queued  # a compile: never on the hit path

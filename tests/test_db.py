@@ -10,7 +10,7 @@ import stat
 import pytest
 
 import kdb
-from kdb import CacheFaultError, HashAttributes, InvalidArgumentError, KernelDB
+from kdb import CacheFaultError, HashAttributes, InvalidArgumentError, KernelDB, bookkeeping
 from conftest import attributes_of, set_attributes, sql
 
 NOSYS = "no system kernel database"
@@ -430,6 +430,10 @@ def test_disabled_cache_creates_no_files(cache_dir):
     db.put(attrs(source="y"), BINARY)
     db.close()
     assert not cache_dir.exists()
+    # The exit line says so (it promised "Later starts load them from the cache").
+    said = bookkeeping.summary()
+    assert "cache is off" in said and "later starts compile them again" in said, said
+    assert "from the cache" not in said and "kdb log" not in said, said
 
 
 def test_explicit_argument_beats_the_disable_variable(cache_dir, monkeypatch):
