@@ -821,3 +821,33 @@ def test_pack_without_a_back_ends_module_says_which_extra_to_install(tmp_path, h
     assert line.endswith(f"pip install '{extra}'") and f"No module named '{hidden}'" in line
     assert ("add_64" if hidden == "triton" else "twice") in line
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_pack_onto_a_full_disk_says_so_in_one_line(tmp_path, cache_dir):
+    """``--out`` on a file system with no room: SQLAlchemy's wrapper of the driver's error
+    gave a 30-line traceback (the command line turned only sqlite3's own into a message)."""
+    import os
+
+    if os.getuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a small tmpfs needs root and mount(8)")
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs is not allowed here")
+    try:
+        db = KernelDB(cache_dir)
+        for i in range(40):
+            db.put(HashAttributes("opencl", f"k{i}", "a1", name=f"k{i}"), os.urandom(20_000))
+        db.close()
+        room = os.statvfs(small)
+        (small / "filler").write_bytes(b"x" * (room.f_bavail * room.f_frsize - 16384))
+        result = CliRunner().invoke(cli, ["pack", "--arch", "a1", "--from-db", str(cache_dir),
+                                          "--out", str(small / "dist")])
+        assert result.exit_code == 1, result.output
+        assert not isinstance(result.exception, Exception) or isinstance(
+            result.exception, SystemExit), result.exception
+        assert "disk is full" in result.output and "Traceback" not in result.output, \
+            result.output
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)

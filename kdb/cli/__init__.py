@@ -13,6 +13,7 @@ top layer: it may import every other wing.
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -47,6 +48,22 @@ class _Group(click.Group):
             raise click.ClickException(f"{err.strerror or err}{where}") from err
         except sqlite3.Error as err:
             raise click.ClickException(f"{type(err).__name__}: {err}") from err
+        except Exception as err:
+            database = _database_error(err)
+            if database is None:
+                raise
+            raise click.ClickException(database) from err
+
+
+def _database_error(err: Exception) -> str | None:
+    """SQLAlchemy's wrapper of a database error (alembic's migrations, ``kdb pack``'s system
+    file: a full disk gave a traceback) as one line: the driver's message, no SQL; None for
+    anything else. SQLAlchemy is not imported for this."""
+    sa = sys.modules.get("sqlalchemy.exc")
+    if sa is None or not isinstance(err, sa.DBAPIError):
+        return None
+    orig = err.orig
+    return f"{type(orig).__name__}: {orig}" if orig is not None else str(err).split("\n")[0]
 
 
 class _ConfigProblem(click.ClickException):
