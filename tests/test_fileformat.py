@@ -48,6 +48,21 @@ def test_every_kind_of_file_is_classified_with_its_remedy(tmp_path):
     sql(foreign, "CREATE TABLE t (x)")
     assert classify(foreign).kind == "foreign"
 
+    # A revision no kdb writes is no kdb file: upgrading kdb, the advice, would never help.
+    unknown = tmp_path / "unknown.kdb"
+    migrate.upgrade_sqlite(unknown)
+    sql(unknown, "UPDATE alembic_version SET version_num = 'abc1'")
+    status = classify(unknown)
+    assert status.kind == "foreign" and "'abc1' is none kdb writes" in status.what
+    assert "upgrade" not in status.remedy
+
+    # Two revisions: alembic refuses to upgrade it, so it is damage, not the first row's.
+    two = tmp_path / "two.kdb"
+    migrate.upgrade_sqlite(two, fileformat.REVISIONS[-2])
+    sql(two, f"INSERT INTO alembic_version VALUES ('{fileformat.HEAD}')")
+    with pytest.raises(fileformat.DAMAGE, match="more than one schema revision"):
+        classify(two)
+
     empty = tmp_path / "empty.kdb"
     empty.touch()
     assert classify(empty).kind == "empty"

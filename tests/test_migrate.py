@@ -291,6 +291,50 @@ def test_file_from_a_future_revision_is_left_untouched(cache_dir, caplog):
     assert not list(path.parent.glob("*.corrupt-*"))
 
 
+def test_a_system_file_from_a_newer_kdb_is_named_with_the_system_path_not_the_cache(
+        tmp_path, cache_dir, monkeypatch, caplog):
+    """The advice was the user tier's ("point KDB_CACHE_DIR elsewhere"), which has nothing to
+    do with a system file."""
+    system = tmp_path / "system"
+    system.mkdir(mode=0o755)
+    path = system / "a1.kdb"
+    migrate.upgrade_sqlite(path)
+    sql(path, "UPDATE alembic_version SET version_num = '9999'")
+    path.chmod(0o644)
+    monkeypatch.setenv("KDB_SYSTEM_DB_PATH", str(system))
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        db = KernelDB()
+        assert db.lookup(attrs()) is None
+        db.close()
+    [note] = [r.getMessage() for r in caplog.records if "9999" in r.getMessage()]
+    assert "KDB_SYSTEM_DB_PATH" in note and "KDB_CACHE_DIR" not in note, note
+
+
+def test_a_file_naming_two_revisions_is_found_by_verify_and_set_aside_by_a_write(
+        cache_dir, caplog):
+    """alembic refuses to upgrade or stamp a file whose alembic_version holds two rows, so
+    it was never written again, while `kdb verify` called it sound (the first row's)."""
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    db = KernelDB()
+    db.put(attrs(), BINARY)
+    db.close()
+    path = cache_dir / "v1" / "a1.kdb"
+    sql(path, "INSERT INTO alembic_version VALUES ('0005')")
+    said = CliRunner().invoke(cli, ["verify"])
+    assert said.exit_code == 1 and "more than one schema revision" in said.output, said.output
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.get_or_compile(attrs(source="new"), lambda: b"new") == b"new"
+        db.flush()
+    db.close()
+    assert list(path.parent.glob("a1.kdb.corrupt-*"))  # set aside, a new file in its place
+    assert sql(path, "SELECT count(*) FROM alembic_version") == [(1,)]
+    assert KernelDB().lookup(attrs(source="new")).binary == b"new"
+
+
 def test_two_processes_upgrade_an_old_file_at_once(cache_dir, run_py):
     a = attrs()
     path = file_at_0001(cache_dir / "v1" / "a1.kdb", a)

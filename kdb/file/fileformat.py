@@ -39,14 +39,20 @@ _ALL_TABLES = (*_BEFORE_COMPACT, "sources")
 
 
 def revision_of(conn: sqlite3.Connection) -> str | None:
-    """The file's alembic revision, or ``None`` for a file with no kdb schema yet."""
+    """The file's alembic revision, or ``None`` for a file with no kdb schema yet. A table
+    of two revisions is damage (:class:`sqlite3.DatabaseError`): alembic refuses to upgrade
+    or stamp it, so the file could never be written again, and the first row was taken for
+    its revision (``kdb verify`` called it sound)."""
     try:
-        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        rows = conn.execute("SELECT version_num FROM alembic_version LIMIT 2").fetchall()
     except sqlite3.OperationalError as err:
         if "no such table" in str(err):
             return None
         raise
-    return row[0] if row else None
+    if len(rows) > 1:
+        raise sqlite3.DatabaseError("alembic_version names more than one schema revision "
+                                    f"({rows[0][0]!r}, {rows[1][0]!r}): damaged")
+    return rows[0][0] if rows else None
 
 
 def at_least(rev: str | None, oldest: str) -> bool:
@@ -89,6 +95,9 @@ def status_of(rev: str | None, empty: bool = False) -> Status:
     if rev is None:
         return Status("foreign", None, "not a kdb database (no schema revision)",
                       "move it aside or delete it")
+    if rev not in REVISIONS and not _after_head(rev):
+        return Status("foreign", rev, f"schema revision {rev!r} is none kdb writes: not a kdb "
+                      "database, or a damaged one", "move it aside or delete it")
     if rev not in REVISIONS:
         return Status("newer", rev, f"schema revision {rev} is newer than this kdb ({HEAD})",
                       "upgrade kdb")
@@ -96,6 +105,17 @@ def status_of(rev: str | None, empty: bool = False) -> Status:
         return Status("current", rev, "", "")
     kind = "older" if at_least(rev, READABLE_FROM) else "stale"
     return Status(kind, rev, f"at revision {rev}", "upgraded on next write or by `kdb migrate`")
+
+
+def _after_head(rev: object) -> bool:
+    """Whether ``rev`` reads as a revision a later kdb writes (numbered as kdb numbers them,
+    past the head); anything else is no kdb revision, and upgrading kdb would not help.
+
+    >>> _after_head("0007"), _after_head("abc1"), _after_head("0005"), _after_head("07")
+    (True, False, False, False)
+    """
+    return (isinstance(rev, str) and rev.isascii() and rev.isdigit() and len(rev) == len(HEAD)
+            and rev > HEAD)
 
 
 def classify(conn: sqlite3.Connection) -> Status:

@@ -226,9 +226,9 @@ class KernelFile:
                                  once=self.filename)
                 return False
             self.usable = False
-            if status.kind in ("foreign", "empty"):  # no revision: not a kdb file
+            if status.kind in ("foreign", "empty"):  # no kdb revision: not a kdb file
                 faults.fault(
-                    f"{self.filename} is {status_of(None).what}; "
+                    f"{self.filename} is {status_of(status.revision).what}; "
                     + ("it is skipped" if self.readonly else "it is moved aside"),
                     once=self.filename,
                 )
@@ -238,7 +238,10 @@ class KernelFile:
                 faults.fault(
                     f"{self.filename} has schema revision {status.revision!r}, newer than this kdb "
                     f"knows ({HEAD}); it is left untouched and kernels are compiled instead. "
-                    "Upgrade kdb (pip install -U kdb) or point KDB_CACHE_DIR elsewhere.",
+                    "Upgrade kdb (pip install -U kdb), or "
+                    + ("install the system database package built for this kdb, or take its "
+                       "directory out of KDB_SYSTEM_DB_PATH." if self.readonly else
+                       "point KDB_CACHE_DIR elsewhere."),
                     once=self.filename,
                 )
             return False
