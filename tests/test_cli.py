@@ -502,3 +502,36 @@ def test_demo_runs_cold_then_warm_in_the_given_cache(tmp_path, cache_dir):
     rows = json.loads(ok(["--cache-dir", str(demo_cache), "ls", "--json"]))
     assert len(rows) >= 2 and {r["backend"] for r in rows} == {"opencl"}
     assert json.loads(ok(["--cache-dir", str(demo_cache), "stats", "--json"]))["hits"]["user"] >= 2
+
+
+@pytest.mark.parametrize("command", [["verify"], ["verify", "--repair"],
+                                     ["pack", "--arch", "sm_90", "--from-db", "-", "--out"]])
+def test_ctrl_c_inside_kdbs_sql_function_aborts_and_is_no_database_error(
+        command, cache_dir, tmp_path, monkeypatch):
+    """A Ctrl-C that lands in the SQL function reading entries' attributes reached kdb as
+    sqlite3's 'user-defined function raised exception': verify called a sound file
+    unreadable (and --repair 'repaired' it, exit 0), migrate skipped the file as a failed
+    upgrade, pack said OperationalError. Each now stops as an interrupted command does (the
+    interrupt is put where it lands: in the function)."""
+    from kdb.file import compact
+
+    db = KernelDB(cache_dir)
+    for i in range(3):
+        db.put(attrs(f"k{i}", f"source {i}"), b"binary %d" % i)
+    db.close()
+    path = cache_dir / "v1" / "sm_90.kdb"
+    if command[0] == "pack":
+        command = [*command[:4], str(cache_dir), command[-1], str(tmp_path / "out")]
+    before = path.read_bytes()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compact, "unpack", interrupted)
+    result = run(command)
+    assert result.exit_code == 1 and "Aborted!" in result.output, (result.output,
+                                                                   result.exception)
+    for wrong in ("cannot be read now", "repaired", "upgrade failed", "OperationalError"):
+        assert wrong not in result.output, result.output
+    assert path.read_bytes() == before
+    assert not compact._interrupted

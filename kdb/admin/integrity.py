@@ -159,6 +159,7 @@ def verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
                     out["notes"].append(f"at revision {rev} (head {HEAD})")
                 _verify_entries(conn, arch, out)
     except sqlite3.OperationalError as err:  # I/O, locked, cannot open: not damage
+        compact.reraise_interrupt(err)  # Ctrl-C, not the file
         problems.append(f"cannot be read now: {err}")
     except DAMAGE as err:
         problems.append(f"unreadable: {err}")

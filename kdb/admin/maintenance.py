@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config, lifecycle
-from ..file import discovery
+from ..file import compact, discovery
 from . import integrity
 from ..errors import InvalidArgumentError
 from ..storing import jobfiles, storetimes
@@ -241,10 +241,12 @@ def migrate_files(user_dir: Path, check: bool = False) -> list[dict[str, Any]]:
                 rec["to"] = _revision(path)
                 rec["action"] = "upgraded"
         except DAMAGE as err:
+            compact.reraise_interrupt(err)
             rec.update(action="skipped", to=None, problem=f"unreadable: {err}")
         except OSError as err:  # a stuck upgrader (TimeoutError), a read-only cache
             rec.update(action="skipped", problem=f"cannot upgrade it now: {err}")
         except Exception as err:  # noqa: BLE001 - alembic's and SQLAlchemy's errors
+            compact.reraise_interrupt(err)  # Ctrl-C, not a failed upgrade
             rec.update(action="skipped", problem=f"upgrade failed: {type(err).__name__}: {err}")
         out.append(rec)
     return out

@@ -28,6 +28,7 @@ from . import (
     shared as cli_shared,
 )
 from .. import config
+from ..file import compact
 from .tools import Settings
 from ..errors import KdbError
 from .._version import __version__
@@ -47,8 +48,10 @@ class _Group(click.Group):
             where = f": {err.filename}" if err.filename else ""
             raise click.ClickException(f"{err.strerror or err}{where}") from err
         except sqlite3.Error as err:
+            compact.reraise_interrupt(err)  # Ctrl-C inside kdb's SQL function: "Aborted!"
             raise click.ClickException(f"{type(err).__name__}: {err}") from err
         except Exception as err:
+            compact.reraise_interrupt(err)
             database = _database_error(err)
             if database is None:
                 raise

@@ -127,7 +127,32 @@ FUNCTION = "kdb_attributes"
 
 def register(conn) -> None:
     """Let ``conn`` (sqlite3) compute whole attributes in SQL (:func:`columns`)."""
-    conn.create_function(FUNCTION, 3, unpack, deterministic=True)
+    conn.create_function(FUNCTION, 3, _unpack_in_sql, deterministic=True)
+
+
+_interrupted = False
+
+
+def _unpack_in_sql(attrs: object, source: object = None, body: object = None) -> str | None:
+    """:func:`unpack` as SQLite calls it. A Ctrl-C that lands inside reaches the caller as
+    sqlite3's ``OperationalError: user-defined function raised exception``: it is noted
+    here, so :func:`reraise_interrupt` gives the caller its KeyboardInterrupt back (``kdb
+    verify`` called a sound file unreadable, and ``--repair`` repaired it)."""
+    global _interrupted
+    try:
+        return unpack(attrs, source, body)
+    except KeyboardInterrupt:
+        _interrupted = True
+        raise
+
+
+def reraise_interrupt(err: BaseException | None = None) -> None:
+    """Raise KeyboardInterrupt if a Ctrl-C landed in this module's SQL function (``err``: the
+    error it became, if known); else nothing."""
+    global _interrupted
+    if _interrupted:
+        _interrupted = False
+        raise KeyboardInterrupt from err
 
 
 def columns(compact: bool, table: str = "kernels", schema: str = "") -> tuple[str, str]:
