@@ -42,6 +42,7 @@ from .keys import (
     split_options,
 )
 from . import tempincludes
+from .binaries import source_program
 from .poclbin import is_early, private_copies
 from .refresh import loaded as _refresh_loaded
 from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
@@ -397,9 +398,9 @@ def _from_early(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], hit
         try:
             for u in filter(None, unpacked):
                 early.put_back(top, *u)
-            raw = cl._Program(ctx, text.encode("utf-8", "surrogateescape"))  # the caller's bytes
+            raw = source_program(ctx, text)  # the caller's bytes
             raw.build(plan.opt_bytes, plan.devs)
-        except (OSError, cl.RuntimeError, cl.LogicError) as err:
+        except Exception as err:  # noqa: BLE001 - whatever it was, built from source instead
             why = f"PoCL's files could not be put back and built ({err})"
         else:
             if all(early.used(top, u[0], start_ns) for u in filter(None, unpacked)):

@@ -19,6 +19,19 @@ CL_PROGRAM_BINARIES = 0x1166
 
 
 @functools.lru_cache(maxsize=1)
+def source_program(ctx, text: str):
+    """``clCreateProgramWithSource`` of ``text`` as the caller's bytes (each lone surrogate
+    back to the byte it stands for). pyopencl before 2026.1 takes a source as ``str`` only:
+    there the text is given as it is (every store of the store worker failed with a
+    TypeError, and the next start's first served program crashed the process)."""
+    import pyopencl as cl
+
+    try:
+        return cl._Program(ctx, text.encode("utf-8", "surrogateescape"))
+    except TypeError:
+        return cl._Program(ctx, text)
+
+
 def _libopencl() -> ctypes.CDLL | None:
     """The OpenCL loader this process already uses (pyopencl's bundled copy, usually)."""
     path = None

@@ -139,12 +139,12 @@ lifecycle.on_exit(lifecycle.SUMMARY, _close_all)  # after the stores (lifecycle.
 # -- the helper ------------------------------------------------------------------------------
 
 def _build_and_read(program: dict) -> list[bytes]:
-    from .binaries import program_binaries
+    from .binaries import program_binaries, source_program
     from .finddevices import job_devices
 
     devs = job_devices(program, [])
     os.chdir(program.get("cwd") or "/")  # relative -I paths
-    raw = cl._Program(cl.Context(devs), program["source"].encode("utf-8", "surrogateescape"))
+    raw = source_program(cl.Context(devs), program["source"])
     raw.build(program["options"].encode("latin-1"), devs)
     binaries = program_binaries(raw, devs)
     return [binaries.get(d.int_ptr, b"") for d in devs]

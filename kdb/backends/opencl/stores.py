@@ -22,7 +22,7 @@ from ...keys import HashAttributes
 from ...storing.jobs import StoreJob
 from ...storing.stores import HeaderChangedError, headers_changed
 from . import early, refresh
-from .binaries import library_of, program_binaries
+from .binaries import library_of, program_binaries, source_program
 from .finddevices import NEXT_RUN as _NEXT_RUN, job_devices
 from .keys import BACKEND, ENV_VARS, device_details, environment, headers_of
 
@@ -275,7 +275,7 @@ def _binaries(raw, devs, program: dict | None, ptrs: list[int],
             return {}  # relative -I paths would name other headers
     except OSError:
         return {}
-    again = cl._Program(cl.Context(devs), program["source"].encode("utf-8", "surrogateescape"))
+    again = source_program(cl.Context(devs), program["source"])
     again.build(program["options"].encode("latin-1"), devs)
     return program_binaries(again, devs)
 
@@ -367,7 +367,7 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
         raise HeaderChangedError(f"job dropped: {why} ({_NEXT_RUN})")
     start = time.process_time()
     ctx = cl.Context(devs)
-    raw = cl._Program(ctx, prog["source"].encode("utf-8", "surrogateescape"))
+    raw = source_program(ctx, prog["source"])
     raw.build(opt_bytes, devs)
     build_s = time.process_time() - start
     binaries = program_binaries(raw, devs)
