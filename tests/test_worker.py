@@ -618,3 +618,24 @@ def test_the_workers_processes_start_no_blas_threads_unless_the_user_asks(given,
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stdout.split() == [seen], out.stderr
+
+
+def test_a_job_taken_for_a_moment_and_put_back_is_still_stored(tmp_path):
+    """A compiling process takes its own job to store a wanted entry and puts it back
+    (:mod:`kdb.storing.holding`). Read in that moment, the job was remembered as gone: each
+    later pick passed it over, it was never stored, and its worker never left (the job
+    kept the queue from being empty)."""
+    from kdb.storing.jobs import StoreJob
+    from kdb.worker import supervisor as worker
+
+    stem = f"{time.time_ns() - 9_000_000_000:020d}-1-1"
+    job = tmp_path / (stem + spool.JOB)
+    job.write_text(StoreJob(backend="opencl", entries=[{"key": "k"}]).to_json())
+    queue = worker._Queue(tmp_path)
+    queue.scan(set(), force=True)
+    taken = job.with_suffix(spool.TAKEN)
+    job.rename(taken)  # its process takes it ...
+    assert queue.pick(False, set()) is None
+    taken.rename(job)  # ... and puts it back
+    queue.scan(set(), force=True)
+    assert queue.pick(False, set()) == job

@@ -130,8 +130,10 @@ class _Queue:
                        tuple(sorted(job.environment.items())), job.first)
                 if job.claims_dir:
                     self._wants.setdefault(job.claims_dir, set())
-            except FileNotFoundError:
-                pass  # stored by its own process meanwhile
+            except FileNotFoundError:  # stored by its own process, or taken for a moment:
+                return None  # looked at again once a listing names it (never kept as gone:
+                # a job its process took and put back was then passed over for good, and
+                # its worker never left)
             except (OSError, ValueError, TypeError) as err:
                 _say(f"{path.name} is not a store job ({err}); set aside as {stem + BAD}")
                 rename(path, path.with_suffix(BAD))
