@@ -357,6 +357,34 @@ def test_explain_a_key_shows_the_nearest_entry_and_what_differs(store):
     assert "host: builder-1" in text
 
 
+def test_explain_finds_the_nearest_entry_of_its_name_among_many_newer_ones(tmp_path):
+    """The candidates were the 1000 most recently used entries of its name or back end and
+    arch: past 1000 newer entries of other kernels, the older entry of its own name fell
+    out, and the why named another kernel's entry, differing in source too."""
+    import sqlite3
+
+    cache = tmp_path / "cache"
+    db = KernelDB(cache_dir=cache, system_path=[])
+    target = attrs("target", "kernel void target() {}", build_options=("-DN=1",))
+    db.put(target, b"t" * 100)
+    db.flush()
+    path = cache / "v1" / "sm_90.kdb"
+    conn = sqlite3.connect(path)
+    with conn:  # the entry of its name is the least recently used
+        conn.execute("UPDATE kernels SET last_access = 1, created = 1")
+    conn.close()
+    for i in range(1001):
+        db.put(attrs(f"other{i}", f"kernel void other{i}() {{}}", build_options=("-DN=2",)),
+               b"o" * 100)
+    compiled = target.with_(build_options=("-DN=2",))
+    db.get_or_compile(compiled, lambda: b"n" * 100)
+    db.close()
+    data = json.loads(ok(["explain", compiled.key[:16], "--json"], {"KDB_CACHE_DIR": str(cache)}))
+    assert data["nearest"][0]["key"] == target.key, data["nearest"][0]
+    assert list(data["nearest"][0]["differs"]) == ["build_options"], data["why"]
+    assert "source" not in data["why"], data["why"]
+
+
 def test_explain_a_kernel_name_from_a_real_build(store):
     data = json.loads(ok(["explain", "saxpy", "--json"], store["env"]))
     assert data["name"] == "saxpy" and data["arch"] == store["pocl"]

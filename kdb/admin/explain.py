@@ -147,13 +147,17 @@ def _nearest(files: list, kernel: tuple[str, str, str, str], target: dict | None
     attributes differ; and the builds that differ from it only in the compiler."""
     key, name, backend, arch = kernel
     candidates: dict[str, dict] = {}
-    near_where = "key != ? AND (name = ? OR (backend = ? AND arch = ?))"
+    # Those of its name first, each kind up to a limit: one query of both, cut at the 1000
+    # most recently used, lost the older entries of its name (past 1000 entries, the
+    # nearest entry, and so the why, was another kernel's).
+    near = (("key != ? AND name = ?", (key, name)),
+            ("key != ? AND name != ? AND backend = ? AND arch = ?", (key, name, backend, arch)))
     for t, path, _ in files:
         try:
             with reading(path, t) as conn:
-                for e in _entry_rows(conn, near_where, (key, name, backend, arch), t, path,
-                                     limit=1000):
-                    candidates.setdefault(e["key"], e)
+                for where, params in near:
+                    for e in _entry_rows(conn, where, params, t, path, limit=1000):
+                        candidates.setdefault(e["key"], e)
         except DAMAGE:
             continue  # reported by _matches
     ranked = []
