@@ -851,3 +851,23 @@ def test_a_pack_onto_a_full_disk_says_so_in_one_line(tmp_path, cache_dir):
             result.output
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+def test_the_pack_command_the_no_system_database_warning_suggests_works_as_written(
+        cache_dir, tmp_path, monkeypatch, caplog):
+    """The warning said `kdb pack --arch a1`, a usage error as written (no input, no --out)."""
+    import logging
+    import re
+    import shlex
+
+    db = KernelDB()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        db.get_or_compile(HashAttributes("test", "kernel", "a1", name="k"), lambda: b"b" * 64)
+    db.close()
+    [said] = [r.getMessage() for r in caplog.records if "no system kernel database" in
+              r.getMessage()]
+    command = re.search(r"`kdb (pack [^`]*)`", said).group(1)
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*shlex.split(command))
+    assert result.exit_code == 0, (command, result.output)
+    assert (tmp_path / "DIR" / "a1.kdb").is_file() and "DIR" in said

@@ -213,8 +213,9 @@ def system_files(arch: str, dirs: list[str | os.PathLike[str]], memo_dir: str | 
             "(%s) and in installed packages (entry point group %r). Kernels for this device "
             "will be compiled at first use and stored in %s, so the first start-up will be "
             "slow. To fix it, install the system database package for this arch "
-            "(pip install %s, if your framework publishes one), or build one with "
-            "`kdb pack --arch %s` and put its directory in KDB_SYSTEM_DB_PATH.",
+            "(pip install %s, if your framework publishes one), or build one from what a "
+            "run compiled, `kdb pack --arch %s --from-db --out DIR`, and put DIR in "
+            "KDB_SYSTEM_DB_PATH.",
             arch, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
             GROUP, os.path.join(str(Path(user_dir)), f"{arch}.kdb"), dist_name(arch), arch,
         )
