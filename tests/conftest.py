@@ -174,6 +174,7 @@ def _fresh_process_state():
     """Forget once-per-process warnings and this process's compile log between tests."""
     from kdb.storing import background
     from kdb import bookkeeping, faults
+    from kdb.file import entrypoints
 
     faults.reset()
     bookkeeping.forget_compiles()
@@ -181,6 +182,7 @@ def _fresh_process_state():
     background.drain()
     faults.reset()
     bookkeeping.forget_compiles()
+    entrypoints.create_cache_dir = True  # as in a program (a `kdb` command turns it off)
 
 
 @pytest.fixture

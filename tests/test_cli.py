@@ -563,3 +563,15 @@ def test_ctrl_c_inside_kdbs_sql_function_aborts_and_is_no_database_error(
         assert wrong not in result.output, result.output
     assert path.read_bytes() == before
     assert not compact._interrupted
+
+
+@pytest.mark.parametrize("command", [["ls"], ["stats"], ["verify"], ["log"]])
+def test_a_reading_command_on_a_cache_that_is_not_there_makes_no_directory(command, tmp_path):
+    """``KDB_CACHE_DIR=/tmp/typo kdb ls`` made /tmp/typo, to save its scan of installed
+    packages there."""
+    typo = tmp_path / "typo"
+    proc = subprocess.run([str(Path(sys.executable).with_name("kdb")), *command],
+                          env={**__import__("os").environ, "KDB_CACHE_DIR": str(typo)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not typo.exists()

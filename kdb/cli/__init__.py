@@ -90,6 +90,9 @@ def cli(ctx: click.Context, cache_dir: Path | None) -> None:
     Example:
         kdb info
     """
+    from ..file import entrypoints
+
+    entrypoints.create_cache_dir = False  # a command reading a cache makes no directory
     bad = config.problems()
     if ctx.invoked_subcommand != "key":  # `kdb key gen` may make the key a variable names
         from ..signing.policy import problems as key_problems

@@ -53,6 +53,10 @@ def _parse_group(text: str, group: str) -> list[tuple[str, str]]:
 #: with coarse timestamps could change it again within the same tick (as in digests.py).
 _SETTLED_S = 2.0
 _MEMO_NAME = "entry-points.txt"
+#: Whether saving the memo may create the cache directory: a program's does (its next
+#: start is then cheap, even if it only ever hits the system tier); ``kdb``'s commands do
+#: not (``KDB_CACHE_DIR=/tmp/typo kdb ls`` made /tmp/typo).
+create_cache_dir = True
 _MEMO_HEADER = "kdb entry points 1"
 
 # What this process knows, per (group, absolute directory): (st_mtime_ns, names, items).
@@ -301,6 +305,8 @@ def _save(memo_file: str, records: list[tuple[tuple[str, str], tuple]]) -> None:
         try:
             fd = _create(tmp)
         except FileNotFoundError:  # no cache directory yet
+            if not create_cache_dir:
+                return
             make_private_dir(directory)
             fd = _create(tmp)
         created = True
