@@ -575,3 +575,37 @@ def test_a_reading_command_on_a_cache_that_is_not_there_makes_no_directory(comma
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert not typo.exists()
+
+
+def test_verify_notes_a_file_mostly_free_pages_and_repair_gives_them_back(tmp_path):
+    """An upgrade's VACUUM killed halfway left a file at twice its size for good (only the
+    upgrade vacuums). verify notes the free pages, still sound; --repair runs the VACUUM,
+    and a sound file is not 'repaired' otherwise (its totals were recomputed, exit 0)."""
+    import os
+
+    cache = tmp_path / "cache"
+    db = KernelDB(cache_dir=cache, system_path=[])
+    for i in range(60):
+        db.put(attrs(f"k{i}", f"kernel void k{i}() {{}}"), os.urandom(64_000))
+    db.close()
+    path = cache / "v1" / "sm_90.kdb"
+    from kdb.file.kernelfile import KernelFile
+
+    f = KernelFile(path, tier="user", readonly=False)
+    assert f.delete([attrs(f"k{i}", f"kernel void k{i}() {{}}").key for i in range(1, 60)]) == 59
+    f.close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    env = {"KDB_CACHE_DIR": str(cache)}
+    before = path.stat().st_size
+    said = json.loads(ok(["verify", "--json"], env))
+    [f] = said["files"]
+    assert f["ok"] and f["reclaimable"] > 3_000_000, f
+    assert any("kdb verify --repair" in n for n in f["notes"]), f["notes"]
+    fixed = json.loads(ok(["verify", "--repair", "--json"], env))
+    [f] = fixed["files"]
+    assert f["ok"] and [d for d in f["repaired"] if "VACUUM" in d], f
+    assert not [d for d in f["repaired"] if "totals" in d], f  # nothing else was wrong
+    assert path.stat().st_size < before / 4
+    assert KernelDB(cache_dir=cache, system_path=[]).lookup(attrs("k0", "kernel void k0() {}"))

@@ -587,3 +587,23 @@ def test_a_file_replaced_while_a_reader_opens_it_is_read_as_it_is_now(cache_dir,
     row = reader.fetch(a.key)
     assert swapped and row is not None
     assert codec.decode(row.codec, row.blob, row.raw_size, row.checksum) == b"the new file's"
+
+
+def test_an_upgrade_failing_for_room_is_said_to_be_a_full_disk_whatever_error_hid_it(tmp_path):
+    """alembic's cleanup after SQLite's 'database or disk is full' raised its own error (no
+    such table: _alembic_tmp_kernels), and the warning said to delete the file. The error
+    the full disk caused is found where it is chained."""
+    from kdb.file.filewriter import _upgrade_failed
+
+    path = tmp_path / "a1.kdb"
+    migrate.upgrade_sqlite(path)
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError:
+            raise sqlite3.OperationalError("no such table: _alembic_tmp_kernels")
+    except sqlite3.OperationalError as err:
+        said = _upgrade_failed(path, err)
+    assert "file system is full" in said and "Delete it to start afresh" not in said, said
+    other = _upgrade_failed(path, sqlite3.OperationalError("no such table: x"))
+    assert "file system is full" not in other  # a disk with room: another failure

@@ -70,7 +70,7 @@ def verify(user_dir: Path, arch: str | None = None, fix=None) -> dict[str, Any]:
     for path in user_files(user_dir, arch):
         a = path.name[: -len(".kdb")]
         result = verify_file(path, "user", a)
-        if fix is not None and not result["ok"]:
+        if fix is not None and (not result["ok"] or result.get("reclaimable")):
             done = fix(path, result)
             if done:
                 result = verify_file(path, "user", a) if path.exists() else file_result(
@@ -158,6 +158,8 @@ def verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
                 if status.kind != "current":
                     out["notes"].append(f"at revision {rev} (head {HEAD})")
                 _verify_entries(conn, arch, out)
+                if tier == "user":
+                    _free_pages(conn, out)
     except sqlite3.OperationalError as err:  # I/O, locked, cannot open: not damage
         compact.reraise_interrupt(err)  # Ctrl-C, not the file
         problems.append(f"cannot be read now: {err}")
@@ -166,6 +168,22 @@ def verify_file(path: Path, tier: str, arch: str) -> dict[str, Any]:
         out["fatal"] = True
     out["ok"] = not problems and not out["bad_entries"]
     return out
+
+
+#: Free pages worth giving back: more than this share of the file, and this many bytes.
+RECLAIM_SHARE, RECLAIM_BYTES = 0.25, 1 << 20
+
+
+def _free_pages(conn: sqlite3.Connection, out: dict[str, Any]) -> None:
+    """Note a user file whose free pages are a large part of it (an upgrade's VACUUM killed
+    halfway left one at twice its size, for good), for ``--repair`` to give back."""
+    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    total = conn.execute("PRAGMA page_count").fetchone()[0]
+    size = conn.execute("PRAGMA page_size").fetchone()[0]
+    if free * size >= RECLAIM_BYTES and free > total * RECLAIM_SHARE:
+        out["reclaimable"] = free * size
+        out["notes"].append(f"{free * size / 2**20:.1f} MiB in free pages ({free} of {total}): "
+                            "`kdb verify --repair` gives them back (VACUUM)")
 
 
 def _count_newer(conn: sqlite3.Connection) -> int | None:

@@ -295,25 +295,38 @@ def repair_file(path: Path, result: dict[str, Any]) -> list[str]:
     bad = [b["key"] for b in result["bad_entries"]]
     conn = sqlite3.connect(path, timeout=config.BUSY_TIMEOUT_S, isolation_level=None)
     try:
-        with transaction(conn):
-            for key in bad:
-                conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
-            if bad:
-                done.append(f"dropped {len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}")
-            if at_least(result["revision"], COMPACT_FROM):
-                unused = conn.execute("DELETE " + integrity.UNUSED_SOURCES).rowcount
-                if unused:
-                    done.append(f"dropped {unused} unused source{'s' * (unused != 1)}")
-            if at_least(result["revision"], TOTALS_FROM):
-                count, raw, stored = conn.execute(
-                    "SELECT count(*), coalesce(sum(raw_size), 0), "
-                    "coalesce(sum(stored_size), 0) FROM kernels").fetchone()
-                set_meta(conn, [("entries", str(count)), ("raw_bytes", str(raw)),
-                                ("stored_bytes", str(stored))])
-                done.append("running totals recomputed")
+        if not result["ok"]:
+            _drop_bad_and_recount(conn, bad, result["revision"], done)
+        if result.get("reclaimable"):  # sound, but much of it free pages
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            done.append(f"gave back {result['reclaimable'] / 2**20:.1f} MiB of free pages "
+                        "(VACUUM)")
     finally:
         conn.close()
     return done
+
+
+def _drop_bad_and_recount(conn: sqlite3.Connection, bad: list[str], revision: str | None,
+                          done: list[str]) -> None:
+    """Delete the bad entries and unused sources, and recompute the running totals, in one
+    transaction; what was done is added to ``done``."""
+    with transaction(conn):
+        for key in bad:
+            conn.execute("DELETE FROM kernels WHERE key = ?", (key,))
+        if bad:
+            done.append(f"dropped {len(bad)} bad entr{'y' if len(bad) == 1 else 'ies'}")
+        if at_least(revision, COMPACT_FROM):
+            unused = conn.execute("DELETE " + integrity.UNUSED_SOURCES).rowcount
+            if unused:
+                done.append(f"dropped {unused} unused source{'s' * (unused != 1)}")
+        if at_least(revision, TOTALS_FROM):
+            count, raw, stored = conn.execute(
+                "SELECT count(*), coalesce(sum(raw_size), 0), "
+                "coalesce(sum(stored_size), 0) FROM kernels").fetchone()
+            set_meta(conn, [("entries", str(count)), ("raw_bytes", str(raw)),
+                            ("stored_bytes", str(stored))])
+            done.append("running totals recomputed")
 
 
 def _reindexed(path: Path) -> bool:

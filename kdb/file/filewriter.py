@@ -407,13 +407,12 @@ def _upgrade_failed(path, err: Exception) -> str:
     size free beside it; until then nothing is stored in it."""
     from .fs import free_bytes
 
-    text = str(err)
-    if "disk is full" in text or "No space left" in text:
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = 0
-        free = free_bytes(os.path.dirname(path) or ".")
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    free = free_bytes(os.path.dirname(path) or ".")
+    if _says_full(err) or (free is not None and free < size):
         have = f"{free / 2**20:.1f} MiB" if free is not None else "an unknown amount"
         return (f"{path} could not be upgraded to schema revision {HEAD}: its file system is "
                 f"full (the upgrade needs about {size / 2**20:.1f} MiB free beside the file, "
@@ -422,6 +421,19 @@ def _upgrade_failed(path, err: Exception) -> str:
                 "delete the file to start afresh.")
     return (f"{path} could not be upgraded to schema revision {HEAD} ({err}); it is left as "
             "is and kernels are compiled instead. Delete it to start afresh.")
+
+
+def _says_full(err: BaseException | None) -> bool:
+    """Whether ``err``, or an error it was raised while handling, is a full disk: alembic's
+    cleanup after SQLite's 'database or disk is full' raised 'no such table:
+    _alembic_tmp_kernels', and the user was told to delete the file."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if "disk is full" in str(err) or "No space left" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _json_text(details: dict | None) -> str:
