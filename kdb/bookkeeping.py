@@ -173,6 +173,7 @@ class Book:
         """Hand the bookkeeping of archs without a user file to the store worker (when this
         KernelDB used it), and write the rest."""
         if self.hand_over is not None and not self.disabled:
+            archs: list[str] = []
             try:
                 archs = [a for a in list(self.pending)
                          if not Path(self.user_file(a).filename).exists()]
@@ -180,7 +181,13 @@ class Book:
                 if book:
                     self.hand_over(book)
             except Exception as err:  # noqa: BLE001 - never fail an exiting program
-                log.warning("kdb: could not hand bookkeeping to the store worker: %s", err)
+                from . import faults  # one warning for a full disk, whichever write met it
+
+                where = Path(self.user_file(archs[0]).filename).parent if archs else None
+                key = (faults.full_disk_key(where) if where is not None
+                       and faults.full_disk(err) else "bookkeeping-hand-over")
+                (log.warning if logs.first_time(key) else log.debug)(
+                    "kdb: could not hand bookkeeping to the store worker: %s", err)
         self.write_all(quiet=True)
 
     def forget(self) -> None:

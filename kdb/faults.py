@@ -26,6 +26,21 @@ def fault(message: str, once: str | None = None) -> None:
     log.warning("kdb: %s", message)
 
 
+def full_disk(err: BaseException) -> bool:
+    """Whether ``err`` says the disk is full (``ENOSPC``, or SQLite's 'database or disk is
+    full'): one cause, one warning, whichever write met it first (the key of
+    :func:`full_disk_key`)."""
+    import errno
+
+    return (isinstance(err, OSError) and err.errno == errno.ENOSPC) or \
+        "disk is full" in str(err) or "No space left" in str(err)
+
+
+def full_disk_key(user_dir) -> str:
+    """The ``once`` key of every full-disk warning about the user tier ``user_dir``."""
+    return f"disk-full:{user_dir}"
+
+
 def reset() -> None:
     """Forget which warnings were given (tests, and a process that wants them again)."""
     logs.forget_once()

@@ -1021,3 +1021,25 @@ def test_kdb_evict_that_cannot_change_a_file_exits_1(cache_dir, tmp_path):
     [row] = json.loads(result.stdout)
     assert row["removed"] == 0 and "refused" in row["problem"]
     assert len(sql(path, "SELECT key FROM kernels")) == 2
+
+
+def test_a_full_disk_is_one_cause_one_warning_whichever_write_meets_it(cache_dir, caplog):
+    """A full disk met by a store's write, the hand-over of bookkeeping and the room check
+    gave up to four warnings in one process, each under a key of its own."""
+    import errno
+    import logging
+
+    from kdb import faults
+    from kdb.file.filewriter import _write_failed
+
+    db = KernelDB()
+    db.put(attrs("k"), b"binary")
+    f = db.tiers.user_file("a1")
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        _write_failed(f, sqlite3.OperationalError("database or disk is full"))
+        assert faults.full_disk(OSError(errno.ENOSPC, "No space left on device"))
+        faults.fault("another write met it", once=faults.full_disk_key(f.path.parent))
+        faults.fault("the room check", once=faults.full_disk_key(db.user_dir))
+    db.close()
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "disk is full" in said[0].getMessage(), said

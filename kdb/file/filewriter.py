@@ -217,7 +217,8 @@ def _write_failed(f: KernelFile, err: Exception) -> None:
         f.damaged(err)
     else:
         faults.fault(f"could not write to {f.path} ({err}); entries not stored",
-                     once="write:" + str(f.path))
+                     once=faults.full_disk_key(f.path.parent) if faults.full_disk(err)
+                     else "write:" + str(f.path))
 
 
 #: A latency row, unless the same process's row for that key at that time is there: a store

@@ -197,8 +197,10 @@ class Storing:
         except spool.UntrustedSpool:
             return False  # warned: stored in this process, in the user file if it is trusted
         except OSError as err:
-            faults.fault(f"cannot hand stores to the store worker under {self.user_dir} ({err});"
-                         " storing them in this process", once=str(self.user_dir))
+            full = faults.full_disk(err)
+            faults.fault(f"cannot hand stores to the store worker under {self.user_dir} ({err})"
+                         + ("" if full else "; storing them in this process"),
+                         once=faults.full_disk_key(self.user_dir) if full else str(self.user_dir))
             return False
         if self._book.hand_over is None:  # at exit, bookkeeping without a user file goes too
             user_dir, cache_root = self.user_dir, str(self.cache_root)
@@ -225,7 +227,7 @@ class Storing:
         why = low_space(self.user_dir)
         if why is not None:
             faults.fault(f"{why}: kernels are compiled and not stored until there is room",
-                         once=f"disk-full:{self.user_dir}")
+                         once=faults.full_disk_key(self.user_dir))
         return why is not None
 
     def user_trusted(self, f) -> bool:
