@@ -871,3 +871,69 @@ def test_the_pack_command_the_no_system_database_warning_suggests_works_as_writt
     result = invoke(*shlex.split(command))
     assert result.exit_code == 0, (command, result.output)
     assert (tmp_path / "DIR" / "a1.kdb").is_file() and "DIR" in said
+
+
+@pytest.mark.parametrize("case", ["no-device-arch", "no-kernel-arch", "no-cuda-compiler",
+                                  "epoch-after-2107", "out-under-a-file"])
+def test_a_pack_that_cannot_finish_fails_before_anything_is_compiled_or_written(
+        case, tmp_path, cache_dir, arch, monkeypatch):
+    """Each was found only at its turn: the arches before were compiled, written and made
+    wheels of, then the pack failed (no device of sm_90's, no kernel for sm_80); a CUDA
+    compiler missing told the packager to install the system package being built; a
+    SOURCE_DATE_EPOCH past 2107 crashed building the wheel; an --out under a file failed
+    after every compile."""
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(SMALL_MANIFEST)
+    out = tmp_path / "out"
+    arches = [arch, "sm_90"]
+    if case == "no-kernel-arch":
+        manifest.write_text('[[kernel]]\nname = "c"\nbackend = "cuda"\n'
+                            f'source = \'{CUDA_SRC}\'\narches = ["sm_90"]\n')
+        arches = ["sm_90", "sm_80"]
+    if case == "no-cuda-compiler":
+        manifest.write_text(f'[[kernel]]\nname = "c"\nbackend = "cuda"\ncompiler = "nvcc"\n'
+                            f'source = \'{CUDA_SRC}\'\n')
+        monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+        monkeypatch.delenv("KDB_NVCC", raising=False)
+        monkeypatch.delenv("CUDA_HOME", raising=False)
+        monkeypatch.delenv("CUDA_PATH", raising=False)
+        arches = ["sm_90"]
+    if case == "epoch-after-2107":
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", "4354819200")
+        arches = [arch]
+    if case == "out-under-a-file":
+        (tmp_path / "afile").write_text("")
+        out = tmp_path / "afile" / "sub"
+        arches = [arch]
+    before = len(bookkeeping.records())
+    result = CliRunner().invoke(cli, ["pack", *(x for a in arches for x in ("--arch", a)),
+                                      "--manifest", str(manifest), "--version", "1.0.0",
+                                      "--out", str(out)])
+    assert result.exit_code in (1, 2), result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "compiling" not in result.output, result.output  # nothing compiled, ...
+    assert not list(tmp_path.glob("out/*")), list(tmp_path.glob("out/*"))  # ... or written
+    assert len(bookkeeping.records()) == before
+    said = {"no-device-arch": "no OpenCL device of arch 'sm_90'",
+            "no-kernel-arch": "no kernel for arch 'sm_80'",
+            "no-cuda-compiler": "need nvcc",
+            "epoch-after-2107": "after 2107-12-31",
+            "out-under-a-file": "nothing can be written there"}[case]
+    assert said in result.output, result.output
+    assert "kdb-system-" not in result.output, result.output
+
+
+def test_a_manifest_pack_leaves_nothing_in_the_temporary_directory(tmp_path, cache_dir):
+    """With kdb's default store mode the pack's builds were noted for early stores, kept at
+    exit into the pack's removed work directory: a copy of every pack was left in $TMPDIR."""
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(SMALL_MANIFEST)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "KDB_STORE_AT_EXIT"}
+    proc = subprocess.run([str(Path(sys.executable).with_name("kdb")), "pack", "--arch",
+                           "native", "--manifest", str(manifest), "--out", str(tmp_path / "o")],
+                          env={**env, "TMPDIR": str(temp), "POCL_CACHE_DIR": str(tmp_path / "p")},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert list(temp.iterdir()) == []

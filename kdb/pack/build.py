@@ -98,7 +98,7 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         raise InvalidArgumentError("give exactly one input: --manifest FILE, --from-db [PATH] "
                                    "or --from-log")
     from .builtfor import built_for
-    from .wheel import build_wheel, check_version, dist_name
+    from .wheel import build_wheel, check_version, dist_name, source_date_epoch
 
     out = Path(out_dir)
     specs = load_manifest(manifest) if manifest is not None else None
@@ -107,6 +107,7 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         check_version(version)
         for arch in arch_list:
             dist_name(arch, dist_prefix)
+    source_date_epoch()  # as does a bad SOURCE_DATE_EPOCH
 
     def step(arch: str, what: str) -> None:
         if on_step:
@@ -117,6 +118,7 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         wait_for_stores(from_db, on_step)
     else:
         check_manifest(specs, arch_list)
+    _check_out(out)  # and an --out nothing can be written to
     results = []
     for arch in arch_list:
         start = time.perf_counter()
@@ -140,6 +142,21 @@ def pack(arches: Iterable[str], *, out_dir: str | os.PathLike[str], version: str
         result.seconds = time.perf_counter() - start
         results.append(result)
     return results
+
+
+def _check_out(out: Path) -> None:
+    """``--out``, or the nearest directory above it that exists, one this user can write in,
+    checked before anything compiles and without making it: a read-only one, or one under a
+    file, failed only after every kernel had compiled."""
+    there = out.absolute()
+    while not there.exists() and there.parent != there:
+        there = there.parent
+    why = ("is not a directory" if not there.is_dir() else
+           "is not writable" if not os.access(there, os.W_OK | os.X_OK) else None)
+    if why is not None:
+        shown = "" if there == out.absolute() else f" ({there} {why})"
+        raise PackError(f"--out {out}: nothing can be written there{shown or ': it ' + why}; "
+                        "give a directory you can write")
 
 
 def _compiled(specs: list, arch: str, work: Path, keep_going: bool,

@@ -137,7 +137,12 @@ def _uncached(recs) -> str | None:
 def check_manifest(specs: list[KernelSpec], arches: list[str]) -> None:
     """Each back end's ``check(specs, arches)`` (where its pack module has one) with its
     kernels and the arches they go to, before anything compiles: an arch its toolchain
-    cannot build fails the pack at once, not after the other arches are built."""
+    cannot build, or one no kernel goes to, fails the pack at once, not after the other
+    arches are built."""
+    for arch in arches:
+        if not applicable(specs, arch):
+            raise PackError(f"the manifest lists no kernel for arch {arch!r} (each names "
+                            "other 'arches', or is a CUDA kernel and this is not a CUDA arch)")
     for backend in sorted({s.backend for s in specs}):
         entry = registry.get(backend)
         mine = [s for s in specs if s.backend == backend]

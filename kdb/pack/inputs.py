@@ -54,8 +54,10 @@ def check_source(src: Path, shown: object) -> None:
         with reading(src, "user") as conn:
             status = classify(conn)
     except DAMAGE as err:
-        raise PackError(f"--from-db {shown}: cannot read it ({err}); check it with "
-                        "`kdb verify`") from None
+        raise PackError(f"--from-db {shown}: cannot read it ({err}): it is damaged or not "
+                        "a kdb database; give the user database a run wrote (a cache "
+                        "directory, or its v1/<arch>.kdb), which `kdb --cache-dir DIR "
+                        "verify` checks") from None
     if status.kind == "newer":
         raise PackError(f"{shown} was written by a newer kdb: {status.what}, and this kdb "
                         "cannot read it or rewrite it as an older revision. Upgrade kdb "

@@ -128,7 +128,14 @@ def source_date_epoch() -> int | None:
                                    "$(git log -1 --format=%ct))") from None
     if value < 0:
         raise InvalidArgumentError(f"SOURCE_DATE_EPOCH={text!r} is negative")
+    if value > LAST_ZIP_TIME:
+        raise InvalidArgumentError(f"SOURCE_DATE_EPOCH={text!r} is after 2107-12-31, the last "
+                                   "time a zip file (a wheel) can hold")
     return value
+
+
+#: 2107-12-31 23:59:59 UTC: the last time a zip entry's DOS date and time can hold.
+LAST_ZIP_TIME = 4354819199
 
 
 def zip_timestamp() -> tuple[int, int, int, int, int, int]:

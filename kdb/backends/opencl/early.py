@@ -88,6 +88,8 @@ def compiled(tiers, attrs, start_ns: int, end_ns: int, names, recheck) -> Build 
     attrs = tuple(a for a in attrs if a.arch.startswith("pocl-"))
     if not attrs or len({a.arch for a in attrs}) != 1:  # one device class: one directory
         return None
+    if not _on():  # stored by this process (``wait``, kdb pack): nothing to keep at exit
+        return None
     if recheck is not None and headers_changed(list(attrs), recheck) is not None:
         return None
     build = Build(tiers, attrs, start_ns, end_ns, tuple(names))
@@ -335,10 +337,18 @@ def keep(top: str, builds: list[Build]) -> int:
     return kept if written else 0
 
 
+def _on() -> bool:
+    """Whether early stores are on: PoCL's kernel cache on, stores handed to the store
+    worker, and ``KDB_DISABLE_EARLY_STORE`` unset. A build noted while they were off (``kdb
+    pack`` stores its builds itself) was kept at exit all the same, once they were on again,
+    into the pack's removed work directory."""
+    return not (kernel_cache_off() or config.store_at_exit() != "detach"
+                or config.flag(config.ENV_DISABLE_EARLY_STORE))
+
+
 def _top() -> str | None:
     """PoCL's cache directory when early stores are on and it can be read from, else None."""
-    if (kernel_cache_off() or config.store_at_exit() != "detach"
-            or config.flag(config.ENV_DISABLE_EARLY_STORE)):
+    if not _on():
         return None
     from .refresh import pocl_cache_dir, trusted_top
 

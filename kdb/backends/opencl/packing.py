@@ -28,6 +28,18 @@ def arches() -> dict[str, object]:
     return found
 
 
+def check(specs: list, arches_packed: list[str]) -> None:
+    """Before anything compiles: a device of each arch the manifest's OpenCL kernels go to
+    (found only at its turn, the arches before it were compiled and written for nothing)."""
+    devices = arches()
+    for arch in arches_packed:
+        if arch not in devices:
+            present = ", ".join(sorted(devices)) or "none"
+            raise PackError(f"no OpenCL device of arch {arch!r} is present, and OpenCL "
+                            f"kernels compile on the device; OpenCL arches present here: "
+                            f"{present}")
+
+
 def prepare(arch: str) -> None:
     """A context on a device of ``arch``, before anything compiles; :class:`PackError`
     naming the arches present where there is none (OpenCL compiles on the device)."""
