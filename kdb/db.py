@@ -114,6 +114,9 @@ class KernelDB:
         if isinstance(compile_seconds, bool) or not isinstance(compile_seconds, (int, float)):
             raise InvalidArgumentError(
                 f"compile_seconds must be a number, not {type(compile_seconds).__name__}")
+        if not 0 <= compile_seconds < float("inf"):  # NaN too: kdb stats adds them up
+            raise InvalidArgumentError(f"compile_seconds must be a finite number of seconds "
+                                       f">= 0, not {compile_seconds!r}")
         return self.tiers.storing.put(attrs, binary, compile_seconds=compile_seconds,
                                       details=details)
 

@@ -159,6 +159,10 @@ BAD_CALLS = {
     "put(details=object)": lambda db, a: db.put(a, b"x", details={"d": object()}),
     "put(details=list)": lambda db, a: db.put(a, b"x", details=["x"]),
     "put(compile_seconds=str)": lambda db, a: db.put(a, b"x", compile_seconds="fast"),
+    # kdb stats showed -100 s saved for a negative one, and NaN was stored as 0
+    "put(compile_seconds=-100)": lambda db, a: db.put(a, b"x", compile_seconds=-100.0),
+    "put(compile_seconds=nan)": lambda db, a: db.put(a, b"x", compile_seconds=float("nan")),
+    "put(compile_seconds=inf)": lambda db, a: db.put(a, b"x", compile_seconds=float("inf")),
     "get_or_compile(not callable)": lambda db, a: db.get_or_compile(a, b"binary"),
     "get_or_compile(returns str)": lambda db, a: db.get_or_compile(a, lambda: "binary"),
     "get_or_compile(returns None)": lambda db, a: db.get_or_compile(a, lambda: None),
