@@ -326,6 +326,13 @@ class Tiers:
         which releases it once stored), or ``None`` when coordination is unavailable or the
         wait ran past ``KDB_WAIT_TIMEOUT`` (compile anyway): :mod:`kdb.claims.waiting`'s
         policy, and :mod:`kdb.storing.queued`'s for a store an exited process queued."""
+        got = self._claim_or_wait(attrs, find)
+        if find is None and isinstance(got, Hit):  # served after all: one request, one count
+            self.count(attrs.arch, "misses", -1)  # (its lookup's miss; the hit is counted)
+        return got
+
+    def _claim_or_wait(self, attrs: HashAttributes, find: Callable[[], Any] | None
+                       ) -> Hit | claims.Claim | None:
         from . import claims  # a miss: the hit path never needs it
         from .claims import waiting
         from .storing import queued

@@ -388,3 +388,38 @@ def test_a_pending_claim_given_a_budget_is_waited_for_that_long(tmp_path):
         assert pending_wait(claims.holder(tmp_path, "k" * 64).seconds) == pytest.approx(12.0)
     finally:
         claim.release()
+
+
+def test_a_request_served_after_waiting_is_one_hit_not_also_a_miss(cache_dir):
+    """A build that waited for another's compile and was then served counted a miss and a
+    hit: kdb stats and kdb run's report said 6 misses and 3 hits for 6 requests."""
+    from kdb import bookkeeping
+
+    db = KernelDB()
+    a = attrs("waited")
+    started, go = threading.Event(), threading.Event()
+
+    def slow() -> bytes:
+        started.set()
+        go.wait(30)
+        return b"binary" * 10
+
+    before = dict(bookkeeping.process_counts())
+    first = threading.Thread(target=db.get_or_compile, args=(a, slow))
+    first.start()
+    assert started.wait(30)
+    served = []
+    second = threading.Thread(target=lambda: served.append(
+        db.get_or_compile(a, lambda: b"never compiled")))
+    second.start()
+    time.sleep(0.3)  # the second thread is waiting for the first's compile
+    go.set()
+    first.join(30)
+    second.join(30)
+    db.flush()
+    db.close()
+    assert served == [b"binary" * 10]
+    now = bookkeeping.process_counts()
+    delta = {k: now.get(k, 0) - before.get(k, 0) for k in ("misses", "compiles")}
+    hits = sum(now.get(k, 0) - before.get(k, 0) for k in now if k.startswith("hits."))
+    assert delta == {"misses": 1, "compiles": 1} and hits == 1, (delta, hits)
