@@ -247,7 +247,7 @@ def test_stores_land_when_every_core_is_busy(cache_dir, run_py, monkeypatch):
     assert stored(cache_dir) == 2, worker_log(cache_dir)
     assert (0, True) in niceness.values(), niceness  # the floor lane
     assert (19, False) in niceness.values(), niceness  # an idle lane, apart
-    assert "stored by the floor lane" in worker_log(cache_dir)
+    assert "handed to the floor lane" in worker_log(cache_dir)
 
 
 def test_without_the_floor_stores_wait_for_idle_cpu(cache_dir, run_py, monkeypatch):
@@ -281,7 +281,10 @@ def test_the_floor_takes_only_stores_no_early_entry_can_serve(tmp_path):
     try:
         stems = {"running": f"{born:020d}-1-1",  # pid 1 started at boot: still running
                  "first": f"{born:020d}-1-2", "wanted": f"{born:020d}-1-3",
-                 "ended": f"{born:020d}-{ended.pid}-4", "reused": f"{born:020d}-{later.pid}-5"}
+                 "ended": f"{born:020d}-{ended.pid}-4", "reused": f"{born:020d}-{later.pid}-5",
+                 # its entries are binaries already: the floor lane leaves it to idle CPU,
+                 # so it took a starved idle lane's store of one over only to hand it back
+                 "refresh": f"{born:020d}-{ended.pid}-6-refresh"}
         for what, stem in stems.items():
             job = StoreJob(backend="opencl", entries=[{"key": what}], first=what == "first")
             (tmp_path / (stem + spool.JOB)).write_text(job.to_json())
@@ -290,9 +293,10 @@ def test_the_floor_takes_only_stores_no_early_entry_can_serve(tmp_path):
         queue.wanted = {"wanted"}
         may = {what: queue.floor_may(stem) for what, stem in stems.items()}
         assert may == {"running": False, "first": True, "wanted": True, "ended": True,
-                       "reused": True}, may
+                       "reused": True, "refresh": False}, may
         asked = {what: queue.may_stand_in(stem) for what, stem in stems.items()}
-        assert [w for w, a in asked.items() if a] == ["running", "ended", "reused"], asked
+        assert [w for w, a in asked.items() if a] == ["running", "ended", "reused",
+                                                      "refresh"], asked
         queue.stood_in.add(stems["ended"])
         assert not queue.floor_may(stems["ended"])
         took = [queue.pick(False, set(), floor=True) for _ in range(4)]

@@ -96,7 +96,7 @@ def test_a_process_leaves_its_stores_to_the_worker_and_exits_at_once(cache_dir, 
     # On a busy machine the floor lane may store a job a starved lane held, or leave one an
     # early entry serves to idle CPU: said, not wrong.
     assert [line for line in log.read_text().splitlines()
-            if not line.endswith(("stored by the floor lane",
+            if not line.endswith(("handed to the floor lane",
                                   "an early entry serves it; left to idle CPU"))] == []
     assert log.stat().st_mode & 0o077 == 0
     assert run_json(run_py, BUILD.format(n=3))["compiles"] == 0

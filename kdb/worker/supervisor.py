@@ -24,8 +24,8 @@ from .. import config
 from ..claims import progress
 from ..dirs import open_regular
 from ..file.fileformat import identity
-from ..storing.jobfiles import (BAD, JOB, SLOW, TAKEN, first_ready, publish_lanes, remove,
-                                rename, sweep_partial, take, taken_path)
+from ..storing.jobfiles import (BAD, JOB, REFRESH_MARK, SLOW, TAKEN, first_ready,
+                                publish_lanes, remove, rename, sweep_partial, take, taken_path)
 from ..storing.jobs import StoreJob
 from ..storing.spool import LOCK, worker_running
 from .lane import Lane, inherit
@@ -223,7 +223,9 @@ class _Queue:
         :meth:`may_stand_in`."""
         if not self.may_stand_in(stem, suffix):
             return True
-        if stem in self.stood_in:
+        if stem in self.stood_in or stem.endswith(REFRESH_MARK):
+            # A refresh job's entries are binaries already: its lane leaves it to idle CPU
+            # (a take-over of one ended an idle lane's store for a job it then left).
             self.refused += 1
             return False
         try:
@@ -383,7 +385,7 @@ def _take_over(queue: _Queue, lanes: list[Lane], share: float) -> Path | None:
             path = lane.hand_over()
             if path is not None:
                 _say(f"{_about(path)}: its lane got no idle CPU for {TAKE_OVER_S:.0f} s; "
-                     "stored by the floor lane")
+                     "handed to the floor lane")
                 return path
     return None
 
