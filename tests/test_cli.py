@@ -329,6 +329,8 @@ def test_log_has_one_record_per_compile(store):
     assert scale["missed"] == ["system", "user"] and scale["arch"] == "sm_90"
 
     assert len(json.loads(ok(["log", "--json", "--limit", "1"], store["env"]))) == 1
+    every = json.loads(ok(["log", "--json", "--limit", "0"], store["env"]))  # showed none
+    assert len(every) >= 2 and every == json.loads(ok(["log", "--json"], store["env"]))
     only = json.loads(ok(["log", "--json", "--arch", "sm_90"], store["env"]))
     assert [r["name"] for r in only] == ["scale"]
     text = ok(["log"], store["env"])

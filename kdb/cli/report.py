@@ -101,7 +101,7 @@ def stats(obj: Settings, arch: str | None, as_json: bool) -> None:
 
 @click.command("log")
 @click.option("--limit", type=click.IntRange(min=0, max=MAX_COUNT), default=50, show_default=True,
-              help="Most recent compiles to show.")
+              help="Most recent compiles to show (0: all).")
 @click.option("--arch", default=None, callback=checked_arch, help="Only this arch id.")
 @json_option
 @click.pass_obj
@@ -115,7 +115,7 @@ def log_(obj: Settings, limit: int, arch: str | None, as_json: bool) -> None:
     Example:
         kdb log --limit 20 --json
     """
-    rows = report.compile_log(obj.user_dir, limit, arch)
+    rows = report.compile_log(obj.user_dir, limit or None, arch)  # 0 showed none
     if json_or_empty(rows, as_json, "no compiles recorded"):
         return
     table(["WHEN", "NAME", "ARCH", "SECONDS", "MISSED", "REASON", "PID", "KEY"],
