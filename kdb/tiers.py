@@ -137,7 +137,7 @@ class Tiers:
         self.user_dir = self.cache_root / f"v{config.FORMAT_MAJOR}"
         #: The directories searched for ``<arch>.kdb`` before installed packages.
         self.system_dirs = config.system_dirs(system_path)
-        self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled)
+        self.disabled = config.flag(config.ENV_DISABLE_CACHE, disabled) or self._not_a_dir()
         self.trace = config.flag(config.ENV_TRACE, trace)
         self.use_system = use_system  # False: user tier only (``kdb pack`` builds this way)
         if self.trace:
@@ -151,6 +151,20 @@ class Tiers:
         # background store, a flush, the exit, or after this instance is collected.
         self._book = Book(self._user.__getitem__, self.disabled)
         bookkeeping.write_orphans()  # those of KernelDBs collected before this one
+
+    def _not_a_dir(self) -> bool:
+        """The cache root names something that is not a directory (a file): one warning
+        naming it, and kdb builds without the cache. It said the kernels would be stored
+        there, then that they could not be, then that later starts would load them."""
+        try:
+            if not os.path.exists(self.cache_root) or os.path.isdir(self.cache_root):
+                return False
+        except (OSError, ValueError):
+            return False
+        faults.fault(f"the cache directory {self.cache_root} ({config.ENV_CACHE_DIR} or "
+                     "cache_dir=) is not a directory: kernels are built without the cache; "
+                     "name a directory", once=f"not-a-dir:{self.cache_root}")
+        return True
 
     @functools.cached_property
     def storing(self) -> Storing:

@@ -536,3 +536,19 @@ def test_a_hit_in_a_fresh_process_warns_once_on_stderr(cache_dir, run_py):
     """)
     assert proc.stdout.split() == ["b'binary'"]
     assert proc.stderr.count(NOSYS) == 1 and proc.stderr.startswith("kdb: " + NOSYS)
+
+
+def test_a_cache_dir_that_is_a_file_is_one_warning_and_no_cache(tmp_path, monkeypatch, caplog):
+    """KDB_CACHE_DIR naming a file: the warnings said the kernels would be stored there,
+    then that they could not be written, then that later starts would load them."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    monkeypatch.setenv("KDB_CACHE_DIR", str(afile))
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        db = KernelDB()
+        assert db.get_or_compile(attrs(), Compiler()) is not None
+        db.close()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "is not a directory" in said[0] and str(afile) in said[0], said
+    assert "from the cache" not in (bookkeeping.summary() or "")
+    assert afile.read_text() == ""
