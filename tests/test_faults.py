@@ -782,7 +782,7 @@ def test_a_cache_dir_that_is_a_file_compiles_with_one_warning(where, tmp_path, m
         assert db.get_or_compile(attrs("b"), lambda: b"compiled b") == b"compiled b"
         db.flush()
     notes = warnings_of(caplog)
-    assert len(notes) == 1 and "Not a directory" in notes[0], notes
+    assert len(notes) == 1 and "is not a directory" in notes[0], notes
 
 
 HOLDER = """
