@@ -272,10 +272,12 @@ def test_an_opencl_arch_that_is_not_present_names_those_that_are(small, arch, tm
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("args, message, code", [
-    (["--arch", "../x"], "not valid", 2),  # a usage error of the option itself
-    (["--arch", "native", "--version", "one"], "not a valid package version", 1),
-    (["--arch", "native", "--version", "1.0", "--name", "Bad Name"], "prefix", 1),
+@pytest.mark.parametrize("args, message, code", [  # each a usage error of its option: 2
+    (["--arch", "../x"], "not valid", 2),
+    (["--arch", "native", "--version", "one"], "not a valid package version", 2),
+    (["--arch", "native", "--version", ""], "not a valid package version", 2),
+    (["--arch", "native", "--version", "1.0", "--name", "Bad Name"], "prefix", 2),
+    (["--arch", "native", "--version", "1.0", "--name", "a/b"], "prefix", 2),
 ])
 def test_bad_arguments_fail_before_compiling(small, tmp_path, args, message, code):
     result = invoke("pack", "--manifest", small["manifest"], "--out", tmp_path / "out", *args)

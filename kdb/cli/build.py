@@ -12,10 +12,23 @@ from typing import Any
 import click
 
 from .. import config
-from .tools import Settings, checked_arch, emit_json, human_bytes, json_option, table
+from .tools import (Settings, checked_arch, checked_by, emit_json, human_bytes, json_option,
+                    table)
 from ..errors import CommandError
 
 
+
+
+def _version_ok(version: str) -> None:
+    from ..pack.wheel import check_version
+
+    check_version(version)
+
+
+def _prefix_ok(prefix: str) -> None:
+    from ..file.discovery import dist_name
+
+    dist_name("sm_90", prefix)  # the prefix is checked; any arch would do
 
 
 @click.command()
@@ -125,11 +138,13 @@ class _PackProgress:
               help="Copy exactly the kernels of the start-up latency log (`kdb log`) of the "
                    "user tier, or of the --from-db database.")
 @click.option("--version", "pkg_version", default=None, metavar="VERSION",
+              callback=checked_by(lambda v: _version_ok(v)),
               help="Version of the wheels (e.g. 1.0.0). Without it only the .kdb files are "
                    "written (for KDB_SYSTEM_DB_PATH).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the <arch>.kdb files and the wheels.")
 @click.option("--name", "dist_prefix", default="kdb-system", show_default=True,
+              callback=checked_by(lambda v: _prefix_ok(v)),
               metavar="PREFIX", help="Wheel name prefix: wheels are <prefix>-<arch>. A framework shipping its "
                    "own kernels picks its own, so its wheel installs beside kdb's.")
 @click.option("--keep-going", is_flag=True,

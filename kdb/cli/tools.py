@@ -27,6 +27,24 @@ class Settings:
     explicit: bool  # --cache-dir given
 
 
+def checked_by(check):
+    """An option callback: ``check(value)`` passes (its value), or raises an error kdb's
+    library raises, made a usage error of the option (status 2, as docs/cli.md says of a
+    bad argument; it was status 1, as for a failure)."""
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        from ..errors import KdbError
+
+        if value is None:
+            return None
+        try:
+            check(value)
+        except KdbError as err:
+            raise click.BadParameter(str(err)) from None
+        return value
+
+    return callback
+
+
 def checked_arch(ctx: click.Context, param: click.Parameter, value):
     """An ``--arch`` option's value(s), each a valid arch id, else a usage error (status 2)."""
     from .. import config
