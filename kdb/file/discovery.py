@@ -157,8 +157,10 @@ def _checked(src: SystemSource) -> SystemSource:
 
 
 def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = None, *,
-                memo_dir: str | os.PathLike[str] | None = None) -> list[SystemSource]:
-    """Usable system databases for one arch, in search order; broken entries are logged."""
+                memo_dir: str | os.PathLike[str] | None = None,
+                refused: list[str] | None = None) -> list[SystemSource]:
+    """Usable system databases for one arch, in search order; broken entries are logged,
+    and those refused added to ``refused`` (when given)."""
     dirs = config.system_dirs() if extra_dirs is None else extra_dirs
     files = (os.path.join(str(Path(d)), f"{arch}.kdb") for d in dirs)
     out = []
@@ -174,7 +176,7 @@ def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = Non
             if why is None:
                 out.append(SystemSource(arch, f, config.ENV_SYSTEM_DB_PATH))
             else:
-                _refuse(f, config.ENV_SYSTEM_DB_PATH, why)
+                _refuse(f, config.ENV_SYSTEM_DB_PATH, why, refused)
     for ep in entry_points(memo_dir=memo_dir):
         if ep.name != arch:
             continue
@@ -186,13 +188,15 @@ def sources_for(arch: str, extra_dirs: list[str | os.PathLike[str]] | None = Non
             log.warning("kdb: system database entry point %s = %s (%s) skipped: %s",
                         ep.name, ep.value, src.origin, src.problem)
         else:
-            _refuse(src.filename, src.origin, why)
+            _refuse(src.filename, src.origin, why, refused)
     return out
 
 
-def _refuse(filename: str, origin: str, why: str) -> None:
+def _refuse(filename: str, origin: str, why: str, refused: list[str] | None = None) -> None:
     from .. import faults
 
+    if refused is not None:
+        refused.append(filename)
     faults.fault(f"system database {filename} (from {origin}) is not loaded: {why}",
                  once="unsafe-system:" + filename)
 
@@ -204,19 +208,23 @@ def system_files(arch: str, dirs: list[str | os.PathLike[str]], memo_dir: str | 
     config.check_arch(arch)
     if not use_system:
         return []
-    files = [KernelFile(s.filename, tier="system", readonly=True)
-             for s in sources_for(arch, dirs, memo_dir=memo_dir)]
+    refused: list[str] = []  # the warning that none is usable names them (it read as if
+    files = [KernelFile(s.filename, tier="system", readonly=True)  # none had been found)
+             for s in sources_for(arch, dirs, memo_dir=memo_dir, refused=refused)]
     if not files:
+        none = (f"no usable system kernel database for arch {arch!r} ({', '.join(refused)} "
+                "refused: the warning above says why)" if refused else
+                f"no system kernel database for arch {arch!r}")
         logs.warn_once(
             f"nosys:{arch}",
-            "kdb: no system kernel database for arch %r: looked for %s in KDB_SYSTEM_DB_PATH "
+            "kdb: %s: looked for %s in KDB_SYSTEM_DB_PATH "
             "(%s) and in installed packages (entry point group %r). Kernels for this device "
             "will be compiled at first use and stored in %s, so the first start-up will be "
             "slow. To fix it, install the system database package for this arch "
             "(pip install %s, if your framework publishes one), or build one from what a "
             "run compiled, `kdb pack --arch %s --from-db --out DIR`, and put DIR in "
             "KDB_SYSTEM_DB_PATH.",
-            arch, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
+            none, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
             GROUP, os.path.join(str(Path(user_dir)), f"{arch}.kdb"), dist_name(arch), arch,
         )
     return files
