@@ -212,9 +212,9 @@ def system_files(arch: str, dirs: list[str | os.PathLike[str]], memo_dir: str | 
     files = [KernelFile(s.filename, tier="system", readonly=True)  # none had been found)
              for s in sources_for(arch, dirs, memo_dir=memo_dir, refused=refused)]
     if not files:
-        none = (f"no usable system kernel database for arch {arch!r} ({', '.join(refused)} "
-                "refused: the warning above says why)" if refused else
-                f"no system kernel database for arch {arch!r}")
+        none = f"no system kernel database for arch {arch!r}" + (
+            f" that kdb may load ({', '.join(refused)} refused: the warning above says why)"
+            if refused else "")
         logs.warn_once(
             f"nosys:{arch}",
             "kdb: %s: looked for %s in KDB_SYSTEM_DB_PATH "
