@@ -478,9 +478,25 @@ def _down_url(monkeypatch) -> str:
     return url
 
 
-def _serve(monkeypatch, url: str) -> None:
+def _away(pg: PgServer, url: str, monkeypatch) -> None:
+    """``url``'s database refusing connections (a server restarting: the same URL, so the
+    same tier), set as KDB_SHARED_URL, retried at once."""
     import kdb.shared.tier
 
+    name = url.rsplit("/", 1)[1]
+    pg.sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    pg.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+           params=(name,))
+    monkeypatch.setenv("KDB_SHARED_URL", url)
+    monkeypatch.setenv("KDB_SHARED_RETRY", "0")
+    kdb.shared.tier.reset()
+
+
+def _serve(monkeypatch, url: str, pg: PgServer | None = None) -> None:
+    import kdb.shared.tier
+
+    if pg is not None:  # back from _away
+        pg.sql(f'ALTER DATABASE "{url.rsplit("/", 1)[1]}" ALLOW_CONNECTIONS true')
     monkeypatch.setenv("KDB_SHARED_URL", url)
     kdb.shared.tier.reset()
 
@@ -492,7 +508,7 @@ def test_compiles_the_server_missed_are_published_once_it_takes_a_publish(
     none of the three (before: it compiled the first two again)."""
     from kdb.storing import backlog
 
-    _down_url(monkeypatch)
+    _away(pg, shared_url, monkeypatch)
     db = KernelDB()
     with caplog.at_level(logging.WARNING, logger="kdb"):
         for i in (0, 1):
@@ -508,7 +524,7 @@ def test_compiles_the_server_missed_are_published_once_it_takes_a_publish(
     assert said.exit_code == 0 and "2 entries compiled here while the server was away" in \
         said.output, said.output
 
-    _serve(monkeypatch, shared_url)
+    _serve(monkeypatch, shared_url, pg)
     db = KernelDB()
     db.get_or_compile(attrs(2), lambda: BINARY + bytes([2]))
     db.flush()
@@ -532,14 +548,14 @@ def test_a_shared_hit_publishes_what_the_node_compiled_while_the_server_was_down
     other.get_or_compile(attrs(1), lambda: BINARY + b"1")
     other.flush()
     other.close()
-    _down_url(monkeypatch)
+    _away(pg, shared_url, monkeypatch)
     db = KernelDB()
     db.get_or_compile(attrs(0), lambda: BINARY + b"0")
     db.flush()
     db.close()
     assert backlog.waiting(cache_dir / "v1") == {"a1": 1}
 
-    _serve(monkeypatch, shared_url)
+    _serve(monkeypatch, shared_url, pg)
     db = KernelDB()
     assert db.lookup(attrs(1)).tier == "shared"
     db.flush()
@@ -548,13 +564,85 @@ def test_a_shared_hit_publishes_what_the_node_compiled_while_the_server_was_down
     assert backlog.waiting(cache_dir / "v1") == {}
 
 
+def test_kept_names_go_only_to_the_server_and_namespace_they_were_kept_for(
+        shared_url, pg, cache_dir, tmp_path, monkeypatch):
+    """A cache used with two servers (or two tenants' namespaces): what was compiled while
+    one was away was published to whichever came next, another tenant's data in another's
+    schema, and never to its own."""
+    from kdb.storing import backlog
+
+    down = _down_url(monkeypatch)
+    db = KernelDB()
+    db.get_or_compile(attrs(0), lambda: BINARY + b"0")
+    db.flush()
+    db.close()
+    db_name = shared_url.rsplit("/", 1)[1]
+    other = pg.url(db_name + "_other")
+    pg.sql(f'DROP DATABASE IF EXISTS "{db_name}_other" WITH (FORCE)')
+    pg.sql(f'CREATE DATABASE "{db_name}_other"')
+    _serve(monkeypatch, other)  # another server: nothing kept for it
+    db = KernelDB()
+    db.get_or_compile(attrs(1), lambda: BINARY + b"1")
+    db.flush()
+    db.close()
+    assert shared_keys(pg, other) == {attrs(1).key}
+    assert sum(backlog.waiting(cache_dir / "v1").values()) == 1  # still kept for its own
+    assert down  # the server it was kept for is away for good here: it stays kept
+
+
+def test_kept_entries_reach_the_servers_compile_log_and_counts(shared_url, pg, cache_dir,
+                                                               monkeypatch):
+    """The kept entries were published without their latency rows: the server's compile
+    log and count missed them (kdb stats: 3 compiles by every node for 17 entries; kdb pack
+    --from-log packed 3)."""
+    _away(pg, shared_url, monkeypatch)
+    db = KernelDB()
+    for i in (0, 1):
+        db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
+    db.flush()
+    db.close()
+    _serve(monkeypatch, shared_url, pg)
+    db = KernelDB()
+    db.get_or_compile(attrs(2), lambda: BINARY + bytes([2]))
+    db.flush()
+    db.close()
+    name = shared_url.rsplit("/", 1)[1]
+    logged = {r[0] for r in pg.sql("SELECT key FROM compile_log", name)}
+    assert logged == {attrs(i).key for i in range(3)}, logged
+    assert pg.sql("SELECT value FROM counters WHERE name = 'compiles'", name)[0][0] == 3
+
+
+def test_kdb_clear_forgets_the_kept_names_and_info_counts_only_entries_still_held(
+        cache_dir, monkeypatch):
+    """kdb info said entries waited to be published after kdb evict --to 0 and kdb clear,
+    and clear left the names."""
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+    from kdb.storing import backlog
+
+    _down_url(monkeypatch)
+    db = KernelDB()
+    for i in (0, 1, 2):
+        db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
+    db.flush()
+    db.close()
+    assert "3 entries compiled here" in CliRunner().invoke(cli, ["info"]).output
+    assert CliRunner().invoke(cli, ["evict", "--to", "0"]).exit_code == 0
+    said = CliRunner().invoke(cli, ["info"]).output
+    assert "compiled here while the server was away" not in said, said
+    assert CliRunner().invoke(cli, ["clear", "--yes"]).exit_code == 0
+    assert backlog.waiting(cache_dir / "v1") == {}
+    assert not (cache_dir / "v1" / backlog.DIRNAME).exists()
+
+
 def test_a_kept_key_whose_entry_is_gone_or_damaged_is_dropped_not_sent(
         shared_url, pg, cache_dir, monkeypatch):
     """What is kept is a name: an entry cleared or damaged meanwhile is not sent, and its
     name goes."""
     from kdb.storing import backlog
 
-    _down_url(monkeypatch)
+    _away(pg, shared_url, monkeypatch)
     db = KernelDB()
     for i in (0, 1, 2):
         db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
@@ -565,7 +653,7 @@ def test_a_kept_key_whose_entry_is_gone_or_damaged_is_dropped_not_sent(
         conn.execute("DELETE FROM kernels WHERE key = ?", (attrs(0).key,))
         conn.execute("UPDATE kernels SET blob = X'00' WHERE key = ?", (attrs(1).key,))
     conn.close()
-    _serve(monkeypatch, shared_url)
+    _serve(monkeypatch, shared_url, pg)
     db = KernelDB()
     db.get_or_compile(attrs(3), lambda: BINARY + b"3")
     db.flush()
@@ -574,21 +662,24 @@ def test_a_kept_key_whose_entry_is_gone_or_damaged_is_dropped_not_sent(
     assert backlog.waiting(cache_dir / "v1") == {}
 
 
-def test_a_kept_name_the_server_refuses_three_times_is_forgotten(tmp_path):
-    """A row the server can never take (each publish fails) is tried three times, then its
-    name goes: it must not take the tier down at every later drain."""
+def test_a_kept_name_the_server_refuses_three_times_is_forgotten_one_away_never(tmp_path):
+    """A row the server can never take (each publish refused) is tried three times, then its
+    name goes: it must not take the tier down at every later drain. A server away, slow or
+    locked refuses nothing: its publishes failing counted as refusals, and three drains
+    against a locked table deleted every kept name."""
     from kdb.file.rows import Entry
     from kdb.storing import backlog
 
     entry = Entry(key="f" * 64, arch="a1", backend="test", name="k", attributes="{}",
                   raw=BINARY)
-    assert backlog.keep(tmp_path, [entry]) == 1
+    assert backlog.keep(tmp_path, "t", [entry]) == 1
     tries = []
-    for _ in range(backlog.TRIES):
-        assert backlog.waiting(tmp_path) == {"a1": 1}
-        assert backlog.drain(tmp_path, lambda arch, keys: [entry],
-                             lambda entries: tries.append(entries) and False) == 0
-    assert len(tries) == backlog.TRIES and backlog.waiting(tmp_path) == {}
+    for refused in (False, False, False, False, True, True, True):
+        assert backlog.waiting(tmp_path, "t") == {"a1": 1}
+        assert backlog.drain(tmp_path, "t", lambda arch, keys: [entry],
+                             lambda entries, rows: tries.append(entries) and False,
+                             lambda refused=refused: refused) == 0
+    assert len(tries) == 7 and backlog.waiting(tmp_path, "t") == {}
 
 
 def test_a_node_that_cannot_keep_names_still_compiles_and_stores(cache_dir, monkeypatch):

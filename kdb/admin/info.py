@@ -177,11 +177,24 @@ def _hip_default(rows: dict[str, Any]) -> tuple[str | None, str]:
 
 def _with_unpublished(shared: dict[str, Any] | None, user_dir: Path) -> dict[str, Any] | None:
     """The shared tier's summary, with what this node compiled while the server was away
-    and has not published yet (``{arch: entries}``, :mod:`kdb.storing.backlog`)."""
+    and has not published to it yet (``{arch: entries}``, :mod:`kdb.storing.backlog`):
+    names whose entries the user file still holds (one evicted meanwhile is not sent)."""
     if shared is not None:
+        from ..file.kernelfile import KernelFile
+        from ..shared.tier import tier as shared_tier
         from ..storing import backlog
 
-        shared["unpublished"] = backlog.waiting(user_dir)
+        tier = backlog.tier_id(shared_tier(config.shared_url()).describe())
+        out = {}
+        for arch, keys in backlog.names(user_dir, tier).items():
+            f = KernelFile(user_dir / f"{arch}.kdb", tier="user", readonly=False)
+            try:
+                held = len(f.stored(keys)) if (user_dir / f"{arch}.kdb").is_file() else 0
+            finally:
+                f.close()
+            if held:
+                out[arch] = held
+        shared["unpublished"] = out
     return shared
 
 

@@ -68,7 +68,20 @@ def clearable(user_dir: Path, arch: str | None = None) -> list[Path]:
                     out.append(p)
         out += _spool_leftovers(user_dir) + _stale_claims(user_dir / "claims")
         out += [p for p in [user_dir / storetimes.FILE] if p.is_file()]
-    return out
+    return out + _kept_names(user_dir, arch)
+
+
+def _kept_names(user_dir: Path, arch: str | None) -> list[Path]:
+    """The names kept to publish to a shared tier (:mod:`kdb.storing.backlog`) of the
+    entries cleared, and their directories once empty: ``kdb info`` still counted them."""
+    from ..storing import backlog
+
+    root = user_dir / backlog.DIRNAME
+    names = sorted(root.glob(f"*/{arch or '*'}/*"))
+    dirs = sorted(root.glob(f"*/{arch or '*'}"), reverse=True)
+    if arch is None:
+        dirs += sorted(root.glob("*"), reverse=True) + [root]
+    return names + [d for d in dirs if d.is_dir()]
 
 
 def _spool_leftovers(user_dir: Path) -> list[Path]:

@@ -63,7 +63,8 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
     failures: list[tuple[str, str]] = []
     compiled: dict[str, list[str]] = {}  # kernel name -> keys its build compiled
     with _stored_by_this_process():
-        _compile_all(db, todo, packers, arch, progress, keep_going, failures, compiled)
+        _compile_all(db, todo, packers, arch, progress=progress, keep_going=keep_going,
+                     failures=failures, compiled=compiled)
     path = db.tiers.user_file(arch).path
     # The binaries are read back from the driver and stored in the background, where a
     # failure is only logged: a kernel that compiled but was not stored is a failure here.
@@ -94,7 +95,7 @@ def _stored_by_this_process():
             os.environ[config.ENV_STORE_AT_EXIT] = before
 
 
-def _compile_all(db, todo, packers, arch: str, progress, keep_going: bool,
+def _compile_all(db, todo, packers, arch: str, *, progress, keep_going: bool,
                  failures: list, compiled: dict) -> None:
     """Build each spec through its back end, noting failures and the keys each compiled;
     every store is written when this returns."""

@@ -109,6 +109,9 @@ class SharedTier(CrossNodeLocks):
 
     #: The tier's name (:mod:`kdb.tiers`).
     name = "shared"
+    #: Whether the last operation failed because the server refused what it was given (a
+    #: row it cannot take), not because it was away, slow or locked.
+    refused = False
 
     def __repr__(self) -> str:
         return f"SharedTier({self.describe()!r})"
@@ -208,12 +211,14 @@ class SharedTier(CrossNodeLocks):
 
     def _run(self, doing: str, fn: Callable[[Engine], T], default: T) -> T:
         with pgserver.watchdog.guard(pgserver.bound_s()):
+            self.refused = False
             engine = self.engine()
             if engine is None:
                 return default
             try:
                 return fn(engine)
             except Exception as err:  # noqa: BLE001 - the cache never breaks the program
+                self.refused = _refusal(err)
                 self.failed(err, doing)
                 return default
 
@@ -340,6 +345,14 @@ class SharedTier(CrossNodeLocks):
         from . import report as sharedreport
 
         return sharedreport.export(self, arch, dest)
+
+
+def _refusal(err: BaseException) -> bool:
+    """Whether ``err`` is the server refusing the data (SQLAlchemy's ``DataError`` or
+    ``IntegrityError``), not the server away, slow, frozen or locked."""
+    from sqlalchemy import exc
+
+    return isinstance(err, (exc.DataError, exc.IntegrityError))
 
 
 #: The Python types a sound row's columns have (a writer with the table's role can change a

@@ -300,13 +300,15 @@ class Storing:
         if shared.publish(entries, logs):
             self._publish_kept(shared)
         elif shared.problem is None:
-            backlog.keep(self.user_dir, entries)
+            backlog.keep(self.user_dir, backlog.tier_id(shared.describe()), entries, logs)
 
     def _publish_kept(self, shared) -> None:
-        """The server answers: publish what was compiled here while it did not."""
+        """The server answers: publish what was compiled here while it did not (for this
+        server and namespace only)."""
         from . import backlog
 
-        backlog.drain(self.user_dir, self._stored_entries, shared.publish)
+        backlog.drain(self.user_dir, backlog.tier_id(shared.describe()), self._stored_entries,
+                      shared.publish, lambda: shared.refused)
 
     def store_provisional(self, items: list) -> bool:
         """Store ``(attrs, binary, compile_seconds, details)`` items in the user files only,
