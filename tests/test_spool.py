@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -547,3 +548,25 @@ def test_a_job_swapped_for_a_fifo_is_set_aside_when_a_lane_would_take_it(tmp_pat
     assert jobfiles.take(tmp_path / "00000000000000000002-1-0.job") is None
     assert (tmp_path / "00000000000000000002-1-0.bad").is_dir()
     assert jobfiles.take(tmp_path / "00000000000000000003-1-0.job") is None  # none: no file
+
+
+def test_a_cache_moved_with_its_queued_jobs_stores_them_where_it_is_now(cache_dir, run_py,
+                                                                        tmp_path):
+    """A CI runner restores the cache, queued jobs and all, in another workspace: the store
+    worker stored them at the old path (making it again) or dropped them where it could not
+    be made, and the moved cache kept early entries for good."""
+    env = {**DETACH, "POCL_CACHE_DIR": str(tmp_path / "pocl-gone"),
+           "KDB_DISABLE_EARLY_STORE": "1"}
+    with no_store_worker(cache_dir, env):
+        assert run_json(run_py, BUILD.format(n=2), env)["compiles"] == 2
+    assert stored(cache_dir) == 0
+    moved = tmp_path / "elsewhere" / "cache"
+    moved.parent.mkdir()
+    cache_dir.rename(moved)
+    shutil.rmtree(tmp_path / "pocl-gone")  # the old runner's PoCL cache is gone too
+    assert spool.wait(moved / "v1", 120) == 0
+    wait_for_worker(moved)
+    assert stored(moved) == 2
+    assert not cache_dir.exists() and not (tmp_path / "pocl-gone").exists()
+    again = run_json(run_py, BUILD.format(n=2), {"KDB_CACHE_DIR": str(moved)})
+    assert again["compiles"] == 0

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import config
 from ..claims import progress
 from ..db import KernelDB
 from ..file.kernelfile import CompileRecord
@@ -134,6 +135,7 @@ def store_job_file(path: Path, dbs: dict | None = None) -> None:
     if data is None:
         return
     job = StoreJob.from_dict(data)
+    _moved_with_its_cache(job, path)
     dbs = {} if dbs is None else dbs
     if job.cache_dir not in dbs:
         dbs[job.cache_dir] = KernelDB(cache_dir=job.cache_dir)
@@ -344,6 +346,33 @@ class Lane:
                 self.proc.kill()
 
 
+def _root_of_spool(spool: Path) -> Path | None:
+    """The cache directory a spool is in (``<cache>/v1/spool/<id>``), else None."""
+    from ..storing.spool import SPOOL
+
+    return spool.parent.parent.parent if spool.parent.name == SPOOL else None
+
+
+def _moved(recorded: str | None, root: Path | None) -> bool:
+    if not recorded or root is None:
+        return False
+    try:
+        return os.path.realpath(recorded) != os.path.realpath(root)
+    except (OSError, ValueError):
+        return False
+
+
+def _moved_with_its_cache(job: StoreJob, path: Path) -> None:
+    """A job whose cache was moved with its spool (a CI runner restores the cache at another
+    workspace) is stored where it is now: the worker stored it at the old path (made again
+    for it), or dropped it where that could not be made, and the moved cache kept early
+    entries for good."""
+    root = _root_of_spool(path.parent)
+    if _moved(job.cache_dir, root):
+        job.cache_dir = str(root)
+        job.claims_dir = str(path.parent.parent.parent / "claims")
+
+
 def inherit(spool: Path) -> bool:
     """Take the environment the spool's jobs were written in (``environment.json``), for the
     rebuilds; False (said in the log) when the spool is not this user's alone or malformed."""
@@ -356,6 +385,11 @@ def inherit(spool: Path) -> bool:
     if env is None:
         say(f"{spool / ENVIRONMENT} is malformed; remove {spool} to start afresh")
         return False
+    root = _root_of_spool(spool)
+    if _moved(env.get(config.ENV_CACHE_DIR), root):  # the cache moved: not the old path's
+        env[config.ENV_CACHE_DIR] = str(root)
+        if not os.path.isdir(env.get("POCL_CACHE_DIR") or "/"):  # nor its PoCL cache made
+            env.pop("POCL_CACHE_DIR", None)                       # again at the old path
     os.environ.clear()
     os.environ.update(env)
     return True
