@@ -357,6 +357,37 @@ def process_counts() -> dict[str, float]:
         return dict(_counts)
 
 
+#: What kdb warned of in this process (at most :data:`_KEPT_WARNINGS`, each once): the run
+#: report carries them, and ``pytest --kdb`` repeats them in its summary, since pytest keeps
+#: a passing test's log records to itself (a refused cache recompiled every kernel, silently).
+_warnings: list[str] = []
+_KEPT_WARNINGS = 20
+
+
+class _KeepWarnings:
+    """A filter on kdb's logger that notes each warning and lets it through (a filter, not a
+    handler: a handler of kdb's own would stop Python's last-resort one from printing)."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        if record.levelno >= 30 and len(_warnings) < _KEPT_WARNINGS:  # logging.WARNING
+            try:
+                text = record.getMessage()
+            except Exception:  # noqa: BLE001 - a record that cannot format is not ours to fix
+                return True
+            if not text.startswith("kdb: this start-up compiled") and text not in _warnings:
+                _warnings.append(text)
+        return True
+
+
+log.addFilter(_KeepWarnings)
+
+
+def process_warnings() -> list[str]:
+    """What kdb warned of in this process so far."""
+    return list(_warnings)
+
+
 _report_name: str | None = None  # this process's report, "<pid>-<ns>", rewritten as it counts
 _report_lock = threading.Lock()
 
@@ -381,7 +412,8 @@ def write_run_report(directory: str | os.PathLike[str] | None = None):
             _report_name = f"{os.getpid()}-{time.time_ns()}"
         path = Path(directory) / f"{_report_name}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "counts": got}), encoding="utf-8")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "counts": got,
+                                   "warnings": process_warnings()}), encoding="utf-8")
         os.replace(tmp, path)
         return path
 

@@ -473,6 +473,32 @@ def test_pytest_kdb_switches_kdb_on_for_the_session_and_its_subprocesses(app, en
     assert without.returncode == 1 and "kdb:" not in without.stdout  # plain pyopencl
 
 
+def test_pytest_kdb_repeats_what_kdb_warned_of_in_its_summary(app, env, tmp_path):
+    """A refused cache (a CI cache restored group-writable) recompiled every kernel at every
+    run, and its one warning was a passing test's log record, which pytest keeps to itself:
+    nothing said why. The summary repeats what kdb warned of, with how many processes did."""
+    tests = tmp_path / "suite"
+    tests.mkdir()
+    (tests / "test_kernels.py").write_text(textwrap.dedent(f"""
+        import runpy, subprocess, sys
+
+        def test_in_process(capsys):
+            runpy.run_path({str(app)!r})
+
+        def test_in_a_subprocess():
+            subprocess.check_output([sys.executable, {str(app)!r}], text=True)
+    """))
+    cache = Path(env["KDB_CACHE_DIR"])
+    cache.mkdir(mode=0o775)
+    cache.chmod(0o775)  # as umask 002 restores it
+    got = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--kdb", tests],
+              env, cwd=tmp_path)
+    assert got.returncode == 0, got.stdout + got.stderr
+    said = [ln for ln in got.stdout.splitlines() if ln.startswith("kdb: warned (")]
+    assert any("refused" in ln and str(cache) in ln for ln in said), got.stdout
+    assert any(ln.startswith("kdb: warned (2 processes)") for ln in said), got.stdout
+
+
 def test_a_relative_cache_dir_is_one_directory_whatever_the_processes_cwd(env, tmp_path):
     """``kdb run --cache-dir rel`` and ``pytest --kdb-cache-dir rel`` handed ``rel`` on as
     written: a process that changed directory first made another cache (a test in its

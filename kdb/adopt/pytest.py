@@ -66,8 +66,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     from . import tally
 
     # This process reports at its exit, after this line: its counts are added live.
-    s = tally.read_reports(_state["report_dir"], skip=_state["before"], plus=tally.counts())
+    s = tally.read_reports(_state["report_dir"], skip=_state["before"], plus=tally.counts(),
+                           plus_warnings=tally.warnings())
     terminalreporter.write_line(f"kdb: {tally.describe(s)}")
+    for text, processes in s["warnings"]:  # pytest kept a passing test's to itself
+        terminalreporter.write_line(f"kdb: warned ({processes} process"
+                                    f"{'es' if processes != 1 else ''}): "
+                                    f"{text.removeprefix('kdb: ')}")
 
 
 def pytest_unconfigure(config: Any) -> None:

@@ -17,10 +17,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..bookkeeping import add, process_counts as counts, write_run_report as write_report
+from ..bookkeeping import add, process_counts as counts, process_warnings as warnings
+from ..bookkeeping import write_run_report as write_report
 
-__all__ = ["COUNTERS", "TIERS", "add", "counts", "write_report", "read_reports", "summarize",
-           "describe"]
+__all__ = ["COUNTERS", "TIERS", "add", "counts", "warnings", "write_report", "read_reports",
+           "summarize", "describe"]
 
 #: The counters a report carries (as :mod:`kdb.db` names them), and the tiers that serve.
 COUNTERS = ("hits.memory", "hits.system", "hits.user", "hits.shared", "misses", "compiles",
@@ -34,14 +35,16 @@ SAVED_BASIS = "compile seconds recorded when each served program was first built
 
 def read_reports(directory: str | os.PathLike[str],
                  skip: frozenset[str] | set[str] = frozenset(),
-                 plus: dict[str, float] | None = None) -> dict[str, Any]:
+                 plus: dict[str, float] | None = None,
+                 plus_warnings: list[str] = ()) -> dict[str, Any]:
     """The reports in ``directory`` (but the file names in ``skip``) added up, with the
-    counts ``plus`` (this live process's own, which replace any report it left so far):
-    :func:`summarize` of them, ``processes``, the reports read, and ``pids``, the processes
-    they came from."""
+    counts ``plus`` and warnings ``plus_warnings`` (this live process's own, which replace
+    any report it left so far): :func:`summarize` of them, ``processes``, the reports read,
+    ``pids``, the processes they came from, and ``warnings``: ``[(text, processes)]``."""
     import json
 
     total: dict[str, float] = dict(plus or {})
+    said: dict[str, int] = dict.fromkeys(plus_warnings, 1)
     pids = []
     for path in sorted(Path(directory).glob("*.json")):
         if path.name in skip:
@@ -58,7 +61,11 @@ def read_reports(directory: str | os.PathLike[str],
         for k, v in data.items():
             if isinstance(v, (int, float)):
                 total[k] = total.get(k, 0) + v
-    return {**summarize(total), "processes": len(pids), "pids": pids}
+        for text in report.get("warnings") or ():
+            if isinstance(text, str):
+                said[text] = said.get(text, 0) + 1
+    return {**summarize(total), "processes": len(pids), "pids": pids,
+            "warnings": sorted(said.items(), key=lambda w: -w[1])}
 
 
 def pending_stores(user_dir: Path, pids, since: float) -> int:
