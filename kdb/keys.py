@@ -291,6 +291,10 @@ class HashAttributes:
 
     def with_(self, **changes: Any) -> "HashAttributes":
         """A copy with some attributes replaced."""
+        unknown = sorted(set(changes) - set(self.FIELDS))
+        if unknown:  # as the constructor's other checks: kdb's error, not a TypeError
+            raise InvalidArgumentError(f"HashAttributes has no attribute(s) "
+                                       f"{', '.join(unknown)}; it has {', '.join(self.FIELDS)}")
         fields = {f: getattr(self, f) for f in self.FIELDS}
         fields.update(changes)
         return HashAttributes(**fields)

@@ -147,6 +147,8 @@ def test_with_changes_one_attribute():
     assert b.build_options == ("-DN=8",)
     assert b.source == a.source and b.key != a.key
     assert a.with_().key == a.key
+    with pytest.raises(InvalidArgumentError, match="no attribute.*nope"):  # was a TypeError
+        a.with_(nope=1)
 
 
 def test_attributes_are_frozen():
