@@ -611,3 +611,19 @@ def test_verify_notes_a_file_mostly_free_pages_and_repair_gives_them_back(tmp_pa
     assert not [d for d in f["repaired"] if "totals" in d], f  # nothing else was wrong
     assert path.stat().st_size < before / 4
     assert KernelDB(cache_dir=cache, system_path=[]).lookup(attrs("k0", "kernel void k0() {}"))
+
+
+def test_explain_keeps_a_value_with_a_newline_on_its_line(tmp_path):
+    """Intel's runtime names its cl.cfg in the compiler's identity, newlines and all: the
+    table broke its indentation."""
+    cache = tmp_path / "cache"
+    db = KernelDB(cache_dir=cache, system_path=[])
+    a = HashAttributes(backend="test", source="k", arch="sm_90", name="k",
+                       compiler=(("cl.cfg", "a=1\nb=2"),))
+    db.put(a, b"x" * 10)
+    b = a.with_(compiler=(("cl.cfg", "a=1\nb=3"),))
+    db.get_or_compile(b, lambda: b"y" * 10)
+    db.close()
+    text = ok(["explain", b.key[:16]], {"KDB_CACHE_DIR": str(cache)})
+    [line] = [ln for ln in text.splitlines() if ln.strip().startswith("compiler:")]
+    assert "b=2" in line and "b=3" in line, text

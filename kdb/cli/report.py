@@ -188,8 +188,8 @@ def explain(obj: Settings, key_or_name: str, nearest: int, as_json: bool) -> Non
                 continue
             click.echo(head + f"  differs in {len(e['differs'])}: "
                        + ", ".join(e["differs"]))
-            for k, how in e["differs"].items():
-                click.echo(f"      {k}: {how}")
+            for k, how in e["differs"].items():  # a value's newline (Intel's cl.cfg) kept
+                click.echo(f"      {k}: " + str(how).replace("\n", "\\n"))  # on its line
     if data["other_matches"]:
         click.echo(f"also matching {key_or_name!r}: "
                    + ", ".join(k[:12] for k in data["other_matches"][:8])
