@@ -156,15 +156,20 @@ class Tiers:
         """The cache root names something that is not a directory (a file): one warning
         naming it, and kdb builds without the cache. It said the kernels would be stored
         there, then that they could not be, then that later starts would load them."""
-        try:
-            if not os.path.exists(self.cache_root) or os.path.isdir(self.cache_root):
-                return False
-        except (OSError, ValueError):
-            return False
-        faults.fault(f"the cache directory {self.cache_root} ({config.ENV_CACHE_DIR} or "
-                     "cache_dir=) is not a directory: kernels are built without the cache; "
-                     "name a directory", once=f"not-a-dir:{self.cache_root}")
-        return True
+        for path, what in ((self.cache_root, f"the cache directory {self.cache_root} ("
+                            f"{config.ENV_CACHE_DIR} or cache_dir=)"),
+                           (self.user_dir, f"{self.user_dir}, the cache's user tier,")):
+            try:
+                if not os.path.exists(path) or os.path.isdir(path):
+                    continue
+            except (OSError, ValueError):
+                continue
+            faults.fault(f"{what} is not a directory: kernels are built without the cache; "
+                         "name a directory" + ("" if path == self.cache_root else
+                                               ", or move that file away"),
+                         once=f"not-a-dir:{path}")
+            return True
+        return False
 
     @functools.cached_property
     def storing(self) -> Storing:

@@ -552,3 +552,26 @@ def test_a_cache_dir_that_is_a_file_is_one_warning_and_no_cache(tmp_path, monkey
     assert len(said) == 1 and "is not a directory" in said[0] and str(afile) in said[0], said
     assert "from the cache" not in (bookkeeping.summary() or "")
     assert afile.read_text() == ""
+
+
+def test_a_cache_whose_user_tier_is_a_file_is_one_warning_and_a_usage_error(tmp_path,
+                                                                             monkeypatch,
+                                                                             caplog):
+    """``<cache>/v1`` a file: a program warned that it could not write, and every command
+    said 'no files' with status 0."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "v1").write_text("")
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path / "c"))
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        db = KernelDB()
+        assert db.get_or_compile(attrs(), Compiler()) is not None
+        db.close()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "v1, the cache's user tier, is not a directory" in said[0], said
+    got = subprocess.run([str(Path(sys.executable).with_name("kdb")), "ls"],
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2 and "is not a directory" in got.stderr, got.stderr

@@ -102,6 +102,9 @@ def cli(ctx: click.Context, cache_dir: Path | None) -> None:
     if cache_dir is None and root.exists() and not root.is_dir():  # as --cache-dir FILE is
         bad.append(f"{config.ENV_CACHE_DIR}={str(root)!r} is not a directory: name the "
                    "directory kdb's user tier lives in")
+    elif config.user_dir(cache_dir).exists() and not config.user_dir(cache_dir).is_dir():
+        bad.append(f"{config.user_dir(cache_dir)}, the user tier's directory, is not a "
+                   "directory: move that file away, or name another cache directory")
     if bad:  # a program warns and goes on; a command says so and does nothing (status 2)
         raise _ConfigProblem("\n".join(bad) + "\nfix or unset the variable(s) and run the "
                              "command again")
