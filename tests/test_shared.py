@@ -478,6 +478,15 @@ def _down_url(monkeypatch) -> str:
     return url
 
 
+def _compiles(*ids: int) -> None:
+    """This node's process compiles ``attrs(i)`` for each of ``ids`` (``BINARY`` and ``i``)."""
+    db = KernelDB()
+    for i in ids:
+        db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
+    db.flush()
+    db.close()
+
+
 def _away(pg: PgServer, url: str, monkeypatch) -> None:
     """``url``'s database refusing connections (a server restarting: the same URL, so the
     same tier), set as KDB_SHARED_URL, retried at once."""
@@ -525,10 +534,7 @@ def test_compiles_the_server_missed_are_published_once_it_takes_a_publish(
         said.output, said.output
 
     _serve(monkeypatch, shared_url, pg)
-    db = KernelDB()
-    db.get_or_compile(attrs(2), lambda: BINARY + bytes([2]))
-    db.flush()
-    db.close()
+    _compiles(2)
     assert shared_keys(pg, shared_url) == {attrs(i).key for i in range(3)}
     assert backlog.waiting(cache_dir / "v1") == {}
     other = KernelDB(cache_dir=tmp_path / "other-node")
@@ -549,10 +555,7 @@ def test_a_shared_hit_publishes_what_the_node_compiled_while_the_server_was_down
     other.flush()
     other.close()
     _away(pg, shared_url, monkeypatch)
-    db = KernelDB()
-    db.get_or_compile(attrs(0), lambda: BINARY + b"0")
-    db.flush()
-    db.close()
+    _compiles(0)
     assert backlog.waiting(cache_dir / "v1") == {"a1": 1}
 
     _serve(monkeypatch, shared_url, pg)
@@ -572,19 +575,13 @@ def test_kept_names_go_only_to_the_server_and_namespace_they_were_kept_for(
     from kdb.storing import backlog
 
     down = _down_url(monkeypatch)
-    db = KernelDB()
-    db.get_or_compile(attrs(0), lambda: BINARY + b"0")
-    db.flush()
-    db.close()
+    _compiles(0)
     db_name = shared_url.rsplit("/", 1)[1]
     other = pg.url(db_name + "_other")
     pg.sql(f'DROP DATABASE IF EXISTS "{db_name}_other" WITH (FORCE)')
     pg.sql(f'CREATE DATABASE "{db_name}_other"')
     _serve(monkeypatch, other)  # another server: nothing kept for it
-    db = KernelDB()
-    db.get_or_compile(attrs(1), lambda: BINARY + b"1")
-    db.flush()
-    db.close()
+    _compiles(1)
     assert shared_keys(pg, other) == {attrs(1).key}
     assert sum(backlog.waiting(cache_dir / "v1").values()) == 1  # still kept for its own
     assert down  # the server it was kept for is away for good here: it stays kept
@@ -596,16 +593,9 @@ def test_kept_entries_reach_the_servers_compile_log_and_counts(shared_url, pg, c
     log and count missed them (kdb stats: 3 compiles by every node for 17 entries; kdb pack
     --from-log packed 3)."""
     _away(pg, shared_url, monkeypatch)
-    db = KernelDB()
-    for i in (0, 1):
-        db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
-    db.flush()
-    db.close()
+    _compiles(0, 1)
     _serve(monkeypatch, shared_url, pg)
-    db = KernelDB()
-    db.get_or_compile(attrs(2), lambda: BINARY + bytes([2]))
-    db.flush()
-    db.close()
+    _compiles(2)
     name = shared_url.rsplit("/", 1)[1]
     logged = {r[0] for r in pg.sql("SELECT key FROM compile_log", name)}
     assert logged == {attrs(i).key for i in range(3)}, logged
@@ -622,11 +612,7 @@ def test_kdb_clear_forgets_the_kept_names_and_info_counts_only_entries_still_hel
     from kdb.storing import backlog
 
     _down_url(monkeypatch)
-    db = KernelDB()
-    for i in (0, 1, 2):
-        db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
-    db.flush()
-    db.close()
+    _compiles(0, 1, 2)
     assert "3 entries compiled here" in CliRunner().invoke(cli, ["info"]).output
     assert CliRunner().invoke(cli, ["evict", "--to", "0"]).exit_code == 0
     said = CliRunner().invoke(cli, ["info"]).output
@@ -643,21 +629,14 @@ def test_a_kept_key_whose_entry_is_gone_or_damaged_is_dropped_not_sent(
     from kdb.storing import backlog
 
     _away(pg, shared_url, monkeypatch)
-    db = KernelDB()
-    for i in (0, 1, 2):
-        db.get_or_compile(attrs(i), lambda i=i: BINARY + bytes([i]))
-    db.flush()
-    db.close()
+    _compiles(0, 1, 2)
     user = cache_dir / "v1" / "a1.kdb"
     with sqlite3.connect(user) as conn:
         conn.execute("DELETE FROM kernels WHERE key = ?", (attrs(0).key,))
         conn.execute("UPDATE kernels SET blob = X'00' WHERE key = ?", (attrs(1).key,))
     conn.close()
     _serve(monkeypatch, shared_url, pg)
-    db = KernelDB()
-    db.get_or_compile(attrs(3), lambda: BINARY + b"3")
-    db.flush()
-    db.close()
+    _compiles(3)
     assert shared_keys(pg, shared_url) == {attrs(2).key, attrs(3).key}
     assert backlog.waiting(cache_dir / "v1") == {}
 
