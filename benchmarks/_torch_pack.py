@@ -10,6 +10,7 @@ another path (its headers and libraries, which Inductor's C++ commands name, too
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -19,11 +20,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def tree_copy(dest: Path) -> Path:
+    """A copy of this tree to build kdb's wheel from: setuptools writes ``build/`` and
+    ``kdb.egg-info`` into the tree it builds, and builds of one tree at once (the suite's
+    processes) broke each other's."""
+    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(
+        ".*", "build", "dist", "*.egg-info", "__pycache__", "results", "carry", "work"))
+    return dest
+
+
 def kdb_wheel(out: Path) -> Path:
-    """kdb's wheel built from this tree (no build isolation: no download)."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", "-w", str(out), str(REPO)], check=True, capture_output=True,
-                   timeout=600)
+    """kdb's wheel built from a copy of this tree (no build isolation: no download)."""
+    src = tree_copy(Path(out) / "src")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "--quiet", "-w", str(out), str(src)],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building kdb's wheel failed:\n{proc.stdout}\n{proc.stderr}")
+    shutil.rmtree(src, ignore_errors=True)
     [wheel] = Path(out).glob("kdb-*.whl")
     return wheel
 

@@ -265,9 +265,16 @@ def pip_into(env_dir: Path, *args, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def kdb_wheel(tmp_path_factory) -> Path:
     """kdb's wheel, built from this tree by pip once a run (:func:`once_per_run`)."""
-    def make(root: Path) -> None:
+    def make(root: Path) -> None:  # from a copy: setuptools builds in the tree it is given
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        try:
+            from _torch_pack import tree_copy
+        finally:
+            sys.path.pop(0)
+        src = tree_copy(root / "src")
         run_checked([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", root,
-                     REPO], cwd=root)
+                     src], cwd=root)
+        shutil.rmtree(src, ignore_errors=True)
 
     [wheel] = once_per_run(tmp_path_factory, "kdb-wheel", make).glob("kdb-*.whl")
     return wheel
