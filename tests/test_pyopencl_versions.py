@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, once_per_run, pip_into, purelib, venv_over
+from conftest import REPO, once_per_run, purelib, venv_over
 
 cl = pytest.importorskip("pyopencl")
 

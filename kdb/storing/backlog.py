@@ -197,22 +197,6 @@ def drain(user_dir: Path, tier: str, entries_of: Callable[[str, list[str]], list
         _draining.release()
 
 
-def forget(user_dir: Path, arch: str | None = None) -> None:
-    """Forget the kept names (of ``arch``, else all): ``kdb clear`` removed their entries."""
-    import shutil
-
-    root = Path(user_dir) / DIRNAME
-    if arch is None:
-        shutil.rmtree(root, ignore_errors=True)
-        return
-    try:
-        tiers = os.listdir(root)
-    except OSError:
-        return
-    for t in tiers:
-        shutil.rmtree(root / t / arch, ignore_errors=True)
-
-
 def _tried(where: Path, keys: list[str]) -> None:
     """One more refused publish of ``keys``: a line appended to each name's file; at
     :data:`TRIES` the name goes."""
