@@ -46,3 +46,20 @@ def test_demo_selects_programs_by_count_or_name_and_rejects_others():
         demo.select(["no_such_kernel"])
     with pytest.raises(InvalidArgumentError, match="programs"):
         demo.select(len(demo.PROGRAMS) + 1)
+
+
+def test_demo_names_a_repeated_warning_for_what_it_is(capsys):
+    """A warm run's stderr repeating the cold run's: only the missing-system-db warning is
+    called that; another repeated warning (a refused cache, say) is not."""
+    shown: set[str] = set()
+    trust = "kdb: /c/v1/x.kdb is refused: group or others can write it"
+    demo._show_stderr("cold", trust, shown)
+    demo._show_stderr("warm", trust, shown)
+    out = capsys.readouterr().out
+    assert "1 line(s) as in the cold run (each process gives its warnings once)" in out
+    assert "missing-system-db" not in out
+
+    missing = f"kdb: {demo.MISSING_SYSTEM_DB} for arch a: kernels compile at first use"
+    demo._show_stderr("cold", missing, shown)
+    demo._show_stderr("warm", missing, shown)
+    assert "(the missing-system-db warning is given once per process)" in capsys.readouterr().out

@@ -74,10 +74,13 @@ def _show_stderr(label: str, text: str, already: set[str]) -> None:
         for ln in new:
             print(textwrap.fill(ln, width=100, initial_indent="  | ", subsequent_indent="  |     ",
                                 break_on_hyphens=False, break_long_words=False))
-    repeated = len(lines) - len(new)
+    repeated = [ln for ln in lines if ln in already]
     if repeated:
-        print(f"{label} run, worker's stderr: {repeated} line(s) as in the cold run "
-              "(the missing-system-db warning is given once per process)")
+        why = ("the missing-system-db warning is given once per process"
+               if any(MISSING_SYSTEM_DB in ln for ln in repeated)
+               else "each process gives its warnings once")
+        print(f"{label} run, worker's stderr: {len(repeated)} line(s) as in the cold run "
+              f"({why})")
     already.update(lines)
 
 
