@@ -297,6 +297,13 @@ def test_ls_of_an_arch_with_nothing_stored_names_the_arches_that_have_entries(st
     assert "none for any arch" in ok(["ls", "--arch", "sm_80"], empty)
 
 
+def test_arch_native_stands_for_this_machines_opencl_arch(store):
+    """`--arch native` works where `kdb pack` taught it: the PoCL device's arch."""
+    native = json.loads(ok(["ls", "--json", "--arch", "native"], store["env"]))
+    assert native and {r["arch"] for r in native} == {store["pocl"]}
+    assert native == json.loads(ok(["ls", "--json", "--arch", store["pocl"]], store["env"]))
+
+
 def test_stats_counts_hits_per_tier_and_compiles(store):
     data = json.loads(ok(["stats", "--json"], store["env"]))
     assert data["compiles"] == 3

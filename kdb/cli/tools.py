@@ -51,11 +51,27 @@ def checked_arch(ctx: click.Context, param: click.Parameter, value):
     from ..errors import UnsafeArchError
 
     try:
-        if isinstance(value, tuple):
+        if isinstance(value, tuple):  # kdb pack's: it resolves 'native' itself
             return tuple(config.check_arch(v) for v in value)
+        if value == "native":
+            return _native_arch()
         return None if value is None else config.check_arch(value)
     except UnsafeArchError as err:
         raise click.BadParameter(str(err)) from None
+
+
+def _native_arch() -> str:
+    """``--arch native`` of a command that takes one arch: the arch of this machine's OpenCL
+    device, when there is exactly one."""
+    from ..pack.compiling import opencl_arches
+
+    found = sorted(opencl_arches())
+    if len(found) == 1:
+        return found[0]
+    raise click.BadParameter(
+        "'native' stands for the arch of this machine's OpenCL device, and "
+        + (f"there are {len(found)}: {', '.join(found)}; give one of them" if found else
+           "none is present here; give an arch id (`kdb ls` lists those in the cache)"))
 
 
 def json_option(func):
