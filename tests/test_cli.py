@@ -394,6 +394,28 @@ def test_explain_finds_the_nearest_entry_of_its_name_among_many_newer_ones(tmp_p
     assert "source" not in data["why"], data["why"]
 
 
+def test_explain_says_a_key_compiled_again_had_left_the_tier(tmp_path):
+    """Compiled, evicted (`kdb evict`), compiled again: the why said only "not in any tier"
+    and named the nearest entry's differences, as if the key were new."""
+    import time
+
+    cache = tmp_path / "cache"
+    env = {"KDB_CACHE_DIR": str(cache)}
+    gone = attrs("gone", "kernel void gone() {}")
+    db = KernelDB(cache_dir=cache, system_path=[])
+    db.get_or_compile(gone, lambda: b"g" * 100)
+    db.get_or_compile(attrs("kept", "kernel void kept() {}"), lambda: b"k" * 100)
+    db.close()
+    ok(["evict", "--to", "0"], env)
+    time.sleep(0.05)
+    db = KernelDB(cache_dir=cache, system_path=[])
+    db.get_or_compile(gone, lambda: b"g" * 100)
+    db.close()
+    data = json.loads(ok(["explain", gone.key[:16], "--json"], env))
+    assert len(data["compiles"]) == 2
+    assert "it was compiled before" in data["why"] and "evicted" in data["why"], data["why"]
+
+
 def test_explain_a_kernel_name_from_a_real_build(store):
     data = json.loads(ok(["explain", "saxpy", "--json"], store["env"]))
     assert data["name"] == "saxpy" and data["arch"] == store["pocl"]

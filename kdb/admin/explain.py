@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,8 @@ def _why(records: list[dict], stored: list[dict], ranked: list[dict], name: str,
     reason = records[0]["reason"] or "not in any tier"
     if reason.startswith(UNCACHED):  # built at every start: no entry to compare with
         return f"kdb does not cache this build, so every start compiles it ({reason})"
+    if gone := _left_since(records):
+        return f"{reason}; {gone}"
     if not ranked:
         return (f"{reason}; no other entry is named {name!r} or built for {backend} on "
                 f"{arch}: it had never been compiled before")
@@ -229,6 +232,22 @@ def _why(records: list[dict], stored: list[dict], ranked: list[dict], name: str,
     return (f"{said}; {len(other)} stored {backend} entr{'y' if len(other) == 1 else 'ies'} "
             f"for {arch} {'was' if len(other) == 1 else 'were'} made by another "
             + ", another ".join(made_by))
+
+
+def _left_since(records: list[dict]) -> str | None:
+    """Where this key's last compile began after an earlier one had ended, and nothing
+    else explains it (a store another process had queued): the earlier one's entry has
+    left the user tier since (its attributes may equal the nearest entry's, and say
+    nothing)."""
+    if len(records) < 2 or "; " in (records[0]["reason"] or ""):
+        return None
+    last, before = records[0], records[1]
+    if last["at"] - last["seconds"] <= before["at"]:
+        return None  # two compiles at once: single flight's miss, not a lost entry
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(before["at"]))
+    return (f"it was compiled before, at {when} (pid {before['pid']}), and its entry left "
+            "the user tier since: evicted (`kdb stats` counts evictions), dropped as "
+            "damaged, or its store never landed")
 
 
 def another(mine: Any, other: Any) -> list[str]:
