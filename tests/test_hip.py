@@ -176,6 +176,33 @@ def test_a_header_found_any_way_either_compiler_finds_it_is_keyed(compiler, how,
     assert build("3.0") == three
 
 
+@needs_hiprtc
+@pytest.mark.parametrize("variable", ["HIP_PATH", "ROCM_PATH"])
+def test_a_header_hiprtc_finds_under_hip_path_or_rocm_path_is_keyed(variable, db, tmp_path,
+                                                                    monkeypatch):
+    """HIPRTC searches ``$HIP_PATH/include`` and ``$ROCM_PATH/include``: a header there was
+    served the code object built before its edit, and a process without the variable (whose
+    build fails: not found) was served the one built with it."""
+    root = tmp_path / "rocm"
+    (root / "include").mkdir(parents=True)
+    monkeypatch.setenv(variable, str(root))
+
+    def build(k: str) -> bytes:
+        (root / "include" / "scale.h").write_text(f"#define K {k}f\n")
+        return kdb.hip.compile(HEADER_SRC, "gfx90a", db=db, compiler="hiprtc")
+
+    three = build("3.0")
+    db.flush()
+    seven = build("7.0")
+    assert seven != three
+    db.flush()
+    assert build("3.0") == three
+    with_it = kdb.hip.attributes_for(HEADER_SRC, "gfx90a", compiler="hiprtc")
+    assert (variable, str(root)) in with_it.environment
+    monkeypatch.delenv(variable)
+    assert kdb.hip.attributes_for(HEADER_SRC, "gfx90a", compiler="hiprtc").key != with_it.key
+
+
 @pytest.mark.parametrize("compiler", BOTH)
 def test_a_directory_reached_through_a_link_and_dotdot_is_the_one_the_system_finds(
         compiler, db, tmp_path, monkeypatch):

@@ -47,6 +47,18 @@ class HiprtcIdentity:
         return f"HIPRTC {self.version}"
 
 
+#: The variables HIPRTC's comgr reads that change the code object it builds: the roots
+#: whose ``include`` it searches (:mod:`.search`), and where LLVM and the device libraries
+#: are. In the key where set.
+ENV_VARS = ("HIP_PATH", "ROCM_PATH", "LLVM_PATH", "HIP_DEVICE_LIB_PATH")
+
+
+def environment() -> tuple[tuple[str, str], ...]:
+    """The variables of :data:`ENV_VARS` that are set, for the key."""
+    variables = config.read_variables(ENV_VARS)
+    return tuple((k, v) for k in ENV_VARS if (v := variables[k]) is not None)
+
+
 def _dirs() -> list[str]:
     """Where the HIP runtime is installed: ``$ROCM_PATH/lib``, ``/opt/rocm/lib``, the
     system's library directories."""

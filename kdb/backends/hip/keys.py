@@ -202,7 +202,7 @@ def request(source: str | bytes, arch: str, options: str | Sequence[str] | None,
     found = hip_search(given, [os.fspath(d) for d in include_dirs or ()], kind != "hiprtc",
                        config.read_variables(_SEARCH_VARIABLES), cwd)
     files: set[tuple[int, int]] = set()
-    env = () if kind == "hiprtc" else _hipcc.environment()
+    env = _hiprtc.environment() if kind == "hiprtc" else _hipcc.environment()
     try:
         if found.problem:
             raise UncertainIncludes("option", found.problem)

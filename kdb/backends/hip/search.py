@@ -11,8 +11,8 @@ reads (bitcode libraries, profiles, plugins), which the key would hold only by n
 
 clang reads ``-I``/``--include-directory``, ``-isystem``, ``-iquote``, ``-idirafter`` and
 ``-include``, and ``CPATH``, ``C_INCLUDE_PATH``, ``CPLUS_INCLUDE_PATH``; HIPRTC is clang in
-the calling process and reads them too; hipcc adds the options in
-``HIPCC_COMPILE_FLAGS_APPEND``.
+the calling process and reads them too, and searches ``$HIP_PATH/include`` and
+``$ROCM_PATH/include``; hipcc adds the options in ``HIPCC_COMPILE_FLAGS_APPEND``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,12 @@ _READS_FILES_PREFIXES = ("-Wl,", "-B")
 _PATH_VARIABLES = (("CPATH", "dirs"), ("C_INCLUDE_PATH", "system"),
                    ("CPLUS_INCLUDE_PATH", "system"))
 #: Every variable the model reads, for :func:`kdb.config.read_variables`.
-VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "HIPCC_COMPILE_FLAGS_APPEND")
+#: HIPRTC's comgr adds ``<it>/include`` of each of these where set (a header there was
+#: served the code object built before its edit, and a process without the variable, whose
+#: build fails, was served one built with it).
+HIPRTC_ROOTS = ("HIP_PATH", "ROCM_PATH")
+VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "HIPCC_COMPILE_FLAGS_APPEND",
+             *HIPRTC_ROOTS)
 
 
 #: A HIP build's include search (:class:`..optsearch.OptionSearch`).
@@ -133,4 +138,9 @@ def _environment(variables: Mapping[str, str | None], more: dict[str, list[str]]
         paths, why = _absolute(entries, "", name)
         more[where] += paths
         problem = problem or why
+    for name in () if hipcc else HIPRTC_ROOTS:
+        if root := (variables.get(name) or "").strip():
+            paths, why = _absolute([os.path.join(root, "include")], "", name)
+            more["system"] += paths
+            problem = problem or why
     return problem
