@@ -126,6 +126,29 @@ def test_an_edited_header_is_never_served_stale(case, db, tmp_path, monkeypatch)
     assert PTX[5] in build()
 
 
+def test_nvrtc_is_never_served_stale_for_a_header_reached_by_a_link_elsewhere(db, tmp_path,
+                                                                           monkeypatch):
+    """``y/a.h`` a link to ``x/a.h``; NVRTC takes its ``#include "b.h"`` as ``y/b.h``. An
+    edit of ``y/b.h`` was a hit on the binary built before it."""
+    if _nvrtc_found() is None:
+        pytest.skip("NVRTC not found")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    (tmp_path / "x" / "a.h").write_text('#include "b.h"\n')
+    (tmp_path / "y" / "a.h").symlink_to("../x/a.h")
+    (tmp_path / "x" / "b.h").write_text("#define UNUSED 1\n")
+    monkeypatch.chdir(tmp_path)
+    src = '#include "x/a.h"\n#include "y/a.h"\n' + KERNEL
+
+    def build(k: int) -> bytes:
+        (tmp_path / "y" / "b.h").write_text(f"#define SCALE {k}.0f\n")
+        return kdb.cuda.compile(src, "sm_90", output="ptx", db=db, compiler="nvrtc")
+
+    assert PTX[3] in build(3)
+    db.flush()
+    assert PTX[5] in build(5)
+
+
 @needs_nvcc
 def test_a_macro_include_is_built_without_the_cache_with_one_warning(cache_dir, db, tmp_path,
                                                                      caplog):

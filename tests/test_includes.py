@@ -111,6 +111,34 @@ def test_angle_include_skips_the_source_directory(tmp_path):
     assert got == {"x.h": file_digest(src_dir / "x.h"), "x.h|2": file_digest(inc_h)}
 
 
+@pytest.mark.parametrize("link", ["symlink", "hard link"])
+def test_a_header_reached_in_two_directories_is_followed_in_each(link, tmp_path):
+    """``x/a.h`` and ``y/a.h`` one file: its ``#include "b.h"`` is ``x/b.h`` from the one and
+    ``y/b.h`` from the other, as gcc and NVRTC look. Followed once per inode, ``y/b.h``
+    never entered the key, and NVRTC was served a binary built with its old content."""
+    write(tmp_path / "x" / "a.h", '#include "b.h"\n')
+    (tmp_path / "y").mkdir()
+    if link == "symlink":
+        (tmp_path / "y" / "a.h").symlink_to("../x/a.h")
+    else:
+        os.link(tmp_path / "x" / "a.h", tmp_path / "y" / "a.h")
+    write(tmp_path / "x" / "b.h", "#define XV 1\n")
+    yb = write(tmp_path / "y" / "b.h", "#define YV 2\n")
+    src = '#include "x/a.h"\n#include "y/a.h"\n'
+    got = dict(header_digests(src, [tmp_path]))
+    assert got["y/a.h>b.h"] == file_digest(yb)
+    assert got["x/a.h>b.h"] == file_digest(tmp_path / "x" / "b.h")
+
+
+def test_a_link_to_its_own_directory_is_followed_once(tmp_path):
+    """``sub`` -> ``.``: ``a.h`` reached as ``sub/a.h``, ``sub/sub/a.h``, ... is one
+    directory, however the path grows."""
+    write(tmp_path / "a.h", '#include "sub/a.h"\n')
+    (tmp_path / "sub").symlink_to(".")
+    got = dict(header_digests('#include "a.h"\n', [tmp_path]))
+    assert set(got) == {"a.h", "a.h>sub/a.h"}
+
+
 def test_include_cycle_terminates(tmp_path):
     write(tmp_path / "a.h", '#pragma once\n#include "b.h"\n')
     write(tmp_path / "b.h", '#pragma once\n#include "a.h"\n')

@@ -291,7 +291,11 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
     tail = [*([cwd] if cwd_in_path else []),
             *(os.path.join(cwd, d) for r in search.dirs for d in r)]
     out: dict[str, str] = {}
-    followed: set[tuple[int, int]] = set() if files is None else files
+    # A header is followed once per directory it is reached in: its quoted includes are
+    # looked up beside the path it was reached by (a link in another directory, a hard
+    # link), and followed once per inode, a second directory's headers never entered the
+    # key (NVRTC was served a binary built with their old content).
+    followed: dict[tuple[int, int], list[str]] = {}
     forced = tuple((True, name) for r in search.forced for name in r)
     main = cwd if main_in_cwd else None
     stack: list[tuple[tuple, str | None, str]] = [(found, main, ""), (forced, cwd, "+")]
@@ -312,9 +316,10 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
                     raise UncertainIncludes("unreadable", f"header {name!r} cannot be read "
                                             f"({err.strerror or err})") from None
                 out[lab] = digest
-                if ident in followed:
+                if files is not None:
+                    files.add(ident)
+                if not _first_time_here(followed.setdefault(ident, []), path):
                     continue
-                followed.add(ident)
                 (nested, problem), macro = _header_directives(path, digest, name)
                 if problem:
                     raise UncertainIncludes("macro", f"in {name!r}: {problem}")
@@ -322,6 +327,19 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
                     raise _temporal(f"header {name!r}", macro)
                 stack.append((nested, os.path.dirname(path), lab + ">"))
     return tuple(sorted(out.items()))
+
+
+def _first_time_here(dirs: list[str], path: str) -> bool:
+    """Whether ``path``'s directory is none of ``dirs`` (where its file was followed before,
+    compared as real paths: a link to ``.`` names the same directory forever); if so, it
+    joins them."""
+    here = os.path.dirname(path)
+    if dirs:
+        real = os.path.realpath(here)
+        if here in dirs or any(os.path.realpath(d) == real for d in dirs):
+            return False
+    dirs.append(here)
+    return True
 
 
 def search_list(said: str) -> list[str]:
