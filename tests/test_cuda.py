@@ -538,6 +538,19 @@ def test_bad_output_and_options_are_refused(cache_dir, monkeypatch):
         kdb.cuda.cubin_arch(b"not an elf file at all" * 4)
 
 
+@needs_nvcc
+@pytest.mark.parametrize("variable", ["NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"])
+@pytest.mark.parametrize("value", ["-arch=sm_90", "-ptx", "--gpu-architecture sm_90", "-M"])
+def test_nvccs_variables_may_not_set_what_kdb_sets(variable, value, cache_dir, monkeypatch):
+    """``NVCC_APPEND_FLAGS=-arch=sm_90`` made an sm_90 cubin, stored and served as sm_80's
+    (``-ptx``: PTX text as the cubin); as an option it is refused, and is in a variable."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidArgumentError, match=f"{variable} holds"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_80", compiler="nvcc")
+    monkeypatch.setenv(variable, "-lineinfo")  # others are in the key, and build
+    assert kdb.cuda.cubin_arch(kdb.cuda.compile(DOUBLE_SRC, "sm_80", compiler="nvcc")) == "sm_80"
+
+
 # -- loading ------------------------------------------------------------------------------
 
 def test_source_module_without_pycuda_says_what_is_missing(cache_dir):

@@ -131,6 +131,25 @@ def _check_options(options: Iterable[str]) -> None:
                 "('cubin', 'ptx' or 'fatbin') instead")
 
 
+def _check_variables() -> None:
+    """nvcc adds ``NVCC_PREPEND_FLAGS`` and ``NVCC_APPEND_FLAGS`` to its arguments: one
+    that sets what kdb sets (``-arch=sm_90`` appended to an sm_80 build) made another arch's
+    cubin, or PTX, stored and served as the sm_80 cubin."""
+    variables = config.read_variables(("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"))
+    for name, value in variables.items():
+        try:
+            words = shlex.split(value or "")
+        except ValueError:
+            continue  # the include search says so (the build is not cached)
+        for opt in words:
+            head = opt.split("=", 1)[0]
+            if head in RESERVED_OPTIONS or head in DEPENDENCY_OPTIONS:
+                raise InvalidArgumentError(
+                    f"{name} holds {opt!r}, which decides what nvcc writes, and kdb sets "
+                    "that for each build (the arch from arch=, the kind of binary from "
+                    f"output=): remove it from {name} for the processes that use kdb")
+
+
 def kernel_names(source: str) -> list[str]:
     """``__global__`` function names in CUDA source (for labels).
 
@@ -319,6 +338,8 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
     found = cuda_search(given, [os.fspath(d) for d in include_dirs or ()], kind != "nvrtc",
                         config.read_variables(_SEARCH_VARIABLES), cwd)
     _check_options(found.rest)
+    if kind == "nvcc":
+        _check_variables()
     files: set[tuple[int, int]] = set()
     env = () if kind == "nvrtc" else environment()
     try:
