@@ -200,6 +200,28 @@ def test_the_directory_each_build_used_is_found_and_an_overlapped_one_left_out()
     assert early.match(builds, dirs) == {0: "AA/" + "A" * 37, 1: "BB/" + "B" * 37}
 
 
+def test_a_build_used_the_files_put_back_by_last_accessed_or_by_compiling_nothing_else(tmp_path):
+    """PoCL 3 touches the directory's ``last_accessed``; PoCL 1.2 and 1.3 write none, and
+    every waiting process there counted a compile of every program it was served ("its
+    build hash differs"): a build that compiled no other directory used the one put back."""
+    top = str(tmp_path)
+    ours, other = "AB/" + "C" * 37, "DE/" + "F" * 37
+    early.put_back(top, ours, [("program.bc", b"BC")])
+    since = os.stat(tmp_path / ours / "program.bc").st_mtime_ns + 10**9
+    stamp = tmp_path / ours / "last_accessed"
+
+    assert early.used(top, ours, since)  # old PoCL: nothing else compiled
+    (tmp_path / other).mkdir(parents=True)
+    (tmp_path / other / "program.bc").write_bytes(b"X")
+    os.utime(tmp_path / other / "program.bc", ns=(since, since))
+    assert not early.used(top, ours, since)  # it compiled another hash's program instead
+    stamp.write_bytes(b"")
+    os.utime(stamp, ns=(since + 1, since + 1))
+    assert early.used(top, ours, since)  # PoCL 3: it touched ours
+    os.utime(stamp, ns=(since - 10**9, since - 10**9))
+    assert not early.used(top, ours, since)  # touched before the build only
+
+
 def test_a_pack_from_the_user_file_ships_binaries_not_provisional_entries(cache_dir, cl_ctx,
                                                                           tmp_path):
     """A provisional entry stands in on the machine that kept it (PoCL's hash holds its

@@ -439,6 +439,13 @@ def put_back(top: str, build_hash: str, files: list[tuple[str, bytes]]) -> None:
 
 def used(top: str, build_hash: str, since_ns: int) -> bool:
     """Whether a build that started at ``since_ns`` used the program's directory: PoCL
-    touches its ``last_accessed`` at the end of every build from it (``pocl_build.c``)."""
+    touches its ``last_accessed`` at the end of every build from it (``pocl_build.c``).
+    PoCL before 3.0 (1.2, 1.3) writes none: there the build used it when it compiled
+    nothing meanwhile, a compile writing ``program.bc`` in its own hash's directory (every
+    waiting process had counted a compile of every program, "its build hash differs")."""
+    since = since_ns - CLOCK_SLACK_NS
     st_ns = _mtime(os.path.join(top, build_hash, "last_accessed"))
-    return st_ns >= since_ns - CLOCK_SLACK_NS
+    if st_ns >= 0:
+        return st_ns >= since
+    return not any(name != build_hash and bc >= since
+                   for name, (_, bc) in scan(top, since).items())
