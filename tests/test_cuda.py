@@ -551,6 +551,18 @@ def test_nvccs_variables_may_not_set_what_kdb_sets(variable, value, cache_dir, m
     assert kdb.cuda.cubin_arch(kdb.cuda.compile(DOUBLE_SRC, "sm_80", compiler="nvcc")) == "sm_80"
 
 
+@pytest.mark.parametrize("compiler", ["nvcc", "nvrtc"])
+def test_an_arch_the_compiler_does_not_build_is_invalid_naming_those_it_does(compiler,
+                                                                              cache_dir):
+    """It was a CompileError, "fix the source or options", with the compiler's one line."""
+    try:
+        kdb.cuda.find_compiler(compiler)
+    except kdb.KdbError as err:
+        pytest.skip(str(err))
+    with pytest.raises(InvalidArgumentError, match=r"does not build for sm_99; it builds .*sm_90"):
+        kdb.cuda.compile(DOUBLE_SRC, "sm_99", compiler=compiler)
+
+
 # -- loading ------------------------------------------------------------------------------
 
 def test_source_module_without_pycuda_says_what_is_missing(cache_dir):

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 from ... import config, logs
 from ...db import KernelDB, default_db
-from ...errors import BackendUnavailableError
+from ...errors import BackendUnavailableError, CompileError, InvalidArgumentError
 from . import nvrtc as _nvrtc
 from .keys import _Request, _request, compiler_kind, compiler_rank
 from .nvrtc import NvrtcIdentity
@@ -35,8 +35,32 @@ def _run_nvcc(req: _Request) -> bytes:
                         header_files=req.header_files, unavailable=unavailable)
 
 
+#: What nvcc and NVRTC say of an arch they do not build.
+_UNKNOWN_ARCH = ("Unsupported gpu architecture", "invalid value for --gpu-architecture")
+
+
 def _build(req: _Request) -> bytes:
-    """Run the request's compiler (nvcc or NVRTC); its failure is a :class:`kdb.CompileError`."""
+    """Run the request's compiler (nvcc or NVRTC); its failure is a :class:`kdb.CompileError`,
+    an arch it does not build :class:`kdb.InvalidArgumentError` naming those it does."""
+    try:
+        return _run(req)
+    except CompileError as err:
+        if not any(said in (err.log or "") for said in _UNKNOWN_ARCH):
+            raise
+        nvrtc = isinstance(req.tool, NvrtcIdentity)
+        try:
+            from . import nvcc as _nvcc
+
+            known = (_nvrtc.supported_arches(req.tool.path) if nvrtc
+                     else _nvcc.target_arches(req.tool.path))
+        except Exception:  # noqa: BLE001 - the compiler's own message says enough then
+            raise err from None
+        raise InvalidArgumentError(
+            f"{'NVRTC' if nvrtc else 'nvcc'} does not build for {req.arch}; it builds "
+            f"{', '.join(known)} (`kdb info` lists them)") from None
+
+
+def _run(req: _Request) -> bytes:
     if isinstance(req.tool, NvrtcIdentity):
         data, said = _nvrtc.run(req.tool.path, req.text, req.arch, req.output, req.options,
                                 req.include_args, req.attrs.name)
