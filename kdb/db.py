@@ -15,7 +15,7 @@ import os
 from typing import TYPE_CHECKING
 
 from . import config
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnsupportedTypeError
 from .keys import HashAttributes
 from .tiers import Hit, Tiers
 
@@ -50,6 +50,12 @@ class KernelDB:
 
     def __repr__(self) -> str:
         return f"KernelDB(cache_dir={str(self.tiers.cache_root)!r})"
+
+    def __reduce__(self):
+        raise UnsupportedTypeError(
+            "a KernelDB cannot be pickled (it holds open files and threads): let each process "
+            "open its own, kdb.KernelDB(cache_dir=...) or kdb.default_db(), from the same "
+            "cache_dir")
 
     @property
     def cache_root(self) -> Path:
@@ -109,6 +115,8 @@ class KernelDB:
         """Store ``binary`` for ``attrs`` in the user tier now; True if it was written."""
         if not isinstance(binary, (bytes, bytearray, memoryview)):
             raise InvalidArgumentError(f"binary must be bytes, not {type(binary).__name__}")
+        if not len(binary):
+            raise InvalidArgumentError("binary is empty: no compiler builds nothing")
         _check_attrs(attrs)
         _check_details(details)
         if isinstance(compile_seconds, bool) or not isinstance(compile_seconds, (int, float)):
@@ -137,6 +145,9 @@ def _check_db_arguments(cache_dir: object, system_path: object, **flags: object)
     if cache_dir is not None and not isinstance(cache_dir, paths):
         raise InvalidArgumentError(
             f"cache_dir must be a path (str or os.PathLike), not {type(cache_dir).__name__}")
+    if cache_dir is not None and "\0" in (where := os.fsdecode(cache_dir)):
+        raise InvalidArgumentError(f"cache_dir {where!r} holds a NUL character, which no "
+                                   "path can: pass the directory's real name")
     items = system_path if isinstance(system_path, (list, tuple)) else [system_path]
     if system_path is not None and not all(isinstance(p, paths) for p in items):
         raise InvalidArgumentError(

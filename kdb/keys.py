@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - Pythons without json's C accelerator
     from json.encoder import py_encode_basestring as _quote
 
 from .config import check_arch
-from .errors import InvalidArgumentError, UnsupportedTypeError
+from .errors import InvalidArgumentError, KdbError, UnsupportedTypeError
 
 
 TYPE_CHECKING = False  # `import kdb` loads this module, and no typing (a hit does)
@@ -47,10 +47,13 @@ def encode_value(value: Any) -> list[str]:
     """
     if isinstance(value, bool):
         return ["bool", "1" if value else "0"]
-    if isinstance(value, int):
-        return ["int", str(value)]
+    if isinstance(value, int):  # int's own text: a subclass's __str__ is not its value
+        try:  # (two members of an int enum with one name had one key, on 3.10 IntEnum's)
+            return ["int", int.__repr__(value)]
+        except ValueError:  # past int's decimal limit: hex, which no decimal text equals
+            return ["int", hex(value)]
     if isinstance(value, float):
-        return ["float", value.hex()]
+        return ["float", float.hex(value)]
     if isinstance(value, str):
         return ["str", value]
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -58,7 +61,12 @@ def encode_value(value: Any) -> list[str]:
     # numpy scalars and the like: accept what converts losslessly through .item().
     item = getattr(value, "item", None)
     if callable(item) and type(value).__module__ == "numpy":
-        return encode_value(item())
+        try:
+            return encode_value(item())
+        except ValueError:  # an array of more than one element
+            raise UnsupportedTypeError(
+                f"cannot hash a numpy {type(value).__name__} of shape "
+                f"{getattr(value, 'shape', '?')}: use a scalar, or its bytes") from None
     raise UnsupportedTypeError(
         f"cannot hash a value of type {type(value).__name__}: use str, int, float, bool or bytes"
     )
@@ -179,6 +187,13 @@ class HashAttributes:
         check_arch(arch)
         if not isinstance(name, str):
             raise UnsupportedTypeError(f"name must be str, not {type(name).__name__}")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # not in the key: it was its store that failed, always
+            raise InvalidArgumentError(
+                f"name {name!r} holds a lone surrogate (a file name decoded with "
+                "surrogateescape?); pass a proper str, e.g. with os.fsdecode's bytes "
+                "decoded with errors='replace'") from None
         set_(self, "backend", backend)
         set_(self, "source", source)
         set_(self, "arch", arch)
@@ -198,16 +213,15 @@ class HashAttributes:
     def __delattr__(self, attr: str) -> None:
         raise AttributeError("HashAttributes is immutable")
 
-    def _hashed(self) -> tuple:
-        return tuple(getattr(self, f) for f in self.HASHED)
-
+    # Equal when their keys are: Python's own == took 1 for True and 0.0 for -0.0, and a
+    # dict a framework keys by attributes served the one's binary for the other.
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._hashed() == other._hashed()  # type: ignore[attr-defined]
+        return self.encoded() == other.encoded()  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash(self._hashed())
+        return hash(self.encoded())
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS)
@@ -305,11 +319,27 @@ class HashAttributes:
         if isinstance(data, (str, bytes)):
             import json
 
-            data = json.loads(data)
+            try:
+                data = json.loads(data)
+            except ValueError as err:
+                raise InvalidArgumentError(f"stored attributes are not JSON ({err})") from None
+        if not isinstance(data, Mapping):
+            raise InvalidArgumentError("stored attributes must be a JSON object, not "
+                                       f"{type(data).__name__}")
         if data.get("format") != KEY_FORMAT:
             raise InvalidArgumentError(
                 f"attributes use key format {data.get('format')!r}; this kdb knows {KEY_FORMAT}"
             )
+        try:
+            return cls._from_canonical(data, name)
+        except (KeyError, TypeError, ValueError) as err:
+            if isinstance(err, KdbError):
+                raise
+            raise InvalidArgumentError(f"stored attributes are incomplete or malformed "
+                                       f"({type(err).__name__}: {err})") from None
+
+    @classmethod
+    def _from_canonical(cls, data: Mapping[str, Any], name: str) -> "HashAttributes":
         return cls(
             backend=data["backend"],
             source=data["source"],
@@ -360,7 +390,7 @@ def decode_value(tagged: list[str]) -> Any:
     if tag == "bool":
         return text == "1"
     if tag == "int":
-        return int(text)
+        return int(text, 16) if "x" in text else int(text)
     if tag == "float":
         return float.fromhex(text)
     if tag == "str":

@@ -430,6 +430,9 @@ class Tiers:
             if not isinstance(binary, (bytes, bytearray, memoryview)):
                 raise InvalidArgumentError(
                     f"compile_fn must return bytes, returned {type(binary).__name__}")
+            if not len(binary):  # stored, it was served to every later process
+                raise InvalidArgumentError("compile_fn returned no bytes: a compiler that "
+                                           "built nothing failed; raise its error instead")
         except BaseException:
             if got is not None:
                 got.release()

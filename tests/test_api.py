@@ -62,3 +62,24 @@ def test_the_errors_the_page_lists_are_kdbs():
     names = set(re.findall(r"`(?:kdb\.)?(\w+Error)`", text))
     assert names == {n for n in kdb.__all__ if n.endswith("Error")}
     assert all(issubclass(getattr(kdb, n), kdb.KdbError) for n in names)
+
+
+def test_a_kernel_db_is_not_pickled_and_a_nul_path_is_refused(cache_dir):
+    import pickle
+
+    with pytest.raises(kdb.UnsupportedTypeError, match="open its own"):
+        pickle.dumps(kdb.KernelDB())
+    with pytest.raises(kdb.InvalidArgumentError, match="NUL"):
+        kdb.KernelDB(cache_dir="/tmp/a\0b")
+
+
+def test_an_empty_binary_is_never_stored(cache_dir):
+    """A compile_fn that returned b"" had it stored and served to every later process."""
+    db = kdb.KernelDB()
+    attrs = kdb.HashAttributes("cc", "kernel void k() {}", "sm_90")
+    with pytest.raises(kdb.InvalidArgumentError, match="no bytes"):
+        db.get_or_compile(attrs, lambda: b"")
+    with pytest.raises(kdb.InvalidArgumentError, match="empty"):
+        db.put(attrs, b"")
+    assert db.get_or_compile(attrs, lambda: b"built") == b"built"
+    db.close()

@@ -314,3 +314,60 @@ def test_attributes_are_immutable_hashable_and_picklable():
     assert b == a and b.key == a.key and b.name == "label"
     assert len({a, b, a.with_(name="other")}) == 1  # the name is not hashed
     assert "HashAttributes(backend='cuda'" in repr(a)
+
+
+def test_an_int_is_keyed_by_its_value_not_its_subclasss_text():
+    """An int enum's members (and IntEnum's on 3.10) printed as 'Mode.FAST' whatever their
+    value: two kernels built with 1 and 2 had one key, and one was served for the other."""
+    import enum
+
+    def member(value: int):
+        class Mode(int, enum.Enum):
+            FAST = value
+        return Mode.FAST
+
+    class Width(int):
+        def __str__(self) -> str:
+            return "Width"
+
+    def key(value) -> str:
+        return HashAttributes("cc", "k", "sm_90", spec_constants={"m": value}).key
+
+    assert key(member(1)) != key(member(2))
+    assert key(member(1)) == key(1) and key(Width(64)) == key(64) != key(Width(32))
+    assert key(10 ** 5000) != key(10 ** 5000 + 1)  # past int's decimal limit: hex
+    huge = HashAttributes("cc", "k", "sm_90", spec_constants={"m": 10 ** 5000})
+    assert HashAttributes.from_canonical(huge.encoded()) == huge
+
+
+def test_equal_attributes_are_those_with_equal_keys():
+    """== and hash() compared Python values: True == 1 == 1.0 and 0.0 == -0.0 while the keys
+    differ, so a dict keyed by attributes served one's binary for the other; NaN was not
+    equal to itself, nor to its pickled copy."""
+    import pickle
+
+    def at(value) -> HashAttributes:
+        return HashAttributes("cc", "k", "sm_90", spec_constants={"x": value})
+
+    for one, other in ((1, True), (1, 1.0), (0.0, -0.0)):
+        assert at(one) != at(other) and at(one).key != at(other).key
+        assert {at(one): "one"}.get(at(other)) is None
+    nan = at(float("nan"))
+    assert nan == pickle.loads(pickle.dumps(nan)) and hash(nan) == hash(at(float("nan")))
+
+
+@pytest.mark.parametrize("text", ['{"format": 1}', "[1]", "{", '{"format": 1, "backend": 3}'])
+def test_malformed_stored_attributes_are_a_kdb_error(text):
+    with pytest.raises(kdb.KdbError):
+        HashAttributes.from_canonical(text)
+
+
+def test_bad_names_arrays_and_values_are_kdb_errors():
+    import os
+
+    import numpy as np
+
+    with pytest.raises(InvalidArgumentError, match="lone surrogate"):  # its store failed
+        HashAttributes("cc", "k", "sm_90", name=os.fsdecode(b"kern_\xff.cl"))
+    with pytest.raises(UnsupportedTypeError, match="shape"):
+        HashAttributes("cc", "k", "sm_90", spec_constants={"a": np.array([1, 2])}).key
