@@ -46,6 +46,9 @@ trace_log = logs.get("kdb.trace")
 
 #: Why :func:`verified` refused a row.
 CHECKSUM = "checksum mismatch"
+#: What trusting a claims directory others can change would risk, and what happens instead.
+_CLAIMS = ("a lock planted there as a link would have kdb write over the file it leads to",
+           "kernels are compiled without waiting for other processes")
 COLLISION = "key collision (stored attributes differ)"
 
 
@@ -366,6 +369,11 @@ class Tiers:
         user = self.user_file(attrs.arch)
         if not self.storing.user_trusted(user):
             return None  # claims live beside the user file: none in a directory others own
+        from .file import fs
+
+        if fs.refused([self.user_dir / "claims"], _CLAIMS):
+            return None  # nor in a claims directory others can write: a lock planted as a
+            # link there had this process write its state over the file it led to
         shared = self._shared()  # shared tier: the cross-node lock and its hits (None: off)
         if shared is None and not user.usable:
             return None  # a refused user file: nothing to wait for, and no claims written there

@@ -827,6 +827,33 @@ def test_a_build_whose_include_copies_went_meanwhile_builds_from_the_originals(
     np.testing.assert_allclose(y, 2 * x + 3)
 
 
+def test_include_copies_in_a_directory_others_can_write_are_not_built_from(
+        cache_dir, cl_ctx, tmp_path, monkeypatch, caplog):
+    """``v1/includes`` was never checked: its owner could swap a header in after kdb
+    checked the copy. Such a directory is refused, once, and the build reads the original."""
+    import logging
+
+    import kdb.backends.opencl as backend
+
+    inc = tmp_path / "inc"  # below TMPDIR: a temporary include directory
+    inc.mkdir()
+    (inc / "h.h").write_text("#define N 3\n")
+    copies = cache_dir / "v1" / "includes"
+    copies.mkdir(parents=True)
+    copies.chmod(0o777)
+    seen = []
+    with_copies = backend._with_copies
+    monkeypatch.setattr(backend, "_with_copies",
+                        lambda *a, **k: seen.append(with_copies(*a, **k)) or seen[-1])
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        prg = kdb.opencl.build(cl_ctx, '#include "h.h"\n' + SRC, ["-I", str(inc)])
+    x, y = run_axpb(cl_ctx, prg)
+    np.testing.assert_allclose(y, 2 * x + 3)
+    assert seen and all(str(copies).encode() not in plan.opt_bytes for plan in seen)
+    assert list(copies.iterdir()) == []
+    assert "includes is refused: group or others can write it" in caplog.text
+
+
 MULTI_DEVICE_CHILD = CHILD_PRELUDE + """
     devs = plat.get_devices()
     ctx = cl.Context(devs)

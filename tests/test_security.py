@@ -149,6 +149,33 @@ def test_no_file_is_created_in_a_directory_others_can_write(cache_dir, caplog):
     assert list((cache_dir / "v1").iterdir()) == []
 
 
+def test_a_lock_planted_as_a_link_in_a_claims_directory_others_can_write_writes_nothing(
+        cache_dir, tmp_path, caplog):
+    """claims/ was never checked, and its lock file was opened through a link: a link
+    planted there as ``<key>.lock`` had kdb write its claim state over the file it led to."""
+    _stored(cache_dir)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    claims_dir = cache_dir / "v1" / "claims"
+    claims_dir.mkdir(exist_ok=True)
+    claims_dir.chmod(0o777)
+    planted = attrs("planted")
+    (claims_dir / f"{planted.key}.lock").symlink_to(victim)
+    db = KernelDB(use_system=False)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        assert db.get_or_compile(planted, lambda: b"compiled") == b"compiled"
+        db.close()
+    assert victim.read_text() == "precious\n"
+    assert any("claims" in n and "group or others can write it" in n
+               for n in warnings_of(caplog)), warnings_of(caplog)
+    claims_dir.chmod(0o700)  # and in a claims directory of one's own, a link is not followed
+    from kdb import claims
+
+    with pytest.raises(OSError):
+        claims.try_claim(claims_dir, planted.key)
+    assert victim.read_text() == "precious\n"
+
+
 # -- arch ids ------------------------------------------------------------------------------
 
 UNSAFE = ["../x", "../../etc/passwd", "/abs", "/tmp/x", "A100", "Sm_90", "", ".", "..",

@@ -403,6 +403,25 @@ def test_pack_from_a_database_under_a_policy_signs_only_what_a_trusted_key_vouch
     assert rows == [("k0", key_id(keys["ci.pub"])), ("k1", key_id(keys["ci.pub"]))]
 
 
+def test_a_logged_kernel_left_out_for_want_of_a_trusted_key_is_not_called_missing(
+        keys, tmp_path, monkeypatch):
+    """``--from-log`` under a policy named the refused entries twice: left out for want of a
+    trusted key (right), and "logged kernel(s) have no stored binary" (wrong)."""
+    monkeypatch.setenv("KDB_SIGNING_KEY", str(keys["other"]))
+    signed = user_file_with(tmp_path / "signed", 1)  # k0, signed by "other"
+    monkeypatch.delenv("KDB_SIGNING_KEY")
+    db = KernelDB(cache_dir=tmp_path / "signed")
+    db.put(attrs(1), binary(1))  # k1, unsigned: refused
+    db.close()
+    trusted = signing.Policy({key_id(keys["other.pub"]): [keyfiles.public_raw_from_pem(
+        keys["other.pub"].read_bytes(), str(keys["other.pub"]))]}, False)
+    result = write_system_db(tmp_path / "out" / f"{ARCH}.kdb", ARCH, [signed],
+                             {attrs(0).key, attrs(1).key, "f" * 64},
+                             sign=signer(keys["ci"]), vouch=trusted)
+    assert [name for name, _ in result.refused] == ["k1"]
+    assert result.missing == ["f" * 64] and result.entries == 1
+
+
 # -- the user tier ---------------------------------------------------------------------------
 
 def test_require_signed_serves_what_this_process_signed_and_not_an_unsigned_entry(

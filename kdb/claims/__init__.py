@@ -169,7 +169,7 @@ def try_claim(directory: Path, key: str) -> Claim | None:
     private_dir(directory)
     path = directory / f"{key}.lock"
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # never a link's
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -200,7 +200,7 @@ def held(key: str) -> Claim | None:
 def want(directory: Path, key: str) -> None:
     """Tell the holder of ``key`` that this process waits for it."""
     try:
-        fd = os.open(directory / f"{key}.want", os.O_WRONLY | os.O_CREAT, 0o600)
+        fd = os.open(directory / f"{key}.want", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         os.close(fd)
     except OSError:
         pass

@@ -178,10 +178,11 @@ def _copy_entries(conn: sqlite3.Connection, stamp: float, keep_compile_seconds: 
 
 def _totals(conn: sqlite3.Connection, arch: str, keys: set[str] | None,
             stamp: float) -> tuple[list[str], int, int, int]:
-    """The keys asked for and not found, the entry count and byte totals, also written to
-    the file's metadata (sorted: a reproducible pack depends on the rows' order)."""
+    """The keys asked for and not found (a found one refused is named as such, not here),
+    the entry count and byte totals, also written to the file's metadata (sorted: a
+    reproducible pack depends on the rows' order)."""
     missing = [] if keys is None else sorted(
-        set(keys) - {r[0] for r in conn.execute("SELECT key FROM kernels")})
+        set(keys) - {r[0] for r in conn.execute("SELECT key FROM temp.incoming")})
     count, raw, stored = conn.execute(
         "SELECT count(*), coalesce(sum(raw_size), 0), coalesce(sum(stored_size), 0) "
         "FROM kernels").fetchone()

@@ -219,6 +219,10 @@ def _with_copies(plan: _Plan, db: KernelDB, headers, text: str) -> _Plan:
     also reaches another way (``-I .``, the working directory searched anyway; ``-I d/sub``
     beside ``-I d``) is one file twice there, and a copy plus the original once copied:
     such a build never matched its key, so nothing it compiled was ever stored."""
+    from ...file import fs
+
+    if fs.refused([db.user_dir / "includes"], _COPIES):
+        return plan  # copies others could change between their check and the build
     options = tempincludes.rewritten(plan.opt_bytes, plan.temporary,
                                      str(db.user_dir / "includes"), headers, text)
     if options is None:
@@ -239,6 +243,10 @@ def _with_copies(plan: _Plan, db: KernelDB, headers, text: str) -> _Plan:
         _same_through_copies[memo] = same
     return copied if same else plan
 
+
+#: What building from copies in an ``includes`` directory others can change would risk.
+_COPIES = ("a build could read a header swapped in after kdb checked the copy",
+           "builds read the original include directories")
 
 #: (options with the copies, working directory, the key's headers, source) -> whether that
 #: build finds the key's headers (:func:`_with_copies`): checked once per process.
