@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -356,6 +357,22 @@ def test_a_second_process_finds_every_kernel_in_kdb(tmp_path, triton_env, cache_
     second, _ = run_app(tmp_path, triton_env, "add", "scale")
     assert second["hits"] == [True, True] and second["binaries"] == first["binaries"]
     assert kernel_files(tmp_path / "tc") == []  # nothing of Triton's own cache on disk
+
+
+def test_a_kernel_built_with_triton_kernel_override_is_left_to_triton_s_own_cache(
+        tmp_path, triton_env, cache_dir):
+    """A stage Triton takes from TRITON_OVERRIDE_DIR is in no key: stored in kdb, the
+    overridden kernel was served to every later process without the override, and removing
+    TRITON_CACHE_DIR (the way to undo one) no longer did."""
+    (tmp_path / "override").mkdir()
+    run_app(tmp_path, triton_env, "add", TRITON_KERNEL_OVERRIDE="1",
+            TRITON_OVERRIDE_DIR=str(tmp_path / "override"))
+    assert entries(cache_dir, "sm_90") == []
+    assert kernel_files(tmp_path / "tc")  # where Triton alone keeps it
+    shutil.rmtree(tmp_path / "tc")
+    later, _ = run_app(tmp_path, triton_env, "add")
+    assert later["hits"] == [False]
+    assert entries(cache_dir, "sm_90") == [("triton", "add")]
 
 
 @needs_amd
@@ -913,6 +930,63 @@ def test_a_bad_triton_manifest_entry_is_refused_with_what_to_write(tmp_path, bad
         'BLOCK = "constexpr" }\n' + arches + bad + "\n")
     with pytest.raises(InvalidArgumentError, match=message):
         load_manifest(tmp_path / "m.toml")
+
+
+SIBLING = """
+import triton
+import triton.language as tl
+from helpers import twice
+
+
+@triton.jit
+def doubled(x_ptr, n, BLOCK: tl.constexpr = 64):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, twice(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+"""
+
+HELPERS = """
+import triton
+
+
+@triton.jit
+def twice(x):
+    return x * 2
+"""
+
+
+@needs_manifests
+def test_a_manifest_module_imports_beside_it_and_one_that_fails_is_a_kernel_s_failure(
+        tmp_path, triton_env):
+    """A module importing a helper beside it failed (its directory not on the path), and a
+    module that raised at import was a traceback of kdb pack, --keep-going or not. A
+    constexpr left to its default was refused as "not a constexpr"."""
+    (tmp_path / "sibling.py").write_text(SIBLING)
+    (tmp_path / "helpers.py").write_text(HELPERS)
+    (tmp_path / "syntax.py").write_text("def broken(:\n")
+    (tmp_path / "m.toml").write_text(
+        '[[kernel]]\nname = "doubled"\nbackend = "triton"\nfile = "sibling.py"\n'
+        'function = "doubled"\nsignature = { x_ptr = "*fp32", n = "i32", BLOCK = "constexpr" }'
+        '\narches = ["sm_90"]\n\n'
+        '[[kernel]]\nname = "broken"\nbackend = "triton"\nfile = "syntax.py"\n'
+        'function = "broken"\nsignature = { x_ptr = "*fp32" }\narches = ["sm_90"]\n')
+    kdb_cli = str(Path(sys.executable).with_name("kdb"))
+    env = {**triton_env, "KDB_CACHE_DIR": str(tmp_path / "pack")}
+    args = [kdb_cli, "pack", "--arch", "sm_90", "--manifest", str(tmp_path / "m.toml"),
+            "--out", str(tmp_path / "out")]
+    proc = subprocess.run(args + ["--keep-going"], env=env, capture_output=True, text=True,
+                          cwd="/", timeout=600)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "broken" in proc.stderr and "SyntaxError" in proc.stderr, proc.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "out" / "sm_90.kdb") as conn:
+        assert conn.execute("SELECT name FROM kernels").fetchall() == [("doubled",)]
+
+    (tmp_path / "m2.toml").write_text(
+        (tmp_path / "m.toml").read_text().split("\n\n")[0].replace("sm_90", "sm_999") + "\n")
+    bad_arch = subprocess.run([kdb_cli, "pack", "--arch", "sm_999", "--manifest",
+                               str(tmp_path / "m2.toml"), "--out", str(tmp_path / "out2")],
+                              env=env, capture_output=True, text=True, timeout=600)
+    assert bad_arch.returncode != 0 and "Traceback" not in bad_arch.stderr
+    assert "does not build sm_999; it builds" in bad_arch.stderr, bad_arch.stderr[-2000:]
 
 
 BROKEN = '''

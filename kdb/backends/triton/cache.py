@@ -205,6 +205,11 @@ class CacheManager(_TritonCacheManager):
             return self._triton_files().put_group(filename, group)
         name = filename.rpartition(".")[0] or filename
         claim, start, _ = _compiling.pop(self.key, (None, None, None))
+        if _overriding():  # a stage may come from TRITON_OVERRIDE_DIR, which no key holds:
+            if claim is not None:  # Triton's own cache keeps it, as without kdb; kdb's
+                claim.release()    # tiers would serve it on, to processes without it
+            log.info("kdb: Triton kernel %s not stored: TRITON_KERNEL_OVERRIDE is on", name)
+            return self._triton_files().put_group(filename, group)
         try:
             files = {n: _read(p) for n, p in group.items()}
             changed = [n for n, p in group.items() if self._written.get(n) != (p, files[n])]
@@ -255,6 +260,16 @@ class CacheManager(_TritonCacheManager):
             faults.fault(f"cannot write Triton's files for {attrs.name} ({err}); compiling it",
                          once="triton-files")
             return None
+
+
+def _overriding() -> bool:
+    """Whether Triton builds this process's kernels with ``TRITON_KERNEL_OVERRIDE`` on."""
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs, "compilation"):
+        return bool(getattr(knobs.compilation, "override", False))
+    return os.environ.get("TRITON_KERNEL_OVERRIDE", "0") not in ("", "0")
 
 
 def _read(path: str) -> bytes:

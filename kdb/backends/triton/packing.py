@@ -41,7 +41,12 @@ def gpu_target(arch: str):
 
 
 def kernel_of(module_path: str, function: str):
-    """The ``@triton.jit`` function ``function`` of the module file ``module_path``."""
+    """The ``@triton.jit`` function ``function`` of the module file ``module_path``, run as
+    ``python module.py`` would run it: its own directory first on the path (a helper module
+    beside it is imported). A module that fails to run is a :class:`kdb.CompileError` of
+    that kernel (``--keep-going`` packs the others), not a traceback of ``kdb pack``."""
+    import os
+
     name = "_kdb_pack_" + re.sub(r"\W", "_", module_path)
     module = sys.modules.get(name)
     if module is None:
@@ -50,7 +55,19 @@ def kernel_of(module_path: str, function: str):
             raise InvalidArgumentError(f"{module_path} is not a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # Triton reads the source of the function's module
-        spec.loader.exec_module(module)
+        here = os.path.dirname(os.path.abspath(module_path))
+        sys.path.insert(0, here)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # noqa: BLE001 - whatever the module raises
+            del sys.modules[name]
+            import traceback
+
+            raise CompileError(f"{module_path} could not be run ({type(err).__name__}: {err})",
+                               log="".join(traceback.format_exception_only(err))) from err
+        finally:
+            if here in sys.path:
+                sys.path.remove(here)
     fn = getattr(module, function, None)
     if fn is None:
         raise InvalidArgumentError(f"{module_path} defines no {function!r}")
@@ -77,8 +94,10 @@ def launch_source(fn, signature: dict[str, str], constexprs: dict, specializatio
             f"(or --from-db)")
     from triton.runtime.jit import create_function_from_signature
 
+    defaults = {p.name for p in fn.params if p.is_constexpr and p.has_default}
     args = [_stand_in(name, signature.get(name, ""), specialization.get(name))
-            for name in fn.arg_names if name not in constexprs]
+            for name in fn.arg_names if name not in constexprs
+            and not (name in defaults and signature.get(name, "constexpr") == "constexpr")]
     kwargs = _run_options()
     try:
         bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(
@@ -164,6 +183,10 @@ def _stand_in(name: str, kind: str, special: str | None):
         return 0.5
     if kind == "i1":
         return True
+    if kind == "constexpr":
+        raise InvalidArgumentError(
+            f"argument {name!r} is a constexpr with no default: give its value in the "
+            "kernel's constexprs")
     raise InvalidArgumentError(
         f"argument {name!r} is of type {kind!r}, which no launch from Python passes (an "
         "integer is i32, i64 or u64, a float fp32, a bool i1, a tensor *<type>); declare "
@@ -183,5 +206,26 @@ def compile_spec(spec, arch: str, db) -> None:
         try:
             triton.compile(src, target=gpu, options=options)
         except Exception as err:  # noqa: BLE001 - Triton raises its own kinds for bad kernels
+            if "is not defined for option 'gpu-name'" in str(err):
+                known = _ptxas_arches()
+                raise InvalidArgumentError(
+                    f"Triton {triton.__version__}'s ptxas does not build {arch}"
+                    + (f"; it builds {', '.join(known)}" if known else "")) from None
             raise CompileError(f"Triton could not compile {spec.name} for {arch}",
                                log=f"{type(err).__name__}: {err}") from err
+
+
+def _ptxas_arches() -> list[str]:
+    """The ``sm_XX`` the ptxas Triton bundles builds (its ``--help``), or none found."""
+    import os
+    import subprocess
+
+    try:
+        import triton.backends.nvidia as nvidia
+
+        said = subprocess.run([os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas"),
+                               "--help"], capture_output=True, text=True, timeout=60).stdout
+    except (ImportError, OSError, subprocess.SubprocessError):
+        return []
+    found = set(re.findall(r"'(sm_\d+)'", said.partition("--gpu-name")[2].partition("\n--")[0]))
+    return sorted(found, key=lambda a: int(a[3:]))
