@@ -51,8 +51,10 @@ class Pending:
     def worth_creating_a_file(self) -> bool:
         """Entries and log rows are; counters alone are not: creating a user file runs the
         alembic migrations, which a process that only hit the system tier would otherwise
-        pay at exit. Its counts go to the user file once one exists."""
-        return bool(self.entries or self.logs)
+        pay at exit. Its counts go to the user file once one exists. A shared hit's are:
+        its copy makes the file anyway (a job served only by the shared tier on a new node
+        counted nothing, and `kdb stats` there said "0 hits here")."""
+        return bool(self.entries or self.logs or self.counters.get("hits.shared"))
 
     def to_json(self) -> dict:
         """The rows as JSON data (entries are not carried: a store job carries those)."""

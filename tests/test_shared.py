@@ -567,6 +567,30 @@ def test_a_shared_hit_publishes_what_the_node_compiled_while_the_server_was_down
     assert backlog.waiting(cache_dir / "v1") == {}
 
 
+def test_a_process_served_only_from_the_shared_tier_counts_its_hits_on_a_new_node(
+        shared_url, pg, tmp_path):
+    """A short job on a node with no user file yet, every kernel a shared hit: its counts
+    went unwritten (counts alone make no file at exit), and `kdb stats` said "0 hits here"
+    on every such node."""
+    other = KernelDB(cache_dir=tmp_path / "other-node")
+    other.get_or_compile(attrs(1), lambda: BINARY + b"1")
+    other.close()
+    node = tmp_path / "new-node"
+    child = ("import kdb, sys\n"
+             f"a = kdb.HashAttributes.from_canonical({attrs(1).encoded().decode()!r})\n"
+             "assert kdb.KernelDB().lookup(a).tier == 'shared'\n")
+    for mode in ("detach", "wait"):
+        proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                              timeout=120, env=_child_env(node / mode, tmp_path / "pocl",
+                                                          shared_url, KDB_STORE_AT_EXIT=mode))
+        assert proc.returncode == 0, proc.stderr
+        path, deadline, hits = node / mode / "v1" / "a1.kdb", time.monotonic() + 60, 0
+        while hits != 1 and time.monotonic() < deadline:  # detached: the store worker's
+            time.sleep(0.2)
+            hits = user_counter(node / mode, "a1", "hits.shared") if path.exists() else 0
+        assert hits == 1, mode
+
+
 def test_kept_names_go_only_to_the_server_and_namespace_they_were_kept_for(
         shared_url, pg, cache_dir, tmp_path, monkeypatch):
     """A cache used with two servers (or two tenants' namespaces): what was compiled while
