@@ -211,16 +211,19 @@ def _in_child(request: dict[str, Any]) -> dict[str, Any]:
     import subprocess
     import sys
 
+    proc = None
     try:
         proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(request),
                               capture_output=True, text=True, timeout=600)
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as err:
-        said = locals().get("proc")
-        tail = said.stderr.strip()[-400:] if said is not None else ""
+        # The child's own last line says why (a file that is no library: "invalid ELF
+        # header"); an empty output's IndexError said nothing.
+        lines = proc.stderr.strip().splitlines() if proc is not None else []
+        why = lines[-1] if lines else f"{type(err).__name__}: {err}"
         raise BackendUnavailableError(
-            f"HIPRTC at {request['path']} failed in its process ({err}) {tail}; {POINT}, or "
-            f"install it: {INSTALL}") from err
+            f"HIPRTC at {request['path']} failed in its process: {why}; {POINT}, or "
+            f"install it: {INSTALL}") from None
 
 
 def run(path: str, text: str, target: str, options: Sequence[str], name: str
