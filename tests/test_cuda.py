@@ -882,6 +882,10 @@ def test_kdb_info_shows_nvrtc_beside_nvcc(cache_dir):
     assert data["nvrtc"]["path"] == NVRTC and not data["nvrtc"]["problem"]
     assert "sm_80" in data["nvrtc"]["arches"] and "sm_90" in data["nvrtc"]["arches"]
     assert data["default"] == ("nvcc" if NVCC else "nvrtc")
+    if NVCC and data["nvcc_arches"] != data["nvrtc"]["arches"]:
+        # each compiler's arches: the merged list named arches compiler=None refuses
+        assert f"arches:    nvcc: {' '.join(data['nvcc_arches'])}" in result.output
+        assert f"NVRTC: {' '.join(data['nvrtc']['arches'])}" in result.output
 
 
 @needs_nvcc

@@ -129,6 +129,7 @@ def cuda_toolchain(memo_dir: Path) -> dict[str, Any]:
     host_missing = (out.get("host_compiler") or {}).get("missing", False)
     out["default"] = "nvcc" if out["nvcc"] and not out["problem"] and not host_missing else \
         "nvrtc" if nv["path"] and not nv["problem"] else None
+    out["nvcc_arches"] = list(out["arches"])  # each compiler's own: they differ
     out["arches"] = sorted(set(out["arches"]) | set(nv["arches"]),
                            key=lambda a: int("".join(c for c in a if c.isdigit()) or 0))
     return out

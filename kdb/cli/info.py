@@ -158,7 +158,12 @@ def _echo_cuda(cuda: dict[str, Any]) -> None:
     click.echo("  compiles:  " + (f"with {default} (compiler=None)" if default else
                                   "nothing: no compiler; stored builds are served (newest "
                                   "compiler first)"))
-    click.echo(f"  arches:    {' '.join(cuda['arches']) or '(none listed)'}")
+    nvcc_arches, nvrtc_arches = cuda.get("nvcc_arches") or [], nv.get("arches") or []
+    if nvcc_arches and nvrtc_arches and nvcc_arches != nvrtc_arches:  # compiler= decides
+        click.echo(f"  arches:    nvcc: {' '.join(nvcc_arches)}")
+        click.echo(f"             NVRTC: {' '.join(nvrtc_arches)}")
+    else:
+        click.echo(f"  arches:    {' '.join(cuda['arches']) or '(none listed)'}")
     click.echo(f"  system db: {' '.join(cuda['system_db']) or 'none for these arches'}")
     click.echo("  pycuda:    " + ("installed" if cuda["pycuda"] else
                                   "not installed (loading needs pip install 'kdb[pycuda]')"))
