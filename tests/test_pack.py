@@ -917,7 +917,7 @@ def test_a_pack_that_cannot_finish_fails_before_anything_is_compiled_or_written(
     assert not list(tmp_path.glob("out/*")), list(tmp_path.glob("out/*"))  # ... or written
     assert len(bookkeeping.records()) == before
     said = {"no-device-arch": "no OpenCL device of arch 'sm_90'",
-            "no-kernel-arch": "no kernel for arch 'sm_80'",
+            "no-kernel-arch": "no kernel for arch 'sm_80': its kernels name sm_90",
             "no-cuda-compiler": "need nvcc",
             "epoch-after-2107": "after 2107-12-31",
             "out-under-a-file": "nothing can be written there"}[case]

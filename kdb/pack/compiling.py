@@ -43,8 +43,7 @@ def compile_manifest(specs: list[KernelSpec], arch: str, work_dir: Path, *,
 
     todo = applicable(specs, arch)
     if not todo:
-        raise PackError(f"the manifest lists no kernel for arch {arch!r} (each names other "
-                        "'arches', or is a CUDA kernel and this is not a CUDA arch)")
+        raise PackError(no_kernel_for(specs, arch))
     backends = {s.backend for s in todo}
     known = registry.packable()
     if backends - set(known):
@@ -135,6 +134,19 @@ def _uncached(recs) -> str | None:
     return None
 
 
+def no_kernel_for(specs: list[KernelSpec], arch: str) -> str:
+    """Why no kernel of the manifest goes to ``arch``: the arches its kernels name, and the
+    back ends of those that name none (a CUDA kernel builds for CUDA arches only, a HIP
+    kernel for gfx processors only)."""
+    named = sorted({a for s in specs for a in s.processors()} if any(s.arches for s in specs)
+                   else set())
+    unnamed = sorted({s.backend for s in specs if not s.arches})
+    return (f"the manifest lists no kernel for arch {arch!r}"
+            + (f": its kernels name {', '.join(named)}" if named else "")
+            + (f"{';' if named else ':'} its {', '.join(unnamed)} kernels that name no arches "
+               f"do not build for {arch!r}" if unnamed else ""))
+
+
 def check_manifest(specs: list[KernelSpec], arches: list[str]) -> None:
     """Each back end's ``check(specs, arches)`` (where its pack module has one) with its
     kernels and the arches they go to, before anything compiles: an arch its toolchain
@@ -142,8 +154,7 @@ def check_manifest(specs: list[KernelSpec], arches: list[str]) -> None:
     arches are built."""
     for arch in arches:
         if not applicable(specs, arch):
-            raise PackError(f"the manifest lists no kernel for arch {arch!r} (each names "
-                            "other 'arches', or is a CUDA kernel and this is not a CUDA arch)")
+            raise PackError(no_kernel_for(specs, arch))
     for backend in sorted({s.backend for s in specs}):
         entry = registry.get(backend)
         mine = [s for s in specs if s.backend == backend]
