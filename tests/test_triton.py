@@ -712,6 +712,9 @@ def test_a_group_packs_and_unpacks_byte_for_byte():
     assert groups.unpack(b"junk") is None
     assert groups.unpack(blob[:-1]) is None
     assert groups.unpack(groups.MAGIC + b'[["../x", 1]]\nx') is None
+    # metadata Triton would fail to load (every later process crashed on it): not a group
+    assert groups.unpack(groups.pack({**files, "k.json": b'{"name": "k", '})) is None
+    assert groups.unpack(groups.pack({**files, "k.json": b"[]"})) is None
 
 
 MANIFEST = '''

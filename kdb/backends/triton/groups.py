@@ -44,6 +44,11 @@ def unpack(blob: bytes) -> dict[str, bytes] | None:
                 return None
             files[name] = blob[at:at + size]
             at += size
+        # Triton loads a group's metadata as JSON with no check of its own: a group whose
+        # metadata is not JSON crashed every later process it was served to.
+        if any(not isinstance(json.loads(data), dict) for name, data in files.items()
+               if name.endswith(".json")):
+            return None
     except (ValueError, TypeError, UnicodeDecodeError):
         return None
     return files if at == len(blob) else None
