@@ -146,6 +146,38 @@ def test_a_hit_refreshes_recency_so_the_entry_survives(cache_dir, monkeypatch):
     assert names == ["k0", "k5", "k6", "k7"]  # k1..k4 were least recently used
 
 
+def test_a_hit_in_the_same_write_as_a_new_entry_counts_before_the_eviction(cache_dir,
+                                                                          monkeypatch):
+    """A get, then a compile, flushed together (a program's bookkeeping): the hit's recency
+    was applied after the eviction, so the entry just used went first, with its hits."""
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", str(7 * SIZE + 100))
+    db = KernelDB(use_system=False)
+    fill(db, 7)
+    assert db.get(attrs(0)) == blob(0)
+    assert db.get_or_compile(attrs(7), lambda: blob(7)) == blob(7)
+    db.close()
+    path = cache_dir / "v1" / "a1.kdb"
+    assert stored_names(path) == ["k0", "k5", "k6", "k7"]
+    assert sql(path, "SELECT hits FROM kernels WHERE name = 'k0'") == [(1,)]
+
+
+def test_a_batch_bigger_than_the_cap_leaves_the_file_within_it(tmp_path):
+    """A process's early entries at exit go in one write: every entry of the batch was kept,
+    every other evicted, and the file stayed several times its cap."""
+    file = KernelFile(tmp_path / "v1" / "a1.kdb", tier="user", readonly=False)
+    cap = 3 * SIZE
+    file.write([Entry(key="old", arch="a1", backend="test", name="old",
+                      attributes=json.dumps({"k": "old"}), raw=os.urandom(SIZE))], [], {}, {},
+               cap=cap)
+    batch = [Entry(key=f"key{k}", arch="a1", backend="test", name=f"k{k}",
+                   attributes=json.dumps({"k": k}), raw=os.urandom(SIZE)) for k in range(10)]
+    file.write(batch, [], {}, {}, cap=cap)
+    file.close()
+    totals = meta_totals(tmp_path / "v1" / "a1.kdb")
+    assert 0 < totals["stored_bytes"] <= cap and totals == scanned_totals(
+        tmp_path / "v1" / "a1.kdb")
+
+
 def test_a_binary_larger_than_the_cap_is_not_stored(cache_dir, monkeypatch, caplog):
     monkeypatch.setenv("KDB_CACHE_MAX_SIZE", str(3 * SIZE))
     db = KernelDB(use_system=False)

@@ -250,17 +250,23 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry], *,
                         ("entries", added_entries)):
         if delta:
             bump_meta(conn, name, delta)
-    # Any insert over the cap evicts, not only one that grows the file: the cap may
-    # have been lowered since the file was filled.
-    if cap and len(entries) > skipped and meta_int(conn, "stored_bytes") > cap:
-        evict(conn, cap - cap // 3, keep={e.key for e in entries})
-    for r in logs:  # once each: a store job may be stored twice (see _LOG_ONCE)
-        conn.execute(_LOG_ONCE, (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed,
-                                 r.reason, r.pid, r.at, r.key, r.pid))
+    # Hits first: an entry just used is recent when the eviction below picks (it was the
+    # first to go, with its hits, when they were counted after).
     for key, (n, last) in hits.items():
         conn.execute(
             "UPDATE kernels SET hits = hits + ?, last_access = MAX(last_access, ?) "
             "WHERE key = ?", (n, last, key))
+    # Any insert over the cap evicts, not only one that grows the file: the cap may
+    # have been lowered since the file was filled. The entries written now go last, but
+    # go: a batch bigger than the cap (a process's early entries at exit) left the file
+    # several times its cap, every other entry evicted.
+    if cap and len(entries) > skipped and meta_int(conn, "stored_bytes") > cap:
+        evict(conn, cap - cap // 3, keep={e.key for e in entries})
+        if meta_int(conn, "stored_bytes") > cap:
+            evict(conn, cap - cap // 3)
+    for r in logs:  # once each: a store job may be stored twice (see _LOG_ONCE)
+        conn.execute(_LOG_ONCE, (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed,
+                                 r.reason, r.pid, r.at, r.key, r.pid))
     for name, delta in counters.items():
         conn.execute(
             "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
