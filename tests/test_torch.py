@@ -255,43 +255,6 @@ def test_ranks_that_never_run_a_backward_do_not_wait_for_its_autograd_entry(tmp_
     assert waiter["first"] < holder["exit"], runs  # not kept waiting until the holder ended
 
 
-#: An op given a Python decomposition (or autograd formula) of its own, compiled; prints
-#: whether the compiled result is the eager one, and the AOTAutograd cache's hits.
-CUSTOM_OP = """
-import json, sys
-import torch
-from torch._dynamo.utils import counters
-import kdb.torch
-kdb.torch.install()
-factor = float(sys.argv[1])
-lib = torch.library.Library("kdbtest", "DEF")
-lib.define("affine(Tensor x) -> Tensor")
-lib.impl("affine", lambda x: x * factor + 1, "CompositeImplicitAutograd")
-f = lambda x: torch.sin(torch.ops.kdbtest.affine(torch.cos(x))) + 1
-x = torch.arange(4.0)
-print(json.dumps({"right": torch.allclose(torch.compile(f)(x), f(x)),
-                  "aot_hits": counters["aot_autograd"]["autograd_cache_hit"]}))
-"""
-
-
-@pytest.mark.slow
-def test_an_op_whose_python_implementation_changed_is_never_served_the_old_graph(tmp_path):
-    """AOTAutograd keys its entry on Dynamo's graph, where a Python-implemented op is its
-    name alone: the process with factor 3 was served the graph traced with factor 2 (its
-    result factor 2's), every cache of its own empty. Its entries stay Inductor's own."""
-    script = tmp_path / "op.py"
-    script.write_text(CUSTOM_OP)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDB_", "TORCHINDUCTOR_"))}
-    env.update(KDB_CACHE_DIR=str(tmp_path / "kdb"), KDB_STORE_AT_EXIT="wait")
-    for factor in ("2.0", "3.0"):
-        proc = subprocess.run([sys.executable, str(script), factor], capture_output=True,
-                              text=True, timeout=600,
-                              env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / factor)})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        got = json.loads(proc.stdout.splitlines()[-1])
-        assert got == {"right": True, "aot_hits": 0}, (factor, got)
-
-
 def test_keys_hold_no_path_of_this_machine(tmp_path, monkeypatch):
     """The C++ module's key: the venv's torch, the Python's headers and the cache directory
     are replaced by what they stand for; a path kdb cannot place makes no key at all."""

@@ -64,47 +64,10 @@ def attrs_for(key: str) -> HashAttributes:
                           compiler=identity(), name=name)
 
 
-#: The dispatch keys whose kernels AOTAutograd runs while it traces (``""``: a library's
-#: catch-all), so that a Python kernel there shapes the graph it caches.
-_TRACED = frozenset(("CompositeImplicitAutograd", "Autograd", "AutogradCPU", "AutogradCUDA",
-                     "AutogradXPU", "AutogradOther", ""))
-_said_traced = False
-
-
-def traced_python_kernels() -> list[str]:
-    """The ops this process gave, from Python, a kernel AOTAutograd traces into its graph
-    (``torch.library``'s private ``_impls``, ``"ns/op/dispatch key"``: every registration
-    made through ``torch.library``, a ``custom_op``'s autograd formula included).
-    AOTAutograd keys its entry on Dynamo's graph, where such an op is its name alone: two
-    processes whose implementations differ had one key, and kdb served the graph traced
-    with the first implementation to the second (its local cache does the same on one
-    machine; kdb took it to every process and node)."""
-    import torch.library
-
-    impls = getattr(torch.library, "_impls", ())
-    return sorted(i for i in impls if i.rpartition("/")[2] in _TRACED)
-
-
-def _aot_bypassed(key: str) -> bool:
-    """Whether kdb leaves this AOTAutograd entry to Inductor's own cache (once noted)."""
-    global _said_traced
-    if not key.startswith(AOT_PREFIX):
-        return False
-    ops = traced_python_kernels()
-    if ops and not _said_traced:
-        _said_traced = True
-        log.info("kdb: AOTAutograd entries are left to Inductor's own cache in this process: "
-                 "%s has a Python kernel AOTAutograd traces, which its key does not hold",
-                 ops[0].rpartition("/")[0].replace("/", "::"))
-    return bool(ops)
-
-
 class Backend(RemoteCacheBackend[bytes]):
     """kdb as the store behind Inductor's remote caches (see the module's docstring)."""
 
     def _get(self, key: str) -> bytes | None:
-        if _aot_bypassed(key):
-            return None
         attrs = attrs_for(key)
         tiers = default_db().tiers
         hit = tiers.lookup(attrs)
@@ -120,8 +83,6 @@ class Backend(RemoteCacheBackend[bytes]):
         return None if hit is None else _served(tiers, attrs, hit)
 
     def _put(self, key: str, data: bytes) -> None:
-        if _aot_bypassed(key):
-            return
         attrs = attrs_for(key)
         with _lock:
             held = _compiling.pop(attrs.key, None)
