@@ -12,6 +12,7 @@ import sqlite3
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -561,6 +562,19 @@ def test_an_arch_the_compiler_does_not_build_is_invalid_naming_those_it_does(com
         pytest.skip(str(err))
     with pytest.raises(InvalidArgumentError, match=r"does not build for sm_99; it builds .*sm_90"):
         kdb.cuda.compile(DOUBLE_SRC, "sm_99", compiler=compiler)
+
+
+@needs_nvcc
+def test_line_information_is_the_same_from_build_to_build(tmp_path, monkeypatch):
+    """nvcc's -lineinfo holds the directory it ran in and the program file's time: a random
+    directory and the time of writing made two packs of such kernels differ (-G holds
+    nvcc's own temporary file name, with its pid, too: not reproducible)."""
+    monkeypatch.setenv("KDB_DISABLE_CACHE", "1")
+    once = kdb.cuda.compile(DOUBLE_SRC, "sm_80", ["-lineinfo"], compiler="nvcc")
+    again = kdb.cuda.compile(DOUBLE_SRC, "sm_80", ["-lineinfo"], compiler="nvcc")
+    assert once == again
+    root = Path(tempfile.gettempdir()) / f"kdb-nvcc-{os.getuid()}"
+    assert not root.exists() or list(root.iterdir()) == []  # nothing is left behind
 
 
 # -- loading ------------------------------------------------------------------------------

@@ -181,6 +181,14 @@ def _edits_are_seen(db, header: Path, **how) -> None:
     assert build("3.0") == three
 
 
+@needs_hipcc
+def test_debug_information_is_the_same_from_build_to_build(monkeypatch):
+    """hipcc's -g holds the directory it ran in: a random one made two packs differ."""
+    monkeypatch.setenv("KDB_DISABLE_CACHE", "1")
+    once = kdb.hip.compile(SRC, "gfx90a", ["-DSCALE=2.0f", "-g"], compiler="hipcc")
+    assert once == kdb.hip.compile(SRC, "gfx90a", ["-DSCALE=2.0f", "-g"], compiler="hipcc")
+
+
 @needs_hiprtc
 @pytest.mark.parametrize("variable", ["HIP_PATH", "ROCM_PATH"])
 def test_a_header_hiprtc_finds_under_hip_path_or_rocm_path_is_keyed(variable, db, tmp_path,

@@ -16,6 +16,7 @@ read (its ``-MD`` list) against the headers the key holds.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -412,6 +413,48 @@ def unkeyed_read(dep_file: str, system_dirs, header_files, compiler: str) -> str
     return None
 
 
+#: The modification time of the program file a compiler reads (1980-01-01, as zip's).
+_SOURCE_TIME = 315532800
+
+
+@contextlib.contextmanager
+def _build_dir(tool: str, command: str, text: str):
+    """The directory a compiler runs in, named by what it builds
+    (``<tmp>/kdb-<tool>-<uid>/<digest>``): debug and line information holds it (nvcc's
+    ``-G``/``-lineinfo``, hipcc's ``-g``), and a random name made two packs of such kernels
+    differ. A temporary directory where that cannot be had: a root that is not this user's
+    alone, or one build of the same thing already running (or killed) there."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    root = os.path.join(tempfile.gettempdir(), f"kdb-{tool}-{os.getuid()}")
+    digest = hashlib.sha256(f"{command}\0{text}".encode("utf-8", "surrogateescape"))
+    path = os.path.join(root, digest.hexdigest()[:24])
+    try:
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(root)
+        if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+                and not st.st_mode & 0o077):
+            raise PermissionError(f"{root} is not this user's alone")
+        os.mkdir(path, 0o700)
+    except OSError:
+        with tempfile.TemporaryDirectory(prefix=f"kdb-{tool}-") as tmp:
+            yield tmp
+        return
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(root)  # nothing left behind; another build's directory keeps it
+        except OSError:
+            pass
+
+
 def run_compiler(tool: str, command: Callable[[str, str], list[str]], text: str,
                  source_name: str, out_name: str, *, building: str, options,
                  system_dirs, header_files, unavailable: Callable[[str, OSError], Exception],
@@ -427,14 +470,15 @@ def run_compiler(tool: str, command: Callable[[str, str], list[str]], text: str,
     output, which is then served and not stored."""
     import shlex
     import subprocess
-    import tempfile
 
     from ..errors import CompileError
 
-    with tempfile.TemporaryDirectory(prefix=f"kdb-{tool}-") as tmp:
+    cmd = command(source_name, out_name)
+    with _build_dir(tool, shlex.join(cmd), text) as tmp:
         with open(os.path.join(tmp, source_name), "w", encoding="utf-8") as f:
             f.write(text)
-        cmd = command(source_name, out_name)
+        # Line information may hold the program file's time too: one of its own, always.
+        os.utime(os.path.join(tmp, source_name), (_SOURCE_TIME, _SOURCE_TIME))
         try:
             proc = subprocess.run([*cmd, "-MD", "-MF", "kernel.d"], cwd=tmp,
                                   env=None if env is None else env(tmp), capture_output=True)
