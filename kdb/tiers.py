@@ -46,10 +46,10 @@ trace_log = logs.get("kdb.trace")
 
 #: Why :func:`verified` refused a row.
 CHECKSUM = "checksum mismatch"
+COLLISION = "key collision (stored attributes differ)"
 #: What trusting a claims directory others can change would risk, and what happens instead.
 _CLAIMS = ("a lock planted there as a link would have kdb write over the file it leads to",
            "kernels are compiled without waiting for other processes")
-COLLISION = "key collision (stored attributes differ)"
 
 
 class FileTier:

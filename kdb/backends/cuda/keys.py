@@ -137,8 +137,10 @@ def _check_variables() -> None:
     cubin, or PTX, stored and served as the sm_80 cubin."""
     variables = config.read_variables(("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"))
     for name, value in variables.items():
+        if not value:
+            continue  # the usual case: nothing to split, on every request, hits too
         try:
-            words = shlex.split(value or "")
+            words = shlex.split(value)
         except ValueError:
             continue  # the include search says so (the build is not cached)
         for opt in words:

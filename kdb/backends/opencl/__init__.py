@@ -219,9 +219,7 @@ def _with_copies(plan: _Plan, db: KernelDB, headers, text: str) -> _Plan:
     also reaches another way (``-I .``, the working directory searched anyway; ``-I d/sub``
     beside ``-I d``) is one file twice there, and a copy plus the original once copied:
     such a build never matched its key, so nothing it compiled was ever stored."""
-    from ...file import fs
-
-    if fs.refused([db.user_dir / "includes"], _COPIES):
+    if not _copies_trusted(db.user_dir / "includes"):
         return plan  # copies others could change between their check and the build
     options = tempincludes.rewritten(plan.opt_bytes, plan.temporary,
                                      str(db.user_dir / "includes"), headers, text)
@@ -247,6 +245,22 @@ def _with_copies(plan: _Plan, db: KernelDB, headers, text: str) -> _Plan:
 #: What building from copies in an ``includes`` directory others can change would risk.
 _COPIES = ("a build could read a header swapped in after kdb checked the copy",
            "builds read the original include directories")
+#: The ``includes`` directories found this user's alone, checked once per process (the
+#: check walks the path to the root: 60 us, on every build of such a program, hits too).
+_trusted_copies: set = set()
+
+
+def _copies_trusted(where) -> bool:
+    """Whether copies may be made and read in ``where`` (one warning where not)."""
+    if where in _trusted_copies:
+        return True
+    from ...file import fs
+
+    if fs.refused([where], _COPIES):
+        return False
+    _trusted_copies.add(where)
+    return True
+
 
 #: (options with the copies, working directory, the key's headers, source) -> whether that
 #: build finds the key's headers (:func:`_with_copies`): checked once per process.
