@@ -138,8 +138,7 @@ def no_kernel_for(specs: list[KernelSpec], arch: str) -> str:
     """Why no kernel of the manifest goes to ``arch``: the arches its kernels name, and the
     back ends of those that name none (a CUDA kernel builds for CUDA arches only, a HIP
     kernel for gfx processors only)."""
-    named = sorted({a for s in specs for a in s.processors()} if any(s.arches for s in specs)
-                   else set())
+    named = sorted({a for s in specs if s.arches for a in s.processors()})
     unnamed = sorted({s.backend for s in specs if not s.arches})
     return (f"the manifest lists no kernel for arch {arch!r}"
             + (f": its kernels name {', '.join(named)}" if named else "")
