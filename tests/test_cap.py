@@ -178,6 +178,20 @@ def test_a_batch_bigger_than_the_cap_leaves_the_file_within_it(tmp_path):
         tmp_path / "v1" / "a1.kdb")
 
 
+def test_the_wal_stays_in_proportion_to_a_small_cap(cache_dir, monkeypatch):
+    """SQLite checkpoints every 1,000 pages and never cuts its ``-wal`` back: beside a
+    300 KB cap it stood at 4 MB."""
+    cap = 300_000
+    monkeypatch.setenv("KDB_CACHE_MAX_SIZE", str(cap))
+    db = KernelDB(use_system=False)
+    for i in range(260):  # 5.2 MB through the file, 20 KB a write
+        assert db.put(attrs(i), blob(i, 20_000))
+    path = cache_dir / "v1" / "a1.kdb"
+    assert os.path.getsize(f"{path}-wal") <= cap
+    assert meta_totals(path)["stored_bytes"] <= cap
+    db.close()
+
+
 def test_a_binary_larger_than_the_cap_is_not_stored(cache_dir, monkeypatch, caplog):
     monkeypatch.setenv("KDB_CACHE_MAX_SIZE", str(3 * SIZE))
     db = KernelDB(use_system=False)

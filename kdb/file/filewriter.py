@@ -50,6 +50,10 @@ class _Gone(Exception):
 #: (quietly, for this write only: the next write tries again).
 _ATTEMPTS = 3
 
+#: Bytes a ``-wal`` is cut back to once checkpointed: SQLite leaves it at its largest (4 MB
+#: after 1,000 pages, more where a reader held a checkpoint off) beside a capped file.
+_WAL_KEPT = 1 << 20
+
 
 def ensure(f: KernelFile) -> sqlite3.Connection | None:
     """A writable connection to a file at the head revision, creating it if needed.
@@ -195,6 +199,7 @@ def write(f: KernelFile, entries: list[Entry], logs: list[CompileRecord],
         if conn is None:
             return False
         try:
+            _bound_wal(conn, cap)
             with transaction(conn):
                 skipped = _store(f, conn, entries, logs=logs, hits=hits, counters=counters,
                                  cap=cap, now=time.time())
@@ -207,6 +212,17 @@ def write(f: KernelFile, entries: list[Entry], logs: list[CompileRecord],
             _write_failed(f, err)
             return False
     return False
+
+
+def _bound_wal(conn: sqlite3.Connection, cap: int) -> None:
+    """Keep the ``-wal`` in proportion to the cap: with ``KDB_CACHE_MAX_SIZE=300K`` it
+    stood at 4 MB beside the file, SQLite's defaults checkpointing every 1,000 pages and
+    never cutting it back. Under a 16 MB cap it is checkpointed at a quarter of the cap
+    (256 KB at least: each checkpoint is a sync, 20 ms here) and cut back to a quarter."""
+    kept = min(_WAL_KEPT, cap // 4) if cap else _WAL_KEPT
+    conn.execute(f"PRAGMA journal_size_limit={kept}")
+    if cap and cap < 1000 * 4096 * 4:  # SQLite's 1,000-page default
+        conn.execute(f"PRAGMA wal_autocheckpoint={max(64, kept // 4096)}")
 
 
 def _write_failed(f: KernelFile, err: Exception) -> None:
