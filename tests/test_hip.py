@@ -425,6 +425,23 @@ def test_an_arch_the_toolchain_does_not_build_is_invalid_naming_those_it_does(ca
         assert w in str(info.value)
 
 
+@pytest.mark.parametrize("option, says", [
+    ("--offload-arch=gfx1030", "pass arch="),
+    ("--amdgpu-target=gfx90a", "pass arch="),
+    ("-o", "leave it out"),
+    ("--genco", "leave it out"),
+    ("-MD", "list of the headers"),
+])
+def test_an_option_kdb_sets_says_what_to_do_instead(option, says):
+    """``-o`` was told to "pass arch=" (the one message for every option kdb sets)."""
+    from kdb.backends.hip.keys import split_options
+    with pytest.raises(InvalidArgumentError, match="set by kdb|headers") as info:
+        split_options(["-DN=1", option])
+    assert says in str(info.value)
+    if says != "pass arch=":
+        assert "arch=" not in str(info.value)
+
+
 @needs_hipcc
 def test_bad_options_and_sources_are_clear_errors(db):
     with pytest.raises(InvalidArgumentError, match="set by kdb"):

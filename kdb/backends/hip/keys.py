@@ -32,11 +32,14 @@ from .targets import canonical, check_known, parse_target
 BACKEND = "hip"
 #: The compilers ``compile(..., compiler=)`` takes; ``None`` picks hipcc where found, else HIPRTC.
 COMPILERS = ("hipcc", "hiprtc")
-#: Options kdb sets itself: pass ``arch=``.
-RESERVED_OPTIONS = frozenset({
-    "--offload-arch", "--amdgpu-target", "--genco", "--cuda-device-only", "-o", "-c", "-E",
-    "--no-gpu-bundle-output", "--gpu-bundle-output", "-x", "-MD", "-MF", "-M", "-MM", "-MMD",
-    "-MT", "-MP", "-MQ",
+#: Options that name the target: pass ``arch=``.
+ARCH_OPTIONS = frozenset({"--offload-arch", "--amdgpu-target"})
+#: Options that make the build write a list of the headers: kdb finds them itself.
+DEPENDENCY_OPTIONS = frozenset({"-MD", "-MF", "-M", "-MM", "-MMD", "-MT", "-MP", "-MQ"})
+#: Options kdb sets itself (the target, what is written, and where).
+RESERVED_OPTIONS = ARCH_OPTIONS | DEPENDENCY_OPTIONS | frozenset({
+    "--genco", "--cuda-device-only", "-o", "-c", "-E", "--no-gpu-bundle-output",
+    "--gpu-bundle-output", "-x",
 })
 _KERNEL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^()]*(?:\([^()]*\)[^()]*)*\)"
                         r"\s*)?void\s+(\w+)")
@@ -65,11 +68,24 @@ def split_options(options: str | Sequence[str] | None) -> list[str]:
         if not isinstance(opt, str):
             raise UnsupportedTypeError(
                 f"HIP options must be strings; got {type(opt).__name__} ({opt!r})")
-        if opt.split("=", 1)[0] in RESERVED_OPTIONS:
-            raise InvalidArgumentError(
-                f"option {opt!r} is set by kdb: pass arch= (e.g. 'gfx90a' or "
-                "'gfx90a:sramecc+:xnack-') instead")
+        _check_option(opt)
     return out
+
+
+def _check_option(opt: str) -> None:
+    """An option kdb sets itself is refused, with what to do instead."""
+    name = opt.split("=", 1)[0]
+    if name in ARCH_OPTIONS:
+        raise InvalidArgumentError(f"option {opt!r} is set by kdb: pass arch= (e.g. 'gfx90a' "
+                                   "or 'gfx90a:sramecc+:xnack-') instead")
+    if name in DEPENDENCY_OPTIONS:
+        raise InvalidArgumentError(
+            f"option {opt!r} writes a list of the headers: leave it out (kdb finds every "
+            "header the build reads; `kdb explain` shows them)")
+    if name in RESERVED_OPTIONS:
+        raise InvalidArgumentError(
+            f"option {opt!r} is set by kdb, which builds a code object (--genco) and returns "
+            "its bytes: leave it out")
 
 
 def kernel_names(source: str) -> list[str]:
