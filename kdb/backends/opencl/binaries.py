@@ -32,8 +32,19 @@ def source_program(ctx, text: str):
         return cl._Program(ctx, text)
 
 
+_loader: list[ctypes.CDLL | None] = []
+
+
 def _libopencl() -> ctypes.CDLL | None:
-    """The OpenCL loader this process already uses (pyopencl's bundled copy, usually)."""
+    """The OpenCL loader this process already uses (pyopencl's bundled copy, usually), found
+    once: reading ``/proc/self/maps`` at every store took 1.4 ms a program (Intel's runtime,
+    whose binaries the building process stores)."""
+    if not _loader:
+        _loader.append(_find_libopencl())
+    return _loader[0]
+
+
+def _find_libopencl() -> ctypes.CDLL | None:
     path = None
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
