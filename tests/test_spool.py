@@ -323,6 +323,31 @@ def test_a_killed_worker_loses_nothing(cache_dir, run_py, tmp_path):
     assert stored(cache_dir) == 3
 
 
+def test_a_store_locked_out_by_another_connection_is_queued_again(cache_dir, run_py):
+    """A ``sqlite3`` session holding the user file's write lock past SQLite's busy timeout
+    failed every store the worker tried meanwhile, and those jobs were dropped: the next
+    run compiled them all again. They are queued again, and stored once the lock is gone."""
+    run_json(run_py, BUILD.format(n=1))
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 1
+    hold = sqlite3.connect(user_file(cache_dir), isolation_level=None, timeout=30)
+    hold.execute("BEGIN IMMEDIATE")
+    try:
+        assert run_json(run_py, BUILD.format(n=3))["compiles"] == 2
+        log = cache_dir / "v1" / spool.LOG_NAME
+        deadline = time.monotonic() + 120
+        while "queued again" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, "no store was tried under the lock"
+            time.sleep(0.2)
+    finally:
+        hold.execute("ROLLBACK")
+        hold.close()
+    wait_for_worker(cache_dir)
+    assert stored(cache_dir) == 3
+    assert "locked by another connection" in log.read_text()
+    assert run_json(run_py, BUILD.format(n=3))["compiles"] == 0
+
+
 def test_a_slow_store_is_set_aside_and_done_when_idle(cache_dir, run_py, tmp_path):
     """A store that takes far longer than its compile is stopped and retried only when no
     other job waits; it is still stored in the end."""

@@ -225,8 +225,24 @@ def _bound_wal(conn: sqlite3.Connection, cap: int) -> None:
         conn.execute(f"PRAGMA wal_autocheckpoint={max(64, kept // 4096)}")
 
 
+#: Writes of this process that failed because another held the file's write lock past
+#: SQLite's busy timeout (a ``sqlite3`` session, a backup, a long ``kdb`` command): the
+#: store worker queues such a job again instead of dropping it (:mod:`kdb.worker.lane`).
+locked_failures = 0
+
+
+def _count_locked(err: BaseException) -> None:
+    """Count ``err`` in :data:`locked_failures` when another connection held the lock (it
+    is gone later: the write may be tried again)."""
+    global locked_failures
+    if isinstance(err, sqlite3.OperationalError) and (
+            "locked" in str(err) or "busy" in str(err)):
+        locked_failures += 1
+
+
 def _write_failed(f: KernelFile, err: Exception) -> None:
     """A write that failed on the file itself: damage moves it aside, the rest is a fault."""
+    _count_locked(err)
     if isinstance(err, UnicodeDecodeError) or (
             isinstance(err, sqlite3.DatabaseError) and "malformed" in str(err)):
         f.close()
@@ -380,10 +396,9 @@ def change(f: KernelFile, what: str, change, default):
         with transaction(conn):
             return change(conn)
     except (sqlite3.Error, UnicodeDecodeError) as err:
+        _count_locked(err)
         faults.fault(f"could not {what} {f.path} ({err})", once=f"{what}:{f.path}")
         return default
-
-
 
 
 def _create(f: KernelFile, check_there) -> bool:

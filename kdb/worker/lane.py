@@ -103,13 +103,21 @@ def serve(slow: bool = False, urgent: bool = False, floor: bool = False) -> int:
                 os.write(protocol, b"busy\n")
                 continue
         if fd is not None:
+            again = False
             try:
                 store_job_file(taken_path(path), dbs)
+            except StoreLocked as err:
+                again = _queue_again(path, err)
             except Exception as err:  # noqa: BLE001 - report, drop the job, go on
                 say(f"could not store {about(path)}: {type(err).__name__}: {err}")
-            remove(path)
+            if again:
+                rename(taken_path(path), path)
+            else:
+                remove(path)
             if fd >= 0:
                 os.close(fd)
+            if again:
+                time.sleep(LOCKED_PAUSE_S)  # the lock's holder goes on: not again at once
         sys.stdout.flush()
         os.write(protocol, b"done\n")
     for db in dbs.values():
@@ -128,9 +136,49 @@ def _load_backends() -> None:
             continue
 
 
+#: How long a job whose store found the user file locked is queued again (from its birth):
+#: past it, the lock is no passing one (a session left open) and the job is dropped.
+LOCKED_KEEP_S = 600.0
+#: The pause before a lane answers for a job queued again on a lock.
+LOCKED_PAUSE_S = 1.0
+
+
+class StoreLocked(Exception):
+    """A write of the job failed because another connection held the user file's write lock
+    past SQLite's busy timeout: the job was intact, and is stored once the lock is gone."""
+
+
+def _queue_again(path: Path, err: StoreLocked) -> bool:
+    """Whether the job ``path`` (locked out, ``err``) is queued again: while it is younger
+    than :data:`LOCKED_KEEP_S` (its name starts with its birth in ns). Dropping it, as any
+    failed store was, cost the next run every compile of the run before: a 30 s
+    ``BEGIN IMMEDIATE`` in a ``sqlite3`` session was enough."""
+    try:
+        age = time.time() - int(path.stem.split("-", 1)[0]) / 1e9
+    except ValueError:
+        age = LOCKED_KEEP_S
+    if age < LOCKED_KEEP_S:
+        say(f"{about(path)}: {err}; queued again")
+        return True
+    say(f"{about(path)}: {err}, still after {LOCKED_KEEP_S / 60:.0f} minutes; the job is "
+        "dropped (its kernels are compiled again where needed)")
+    return False
+
+
 def store_job_file(path: Path, dbs: dict | None = None) -> None:
     """Store one job: its back end builds the program again and reads the binaries (or, for
-    a refresh job, adds what the program generated since to the stored binaries)."""
+    a refresh job, adds what the program generated since to the stored binaries). Raises
+    :class:`StoreLocked` when a write failed on another connection's lock."""
+    from ..file import filewriter
+
+    before = filewriter.locked_failures
+    _store_job_file(path, dbs)
+    if filewriter.locked_failures > before:
+        raise StoreLocked(f"the user file was locked by another connection for over "
+                          f"{config.BUSY_TIMEOUT_S:.0f} s")
+
+
+def _store_job_file(path: Path, dbs: dict | None) -> None:
     data = read_job(path)
     if data is None:
         return
