@@ -284,6 +284,41 @@ def test_a_claim_of_a_killed_process_is_taken_over(cache_dir, holder, monkeypatc
     got[0].release()
 
 
+def test_a_forked_child_does_not_keep_its_parents_claims(tmp_path):
+    """A child forked while its parent compiled (a pool worker, a DataLoader) kept the claim's
+    fd, and so its ``flock``, after the parent died: another process waited for the dead
+    holder up to ``KDB_WAIT_TIMEOUT``. The child's copy is closed at the fork; the parent's
+    lock is the parent's alone."""
+    code = textwrap.dedent("""
+        import os, sys, time
+        from pathlib import Path
+        from kdb import claims
+        assert claims.try_claim(Path(sys.argv[1]), "f0" * 32) is not None
+        child = os.fork()
+        if child == 0:  # kdb's fork hooks have run here
+            Path(sys.argv[1], "forked").touch()
+            time.sleep(120)
+            os._exit(0)
+        while not Path(sys.argv[1], "forked").exists():
+            time.sleep(0.01)
+        print(child, flush=True)
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], text=True,
+                              stdout=subprocess.PIPE)
+    child = int(parent.stdout.readline())
+    try:
+        assert claims.try_claim(tmp_path, "f0" * 32) is None  # the parent holds it
+        parent.kill()
+        parent.wait()
+        claim = claims.try_claim(tmp_path, "f0" * 32)
+        assert claim is not None, "the forked child still holds its dead parent's claim"
+        claim.release()
+    finally:
+        parent.kill()
+        os.kill(child, signal.SIGKILL)
+
+
 def test_a_waiter_past_its_bound_compiles_itself(cache_dir, holder, monkeypatch, caplog):
     monkeypatch.setenv("KDB_WAIT_TIMEOUT", "0.3")
     calls = []

@@ -267,8 +267,19 @@ def remove_if_stale(path: Path) -> bool:
 
 
 def _after_fork() -> None:
+    """The child holds no claims: the parent does. Its copies of their fds are closed (a
+    child living on after its parent died kept the ``flock``, and others waited for a dead
+    holder), and its claims forget them and their cross-node locks, whose release would
+    undo the parent's."""
     global _lock
-    _held.clear()  # the child holds no claims: flock is shared, but the parent owns them
+    for claim in _held.values():
+        fd, claim._fd, claim.cross_node = claim._fd, None, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _held.clear()
     _lock = threading.Lock()
 
 
