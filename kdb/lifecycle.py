@@ -64,13 +64,21 @@ def on_fork(hook: Callable[[], None]) -> None:
 
 
 def run_exit_hooks() -> None:
-    """Run every exit hook, phase by phase; a failing hook is logged, never raised."""
+    """Run every exit hook, phase by phase; a failing hook is logged, never raised. Ctrl-C
+    ends the hook it lands in (the stores, waiting for the last ones), with one line; the
+    hooks after it, quick ones, still run (counts, the summary, claim files)."""
+    interrupted = False
     for phase in PHASES:
         for p, hook in list(_exit_hooks):
             if p != phase:
                 continue
             try:
                 hook()
+            except KeyboardInterrupt:
+                if not interrupted:
+                    logs.get("kdb").warning("kdb: interrupted at exit: kernels not stored "
+                                            "yet compile again next run")
+                interrupted = True
             except Exception as err:  # noqa: BLE001 - never fail an exiting program
                 logs.get("kdb").warning("kdb: at exit: %s failed: %s",
                                         getattr(hook, "__qualname__", hook), err)

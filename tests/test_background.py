@@ -156,3 +156,52 @@ def test_a_process_that_never_pauses_holds_at_most_a_backlog_of_stores():
     pending, by_thread = int(out[0]), int(out[1])
     assert pending <= background.BACKLOG
     assert by_thread >= 2 * background.BACKLOG - 1  # stored on the thread, before the exit
+
+
+CTRL_C = """
+    import os, signal, sys, threading, time
+    from kdb import HashAttributes, KernelDB
+
+    db = KernelDB(cache_dir=sys.argv[1], use_system=False)
+    attrs = [HashAttributes(backend="test", source=f"s{i}", arch="a1", name=f"k{i}")
+             for i in range(3)]
+
+    def recheck(a):
+        return lambda: (time.sleep(3), a.headers)[1]
+
+    for a in attrs:
+        db.get_or_compile(a, lambda: b"x" * 10, recheck=recheck(a))
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.daemon = True  # else the exit waits for it, and the Ctrl-C lands there
+    timer.start()
+    {end}
+"""
+
+
+def test_ctrl_c_interrupts_a_flush(tmp_path):
+    """A flush runs the stores not started yet on the caller's thread: the catch that keeps
+    a store's failure from killing the store thread caught the caller's KeyboardInterrupt
+    too ("background store failed: "), and the flush returned as if done."""
+    end = """
+    try:
+        db.flush()
+    except KeyboardInterrupt:
+        print("interrupted")
+        sys.exit(3)
+    print("finished normally")
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CTRL_C.replace("{end}", end)),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout.strip()) == (3, "interrupted"), proc.stderr
+    assert "background store failed" not in proc.stderr
+
+
+def test_ctrl_c_at_exit_stops_the_stores_with_one_line(tmp_path):
+    """At exit, each Ctrl-C ended only the store it landed in: three queued stores took
+    three presses, each "background store failed: " with no reason."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CTRL_C.replace("{end}", "")),
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - start < 7 + 3 * 3  # not every store's 3 s
+    assert "background store failed" not in proc.stderr
+    assert "interrupted" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

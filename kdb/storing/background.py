@@ -122,6 +122,8 @@ def _run_one(job: Callable[[], None]) -> None:
     try:
         job()
     except BaseException as err:  # noqa: BLE001 - a store failure must not kill the thread
+        if not isinstance(err, Exception) and threading.current_thread() is not _thread:
+            raise  # the caller's Ctrl-C (a flush, the exit): its job is dropped, not failed
         _errors.append(err)
         log.warning("kdb: background store failed: %s", err, exc_info=log.isEnabledFor(10))
     finally:
