@@ -247,6 +247,33 @@ def test_intel_binaries_are_stored_by_the_process_that_built_them(run_py, cache_
     assert again["compiles"] == 0, again
 
 
+POOL = """
+    import json, multiprocessing as mp
+    import kdb.opencl, kdb.bookkeeping
+
+    def build(i):
+        import pyopencl as cl
+        plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]
+        ctx = cl.Context(plat.get_devices())
+        kdb.opencl.build(ctx, f"__kernel void p{i}(__global float *a) {{ a[0] = {i}; }}")
+        return len(kdb.bookkeeping.records())
+
+    if __name__ == "__main__":
+        with mp.get_context("fork").Pool(2) as pool:  # leaving 'with' terminates the workers
+            compiles = sum(pool.map(build, range(4), chunksize=1))
+        print(json.dumps({"compiles": compiles}))
+"""
+
+
+def test_intel_binaries_built_in_pool_workers_are_stored(run_py, cache_dir, tmp_path):
+    """A pool worker ends in its parent's SIGTERM (or ``os._exit``), never through
+    ``atexit``: Intel's binaries, in hand and left to the background thread's quiet moment,
+    were lost in every worker, and every run compiled them all again."""
+    env = _vendors(tmp_path, _intel_runtime())
+    assert run_json(run_py, POOL, env)["compiles"] >= 4
+    assert run_json(run_py, POOL, env)["compiles"] == 0
+
+
 IDIOMS = """
     import json, os
     import kdb.opencl, kdb.bookkeeping
@@ -334,6 +361,29 @@ def test_a_build_asking_for_kernel_arg_info_gets_it_from_kdb_too(run_py, cache_d
         (user_file,) = (cache_dir / "v1").glob("intel-*.kdb")
         reasons = sql(user_file, "SELECT reason FROM compile_log")
         assert any("-cl-kernel-arg-info" in r for (r,) in reasons), reasons
+
+
+O0 = """
+    import json
+    import pyopencl as cl
+    import kdb.opencl, kdb.bookkeeping
+    plat = [p for p in cl.get_platforms() if "Intel" in p.name][0]
+    ctx = cl.Context(plat.get_devices())
+    prg = kdb.opencl.build(ctx, "__kernel void f(__global float *a) { size_t i = "
+                           "get_global_id(0); a[i] = a[i] * 2.0f + 1.0f; }", "-cl-opt-disable")
+    print(json.dumps({"compiles": len(kdb.bookkeeping.records()),
+                      "size": len(prg.get_info(cl.program_info.BINARIES)[0])}))
+"""
+
+
+def test_intel_o0_vectorization_is_another_kernel(run_py, cache_dir, tmp_path):
+    """``CL_CONFIG_CPU_O0_VECTORIZATION=True`` vectorizes ``-cl-opt-disable`` builds:
+    another binary, which a process without it was served."""
+    env = _vendors(tmp_path, _intel_runtime())
+    vectorized = run_json(run_py, O0, {**env, "CL_CONFIG_CPU_O0_VECTORIZATION": "True"})
+    plain = run_json(run_py, O0, env)
+    assert vectorized["compiles"] == plain["compiles"] == 1, (vectorized, plain)
+    assert vectorized["size"] != plain["size"]
 
 
 RELAXED = """

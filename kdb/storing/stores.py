@@ -129,8 +129,10 @@ class Storing:
                   compile_seconds: float = 0.0, details: dict[str, Any] | None = None,
                   log: CompileRecord | None = None, claim: claims.Claim | None = None,
                   publish: bool = True, signed: tuple | None = None,
-                  recheck: Recheck | None = None, costly: bool = False) -> None:
-        """Store what ``produce()`` returns, on the background thread (None: store nothing).
+                  recheck: Recheck | None = None, costly: bool = False,
+                  now: bool = False) -> None:
+        """Store what ``produce()`` returns, on the background thread (None: store nothing),
+        or (``now``) on this one before returning: a process whose end may come any moment.
 
         ``claim``, from :meth:`kdb.tiers.Tiers.claim_or_wait`, is released once the entry is
         stored (in the user tier, and published to the shared tier unless ``publish`` is
@@ -181,7 +183,13 @@ class Storing:
                 if claim is not None:
                     claim.release()
 
-        submit(job, costly=costly)
+        if not now:
+            submit(job, costly=costly)
+            return
+        try:
+            job()
+        except Exception as err:  # noqa: BLE001 - a failed store costs a compile, never a build
+            log.warning("kdb: store failed: %s", err, exc_info=log.isEnabledFor(10))
 
     def spool(self, job: StoreJob, claims: list | None = None, store_now=None) -> bool:
         """Hand a back end's store job to the store worker (:mod:`kdb.storing.spool`); False

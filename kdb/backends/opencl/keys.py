@@ -45,6 +45,8 @@ INTEL_CODEGEN_VARS = (
     "CL_CONFIG_CPU_FORCE_LOCAL_MEM_SIZE", "CL_CONFIG_CPU_FORCE_MAX_WORK_GROUP_SIZE",
     "CL_CONFIG_REPLACE_IR_BEFORE_OPTIMIZER", "CL_CONFIG_REPLACE_IR_AFTER_OPTIMIZER",
     "CL_CONFIG_USE_TRAPPING", "CL_CONFIG_USE_VTUNE",
+    # Vectorizes -cl-opt-disable builds (another binary; the runtime's strings name it).
+    "CL_CONFIG_CPU_O0_VECTORIZATION",
 )
 
 #: Variables that change what OpenCL compilers produce; their values enter the key. Sorted,
