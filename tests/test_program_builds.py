@@ -133,3 +133,34 @@ def test_a_program_built_for_one_of_two_devices_belongs_to_both(cache_dir, run_p
                     env=env).stdout.splitlines()
     assert served[-1] == "0"  # from the stored binary
     assert json.loads(served[-2]) == plain
+
+
+TWIN = """
+import json
+import pyopencl as cl
+import kdb.bookkeeping, kdb.opencl
+from kdb.adopt import tally
+plat = [p for p in cl.get_platforms() if "Portable Computing Language" in p.name][0]
+ctx = cl.Context(plat.get_devices())
+kdb.opencl.build(ctx, "__kernel void t(__global int *o) { o[0] = 5; }")
+kdb.opencl.build(ctx, "__kernel void t(__global int *o) { o[0] = 5; }")  # from memory
+s = tally.summarize(kdb.bookkeeping.process_counts())
+print(json.dumps({"devices": len(ctx.devices), "requested": s["requested"]}))
+"""
+
+
+def test_two_devices_of_one_kind_are_one_program_requested_miss_or_hit(cache_dir, run_py,
+                                                                       tmp_path):
+    """Two devices of one kind share a key: a miss counted one compile, and a hit two
+    programs served, each with the entry's whole compile time ("saved" twice over)."""
+    from test_spool import wait_for_worker
+
+    env = {"KDB_CACHE_DIR": str(cache_dir), "POCL_DEVICES": "pthread pthread"}
+    first = json.loads(run_py(TWIN, env={**env, "POCL_CACHE_DIR": str(tmp_path / "p1")})
+                       .stdout.splitlines()[-1])
+    if first["devices"] != 2:
+        pytest.skip("this PoCL does not offer two pthread devices")
+    wait_for_worker(cache_dir)
+    again = json.loads(run_py(TWIN, env={**env, "POCL_CACHE_DIR": str(tmp_path / "p2")})
+                       .stdout.splitlines()[-1])
+    assert first["requested"] == again["requested"] == 2, (first, again)

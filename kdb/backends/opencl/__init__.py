@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyopencl as cl
 
@@ -196,7 +196,7 @@ def _build(ctx, source, options, devices, db, name, arch, *, pyopencl_errors: bo
     # Compiled by this process, its binaries not read back yet: only after a miss.
     built = None if _stores is None else _stores.held(memory_key, plan.devs)
     if built is not None:
-        _count("hits.memory", len(attrs))
+        _count("hits.memory", len({a.key for a in attrs}))
         return _wrap(built, wrapper)
     if plan.temporary and not db.tiers.disabled:  # built from a copy of each: one hash
         plan = _with_copies(plan, db, headers, text)
@@ -273,7 +273,11 @@ def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: s
     waiting for another process that compiles it); else the hits there are, the claims
     this process now holds, and a program already compiled on the way (an early entry PoCL
     did not take: :func:`_from_early`). A binary the driver refuses is discarded."""
-    hits = [db.tiers.lookup(a) for a in attrs]
+    found: dict[str, Any] = {}  # one lookup, and one count, a key: two devices of one
+    for a in attrs:             # kind share it (a miss counted one compile, a hit two)
+        if a.key not in found:
+            found[a.key] = db.tiers.lookup(a)
+    hits = [found[a.key] for a in attrs]
     held: dict[str, Claim] = {}
     if not all(hits):  # single flight: claim what missed, or wait for its compiler
         hits, held = _claim_or_wait(db, attrs, hits)
