@@ -18,6 +18,7 @@ databases if that is why.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 import threading
 import time
@@ -351,6 +352,25 @@ def add(counter: str, n: float, saved: float = 0.0) -> None:
         _counts[counter] = _counts.get(counter, 0) + n
         if saved:
             _counts["saved_seconds"] = _counts.get("saved_seconds", 0) + saved
+    if _each_hit is not False and counter.startswith("hits.") and _reports_each_hit():
+        _report_at_exit()
+
+
+#: Whether this process reports its counts at every hit (None: not known yet): a child of
+#: :mod:`multiprocessing` under a run report, which never reaches its exit handlers.
+_each_hit: bool | None = None
+
+
+def _reports_each_hit() -> bool:
+    """A pool worker served from kdb reported nothing: ``kdb run`` said "0 programs
+    requested" of a run that served them all (compiles were reported at once already).
+    Elsewhere the report is written at exit, and a hit costs nothing more."""
+    global _each_hit
+    if _each_hit is None:
+        mp = sys.modules.get("multiprocessing")
+        _each_hit = bool(os.environ.get(config.ENV_RUN_REPORT)) and (
+            mp is not None and mp.parent_process() is not None)
+    return _each_hit
 
 
 def process_counts() -> dict[str, float]:
@@ -436,7 +456,8 @@ def _report_at_exit() -> None:
 
 
 def _after_fork() -> None:
-    global _counts_lock, _records_lock, _report_lock, _report_name
+    global _counts_lock, _records_lock, _report_lock, _report_name, _each_hit
+    _each_hit = None  # a child may be multiprocessing's
     _counts_lock = threading.Lock()  # another thread of the parent may have held them
     _records_lock = threading.Lock()
     _report_lock = threading.Lock()
