@@ -360,3 +360,24 @@ def test_the_floor_lane_asks_before_it_takes_so_a_job_never_moves_back(cache_dir
     [user] = (cache_dir / "v1").glob("pocl-*.kdb")
     [(details,)] = sql(user, "SELECT details FROM kernels")
     assert not job.exists() and not json.loads(details or "{}").get("provisional")
+
+
+def test_no_early_entry_stands_in_where_a_shared_tier_waits_for_the_publish(tmp_path,
+                                                                           monkeypatch):
+    """An early entry serves its node only; with a shared tier the job's store is the
+    publish other nodes wait for (a keeper holds its cross-node locks until the job is
+    gone): left to idle CPU as "served", other nodes waited out KDB_WAIT_TIMEOUT for it."""
+    from kdb.storing.jobs import StoreJob
+    from kdb.worker import supervisor as worker
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    stem = f"{time.time_ns() - 5_000_000_000:020d}-{ended.pid}-1"
+    job = StoreJob(backend="opencl", entries=[{"key": "k"}])
+    (tmp_path / (stem + spool.JOB)).write_text(job.to_json())
+    queue = worker._Queue(tmp_path)
+    queue.scan(set(), force=True)
+    queue.stood_in.add(stem)  # the floor lane found an early entry serving it
+    assert queue.may_stand_in(stem) and not queue.floor_may(stem)
+    monkeypatch.setenv("KDB_SHARED_URL", "postgresql+psycopg://kdb@db.example/kdb")
+    assert not queue.may_stand_in(stem) and queue.floor_may(stem)

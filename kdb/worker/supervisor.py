@@ -209,7 +209,12 @@ class _Queue:
 
     def may_stand_in(self, stem: str, suffix: str = JOB) -> bool:
         """Whether an entry the job's process kept at its exit (an early entry) may serve
-        its keys: no other process waits for them and the job is not marked ``first``."""
+        its keys: no other process waits for them, the job is not marked ``first``, and no
+        shared tier waits for its publish. An early entry serves this node only: other
+        nodes waited up to ``KDB_WAIT_TIMEOUT`` for the cross-node locks a keeper holds
+        until the job is stored, each ahead of a compile of a second."""
+        if os.environ.get(config.ENV_SHARED_URL):  # the job's environment: the worker's
+            return False
         job = self.job(stem, suffix) or ((), 0, None, (), False)
         return self.wanted.isdisjoint(job[0]) and not job[4]
 
