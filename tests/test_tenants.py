@@ -210,7 +210,9 @@ def test_a_role_using_another_tenants_namespace_turns_the_tier_off(two, pg, tmp_
         assert db.get_or_compile(attrs(1), lambda: BINARY) == BINARY
         db.flush()
     assert f"may not be used by the role {b.role}" in caplog.text
-    assert f"kdb shared init --tenant {a.namespace}" in caplog.text
+    # Set up already: init again would grant b's role nothing; the URL's role is the fix.
+    assert "Connect as that tenant's role in KDB_SHARED_URL" in caplog.text
+    assert "kdb shared init" not in caplog.text
     assert TENANT_PASSWORD not in caplog.text
     assert db.lookup(attrs(1)).tier == "user"
     assert pg.sql("SELECT to_regclass(%s)", a.db, (f"{a.schema}.kernels",)) == [(None,)]
@@ -476,3 +478,43 @@ def test_shared_init_apply_sets_a_tenant_up_and_keeps_what_exists(pg, request, t
     assert TENANT_PASSWORD not in res.output and "nothing was changed" in res.output
     assert pg.sql("SELECT count(*) FROM pg_roles WHERE rolname = %s", params=(f"kdb_d_{tag}",)
                   ) == [(0,)]
+
+
+def test_shared_init_refuses_a_role_that_reaches_past_the_tenant(pg, request):
+    """``--role`` naming an existing role keeps it as it is: a superuser (printed as
+    "CREATE ROLE postgres LOGIN NOSUPERUSER ...", and its name put in the nodes' URL) or
+    another tenant's role (whose credentials then read and write both) was taken."""
+    db, tag = fresh_database(pg, request)
+    admin = pg.url(db)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["shared", "init", "--tenant", f"e_{tag}", "--apply", admin])
+    assert res.exit_code == 0, res.output
+    superuser = pg.sql("SELECT rolname FROM pg_roles WHERE rolsuper LIMIT 1")[0][0]
+    for role, says in ((superuser, "is a superuser"), (f"kdb_e_{tag}", f"owns kdb_e_{tag}")):
+        res = runner.invoke(cli, ["shared", "init", "--tenant", f"f_{tag}", "--role", role,
+                                  "--apply", admin])
+        assert res.exit_code == 1 and says in res.output, res.output
+        assert "nothing was changed" in res.output and "Traceback" not in res.output
+        assert pg.sql("SELECT count(*) FROM pg_namespace WHERE nspname = %s", db,
+                      (f"kdb_f_{tag}",)) == [(0,)]
+
+
+def test_a_tenants_role_without_its_namespace_is_told_to_set_it(two, pg, tmp_path, monkeypatch,
+                                                                 caplog):
+    """b's role is not named after its schema: with no namespace its nodes meet ``public``,
+    where init revoked CREATE. They were told "kdb creates it on first use" (kdb stats) and
+    retried every 30 s for ever ("permission denied for schema public")."""
+    import kdb.shared.tier
+    from kdb.shared import report
+
+    _, b = two
+    monkeypatch.setenv("KDB_SHARED_URL", b.url)
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        db = KernelDB(cache_dir=tmp_path / "b")
+        assert db.get_or_compile(attrs(1), lambda: BINARY) == BINARY
+        db.flush()
+    assert "KDB_SHARED_NAMESPACE to the role's tenant" in caplog.text, caplog.text
+    assert "tries the server again" not in caplog.text
+    kdb.shared.tier.reset()
+    shown = report.summary(kdb.shared.tier.tier(b.url))
+    assert "KDB_SHARED_NAMESPACE" in shown["problem"], shown

@@ -44,7 +44,8 @@ def summary(tier) -> dict[str, Any]:
             if missing:
                 out["problem"] = missing
             elif rev is None:
-                out["problem"] = "no kdb schema yet (kdb creates it on first use)"
+                out["problem"] = (pgserver.no_namespace_problem(conn) if not tier.namespace
+                                  else None) or "no kdb schema yet (kdb creates it on first use)"
             elif rev not in migrate.REVISIONS:
                 out["problem"] = (f"schema revision {rev!r} is newer than this kdb knows "
                                   f"({migrate.HEAD}): the tier is off here")

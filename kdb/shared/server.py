@@ -279,21 +279,43 @@ def namespace_problem(conn: Connection, namespace: str, creating: bool = False) 
     runs; ``None`` when it can. Checked first: without the schema the search path names none,
     and kdb would find no tables and could create none."""
     schema = schema_name(namespace)
-    current, user, usage, create = conn.execute(text(
+    current, user, usage, create, owner = conn.execute(text(
         "SELECT current_schema(), current_user, has_schema_privilege(n.oid, 'USAGE'), "
-        "has_schema_privilege(n.oid, 'CREATE') FROM (SELECT 1) AS one "
-        "LEFT JOIN pg_namespace AS n ON n.nspname = :s"), {"s": schema}).one()
+        "has_schema_privilege(n.oid, 'CREATE'), pg_get_userbyid(n.nspowner) "
+        "FROM (SELECT 1) AS one LEFT JOIN pg_namespace AS n ON n.nspname = :s"),
+        {"s": schema}).one()
+    setup = (f"; an administrator sets the tenant up with the SQL `kdb shared init "
+             f"--tenant {namespace}` prints")
     if usage is None:
-        what = "does not exist in this database"
+        what = "does not exist in this database" + setup
+    elif (not usage or current != schema) and owner != user:
+        # Set up already, for another role: init again would grant this one nothing.
+        what = (f"may not be used by the role {user}: it is the role {owner}'s. Connect as "
+                f"that tenant's role in {config.ENV_SHARED_URL}, or set "
+                f"{config.ENV_SHARED_NAMESPACE} to the tenant of the role {user}")
     elif not usage or current != schema:
-        what = f"may not be used by the role {user}"
+        what = f"may not be used by the role {user}" + setup
     elif creating and not create:
-        what = f"is not the role {user}'s to create tables in"
+        what = f"is not the role {user}'s to create tables in" + setup
     else:
         return None
-    return (f"{config.ENV_SHARED_NAMESPACE}={namespace}: its schema {schema} {what}; an "
-            f"administrator sets the tenant up with the SQL `kdb shared init --tenant "
-            f"{namespace}` prints")
+    return f"{config.ENV_SHARED_NAMESPACE}={namespace}: its schema {schema} {what}"
+
+
+def no_namespace_problem(conn: Connection) -> str | None:
+    """Why a connection with no namespace cannot create kdb's tables where they would go
+    (the first schema of its search path; ``public``, where ``kdb shared init`` revokes
+    CREATE: a tenant's role whose nodes lacked ``KDB_SHARED_NAMESPACE`` was told "kdb
+    creates it on first use" and retried for ever); ``None`` when it can."""
+    current, user, create = conn.execute(text(
+        "SELECT current_schema(), current_user, CASE WHEN current_schema() IS NULL THEN "
+        "false ELSE has_schema_privilege(current_schema(), 'CREATE') END")).one()
+    if create:
+        return None
+    where = f"the schema {current}" if current else "any schema of its search path"
+    return (f"the role {user} may not create kdb's tables in {where}: on a server set up "
+            f"for tenants, set {config.ENV_SHARED_NAMESPACE} to the role's tenant (the "
+            f"namespace `kdb shared init --tenant NAME` was run for)")
 
 
 def upgrade(conn: Connection, revision: str = "head", namespace: str | None = None) -> None:

@@ -71,6 +71,24 @@ def client_settings(namespace: str, role: str | None = None, url: str | None = N
             f"{config.ENV_SHARED_NAMESPACE}={ns}")
 
 
+def _check_reused(shown: str, role: str, schema: str, *, powerful: bool,
+                  others: list[str]) -> None:
+    """An existing role given to a tenant is kept as it is: refused where its credentials
+    on the tenant's nodes would reach past the tenant (a superuser, one that creates roles
+    or bypasses row security: an administrator's; one owning another tenant's schema: that
+    tenant's rows too). ``--role postgres`` was taken, and printed as NOSUPERUSER."""
+    if powerful:
+        why = ("is a superuser, or may create roles or bypass row security: its credentials "
+               "are an administrator's, and docs/shared.md keeps those off the nodes")
+    elif others:
+        why = (f"owns {', '.join(others)}: the tenant's nodes would read and write those "
+               "tenants' rows too")
+    else:
+        return
+    raise KdbError(f"{shown}: the role {role} {why}. Give the tenant a role of its own "
+                   f"(--role, a name no role has yet) for {schema}; nothing was changed")
+
+
 def apply(url: str, namespace: str, role: str | None = None) -> list[str]:
     """Run :func:`init_sql` over an administrator's ``url`` in one transaction; returns the
     statements run. A role or schema that exists is kept (the schema only if ``role`` owns
@@ -81,13 +99,19 @@ def apply(url: str, namespace: str, role: str | None = None) -> list[str]:
     done = []
     try:
         with pgserver.watchdog.guard(pgserver.bound_s(8)), engine.begin() as conn:
-            has_role = conn.execute(text("SELECT 1 FROM pg_roles WHERE rolname = :r"),
-                                    {"r": role}).first() is not None
+            found = conn.execute(text(
+                "SELECT rolsuper OR rolcreaterole OR rolbypassrls, ARRAY(SELECT nspname "
+                "FROM pg_namespace WHERE nspowner = r.oid AND nspname LIKE 'kdb\\_%' "
+                "AND nspname <> :s ORDER BY nspname) FROM pg_roles AS r WHERE rolname = :r"),
+                {"r": role, "s": schema}).first()
+            has_role = found is not None
             owner = conn.execute(text("SELECT pg_get_userbyid(nspowner) FROM pg_namespace "
                                       "WHERE nspname = :s"), {"s": schema}).scalar()
             if owner not in (None, role):
                 raise KdbError(f"{shown}: the schema {schema} exists and belongs to {owner}, "
                                f"not {role}; nothing was changed")
+            if has_role:
+                _check_reused(shown, role, schema, powerful=found[0], others=list(found[1]))
             for statement in init_sql(namespace, role):
                 if ((statement.startswith("CREATE ROLE") and has_role)
                         or (statement.startswith("CREATE SCHEMA") and owner == role)):

@@ -230,8 +230,10 @@ class SharedTier(CrossNodeLocks):
         work, not a failure to retry)."""
         with engine.connect() as conn:
             rev = schema_revision(conn)
-            problem = self.namespace and pgserver.namespace_problem(
-                conn, self.namespace, creating=rev != migrate.HEAD)
+            problem = (pgserver.namespace_problem(conn, self.namespace,
+                                                  creating=rev != migrate.HEAD)
+                       if self.namespace else
+                       pgserver.no_namespace_problem(conn) if rev is None else None)
             conn.commit()
             if problem:
                 self._turn_off(problem)
