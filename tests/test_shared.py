@@ -402,6 +402,46 @@ def test_eight_processes_on_two_nodes_compile_each_kernel_once(shared_url, pg, t
     assert len(shared_keys(pg, shared_url)) == kernels
 
 
+IN_STEP = textwrap.dedent('''
+    import json, os, time
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import bookkeeping
+
+    ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+    while not os.path.exists(os.environ["GO_FILE"]):
+        time.sleep(0.01)
+    for i in range(4):  # a compile of about 0.3 s each, and an exit right after the last
+        kdb.opencl.build(ctx, "__kernel void k%d(__global float *a) { int g = get_global_id(0);"
+                         " for (int j = 0; j < 200; j++) a[g] = sin(a[g]) + %d.0f; }" % (i, i),
+                         name=f"k{i}")
+    print(json.dumps([r.name for r in bookkeeping.records()]), flush=True)
+''')
+
+
+def test_two_nodes_building_the_same_kernels_in_step_compile_each_once(shared_url, pg,
+                                                                        tmp_path):
+    """Two nodes start together and build the same kernels in the same order, then exit:
+    each waiter on the other node wanted the holder's entry, and the holder kept PoCL's
+    files for it (they serve its own node only), so the waiter compiled too; the holder's
+    followers at its exit were given the same. Both compiled every kernel (the hunter: 15
+    and 16 compiles of 4 kernels in the `many` benchmark's shared-tier arm)."""
+    go = tmp_path / "go"
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", IN_STEP], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        env=_child_env(tmp_path / f"node-{n}", tmp_path / f"pocl-{n}", shared_url,
+                       GO_FILE=str(go), KDB_STORE_AT_EXIT="detach")) for n in range(2)]
+    time.sleep(1.0)  # imports done: start together
+    go.touch()
+    compiled: list[str] = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        compiled += json.loads(out.strip().splitlines()[-1])
+    assert sorted(compiled) == ["k0", "k1", "k2", "k3"], compiled
+
+
 def test_server_stopped_mid_run_costs_no_correctness(tmp_path):
     """A dedicated server, stopped between two builds of a child, then started again."""
     server = _make_server()

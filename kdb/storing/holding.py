@@ -31,7 +31,7 @@ _claims: list[tuple[Path, object]] = []
 
 
 def hold(path: Path, claims: list, seconds: float,
-         store_now: Callable[[], str | None] | None) -> None:
+         store_now: Callable[[bool], str | None] | None) -> None:
     """Keep ``claims`` (marked pending: compiled in ``seconds``) until the job ``path`` is
     stored; ``store_now`` stores it in this process when another process wants it (what it
     returns is :data:`~kdb.file.rows.PROVISIONAL` when it stored stand-ins only: the job
@@ -69,7 +69,10 @@ def _at_exit() -> None:
             ahead = [p for p, _ in reversed(held) if _born(p) > _followed > 0][:EXIT_AHEAD]
             for path in dict.fromkeys(wanted + ahead):
                 if time.monotonic() < deadline:
-                    _store_wanted(path, [c for p, c in list(_claims) if p == path])
+                    claims = [c for p, c in list(_claims) if p == path]
+                    # A follower on another node is served by the published entry only.
+                    _store_wanted(path, claims, remote=path in ahead and any(
+                        c.cross_node is not None for c in claims) or None)
         finally:
             _store_lock.release()
     pending = [(p, c) for p, c in _claims if exists(p)]
@@ -104,7 +107,7 @@ def _register_exit() -> None:
 
 _claims_lock = threading.Lock()
 _store_lock = threading.Lock()  # held while a wanted entry is stored (exit waits for it)
-_store_now: dict[Path, Callable[[], str | None]] = {}
+_store_now: dict[Path, Callable[[bool], str | None]] = {}
 _watcher: threading.Thread | None = None
 
 
@@ -135,7 +138,7 @@ def _watch_claims() -> None:
                     _store_wanted(path, [c for p, c in held if p == path])
 
 
-def _store_wanted(path: Path, claims: list) -> None:
+def _store_wanted(path: Path, claims: list, remote: bool | None = None) -> None:
     """Another process waits for an entry of the job ``path``: store the job from the program
     this process still holds (no rebuild), then let its claims go. Also when a store
     worker's lane took the job first: the lane runs at the lowest priority, the waiter not."""
@@ -148,7 +151,9 @@ def _store_wanted(path: Path, claims: list) -> None:
     start = time.perf_counter()
     fd = take(path)  # None: a lane has it; its copy of the entries is written again, no harm
     try:
-        if store() == PROVISIONAL:  # stand-ins stored: the job stays for the full store
+        if remote is None:
+            remote = _wanted_elsewhere(claims)
+        if store(remote) == PROVISIONAL:  # stand-ins stored: the job stays
             log.debug("kdb: kept PoCL's files of %s for a waiting process in %.2f s",
                       ", ".join(c.key[:16] for c in claims), time.perf_counter() - start)
             if fd is not None:
@@ -169,6 +174,20 @@ def _store_wanted(path: Path, claims: list) -> None:
             os.close(fd)
     for claim in claims:
         _drop_claim(path, claim)
+
+
+def _wanted_elsewhere(claims: list) -> bool:
+    """Whether a process on another node waits for one of ``claims`` (its want lock on the
+    shared tier): what PoCL's cache holds here serves no other node, and the waiters there
+    compiled every kernel of a holder that kept only that for them."""
+    for claim in claims:
+        tier = claim.cross_node
+        try:
+            if tier is not None and tier.wanted(claim.key):
+                return True
+        except Exception:  # noqa: BLE001 - the server gone: nobody there is served anyway
+            continue
+    return False
 
 
 def _drop_claim(path: Path, claim) -> None:

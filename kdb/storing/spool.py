@@ -146,7 +146,7 @@ _last_sweep = 0.0
 
 
 def submit(user_dir: Path, job: StoreJob, claims: list | None = None,
-           store_now: Callable[[], str | None] | None = None) -> Path:
+           store_now: Callable[[bool], str | None] | None = None) -> Path:
     """Write ``job`` to the spool and make sure a worker runs; returns the job's path.
 
     ``claims`` (:class:`kdb.claims.Claim`) are marked pending and held until the job is

@@ -236,9 +236,11 @@ def _storer(db: KernelDB, devs, attrs: list[HashAttributes], recs: list, *,
     rebuild, no worker. First what PoCL's cache holds of it (:func:`.early.keep_now`: a
     scan, no binary read; the job stays queued for its full store, and the result says
     :data:`~kdb.file.rows.PROVISIONAL`); else the binaries, read from the program. The
-    program is looked up, not kept: a job's program is held only while new."""
-    def store_now() -> str | None:
-        if build is not None and early.keep_now(build):
+    program is looked up, not kept: a job's program is held only while new. ``remote``: a
+    process on another node waits (the shared tier): PoCL's files kept here serve this node
+    only, so the binaries are read and the entry published."""
+    def store_now(remote: bool = False) -> str | None:
+        if build is not None and not remote and early.keep_now(build):
             return PROVISIONAL
         held_raw = held(forget, devs)
         if held_raw is None:
