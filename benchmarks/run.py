@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """kdb side by side with the floor, PoCL's own cache, plain pyopencl and no cache.
 
-    python benchmarks/run.py                  # every scenario (about 6 minutes on 2 cores)
-    python benchmarks/run.py --quick          # smoke run: 1 run each, 4 kernels (< 1 minute)
+    python benchmarks/run.py                  # every scenario (hours on 2 cores)
+    python benchmarks/run.py --quick          # 1 run each, 4 kernels: seconds to minutes a
+                                              # scenario (hip, suite, script, fresh: minutes)
     python benchmarks/run.py --only hit,scale --runs 7
 
-Scenarios (the figures of docs/design.md): warm, cold, hit, many, scale, cuda, suite, auto;
-script (issue 19: a new user's first run, kdb against no kdb); busy, batch, xdist (issue 35:
-a machine that is never idle, batch jobs killed at their end, pytest -n 2). Each prints a
+Scenarios (the figures of docs/design.md; the list: --help): warm, cold, hit, many, scale,
+cuda, hip, triton, trust, uncached, adopt, auto; suite, script, fresh (a framework's suite,
+a new user's first run); busy, batch, xdist (a machine that is never idle, batch jobs killed
+at their end, pytest -n 2). Each prints a
 table per measurement, every arm's median and its ratio to the reference arm, then the
 figures of docs/design.md it bears on; everything (samples included) goes to a JSON file.
 Whatever kdb is installed in this interpreter is what gets measured.
@@ -57,6 +59,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if args.only is not None and not names:  # --only "" ran every scenario: hours
+        ap.error(f"--only names no scenario; choose from {', '.join(SCENARIOS)}")
+    for flag, value in (("--runs", args.runs), ("--kernels", args.kernels)):
+        if value is not None and value < 1:
+            ap.error(f"{flag} must be at least 1, not {value}")
+    # Checked before hours of runs, not after them (the results were lost).
+    where = args.json.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if args.json.is_dir():
+        ap.error(f"--json {args.json} is a directory: name the file to write")
+    if not where.is_dir() or not os.access(where, os.W_OK):
+        ap.error(f"--json {args.json} cannot be written: {where} is not a writable directory")
     args.only = names or list(SCENARIOS)
     if args.runs is not None and args.runs < 1:
         ap.error("--runs must be at least 1")
@@ -141,8 +156,21 @@ def _default_opencl() -> None:
         os.environ["OCL_ICD_VENDORS"] = chosen
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a CI job cancelled) ends the run as Ctrl-C does: through the
+    ``finally`` blocks that stop the PostgreSQL servers and remove the workspace (they were
+    left running, their parent gone)."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    _stop_on_sigterm()
     _default_opencl()
     opts = Options(quick=args.quick, runs=args.runs, kernels=args.kernels,
                    verbose=not args.silent)

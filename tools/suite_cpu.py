@@ -35,6 +35,15 @@ except ImportError:  # the report needs no pytest
     pytest = None
 
 if pytest is not None:
+    def pytest_sessionstart(session):
+        """A new run: the rows of an earlier one in the same directory are not this run's
+        (they were added in: a file's tests counted twice). The controller, or a run
+        without xdist, clears them; xdist's workers start after it."""
+        where = os.environ.get("SUITE_CPU_DIR")
+        if where and not os.environ.get("PYTEST_XDIST_WORKER"):
+            for old in Path(where).glob("rows-*.json"):
+                old.unlink()
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
         before, start = _cpu(), time.perf_counter()
