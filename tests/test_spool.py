@@ -251,6 +251,37 @@ def test_kdb_pack_from_log_waits_for_pending_stores(cache_dir, run_py, tmp_path)
     assert sql(packed, "SELECT count(*) FROM kernels")[0][0] == 2
 
 
+def test_kdb_pack_waits_out_a_locked_user_file_and_packs_every_entry(cache_dir, run_py,
+                                                                    tmp_path):
+    """``kdb pack`` stores the queued jobs itself first; one whose write found the user file
+    locked was dropped (the worker's lanes queue such a job again), and the pack said
+    nothing and held fewer entries. It waits for the lock now, as the lanes do."""
+    import threading
+
+    run_json(run_py, BUILD.format(n=1))
+    wait_for_worker(cache_dir)
+    env = {"POCL_CACHE_DIR": str(tmp_path / "pocl")}
+    out, held = run_held(run_py, cache_dir, BUILD.format(n=3), env)
+    assert out["compiles"] == 2
+    hold = sqlite3.connect(user_file(cache_dir), isolation_level=None, timeout=30,
+                           check_same_thread=False)
+    hold.execute("BEGIN IMMEDIATE")
+    done = threading.Timer(8.0, hold.execute, ("ROLLBACK",))
+    done.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kdb.cli", "pack", "--arch", ARCH,
+                               "--from-db", "--out", str(tmp_path / "out")],
+                              env={**os.environ, **DETACH, **env,
+                                   "KDB_CACHE_DIR": str(cache_dir)},
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        done.join()
+        hold.close()
+        held.release(start=False)
+    assert proc.returncode == 0, proc.stderr
+    assert sql(tmp_path / "out" / f"{ARCH}.kdb", "SELECT count(*) FROM kernels")[0][0] == 3
+
+
 def test_a_pending_claim_is_waited_for_at_most_its_compile_time(cache_dir, run_py):
     """A holder alive, its compile done and its store queued: a waiter gives up after about
     the compile's seconds and builds it itself."""

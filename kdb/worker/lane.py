@@ -107,7 +107,7 @@ def serve(slow: bool = False, urgent: bool = False, floor: bool = False) -> int:
             try:
                 store_job_file(taken_path(path), dbs)
             except StoreLocked as err:
-                again = _queue_again(path, err)
+                again = queue_again(path, err)
             except Exception as err:  # noqa: BLE001 - report, drop the job, go on
                 say(f"could not store {about(path)}: {type(err).__name__}: {err}")
             if again:
@@ -148,7 +148,7 @@ class StoreLocked(Exception):
     past SQLite's busy timeout: the job was intact, and is stored once the lock is gone."""
 
 
-def _queue_again(path: Path, err: StoreLocked) -> bool:
+def queue_again(path: Path, err: StoreLocked) -> bool:
     """Whether the job ``path`` (locked out, ``err``) is queued again: while it is younger
     than :data:`LOCKED_KEEP_S` (its name starts with its birth in ns). Dropping it, as any
     failed store was, cost the next run every compile of the run before: a 30 s

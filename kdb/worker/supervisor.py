@@ -399,13 +399,20 @@ def _take_over(queue: _Queue, lanes: list[Lane], share: float) -> Path | None:
 TAKEN_GRACE_S = 2.0
 
 
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def hurry(spool: Path) -> int:
     """Store every job of ``spool`` now, at the priority of the process that asks (``kdb pack``
     waits for them; the worker gives its lanes only the CPU nothing else wants, and cannot
     raise their priority again). Jobs are taken one by one beside the worker's lanes; one a
     lane still holds after :data:`TAKEN_GRACE_S` is stored here as well (storing is
     idempotent) and removed, so a starved lane never holds the caller up."""
-    from .lane import store_job_file
+    from .lane import StoreLocked, queue_again, store_job_file
 
     if not inherit(spool):
         return 1
@@ -425,13 +432,21 @@ def hurry(spool: Path) -> int:
             if fd is None and (not name.endswith(TAKEN)
                                or now - first_seen.setdefault(name, now) < TAKEN_GRACE_S):
                 continue
+            locked = False
             try:
                 store_job_file(taken_path(path) if fd is not None else path, dbs)
+            except StoreLocked as err:  # stored once the lock is gone, not dropped
+                locked = fd is None or queue_again(path, err)
             except Exception as err:  # noqa: BLE001 - report, drop the job, go on
                 _say(f"could not store {_about(path)}: {type(err).__name__}: {err}")
-            remove(path)
             if fd is not None:
+                if locked:
+                    rename(taken_path(path), path)
+                else:
+                    remove(path)
                 os.close(fd)
+            elif not locked:
+                _unlink(path)  # a lane's .taken only: one it queued again meanwhile stays
         time.sleep(0.05)
     for db in dbs.values():
         db.close()
