@@ -63,6 +63,11 @@ def on_fork(hook: Callable[[], None]) -> None:
     _fork_hooks.append(hook)
 
 
+#: What a Ctrl-C in each phase loses (the phases after it still run).
+_LOST = {BOOKKEEPING: "this run's counts and compile log are not written",
+         STORES: "kernels not stored yet compile again next run"}
+
+
 def run_exit_hooks() -> None:
     """Run every exit hook, phase by phase; a failing hook is logged, never raised. Ctrl-C
     ends the hook it lands in (the stores, waiting for the last ones), with one line; the
@@ -76,8 +81,8 @@ def run_exit_hooks() -> None:
                 hook()
             except KeyboardInterrupt:
                 if not interrupted:
-                    logs.get("kdb").warning("kdb: interrupted at exit: kernels not stored "
-                                            "yet compile again next run")
+                    logs.get("kdb").warning("kdb: interrupted at exit: %s",
+                                            _LOST.get(phase, "kdb's exit work was cut short"))
                 interrupted = True
             except Exception as err:  # noqa: BLE001 - never fail an exiting program
                 logs.get("kdb").warning("kdb: at exit: %s failed: %s",

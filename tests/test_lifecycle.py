@@ -99,3 +99,27 @@ def test_a_drain_runs_the_stores_not_started_in_the_waiting_thread():
     background.submit(lambda: ran.append(threading.get_ident()))
     assert background.drain(30) == [] and background.pending() == 0
     assert ran == [threading.get_ident()]
+
+
+def test_ctrl_c_at_exit_says_what_its_phase_loses_and_the_later_hooks_run(monkeypatch,
+                                                                         caplog):
+    """One line for one Ctrl-C, naming what was lost where it landed: in the bookkeeping
+    phase it said "kernels not stored yet compile again next run" while the stores then ran
+    in full and the counts and compile log were what was lost."""
+    import logging
+
+    from kdb import lifecycle
+
+    ran = []
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lifecycle, "_exit_hooks", [
+        (lifecycle.BOOKKEEPING, interrupted), (lifecycle.STORES, lambda: ran.append("stores")),
+        (lifecycle.SUMMARY, lambda: ran.append("summary"))])
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        lifecycle.run_exit_hooks()
+    assert ran == ["stores", "summary"]
+    assert "counts and compile log are not written" in caplog.text
+    assert "compile again" not in caplog.text
