@@ -378,6 +378,19 @@ def _arch() -> str:
     return arch_of(plat.get_devices()[0])
 
 
+def _started_together(procs: list, go: Path) -> list[str]:
+    """Let ``procs`` (children waiting for ``go``) start together; the names they compiled."""
+    time.sleep(1.0)  # imports done: start together
+    go.touch()
+    compiled: list[str] = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert "Traceback" not in err and "waited" not in err, err
+        compiled += json.loads(out.strip().splitlines()[-1])
+    return compiled
+
+
 @pytest.mark.slow
 def test_eight_processes_on_two_nodes_compile_each_kernel_once(shared_url, pg, tmp_path):
     kernels = 10
@@ -390,14 +403,7 @@ def test_eight_processes_on_two_nodes_compile_each_kernel_once(shared_url, pg, t
         procs.append(subprocess.Popen(
             [sys.executable, "-c", CHILD, ",".join(map(str, order))], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    time.sleep(1.0)  # imports done: start together
-    go.touch()
-    compiled: list[str] = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        assert "Traceback" not in err and "waited" not in err, err
-        compiled += json.loads(out.strip().splitlines()[-1])
+    compiled = _started_together(procs, go)
     assert sorted(compiled) == sorted(f"k{i}" for i in range(kernels))
     assert len(shared_keys(pg, shared_url)) == kernels
 
@@ -432,13 +438,7 @@ def test_two_nodes_building_the_same_kernels_in_step_compile_each_once(shared_ur
         stderr=subprocess.PIPE, text=True,
         env=_child_env(tmp_path / f"node-{n}", tmp_path / f"pocl-{n}", shared_url,
                        GO_FILE=str(go), KDB_STORE_AT_EXIT="detach")) for n in range(2)]
-    time.sleep(1.0)  # imports done: start together
-    go.touch()
-    compiled: list[str] = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        compiled += json.loads(out.strip().splitlines()[-1])
+    compiled = _started_together(procs, go)
     assert sorted(compiled) == ["k0", "k1", "k2", "k3"], compiled
 
 
