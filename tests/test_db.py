@@ -324,7 +324,10 @@ def test_bookkeeping_of_a_dropped_instance_is_not_lost(cache_dir, monkeypatch):
     KernelDB().put(a, BINARY)
     writes = []
     write = KernelFile.write
-    monkeypatch.setattr(KernelFile, "write", lambda self, *x: writes.append(x) or write(self, *x))
+    # Writes of this test's file only: an earlier test's dropped instance, or its store
+    # thread, may write its own file meanwhile (seen once in the suite: {'misses': 1}).
+    monkeypatch.setattr(KernelFile, "write", lambda self, *x: (
+        self.path.is_relative_to(cache_dir) and writes.append(x)) or write(self, *x))
     assert KernelDB().get(a) == BINARY  # that instance is dropped at once, never flushed
     gc.collect()
     assert writes == []  # nothing written while collecting
