@@ -18,7 +18,6 @@ databases if that is why.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 import threading
 import time
@@ -367,9 +366,8 @@ def _reports_each_hit() -> bool:
     Elsewhere the report is written at exit, and a hit costs nothing more."""
     global _each_hit
     if _each_hit is None:
-        mp = sys.modules.get("multiprocessing")
-        _each_hit = bool(os.environ.get(config.ENV_RUN_REPORT)) and (
-            mp is not None and mp.parent_process() is not None)
+        _each_hit = (bool(os.environ.get(config.ENV_RUN_REPORT))
+                     and lifecycle.in_multiprocessing_child())
     return _each_hit
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from . import logs
@@ -49,6 +50,14 @@ def alive(pid: int | str) -> bool:
     except OSError:
         return True
     return True
+
+
+def in_multiprocessing_child() -> bool:
+    """Whether this process is a child of :mod:`multiprocessing`: it ends in ``os._exit``, or
+    by its parent's SIGTERM (a pool leaving ``with``), never through ``atexit``, so what it
+    leaves to its exit hooks is lost. Cheap: a child has imported :mod:`multiprocessing`."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.parent_process() is not None
 
 
 def on_exit(phase: int, hook: Callable[[], None]) -> None:

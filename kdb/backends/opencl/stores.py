@@ -9,13 +9,12 @@ Until then the program itself serves repeats in this process (:data:`compiled`).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import TYPE_CHECKING, Callable
 
 import pyopencl as cl
 
-from ... import config, logs
+from ... import config, lifecycle, logs
 from ...db import KernelDB
 from ...file.rows import PROVISIONAL
 from ...keys import HashAttributes
@@ -138,7 +137,7 @@ def store_later(db: KernelDB, raw, devs, attrs: list[HashAttributes], seconds: f
     in_process = _built_as_keyed(attrs[0])
     binaries = _read_now(raw, devs, attrs, seconds) if in_process else None
     if binaries is not None:  # in hand: stored by this process, no rebuild anywhere
-        now = _in_multiprocessing_child()  # its end (SIGTERM, os._exit) skips every wait
+        now = lifecycle.in_multiprocessing_child()  # its end skips every wait
         for d, a, rec in zip(devs, attrs, recs):
             db.tiers.storing.put_later(a, _handed(binaries[d.int_ptr], forget),
                                        compile_seconds=per_device, details=device_details(d),
@@ -330,16 +329,7 @@ def _detach() -> bool:
     under ``wait`` in a child of :mod:`multiprocessing`, whose end is its parent's: a pool
     leaving ``with`` terminates its workers (SIGTERM), and what one kept to store before its
     exit was lost, run after run."""
-    return config.store_at_exit() == "detach" or _in_multiprocessing_child()
-
-
-def _in_multiprocessing_child() -> bool:
-    """Whether this process is a child of :mod:`multiprocessing`: it ends in ``os._exit``,
-    or by its parent's SIGTERM (a pool leaving ``with``), never through ``atexit``. Intel's
-    binaries, in hand and left to the background thread's quiet moment, were lost in every
-    pool worker, run after run."""
-    mp = sys.modules.get("multiprocessing")
-    return mp is not None and mp.parent_process() is not None
+    return config.store_at_exit() == "detach" or lifecycle.in_multiprocessing_child()
 
 
 def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
