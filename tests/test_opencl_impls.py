@@ -666,3 +666,41 @@ def test_pack_native_skips_an_opencl_that_builds_nothing_and_says_so(tmp_path, c
     assert len(list((tmp_path / "out").glob("*.kdb"))) >= 1
     said = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
     assert len(said) == 1 and broken[0] in said[0] and "builds no kernel" in said[0], said
+
+
+# Builds one kernel that calls the built-in library and prints the library kdb keys.
+KERNELLIB = """
+    import json, os
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb.backends.opencl import archs, keys
+    if os.environ.get("AS_ZEN3"):  # what a Zen 3 says: AVX2, no AVX-512
+        archs.host_flags = lambda: frozenset(
+            "sse2 ssse3 sse4_1 cx16 popcnt avx avx2 abm f16c fma bmi1 bmi2".split())
+    plat = [p for p in cl.get_platforms() if p.name == "Portable Computing Language"][0]
+    dev = plat.get_devices()[0]
+    kdb.opencl.build(cl.Context([dev]), "__kernel void f(__global float *a) {{ a[0] = sin(a[1]); }}")
+    print(json.dumps({{"ident": dict(keys.compiler_identity(dev)), "version": plat.version,
+                       "hstr": dev.version}}))
+"""
+
+
+def test_the_library_a_distro_pocl_links_by_cpu_features_is_in_the_key(run_py, cache_dir):
+    """pip's PoCL 3.0 ("DISTRO") links a built-in library chosen by the host's features, and
+    says only the host's LLVM CPU in its HSTR: LLVM 14 calls Zen 3 and Zen 4 both
+    ``znver3``, and a binary stored on a Zen 4 held AVX-512 code a Zen 3 would have been
+    served. The library kdb keys is the one PoCL says it linked (``POCL_DEBUG``); a host
+    whose features pick another is another compiler."""
+    need_pip_pocl()
+    linked = re.compile(r"kernel-[\w.-]+?-(\w+)\.bc as the built-in lib")
+    proc = run_py(KERNELLIB.format(), env={"POCL_DEBUG": "all"})
+    here = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "DISTRO" not in here["version"] or "-x86_64-" not in here["hstr"]:
+        pytest.skip(f"not an x86-64 distro PoCL: {here['version']}, {here['hstr']}")
+    names = linked.findall(proc.stderr)
+    assert names, proc.stderr[-2000:]
+    assert here["ident"]["pocl_kernellib"] == names[-1]
+    zen3 = json.loads(run_py(KERNELLIB.format(), env={"AS_ZEN3": "1"}).stdout.splitlines()[-1])
+    assert zen3["ident"]["pocl_kernellib"] == "avx2"
+    differs = {k for k in here["ident"] if here["ident"][k] != zen3["ident"].get(k)}
+    assert differs == ({"pocl_kernellib"} if names[-1] != "avx2" else set())

@@ -104,21 +104,64 @@ def _lower_levels_met(name: str, flags: set[str]) -> bool:
     return all(need <= flags for need in below)
 
 
+#: PoCL's "distro" kernel libraries for x86-64 (its ``kernel-<triple>-<variant>.bc``) and
+#: the CPU features each needs, as ``/proc/cpuinfo`` spells LLVM's names (``lzcnt`` is
+#: ``abm``, ``bmi`` is ``bmi1``), in PoCL's order: the last one the host has is linked.
+_POCL_KERNELLIBS = (
+    ("sse2", {"sse2"}),
+    ("ssse3", {"sse2", "ssse3", "cx16"}),
+    ("sse41", {"sse2", "sse4_1", "cx16"}),
+    ("avx", {"sse2", "avx", "cx16", "popcnt"}),
+    ("avx_f16c", {"sse2", "avx", "cx16", "popcnt", "f16c"}),
+    ("avx_fma4", {"sse2", "avx", "cx16", "popcnt", "xop", "fma4"}),
+    ("avx2", {"sse2", "avx", "avx2", "cx16", "popcnt", "abm", "f16c", "fma", "bmi1", "bmi2"}),
+    ("avx512", {"sse2", "avx512f"}),
+)
+
+
+def pocl_kernellib(flags: set[str]) -> str:
+    """The built-in library a "distro" PoCL links into every x86-64 kernel, chosen by the
+    host's features. PoCL 3.0 says only the host's LLVM CPU in its ``HSTR``, and LLVM 14
+    calls Zen 3 and Zen 4 both ``znver3``: a binary built on one held AVX-512 code the other
+    lacks. (PoCL 3.1 names the library's CPU in the ``HSTR`` instead, and reads
+    ``POCL_KERNELLIB_NAME``, a variable the key holds.)
+
+    >>> pocl_kernellib({"sse2", "avx", "avx2", "cx16", "popcnt", "abm", "f16c", "fma",
+    ...                 "bmi1", "bmi2"})
+    'avx2'
+    >>> pocl_kernellib(set())
+    'none'
+    """
+    best = "none"
+    for name, needs in _POCL_KERNELLIBS:
+        if needs <= flags:
+            best = name
+    return best
+
+
+@functools.lru_cache(maxsize=1)
+def host_flags() -> frozenset[str]:
+    """The first processor's ``flags`` (x86) or ``Features`` (Arm) in ``/proc/cpuinfo``;
+    empty where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 @functools.lru_cache(maxsize=1)
 def host_isa() -> str:
     """:func:`isa_class` of this host, from the first processor's flags in
     ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on Arm); ``<machine>-unknown`` where
     they cannot be read."""
     machine = _platform.machine().lower() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name.strip() in ("flags", "Features"):
-                    return isa_class(set(value.split()), machine)
-    except OSError:
-        pass
-    return f"{slug(machine)}-unknown"
+    flags = host_flags()
+    return isa_class(set(flags), machine) if flags else f"{slug(machine)}-unknown"
 
 
 def intel_target(library: str | None) -> str | None:

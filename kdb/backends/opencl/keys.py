@@ -124,7 +124,19 @@ def _identity_of_ptr(ptr: int, device: cl.Device, memo_dir: str) -> tuple:
         settings = intel_settings(lib)
         if settings:
             ident.append(("cl.cfg", settings))
-    return tuple(sorted(ident))  # sorted, as the key wants its pairs
+    kernellib = _pocl_kernellib(plat.version, device.version)
+    if kernellib:
+        ident.append(("pocl_kernellib", kernellib))
+    return tuple(sorted(ident))
+
+
+def _pocl_kernellib(platform_version: str, device_version: str) -> str | None:
+    """The built-in library a "distro" PoCL links for an x86-64 CPU device
+    (:func:`archs.pocl_kernellib`); None for any other device."""
+    hstr = archs.hstr(device_version)
+    if not hstr or "DISTRO" not in platform_version or "-x86_64-" not in hstr:
+        return None
+    return archs.pocl_kernellib(set(archs.host_flags()))  # sorted, as the key wants its pairs
 
 
 def intel_settings(library: str) -> str:
