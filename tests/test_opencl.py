@@ -242,6 +242,28 @@ def test_option_change_misses_and_same_options_hit(cache_dir, cl_ctx):
     np.testing.assert_allclose(y, 2 * x + 1)
 
 
+def test_pyopencls_own_options_changed_between_builds_are_built_with(cache_dir, cl_ctx,
+                                                                    kdb_installed,
+                                                                    monkeypatch):
+    """A program may change pyopencl's module-level options between builds
+    (``cl.enable_debugging()`` adds ``-g -O0`` on AMD's platform): the next build of the
+    same source and options is built with them, as pyopencl builds it, not with a plan kept
+    from before."""
+    src = "#ifndef X\n#define X 0\n#endif\n__kernel void k(__global int *a) { a[0] = X; }"
+
+    def first(prg) -> int:
+        a = np.zeros(1, np.int32)
+        buf = cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+        queue = cl.CommandQueue(cl_ctx)
+        prg.k(queue, (1,), None, buf)
+        cl.enqueue_copy(queue, a, buf)
+        return int(a[0])
+
+    assert first(cl.Program(cl_ctx, src).build()) == 0
+    monkeypatch.setattr(cl, "_DEFAULT_BUILD_OPTIONS", [*cl._DEFAULT_BUILD_OPTIONS, "-DX=5"])
+    assert first(cl.Program(cl_ctx, src).build()) == 5
+
+
 # -- a portable key ------------------------------------------------------------------------
 
 def _machine_local_strings(tmp_path: Path, *more: str) -> list[str]:

@@ -366,7 +366,8 @@ class _Plan:
         return other
 
 
-#: Per context object: plans by (devices, options, arch, cache root, environment).
+#: Per context object: plans by (devices, options, arch, cache root, environment, pyopencl's
+#: own options).
 _plans: "weakref.WeakKeyDictionary[cl.Context, dict[tuple, _Plan]]" = weakref.WeakKeyDictionary()
 
 #: pyopencl's own variable: options it adds to every build (they enter the key as options).
@@ -390,6 +391,16 @@ def _devices(ctx, devices) -> list:
             and not seen.add(getattr(d, "int_ptr", d))]
 
 
+def _pyopencl_added() -> tuple:
+    """pyopencl's module-level options as they stand: a program may change them between
+    builds (``cl.enable_debugging()`` adds ``-g -O0`` for AMD's platform), and a plan kept
+    from before built without them."""
+    plat = getattr(cl, "_PLAT_BUILD_OPTIONS", None) or {}
+    return (tuple(getattr(cl, "_DEFAULT_BUILD_OPTIONS", ())),
+            tuple(getattr(cl, "_DEFAULT_INCLUDE_OPTIONS", ())),
+            tuple((name, tuple(opts)) for name, opts in plat.items()))
+
+
 def plan_for(ctx, devices, options, arch, memo: str,
              variables: Mapping[str, str | None]) -> _Plan:
     """The plan of a build on ``ctx``, ``variables`` holding :data:`BUILD_VARIABLES`."""
@@ -400,7 +411,7 @@ def plan_for(ctx, devices, options, arch, memo: str,
     try:
         key = (None if devices is None else tuple(d.int_ptr for d in devices),
                options if options is None or isinstance(options, str) else tuple(options),
-               arch, memo, forced, env)
+               arch, memo, forced, env, _pyopencl_added())
         per_ctx = _plans.get(ctx)
         plan = per_ctx.get(key) if per_ctx is not None else None
     except TypeError:  # unhashable options or devices: no plan kept; the checks below say why
