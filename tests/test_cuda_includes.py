@@ -238,6 +238,26 @@ def test_headers_from_the_toolkit_and_the_system_do_not_count_as_unkeyed(cache_d
     assert stored(cache_dir) == 1
 
 
+@needs_nvcc
+def test_a_header_nvccs_host_compiler_finds_in_usr_local_include_is_keyed(db, tmp_path):
+    """nvcc's host compiler searches /usr/local/include with no option, where ``make
+    install`` puts CUTLASS or CUB: an edited header there is a miss, never the old binary
+    (it was keyed as missing and served stale)."""
+    site = Path("/usr/local/include")
+    if not os.access(site, os.W_OK):
+        pytest.skip(f"{site} is not writable by this user")
+    header = site / f"kdb_test_site_{os.getpid()}_{tmp_path.name}.cuh"
+    src = f"#include <{header.name}>\n" + KERNEL
+    try:
+        header.write_text("#define SCALE 3.0f\n")
+        assert PTX[3] in kdb.cuda.compile(src, "sm_90", output="ptx", db=db, compiler="nvcc")
+        db.flush()
+        header.write_text("#define SCALE 5.0f\n")
+        assert PTX[5] in kdb.cuda.compile(src, "sm_90", output="ptx", db=db, compiler="nvcc")
+    finally:
+        header.unlink(missing_ok=True)
+
+
 def test_dependency_lists_are_read_as_make_writes_them():
     from kdb.backends.includes import dependency_paths
 

@@ -167,6 +167,28 @@ def test_a_header_found_any_way_either_compiler_finds_it_is_keyed(compiler, how,
     _edits_are_seen(db, inc / "scale.h", compiler=compiler, **given)
 
 
+@needs_hipcc
+def test_a_header_hipcc_finds_in_usr_local_include_is_keyed(db, tmp_path):
+    """clang searches /usr/local/include with no option (where ``make install`` puts a
+    header-only library): an edited header there is a new code object, never the old one."""
+    site = Path("/usr/local/include")
+    if not os.access(site, os.W_OK):
+        pytest.skip(f"{site} is not writable by this user")
+    header = site / f"kdb_test_site_{os.getpid()}_{tmp_path.name}.h"
+    src = HEADER_SRC.replace('"scale.h"', f"<{header.name}>")
+
+    def build(k: str) -> bytes:
+        header.write_text(f"#define K {k}f\n")
+        return kdb.hip.compile(src, "gfx90a", db=db, compiler="hipcc")
+
+    try:
+        three = build("3.0")
+        db.flush()
+        assert build("7.0") != three
+    finally:
+        header.unlink(missing_ok=True)
+
+
 def _edits_are_seen(db, header: Path, **how) -> None:
     """``header`` edited, a new code object; edited back, the first one again."""
     def build(k: str) -> bytes:

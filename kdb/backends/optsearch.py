@@ -11,8 +11,8 @@ assembles.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator, Sequence
 
 from .includes import IncludeSearch
 
@@ -32,6 +32,25 @@ class OptionSearch:
     @property
     def problem(self) -> str | None:
         return self.search.problem
+
+
+#: The default include directory where a site installs headers by hand (``make install`` of
+#: CUTLASS or CUB; no system package writes there): what a build finds there comes with
+#: neither the compiler nor the system, so it enters the key by content.
+SITE_INCLUDE = "/usr/local/include"
+
+
+def searching_site(found: OptionSearch, defaults: Sequence[str]
+                   ) -> tuple[OptionSearch, tuple[str, ...]]:
+    """``found`` also searching the site directory, after the request's own, where
+    ``defaults`` (a compiler's default include directories) hold it; and the rest of
+    ``defaults``, whose headers come with the compiler or the system's packages and are
+    keyed by their identity, not by content."""
+    if SITE_INCLUDE not in defaults:
+        return found, tuple(defaults)
+    s = found.search
+    search = IncludeSearch(s.quote, (*s.dirs, (SITE_INCLUDE,)), s.forced, s.problem)
+    return replace(found, search=search), tuple(d for d in defaults if d != SITE_INCLUDE)
 
 
 def absolute(paths: list[str], base: str, what: str) -> tuple[list[str], str | None]:

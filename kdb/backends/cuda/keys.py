@@ -26,6 +26,7 @@ from .nvcc import NvccIdentity, find_nvcc, identity
 from .nvrtc import NvrtcIdentity
 from .search import VARIABLES as _SEARCH_VARIABLES
 from .search import cuda_search
+from ..optsearch import searching_site
 
 BACKEND = "cuda"
 
@@ -283,7 +284,7 @@ class _Request:
     header_files: frozenset = frozenset()  # (st_dev, st_ino) of the headers the key holds
     search: Any = None  # the IncludeSearch the key's headers came from
     cwd: str = ""  # the caller's working directory when the request was made
-    host_dirs: tuple[str, ...] = ()  # nvcc's host compiler's default include dirs
+    host_dirs: tuple[str, ...] = ()  # its host compiler's default include dirs, unkeyed
 
     @property
     def nvcc(self) -> NvccIdentity:
@@ -342,6 +343,8 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
     _check_options(found.rest)
     if kind == "nvcc":
         _check_variables()
+    # nvcc's host compiler searches /usr/local/include too: what it finds there is keyed
+    found, host_dirs = searching_site(found, host.include_dirs if host else ())
     files: set[tuple[int, int]] = set()
     env = () if kind == "nvrtc" else environment()
     try:
@@ -371,8 +374,7 @@ def _request(source: str | bytes, arch: str, options: str | Sequence[str] | None
     )
     args = found.args if kind != "nvrtc" else _nvrtc_args(found.args)
     return _Request(text, arch, output, found.rest, args, found.dirs, ident, attrs, compiler,
-                    missing, uncertain, frozenset(files), found.search, cwd,
-                    host.include_dirs if host else ())
+                    missing, uncertain, frozenset(files), found.search, cwd, host_dirs)
 
 
 def _host(kind: str | None, ident, options: tuple[str, ...], cwd: str,

@@ -33,7 +33,7 @@ def _run_hipcc(req: Request) -> bytes:
 
     return run_compiler("hipcc", req.command, req.text, "kernel.hip", "kernel.co",
                         building=f"{req.attrs.name} for {req.target}", options=req.options,
-                        system_dirs=req.tool.system_dirs,  # type: ignore[union-attr]
+                        system_dirs=req.system_dirs,
                         header_files=req.header_files, unavailable=unavailable,
                         env=lambda tmp: _hipcc.run_env(tmp=tmp),
                         where="run in a temporary directory, HIP_PLATFORM=amd")

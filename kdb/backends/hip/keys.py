@@ -27,6 +27,7 @@ from .hipcc import HipccIdentity
 from .hiprtc import HiprtcIdentity
 from .search import VARIABLES as _SEARCH_VARIABLES
 from .search import hip_search
+from ..optsearch import searching_site
 from .targets import canonical, check_known, parse_target
 
 BACKEND = "hip"
@@ -175,6 +176,7 @@ class Request:
     header_files: frozenset = frozenset()
     search: Any = None
     cwd: str = ""
+    system_dirs: tuple[str, ...] = ()  # hipcc's default include dirs, unkeyed
 
     def headers_now(self) -> tuple[tuple[str, str], ...]:
         """The key's headers as they are now, found as the key found them."""
@@ -217,6 +219,9 @@ def request(source: str | bytes, arch: str, options: str | Sequence[str] | None,
     cwd = _cwd()
     found = hip_search(given, [os.fspath(d) for d in include_dirs or ()], kind != "hiprtc",
                        config.read_variables(_SEARCH_VARIABLES), cwd)
+    # clang searches /usr/local/include by default: what hipcc finds there is keyed
+    found, system_dirs = searching_site(
+        found, ident.system_dirs if isinstance(ident, HipccIdentity) else ())
     files: set[tuple[int, int]] = set()
     env = _hiprtc.environment() if kind == "hiprtc" else _hipcc.environment()
     try:
@@ -236,7 +241,7 @@ def request(source: str | bytes, arch: str, options: str | Sequence[str] | None,
         environment=env,
         name=name or label(_KERNEL_RE, text, "module"))
     return Request(text, target, found.rest, found.args, found.dirs, ident, attrs, compiler,
-                   missing, uncertain, frozenset(files), found.search, cwd)
+                   missing, uncertain, frozenset(files), found.search, cwd, system_dirs)
 
 
 def _cwd() -> str:
