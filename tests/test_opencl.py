@@ -198,6 +198,42 @@ def test_miss_then_hit_across_two_processes(cache_dir, run_py):
     assert counters.get("hits.user", 0) >= 1
 
 
+# Builds a program whose quoted include PoCL may find in its cache directory; prints V.
+CHILD_QUOTED = """
+import os, numpy as np, pyopencl as cl, kdb.opencl
+kdb.opencl.install()
+ctx = cl.Context(cl.get_platforms()[0].get_devices()[:1])
+prg = cl.Program(ctx, '#include "v.h"\\n__kernel void k(__global int *o) { o[0] = V; }').build()
+o = np.zeros(1, np.int32)
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, o.nbytes)
+queue = cl.CommandQueue(ctx)
+prg.k(queue, (1,), None, buf)
+cl.enqueue_copy(queue, o, buf)
+print(int(o[0]))
+"""
+
+
+def test_a_quoted_include_pocl_finds_in_its_cache_directory_is_keyed(cache_dir, run_py,
+                                                                    tmp_path):
+    """PoCL compiles the program as a file in its cache directory, so a quoted include is
+    looked up there before the working directory: a process whose PoCL cache held another
+    ``v.h`` than the working directory's was served the other's kernel."""
+    work, first, second = tmp_path / "work", tmp_path / "pocl-a", tmp_path / "pocl-b"
+    for d in (work, first, second):
+        d.mkdir()
+    (work / "v.h").write_text("#define V 1\n")
+    (first / "v.h").write_text("#define V 5\n")
+    code = f"import os; os.chdir({str(work)!r})\n" + CHILD_QUOTED
+
+    def value(pocl: Path) -> int:
+        return int(run_py(code, env={"KDB_CACHE_DIR": str(cache_dir),
+                                     "POCL_CACHE_DIR": str(pocl)}).stdout.split()[-1])
+
+    assert value(first) == 5
+    assert value(second) == 1
+    assert value(first) == 5
+
+
 # -- what makes a key miss -----------------------------------------------------------------
 
 def test_header_edit_misses(cache_dir, cl_ctx, tmp_path):

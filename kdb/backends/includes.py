@@ -21,7 +21,7 @@ import functools
 import os
 import re
 import stat
-from typing import Callable
+from typing import Callable, Sequence
 
 from .digests import file_digest
 from .. import logs
@@ -259,7 +259,8 @@ def _find(name: str, dirs: list[str]) -> list[tuple[str, tuple[int, int]]]:
 
 def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
                  main_in_cwd: bool = True, cwd_in_path: bool = True,
-                 files: set[tuple[int, int]] | None = None) -> tuple[tuple[str, str], ...]:
+                 files: set[tuple[int, int]] | None = None,
+                 main_dirs: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
     """``(include name, content digest)`` for every file a build of ``source`` with this
     include search may read, the way an OpenCL C compiler looks: quoted includes in the
     including file's directory first (the working directory ``cwd`` for the program
@@ -268,7 +269,9 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
     key holds whatever file the compiler picks. nvcc compiles a copy of the program in a
     directory of its own (``main_in_cwd=False``) and neither it nor NVRTC puts the working
     directory on the path (``cwd_in_path=False``). ``files`` collects the identities
-    ``(st_dev, st_ino)`` of the files found, for a check against what the compiler read. Names are as written, prefixed by the
+    ``(st_dev, st_ino)`` of the files found, for a check against what the compiler read.
+    ``main_dirs``: where the compiler writes the program before it reads it (PoCL: its
+    cache directory), searched first for the program's quoted includes. Names are as written, prefixed by the
     chain of including headers (``a.h>b.h``; ``h.h|2`` for a second match, ``+f.h`` for
     ``-include``): no path enters.
 
@@ -298,13 +301,13 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
     # key (NVRTC was served a binary built with their old content).
     followed: dict[tuple[int, int], list[str]] = {}
     forced = tuple((True, name) for r in search.forced for name in r)
-    main = cwd if main_in_cwd else None
-    stack: list[tuple[tuple, str | None, str]] = [(found, main, ""), (forced, cwd, "+")]
+    main = (*main_dirs, *([cwd] if main_in_cwd else []))
+    stack: list[tuple[tuple, tuple[str, ...], str]] = [(found, main, ""), (forced, (cwd,), "+")]
     while stack:
         items, here, prefix = stack.pop()
         for quoted, name in items:
             label = prefix + name
-            dirs = ([here] if here is not None else []) + quote + tail if quoted else tail
+            dirs = [*here, *quote, *tail] if quoted else tail
             matches = _find(name, dirs)
             if not matches:
                 out.setdefault(label, "missing")
@@ -326,7 +329,7 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
                     raise UncertainIncludes("macro", f"in {name!r}: {problem}")
                 if macro is not None:
                     raise _temporal(f"header {name!r}", macro)
-                stack.append((nested, os.path.dirname(path), lab + ">"))
+                stack.append((nested, (os.path.dirname(path),), lab + ">"))
     return tuple(sorted(out.items()))
 
 

@@ -26,6 +26,7 @@ from ..includes import IncludeSearch, read_headers, temporal_options
 from ...keys import HashAttributes
 from . import archs
 from .binaries import library_of
+from .refresh import pocl_cache_dir
 from .tempincludes import temporary_dirs
 from ..common import LazyPattern, label
 
@@ -312,8 +313,13 @@ def headers_of(source: str, opt_bytes: bytes, cwd: str | None = None,
     """The key's ``headers`` of building ``source`` with ``opt_bytes`` (the options as
     handed to ``clBuildProgram``) and the key's ``environment`` in ``cwd``: what the build
     reads, by content. The store worker checks a job's headers with this too. Raises
-    :class:`kdb.backends.includes.UncertainIncludes` where kdb cannot be sure."""
-    return read_headers(source, search or search_of(opt_bytes, environment), cwd)
+    :class:`kdb.backends.includes.UncertainIncludes` where kdb cannot be sure.
+
+    PoCL compiles the program as a file in its cache directory, so its quoted includes are
+    looked up there first (a header kept there was served to a process whose own was
+    another); other OpenCLs find nothing there."""
+    return read_headers(source, search or search_of(opt_bytes, environment), cwd,
+                        main_dirs=(pocl_cache_dir(),))
 
 
 def _split_options(user: list[str], added: list[str]) -> tuple[tuple, tuple]:
