@@ -152,3 +152,86 @@ def test_unknown_layout_builds_from_source_with_one_warning(tmp_path):
     assert rc == 0 and got["ok"], err[-3000:]
     warned = [ln for ln in err.splitlines() if "does not know this PoCL's binary format" in ln]
     assert len(warned) == 1, err[-3000:]
+
+
+# Builds one kernel through install(); "rm" empties PoCL's cache after the build (a cleaner,
+# a CI step), before kdb reads the program's binaries at exit. Prints the result.
+TORN = r"""
+import os, shutil, sys
+import numpy as np, pyopencl as cl, kdb.opencl
+kdb.opencl.install()
+ctx = cl.Context(cl.get_platforms()[0].get_devices()[:1])
+queue = cl.CommandQueue(ctx)
+prg = cl.Program(ctx, "__kernel void h(__global int *o) { o[get_global_id(0)] = 42; }").build()
+if sys.argv[1:] == ["rm"]:
+    shutil.rmtree(os.environ["POCL_CACHE_DIR"])
+out = np.zeros(4, np.int32)
+buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, out.nbytes)
+prg.h(queue, (4,), None, buf)
+cl.enqueue_copy(queue, out, buf)
+print(out.tolist())
+"""
+
+
+def _torn_child(tmp_path, cache, *args: str) -> subprocess.CompletedProcess:
+    pocl = tmp_path / "pocl"
+    import shutil
+    shutil.rmtree(pocl, ignore_errors=True)  # every process meets an empty PoCL cache
+    env = {**os.environ, "KDB_CACHE_DIR": str(cache), "POCL_CACHE_DIR": str(pocl),
+           "KDB_STORE_AT_EXIT": "wait"}
+    return subprocess.run([sys.executable, "-c", TORN, *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _user_binaries(cache) -> list[bytes]:
+    """Every binary of the user tier's files, through kdb (decompressed, checked)."""
+    from kdb import HashAttributes, KernelDB
+
+    db = KernelDB(cache_dir=cache, system_path=[])
+    try:
+        return [db.get(HashAttributes.from_canonical(text))
+                for f in (cache / "v1").glob("*.kdb") for _, _, text in attributes_of(f)]
+    finally:
+        db.close()
+
+
+def test_a_binary_pocl_serialised_after_its_cache_files_went_is_never_stored(tmp_path):
+    """PoCL serialises a program from the files in its cache directory; emptied between the
+    build and kdb's read, it hands back a binary with an empty ``/program.bc``, which kdb
+    stored and served: every later process PoCL's cache did not hold the program for
+    crashed at the first launch (SIGSEGV)."""
+    cache = tmp_path / "kdb"
+    first = _torn_child(tmp_path, cache, "rm")
+    assert first.returncode == 0 and "[42, 42, 42, 42]" in first.stdout, first.stderr
+    assert not any(poclbin.torn(b) for b in _user_binaries(cache))
+    for _ in range(2):  # compiled again, stored whole, then served
+        again = _torn_child(tmp_path, cache)
+        assert again.returncode == 0 and "[42, 42, 42, 42]" in again.stdout, again.stderr
+    assert _user_binaries(cache) and not any(poclbin.torn(b) for b in _user_binaries(cache))
+
+
+def test_a_torn_pocl_binary_stored_by_an_older_kdb_is_dropped_and_rebuilt(tmp_path):
+    """An entry an older kdb stored torn is not loaded: dropped, compiled again, replaced."""
+    from kdb import HashAttributes, KernelDB
+
+    cache = tmp_path / "kdb"
+    assert _torn_child(tmp_path, cache).returncode == 0
+    (f,) = (cache / "v1").glob("*.kdb")
+    (text,) = [t for _, _, t in attributes_of(f)]
+    attrs = HashAttributes.from_canonical(text)
+    db = KernelDB(cache_dir=cache, system_path=[])
+    whole = db.get(attrs)
+    assert poclbin.layout(whole) is not None
+    at = poclbin._HEADER_8
+    (name_len,) = struct.unpack_from("<I", whole, at)  # /program.bc, emptied as PoCL does
+    (size,) = struct.unpack_from("<I", whole, at + 4 + name_len)
+    broken = (whole[:at + 4 + name_len] + struct.pack("<I", 0)
+              + whole[at + 8 + name_len + size:])
+    assert poclbin.torn(broken)
+    db.put(attrs, broken)
+    db.close()
+    assert _user_binaries(cache) == [broken]
+    for _ in range(2):
+        run = _torn_child(tmp_path, cache)
+        assert run.returncode == 0 and "[42, 42, 42, 42]" in run.stdout, run.stderr
+    assert not any(poclbin.torn(b) for b in _user_binaries(cache))

@@ -43,7 +43,7 @@ from .keys import (
 )
 from . import tempincludes
 from .binaries import source_program
-from .poclbin import is_early, private_copies
+from .poclbin import is_early, private_copies, torn
 from .refresh import loaded as _refresh_loaded
 from .refresh import refresh_job  # noqa: F401 - the store worker finds it here
 from ..common import log_uncached, names_label, source_text
@@ -288,6 +288,13 @@ def _served(db: KernelDB, ctx, plan: _Plan, attrs: list[HashAttributes], text: s
         for a, h in zip(attrs, hits):
             db.tiers.unserved(a, h)
         return None, [None] * len(attrs), held, built
+    if all(hits) and any(torn(h.binary) for h in hits):  # stored by a kdb before 2026-12
+        for a, h in zip(attrs, hits):
+            db.tiers.unserved(a, h)
+            if h.tier in ("user", "shared", "memory") and torn(h.binary):
+                db.tiers.storing.discard(a.with_(name=name or _label(text)),
+                                         "a torn PoCL binary (an empty program.bc)", h.tier)
+        hits = [None] * len(attrs)  # rebuilt from source and stored again
     if all(hits):
         try:
             raw = _load(ctx, plan.devs, [h.binary for h in hits], text, plan.opt_bytes)

@@ -12,6 +12,10 @@ import ctypes
 import functools
 import os
 
+from ... import logs
+
+log = logs.get("kdb")
+
 CL_PROGRAM_NUM_DEVICES = 0x1162
 CL_PROGRAM_DEVICES = 0x1163
 CL_PROGRAM_BINARY_SIZES = 0x1165
@@ -94,7 +98,7 @@ def program_binaries(program, built_for=None) -> dict[int, bytes]:
         bins = program.get_info(cl.program_info.BINARIES)
         if len(bins) != len(devs) or not _same_order([d.int_ptr for d in devs], built_for):
             return {}  # which binary is whose cannot be told (see below)
-        return {d.int_ptr: bytes(b) for d, b in zip(devs, bins) if b}
+        return _whole({d.int_ptr: bytes(b) for d, b in zip(devs, bins) if b})
     prog = program.int_ptr
     n = ctypes.c_uint()
     _info(lib, prog, CL_PROGRAM_NUM_DEVICES, ctypes.byref(n), ctypes.sizeof(n))
@@ -111,7 +115,20 @@ def program_binaries(program, built_for=None) -> dict[int, bytes]:
     bufs = [ctypes.create_string_buffer(max(s, 1)) for s in sizes]
     ptrs = (ctypes.c_void_p * count)(*[ctypes.addressof(b) for b in bufs])
     _info(lib, prog, CL_PROGRAM_BINARIES, ptrs, ctypes.sizeof(ptrs))
-    return {devs[i] or 0: bufs[i].raw[: sizes[i]] for i in range(count) if sizes[i]}
+    return _whole({devs[i] or 0: bufs[i].raw[: sizes[i]] for i in range(count) if sizes[i]})
+
+
+def _whole(binaries: dict[int, bytes]) -> dict[int, bytes]:
+    """``binaries`` without PoCL's torn ones (:func:`.poclbin.torn`: its cache files went
+    while it read them), as the driver's empty ones: never stored."""
+    from .poclbin import torn
+
+    bad = [ptr for ptr, b in binaries.items() if torn(b)]
+    for ptr in bad:
+        log.debug("kdb: PoCL returned a torn binary (an empty program.bc: its cache files "
+                  "went while it read them); not stored")
+        del binaries[ptr]
+    return binaries
 
 
 def _same_order(program_devices: list[int], built_for) -> bool:

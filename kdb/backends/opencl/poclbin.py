@@ -130,10 +130,26 @@ def layout(binary: bytes) -> Layout | None:
     not add up."""
     if len(binary) < _HEADER_8 or not version_8(binary):
         return None
-    (count,) = struct.unpack_from("<I", binary, 20)
     build_hash = build_hash_of(binary[32:_HEADER_8])
     if build_hash is None:
         return None
+    kernels = _kernels(binary)
+    return Layout(build_hash, kernels) if kernels is not None else None
+
+
+def torn(binary: bytes) -> bool:
+    """Whether ``binary`` is a version-8 PoCL binary whose records do not add up: PoCL
+    serialises a program from the files in its cache directory, and where they went
+    meanwhile (a cleaner, ``rm -rf`` of the cache between runs) it writes an empty
+    ``/program.bc``. Loaded, such a binary crashed every process PoCL's cache did not
+    hold the program for (SIGSEGV at the first launch)."""
+    return version_8(binary) and (len(binary) < _HEADER_8 or _kernels(binary) is None)
+
+
+def _kernels(binary: bytes) -> tuple[Kernel, ...] | None:
+    """The kernel records of a version-8 binary (:func:`layout`), None where they do not
+    add up."""
+    (count,) = struct.unpack_from("<I", binary, 20)
     try:
         _, pos = _file(binary, _HEADER_8, len(binary))
         kernels = []
@@ -152,7 +168,7 @@ def layout(binary: bytes) -> Layout | None:
             pos = end
     except (struct.error, UnicodeDecodeError, ValueError):
         return None
-    return Layout(build_hash, tuple(kernels)) if pos == len(binary) else None
+    return tuple(kernels) if pos == len(binary) else None
 
 
 def build_hash_of(field: bytes) -> str | None:

@@ -381,8 +381,8 @@ def rebuild_and_store(db: KernelDB, job: StoreJob) -> dict[str, float]:
     except HeaderChangedError as err:
         raise HeaderChangedError(f"job dropped: {err} ({_NEXT_RUN})") from None
     if len(items) < len(job.entries):
-        raise LookupError(f"the driver returned no binary for {len(job.entries) - len(items)}"
-                          " device(s)")
+        raise LookupError(f"the driver returned no binary (or a torn one) for "
+                          f"{len(job.entries) - len(items)} device(s)")
     return {"build": build_s}
 
 
