@@ -442,6 +442,58 @@ def test_two_nodes_building_the_same_kernels_in_step_compile_each_once(shared_ur
     assert sorted(compiled) == ["k0", "k1", "k2", "k3"], compiled
 
 
+# One rank of a node: builds one kernel of about a second. The holder's node has no store
+# worker (only the holder can store the entry), and it stays until GO_FILE exists.
+RANK = textwrap.dedent('''
+    import json, os, sys, time
+    import pyopencl as cl
+    import kdb.opencl
+    from kdb import bookkeeping
+    from kdb.storing import spool
+
+    if sys.argv[1] == "holder":
+        spool.ensure_worker = lambda spool_dir: None
+    ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+    kdb.opencl.build(ctx, "__kernel void k(__global float *a) { int g = get_global_id(0);"
+                     " for (int j = 0; j < 900; j++) a[g] = sin(a[g]) + cos(a[g] * j); }",
+                     name="k")
+    print(json.dumps([r.name for r in bookkeeping.records()]), flush=True)
+    while sys.argv[1] == "holder" and not os.path.exists(os.environ["GO_FILE"]):
+        time.sleep(0.05)
+''')
+
+
+def test_a_node_that_served_its_own_rank_an_early_entry_still_holds_the_kernel_for_others(
+        shared_url, pg, tmp_path):
+    """A rank of the holder's node waited for its kernel and was served PoCL's files (an
+    early entry: this node's only); the holder then let the kernel's cross-node lock go
+    with nothing published, and every node that looked until the store worker published it
+    compiled it again (the hunter: 13 and 16 compiles of 9 kernels, 2 nodes of 2 ranks).
+    The lock stays until the entry is published, which the holder does once a node asks."""
+    go = tmp_path / "go"
+    env = {"GO_FILE": str(go), "KDB_STORE_AT_EXIT": "detach"}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", RANK, "holder"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=_child_env(tmp_path / "node-a", tmp_path / "pocl-h", shared_url, **env))
+    try:
+        assert json.loads(holder.stdout.readline()) == ["k"]
+
+        def rank(node: str, n: int) -> list[str]:
+            proc = subprocess.run([sys.executable, "-c", RANK, "rank"], capture_output=True,
+                                  text=True, timeout=300,
+                                  env=_child_env(tmp_path / node, tmp_path / f"pocl-{n}",
+                                                 shared_url, **env))
+            assert proc.returncode == 0, proc.stderr
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+
+        assert rank("node-a", 1) == []  # the holder's node: served its early entry
+        assert rank("node-b", 2) == []  # another node: waits for the published entry
+        assert len(shared_keys(pg, shared_url)) == 1
+    finally:
+        go.touch()
+        holder.communicate(timeout=120)
+
+
 def test_server_stopped_mid_run_costs_no_correctness(tmp_path):
     """A dedicated server, stopped between two builds of a child, then started again."""
     server = _make_server()

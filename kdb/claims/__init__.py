@@ -110,6 +110,12 @@ class Claim:
                 cross.unlock(self.key)
             except Exception:  # noqa: BLE001 - the local claim is released whatever happens
                 pass
+        self.release_local()
+
+    def release_local(self) -> None:
+        """Give this node's part of the key up (its processes are served an entry that
+        serves this node only), keeping the cross-node lock until the entry is published:
+        :meth:`release` then gives that up too."""
         with _lock:
             _held.pop(self.key, None)
             fd, self._fd = self._fd, None

@@ -150,6 +150,7 @@ def _store_wanted(path: Path, claims: list, remote: bool | None = None) -> None:
         claim.mark_storing()
     start = time.perf_counter()
     fd = take(path)  # None: a lane has it; its copy of the entries is written again, no harm
+    kept: list = []  # claims whose cross-node locks stay until the entry is published
     try:
         if remote is None:
             remote = _wanted_elsewhere(claims)
@@ -158,6 +159,13 @@ def _store_wanted(path: Path, claims: list, remote: bool | None = None) -> None:
                       ", ".join(c.key[:16] for c in claims), time.perf_counter() - start)
             if fd is not None:
                 rename(taken_path(path), path)
+            # They serve this node only: other nodes still wait for the published entry,
+            # which this process stores when one asks (it let the lock go, and every node
+            # that looked meanwhile compiled the kernel again).
+            kept = [c for c in claims if c.cross_node is not None]
+            if kept:
+                with _claims_lock:
+                    _store_now[path] = store
         else:
             log.debug("kdb: stored %s for a waiting process in %.2f s",
                       ", ".join(c.key[:16] for c in claims), time.perf_counter() - start)
@@ -173,7 +181,10 @@ def _store_wanted(path: Path, claims: list, remote: bool | None = None) -> None:
         if fd is not None:
             os.close(fd)
     for claim in claims:
-        _drop_claim(path, claim)
+        if claim in kept:
+            claim.release_local()
+        else:
+            _drop_claim(path, claim)
 
 
 def _wanted_elsewhere(claims: list) -> bool:
