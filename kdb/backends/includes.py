@@ -64,8 +64,12 @@ class IncludeSearch:
 
 #: A line splice: a backslash, the blanks clang tolerates before the line end, the line end.
 _SPLICE_RE = LazyPattern(r"\\[ \t\f\v]*\n")
+#: What the preprocessor reads as one token before it strips comments: a comment, a string
+#: or character literal, and an ``#include``'s ``<header-name>`` (``<a//b.h>`` names a file;
+#: read as a comment, it named none).
 _LEX_RE = LazyPattern(
-    r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
+    r'(?m:^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)[ \t\f\v]*<[^>\n]*>)'
+    r'|//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
 #: A directive: ``#`` or its digraph ``%:`` first on a line, blanks (form feed and vertical
 #: tab included) around it.
 _DIRECTIVE_RE = LazyPattern(
