@@ -256,7 +256,7 @@ def test_kdb_run_adopts_a_program_that_imports_kdb_first_and_the_worker_adopts_n
     assert proc.stdout.strip() == "adopted"
     from kdb.storing import spool
 
-    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 60) == 0
+    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 300) == 0
     assert stats(env)["entries"] == 1
     text = _worker_log(env)
     assert "partially initialized" not in text and "KDB_AUTO" not in text, text
@@ -601,7 +601,7 @@ def test_kdb_run_counts_the_compiles_of_pool_workers_that_never_run_their_exit_h
     # Stored all the same with KDB_STORE_AT_EXIT=wait: a terminated worker's stores went
     # to the store worker (they waited for an exit that never came: every run compiled).
     assert env.get("KDB_STORE_AT_EXIT", os.environ.get("KDB_STORE_AT_EXIT")) == "wait"
-    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 120) == 0
+    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 300) == 0
     assert stored_entries(env["KDB_CACHE_DIR"]) == 4
     proc = run([KDB, "run", "--json", "--", sys.executable, app, start], env)
     again = json.loads(proc.stderr.strip().splitlines()[-1])
@@ -627,7 +627,7 @@ def test_kdb_run_summary_says_how_many_compiles_are_still_pending_store(app, env
         assert last.startswith("kdb run: 1 program requested: 1 compiled (") and (
             " s compiling, 1 of them pending store), 0 served;" in last), last
         assert stats(env)["compiles"] == 2 and stats(env)["pending"]["entries"] == 2
-    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 120) == 0
+    assert spool.wait(Path(env["KDB_CACHE_DIR"]) / "v1", 300) == 0
     proc = run([KDB, "run", "--json", "--", sys.executable, app], env)
     s = json.loads(proc.stderr.strip().splitlines()[-1])
     assert (s["compiled"], s["served"], s["pending_stores"]) == (0, 1, 0)

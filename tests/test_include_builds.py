@@ -352,7 +352,7 @@ def test_a_header_edited_before_the_worker_stores_is_not_stored(cache_dir, run_p
     assert json.loads(first.stdout.splitlines()[-1]) == {"result": 2}
     v1 = cache_dir / "v1"
     assert len(store_jobs(v1)) == 1
-    assert spool.wait(v1, 120) == 0  # the worker runs the job while the header says 3
+    assert spool.wait(v1, 300) == 0  # the worker runs the job while the header says 3
 
     h.write_text("#define K 2\n")  # restored: the key of the first build again
     again = json.loads(run_py(_child(RUN, src, h.parent)).stdout.splitlines()[-1])
@@ -459,7 +459,7 @@ def test_a_header_saved_while_the_process_compiles_is_not_stored(store, cache_di
     assert json.loads(first.stdout.splitlines()[-1]) == {"result": 3}  # what it read
     if store == "wait":
         assert first.stderr.count("header 'h.h' was edited since the build of k") == 1
-    assert spool.wait(cache_dir / "v1", 120) == 0
+    assert spool.wait(cache_dir / "v1", 300) == 0
     assert stored(cache_dir) == 0
 
     h.write_text("#define K 2\n")  # the key of the first build again
@@ -493,7 +493,7 @@ def test_a_source_that_is_not_utf8_builds_and_is_cached_by_its_bytes(store, cach
     out = run_py(textwrap.dedent(LATIN1), env={"KDB_STORE_AT_EXIT": store})
     first = json.loads(out.stdout.splitlines()[-1])
     assert first == {"result": 8, "compiles": 1}
-    assert spool.wait(cache_dir / "v1", 120) == 0
+    assert spool.wait(cache_dir / "v1", 300) == 0
     second = json.loads(run_py(textwrap.dedent(LATIN1)).stdout.splitlines()[-1])
     assert second == {"result": 8, "compiles": 0}  # a hit in a second process
 
