@@ -228,7 +228,7 @@ def test_compiles_count_when_they_happen_and_pending_stores_show(cache_dir, run_
         assert len(rows) == 6 and all(r["pending"] for r in rows)
         text = CliRunner().invoke(cli, ["stats"]).output
         assert "pending stores: 6 programs (6 entries) queued in the spool, oldest" in text
-    assert spool.wait(cache_dir / "v1", 120) == 0
+    assert spool.wait(cache_dir / "v1", 300) == 0
     wait_for_worker(cache_dir)
     after = _cli_json("stats")
     assert stored(cache_dir) == after["entries"] == 3
@@ -620,7 +620,7 @@ def test_a_cache_moved_with_its_queued_jobs_stores_them_where_it_is_now(cache_di
     moved.parent.mkdir()
     cache_dir.rename(moved)
     shutil.rmtree(tmp_path / "pocl-gone")  # the old runner's PoCL cache is gone too
-    assert spool.wait(moved / "v1", 120) == 0
+    assert spool.wait(moved / "v1", 300) == 0
     wait_for_worker(moved)
     assert stored(moved) == 2
     assert not cache_dir.exists() and not (tmp_path / "pocl-gone").exists()
