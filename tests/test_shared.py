@@ -1198,6 +1198,33 @@ def test_schema_from_the_future_turns_the_tier_off(pg, shared_url, cache_dir, ca
     assert not (cache_dir / "v1" / "unpublished").exists()  # off for good: nothing kept
 
 
+@pytest.mark.parametrize("damage", ["DROP TABLE kernels CASCADE", "DROP TABLE alembic_version"])
+def test_a_schema_changed_by_hand_is_named_so_and_never_retried(pg, shared_url, cache_dir,
+                                                               caplog, damage):
+    """A dropped ``kernels`` table read as an outage ("unavailable ... tries the server again
+    every 30 s", ``kdb stats``: "unreachable"), and a dropped ``alembic_version`` as "no kdb
+    schema yet (kdb creates it on first use)", which failed the same way at every start:
+    both say what an administrator does, and the tier is off."""
+    from click.testing import CliRunner
+
+    import kdb.shared.tier
+    from kdb.cli import cli
+    from kdb.shared.tier import SharedTier
+
+    assert SharedTier(shared_url).engine() is not None
+    pg.sql(damage, shared_url.rsplit("/", 1)[1])
+    kdb.shared.tier.reset()
+    with caplog.at_level(logging.WARNING, logger="kdb"):
+        kdb_db = KernelDB()
+        assert kdb_db.get_or_compile(attrs(1), lambda: BINARY) == BINARY
+        kdb_db.flush()
+    said = caplog.text
+    assert "is off" in said and "changed by hand" in said and "tries the server" not in said
+    assert PASSWORD not in said
+    problem = json.loads(CliRunner().invoke(cli, ["stats", "--json"]).output)["shared"]["problem"]
+    assert "changed by hand" in problem and "unreachable" not in problem, problem
+
+
 # -- CLI: info, stats, pack ------------------------------------------------------------------
 
 def test_the_servers_compile_seconds_count_an_entrys_own_seconds(shared_url, cache_dir):

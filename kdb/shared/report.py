@@ -45,17 +45,33 @@ def summary(tier) -> dict[str, Any]:
                 out["problem"] = missing
             elif rev is None:
                 out["problem"] = (pgserver.no_namespace_problem(conn) if not tier.namespace
-                                  else None) or "no kdb schema yet (kdb creates it on first use)"
+                                  else None) or _no_revision(conn)
             elif rev not in migrate.REVISIONS:
                 out["problem"] = (f"schema revision {rev!r} is newer than this kdb knows "
                                   f"({migrate.HEAD}): the tier is off here")
             else:
                 _read_totals(conn, out)
     except Exception as err:  # noqa: BLE001 - unreachable, refusing, or slow
-        out["problem"] = f"unreachable: {tier.reason(err)}"
+        out["problem"] = (pgserver.damaged_problem(err, tier.namespace, tier.url)
+                          if pgserver.damaged(err) else f"unreachable: {tier.reason(err)}")
     finally:
         engine.dispose()
     return out
+
+def _no_revision(conn) -> str:
+    """Why a database without kdb's revision has no tier yet: none of kdb's tables (it
+    creates them on first use), or its tables without their revision (dropped by hand:
+    creating them again fails)."""
+    from sqlalchemy import inspect
+
+    found = set(inspect(conn).get_table_names()) & {t.name for t in (kernels, compile_log)}
+    if not found:
+        return "no kdb schema yet (kdb creates it on first use)"
+    return (f"kdb's tables ({', '.join(sorted(found))}) are there without their revision "
+            "(alembic_version was dropped or changed by hand): kdb cannot create them again "
+            "over them. An administrator restores alembic_version from a backup, or drops "
+            "the tables for kdb to create them again, empty")
+
 
 def export(tier, arch: str, dest: Path) -> int:
     """Copy the ``arch`` entries and log rows into a new SQLite user file at ``dest``

@@ -124,6 +124,27 @@ def reason(err: BaseException) -> str:
     return f"{type(inner).__name__}: {first[:300]}"
 
 
+#: SQLSTATEs of a schema that is not what its revision says (a table or column dropped or
+#: renamed, a table made again by hand): undefined table, column, function; duplicate table.
+_DAMAGED = frozenset({"42P01", "42703", "42883", "42P07"})
+
+
+def damaged(err: BaseException) -> bool:
+    """Whether ``err`` says kdb's schema on the server is not what its revision says: an
+    administrator's repair, not an outage to retry."""
+    inner = getattr(err, "orig", None) or err
+    return getattr(inner, "sqlstate", None) in _DAMAGED
+
+
+def damaged_problem(err: BaseException, namespace: str | None, url: str = "") -> str:
+    """What to tell a user whose shared tier's schema is damaged (:func:`damaged`)."""
+    where = f"schema {namespace}" if namespace else "its database"
+    return (f"kdb's tables in {where} are not what their revision says ({scrub(reason(err), url)}): "
+            "they were changed by hand or by another program. An administrator restores them "
+            f"from a backup, or drops them (DROP SCHEMA ... CASCADE, or the tables and "
+            "alembic_version) for kdb to create them again, empty")
+
+
 # -- the client-side bound ------------------------------------------------------------------
 
 class Watchdog:

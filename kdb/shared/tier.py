@@ -182,7 +182,12 @@ class SharedTier(CrossNodeLocks):
                      once="shared-off:" + self.describe())
 
     def failed(self, err: BaseException, doing: str) -> None:
-        """A fault talking to the server: warn once, skip the tier for a while, go local."""
+        """A fault talking to the server: warn once, skip the tier for a while, go local. A
+        schema that is not what its revision says turns the tier off instead: retrying
+        every 30 s as for an outage never heals it."""
+        if pgserver.damaged(err):
+            self._turn_off(pgserver.damaged_problem(err, self.namespace, self.url))
+            return
         retry = config.read(config.ENV_SHARED_RETRY)
         with self._lock:
             self._down_until = time.monotonic() + retry
