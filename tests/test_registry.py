@@ -100,3 +100,14 @@ def test_a_shared_tier_is_chosen_by_its_url_s_scheme():
     assert registry.shared_tier_module("postgres://u@h/db") == "kdb.shared.tier"
     # A scheme with no tier of its own: the default's URL check says what it takes.
     assert registry.shared_tier_module("s3://bucket/kdb") == registry.DEFAULT_SHARED
+
+
+def test_a_manifest_naming_torch_says_how_a_torch_pack_is_made(tmp_path, cache_dir):
+    """torch.compile's entries come from a run (``--from-db``): a manifest naming them said
+    "use 'opencl' or 'cuda' ...", or, with a missing file, only that the file was missing."""
+    manifest = tmp_path / "torch.toml"
+    manifest.write_text('[[kernel]]\nname = "model"\nbackend = "torch"\nfile = "gone.py"\n')
+    res = CliRunner().invoke(cli, ["pack", "--arch", "a1", "--manifest", str(manifest),
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code != 0
+    assert "--from-db" in res.output and "cannot read" not in res.output, res.output

@@ -138,6 +138,16 @@ def _read_toml(path: Path) -> dict:
 
 def _spec(k: dict, name: str, base: Path, defaults: dict, where: str) -> KernelSpec:
     """One ``[[kernel]]`` table, checked, with the defaults applied."""
+    backend = k.get("backend", defaults.get("backend", "opencl"))
+    if backend not in registry.packable():
+        if backend in {b.name for b in registry.backends()}:  # torch: kept from a run only
+            raise InvalidArgumentError(
+                f"{where} ({name}): {backend!r} entries are not built from a manifest: run "
+                "the program once with kdb, then pack what it stored, `kdb pack --arch ARCH "
+                "--from-db` (or --from-log); see docs/torch.md")
+        raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
+                                   "packs; use "
+                                   + " or ".join(repr(b) for b in registry.packable()))
     if ("file" in k) == ("source" in k):
         raise InvalidArgumentError(f"{where} ({name}): give exactly one of 'file' or 'source'")
     if "file" in k:
@@ -158,11 +168,6 @@ def _spec(k: dict, name: str, base: Path, defaults: dict, where: str) -> KernelS
     dirs = [str((base / d).resolve()) for d in
             (*_strings(defaults.get("include_dirs", []), where, "defaults.include_dirs"),
              *_strings(k.get("include_dirs", []), where, "include_dirs"))]
-    backend = k.get("backend", defaults.get("backend", "opencl"))
-    if backend not in registry.packable():
-        raise InvalidArgumentError(f"{where} ({name}): backend {backend!r} is not one kdb "
-                                   "packs; use "
-                                   + " or ".join(repr(b) for b in registry.packable()))
     try:  # a HIP kernel's arches may be target IDs: the processor names the file
         arches = tuple(a for a in _strings(k.get("arches", []), where, "arches")
                        if config.check_arch(processor(a) if backend == "hip" else a))
