@@ -146,6 +146,9 @@ class Tiers:
         if self.trace:
             logs.enable_output(trace_log, "kdb.trace")
         self._system: dict[str, list[KernelFile]] = {}
+        #: Arches found to have no system file while only probed (:meth:`lookup` with
+        #: ``count_miss=False``), each with the files refused: warned of once used.
+        self._unwarned: dict[str, list[str]] = {}
         self._user = _UserFiles(self.user_dir)
         self._local: dict[str, tuple[FileTier, ...]] = {}
         #: Binaries this process compiled or copied, served from memory until stored.
@@ -203,23 +206,36 @@ class Tiers:
         """The user tier's file for ``arch`` (it may not exist yet)."""
         return self._user[arch]
 
-    def system_files(self, arch: str) -> list[KernelFile]:
-        """The system files for ``arch``; the first call per arch warns if there are none."""
+    def system_files(self, arch: str, warn: bool = True) -> list[KernelFile]:
+        """The system files for ``arch``; the first call per arch warns if there are none
+        (``warn=False``: a probe of an arch the process may never use; the first call that
+        uses it warns)."""
         files = self._system.get(arch)
         if files is None:
+            refused: list[str] = []
             files = self._system[arch] = discovery.system_files(
-                arch, self.system_dirs, self.cache_root, self.user_dir, self.use_system)
+                arch, self.system_dirs, self.cache_root, self.user_dir, self.use_system,
+                refused=refused, warn=warn)
             if not files and self.use_system:
-                bookkeeping.note_missing_system(arch)
+                if warn:
+                    bookkeeping.note_missing_system(arch)
+                else:
+                    self._unwarned[arch] = refused
+        elif warn and arch in self._unwarned:
+            discovery.warn_no_system(arch, self.system_dirs, self.user_dir,
+                                     self._unwarned.pop(arch))
+            bookkeeping.note_missing_system(arch)
         return files
 
-    def _tiers(self, arch: str) -> Iterator:
+    def _tiers(self, arch: str, warn: bool = True) -> Iterator:
         """The tiers in lookup order: system files, the user file, then the shared tier
         (only when ``KDB_SHARED_URL`` is set, and only once the local tiers missed)."""
         local = self._local.get(arch)
         if local is None:
             local = self._local[arch] = tuple(
-                FileTier(f) for f in (*self.system_files(arch), self.user_file(arch)))
+                FileTier(f) for f in (*self.system_files(arch, warn), self.user_file(arch)))
+        elif warn and arch in self._unwarned:
+            self.system_files(arch)
         yield from local
         if os.environ.get(config.ENV_SHARED_URL):
             shared = self._shared()
@@ -240,7 +256,7 @@ class Tiers:
         if raw is not None:
             add("hits.memory", 1)  # this process's own counts only: not a file's statistics
             return Hit(raw, "memory", "", 0.0)
-        hit = self._first_hit(attrs, self._tiers(attrs.arch))
+        hit = self._first_hit(attrs, self._tiers(attrs.arch, warn=count_miss))
         if hit is None and count_miss:
             self.count(attrs.arch, "misses", 1)
             log.debug("kdb: miss %s %s", attrs.key[:16], attrs.name)

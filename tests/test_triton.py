@@ -318,18 +318,24 @@ def test_with_the_arch_unknown_each_target_gets_its_own_kernel_and_a_warm_start_
     (tmp_path / "program.py").write_text(TARGETS)
     env = {**triton_env, "KDB_AUTO": "1"}
 
+    said = []
+
     def run(*ccs: str) -> dict:
         proc = subprocess.run([sys.executable, str(tmp_path / "program.py"), *ccs], env=env,
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        said.append(proc.stderr)
         return json.loads(proc.stdout.splitlines()[-1])
 
     assert run("90", "80")["hits"] == [False, False]
     warm = run("90", "90", "80", "90", "80")
     assert warm == {"hits": [True] * 5, "targets": [90, 90, 80, 90, 80], "listed": 2}, warm
     # A kernel for a third target, looked up in both arches first: one miss, its own arch's
-    # (each arch it looked in counted one, and that arch's stats showed misses it never had).
+    # (each arch it looked in counted one, and that arch's stats showed misses it never had),
+    # and the arch it compiled for has no system database, not those it only looked in.
     assert run("75")["hits"] == [False]
+    assert "no system kernel database for arch 'sm_75'" in said[-1], said[-1]
+    assert "arch 'sm_90'" not in said[-1] and "arch 'sm_80'" not in said[-1], said[-1]
     stats = json.loads(subprocess.run([str(Path(sys.executable).with_name("kdb")), "stats",
                                        "--json"], env=env, capture_output=True, text=True,
                                       timeout=120, check=True).stdout)

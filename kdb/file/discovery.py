@@ -202,29 +202,38 @@ def _refuse(filename: str, origin: str, why: str, refused: list[str] | None = No
 
 
 def system_files(arch: str, dirs: list[str | os.PathLike[str]], memo_dir: str | os.PathLike[str],
-                 user_dir: str | os.PathLike[str], use_system: bool = True) -> list[KernelFile]:
+                 user_dir: str | os.PathLike[str], use_system: bool = True,
+                 refused: list[str] | None = None, warn: bool = True) -> list[KernelFile]:
     """The read-only system files for ``arch`` (:func:`sources_for`), opened lazily; none
-    warns once per process and arch, saying what that costs and how to fix it."""
+    warns once per process and arch (unless ``warn`` is false: :func:`warn_no_system` then
+    says it when the arch turns out to be used), saying what that costs and how to fix it.
+    ``refused`` collects the files found and not loaded."""
     config.check_arch(arch)
     if not use_system:
         return []
-    refused: list[str] = []  # the warning that none is usable names them (it read as if
-    files = [KernelFile(s.filename, tier="system", readonly=True)  # none had been found)
-             for s in sources_for(arch, dirs, memo_dir=memo_dir, refused=refused)]
-    if not files:
-        none = f"no system kernel database for arch {arch!r}" + (
-            f" that kdb may load ({', '.join(refused)} refused: the warning above says why)"
-            if refused else "")
-        logs.warn_once(
-            f"nosys:{arch}",
-            "kdb: %s: looked for %s in KDB_SYSTEM_DB_PATH "
-            "(%s) and in installed packages (entry point group %r). Kernels for this device "
-            "will be compiled at first use and stored in %s, so the first start-up will be "
-            "slow. To fix it, install the system database package for this arch "
-            "(pip install %s, if your framework publishes one), or build one from what a "
-            "run compiled, `kdb pack --arch %s --from-db --out DIR`, and put DIR in "
-            "KDB_SYSTEM_DB_PATH.",
-            none, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
-            GROUP, os.path.join(str(Path(user_dir)), f"{arch}.kdb"), dist_name(arch), arch,
-        )
+    refused = [] if refused is None else refused  # the warning that none is usable names
+    files = [KernelFile(s.filename, tier="system", readonly=True)  # them (it read as if
+             for s in sources_for(arch, dirs, memo_dir=memo_dir, refused=refused)]  # none was)
+    if not files and warn:
+        warn_no_system(arch, dirs, user_dir, refused)
     return files
+
+
+def warn_no_system(arch: str, dirs: list[str | os.PathLike[str]],
+                   user_dir: str | os.PathLike[str], refused: list[str]) -> None:
+    """The once-per-process warning that ``arch`` has no system database kdb may load."""
+    none = f"no system kernel database for arch {arch!r}" + (
+        f" that kdb may load ({', '.join(refused)} refused: the warning above says why)"
+        if refused else "")
+    logs.warn_once(
+        f"nosys:{arch}",
+        "kdb: %s: looked for %s in KDB_SYSTEM_DB_PATH "
+        "(%s) and in installed packages (entry point group %r). Kernels for this device "
+        "will be compiled at first use and stored in %s, so the first start-up will be "
+        "slow. To fix it, install the system database package for this arch "
+        "(pip install %s, if your framework publishes one), or build one from what a "
+        "run compiled, `kdb pack --arch %s --from-db --out DIR`, and put DIR in "
+        "KDB_SYSTEM_DB_PATH.",
+        none, f"{arch}.kdb", ", ".join(str(d) for d in dirs) or "none set",
+        GROUP, os.path.join(str(Path(user_dir)), f"{arch}.kdb"), dist_name(arch), arch,
+    )

@@ -195,6 +195,7 @@ class CacheManager(_TritonCacheManager):
                 if got is not None:
                     if arch is None and a not in _served_from:
                         _served_from.append(a)
+                        tiers.system_files(a)  # an arch it uses: none there is said now
                     return got
         return None
 
@@ -237,6 +238,7 @@ class CacheManager(_TritonCacheManager):
         blob = groups.pack(files)
         if self._arch is None:  # looked up in every arch, each uncounted: one miss, here
             tiers.count(arch, "misses", 1)
+            tiers.system_files(arch)  # and none there is said for the arch it compiled for
         rec = tiers.record_compile(attrs, seconds)
         tiers.storing.put_later(attrs, lambda: blob, compile_seconds=seconds,
                                 details={"target": target, "files": sorted(files)}, log=rec,
