@@ -300,6 +300,32 @@ def test_pyopencls_own_options_changed_between_builds_are_built_with(cache_dir, 
     assert first(cl.Program(cl_ctx, src).build()) == 5
 
 
+def test_a_header_that_uses_its_own_path_is_keyed_with_it(cache_dir, cl_ctx, tmp_path):
+    """A header's ``__FILE__`` is the path it was found at: the same bytes under another
+    ``-I`` give another kernel (the hunter's: 43 from a long path, 21 from a short one, and
+    kdb served 43 to both). Keyed with its path; other headers stay path-free."""
+    text = "__constant char here[] = __FILE__;\n"
+    src = ('#include "p.h"\n__kernel void k(__global int *o) { o[0] = sizeof(here); }\n')
+    long_dir, short_dir = tmp_path / "a" / "very" / "long" / "include" / "dir", tmp_path / "b"
+    for d in (long_dir, short_dir):
+        d.mkdir(parents=True)
+        (d / "p.h").write_text(text)
+
+    def size(d: Path) -> int:
+        prg = kdb.opencl.build(cl_ctx, src, [f"-I{d}"])
+        o = np.zeros(1, np.int32)
+        buf = cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE, o.nbytes)
+        queue = cl.CommandQueue(cl_ctx)
+        prg.k(queue, (1,), None, buf)
+        cl.enqueue_copy(queue, o, buf)
+        return int(o[0])
+
+    first = size(long_dir)
+    flush()
+    assert first == len(str(long_dir / "p.h")) + 1
+    assert size(short_dir) == len(str(short_dir / "p.h")) + 1
+
+
 # -- a portable key ------------------------------------------------------------------------
 
 def _machine_local_strings(tmp_path: Path, *more: str) -> list[str]:

@@ -153,6 +153,22 @@ def temporal_macro(text: str) -> str | None:
     return _temporal_macro(text)
 
 
+_FILE_RE = LazyPattern(r"(?<![A-Za-z0-9_$])__FILE__(?![A-Za-z0-9_$])")
+
+
+def names_its_path(text: str) -> bool:
+    """Whether ``text`` (a header) uses ``__FILE__`` outside its comments: the path the
+    compiler found it at, which a kernel may print or size (``sizeof(__FILE__)``), so two
+    builds that find the same bytes at two paths differ.
+
+    >>> names_its_path('printf("%s", __FILE__);'), names_its_path("// __FILE__")
+    (True, False)
+    """
+    if "__FILE" not in text and "\\" not in text and "??/" not in text:
+        return False
+    return any(_FILE_RE.search(_comment_free(r)) is not None for r in readings(text))
+
+
 @functools.lru_cache(maxsize=512)
 def _temporal_macro(text: str) -> str | None:
     for reading in readings(text):
@@ -216,7 +232,7 @@ def _header_directives(path: str, digest: str, name: str) -> tuple:
         except OSError as err:
             raise UncertainIncludes("unreadable", f"header {name!r} cannot be read "
                                     f"({err.strerror or err})") from None
-        got = (directives(text), temporal_macro(text))
+        got = (directives(text), temporal_macro(text), names_its_path(text))
         if len(_parsed) > 4096:
             _parsed.clear()
         _parsed[digest] = got
@@ -323,12 +339,13 @@ def read_headers(source: str, search: IncludeSearch, cwd: str | None = None, *,
                 except OSError as err:
                     raise UncertainIncludes("unreadable", f"header {name!r} cannot be read "
                                             f"({err.strerror or err})") from None
-                out[lab] = digest
+                (nested, problem), macro, named = _header_directives(path, digest, name)
+                # a header that uses __FILE__ is keyed with the path it is found at
+                out[lab] = f"{digest} at {path}" if named else digest
                 if files is not None:
                     files.add(ident)
                 if not _first_time_here(followed.setdefault(ident, []), path):
                     continue
-                (nested, problem), macro = _header_directives(path, digest, name)
                 if problem:
                     raise UncertainIncludes("macro", f"in {name!r}: {problem}")
                 if macro is not None:
