@@ -93,6 +93,10 @@ FILES_VERSION = 8
 _VERSION_8 = struct.pack("<I", FILES_VERSION)
 #: magic, device id, version, kernel count, flags, build hash (``read_header``).
 _HEADER_8 = 32 + HASH_SIZE
+#: Version 9 (PoCL 3.1): the header has 4 more bytes, and the root files come as one record
+#: of a ``uint64`` size (0 where PoCL found none to read) holding the file records.
+_VERSION_9 = struct.pack("<I", 9)
+_HEADER_9 = 36 + HASH_SIZE
 #: PoCL's largest serialized binary (``MAX_BINARY_SIZE`` in ``lib/CL/pocl_binary.c``).
 MAX_BINARY = 256 << 20
 _HASH_CHARS = frozenset("ABCDEFGHIJKLMNOP")
@@ -138,12 +142,25 @@ def layout(binary: bytes) -> Layout | None:
 
 
 def torn(binary: bytes) -> bool:
-    """Whether ``binary`` is a version-8 PoCL binary whose records do not add up: PoCL
-    serialises a program from the files in its cache directory, and where they went
-    meanwhile (a cleaner, ``rm -rf`` of the cache between runs) it writes an empty
-    ``/program.bc``. Loaded, such a binary crashed every process PoCL's cache did not
-    hold the program for (SIGSEGV at the first launch)."""
-    return version_8(binary) and (len(binary) < _HEADER_8 or _kernels(binary) is None)
+    """Whether ``binary`` is a PoCL binary whose program file is missing or empty, or, in
+    version 8, whose records do not add up: PoCL serialises a program from the files in its
+    cache directory, and where they went meanwhile (a cleaner, ``rm -rf`` of the cache
+    between runs) PoCL 3.0 writes an empty ``/program.bc`` and PoCL 3.1 none. Loaded, such a
+    binary crashed every process PoCL's cache did not hold the program for (SIGSEGV at the
+    first launch; PoCL 3.1: an assertion). In version 9 the first root file is checked;
+    versions after 9 are not read (False)."""
+    if not binary.startswith(MAGIC):
+        return False
+    if version_8(binary):
+        return len(binary) < _HEADER_8 or _kernels(binary) is None
+    if binary[16:20] != _VERSION_9:
+        return False
+    try:
+        (size,) = struct.unpack_from("<Q", binary, _HEADER_9)
+        start = _HEADER_9 + 8
+        return size == 0 or not _file(binary, start, start + size)[0]
+    except (struct.error, UnicodeDecodeError, ValueError):
+        return True
 
 
 def _kernels(binary: bytes) -> tuple[Kernel, ...] | None:
