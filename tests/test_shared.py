@@ -1422,6 +1422,14 @@ def test_a_bare_triton_compile_on_a_node_with_no_file_and_no_gpu_is_served_from_
     assert second["hits"] == [True]
     with sqlite3.connect(tmp_path / "b" / "v1" / "sm_90.kdb") as conn:  # copied home
         assert conn.execute("SELECT backend, name FROM kernels").fetchall() == [("triton", "add")]
+    # Node a compiles for another target too; node b, which has an sm_90 file now, is served
+    # that one from the shared tier (it looked only in the arches it had files for, and
+    # compiled every kernel of a target it had none for).
+    other = {**env, "TARGET": "cuda:80:32"}
+    assert run_app(tmp_path, other, "add", KDB_CACHE_DIR=str(tmp_path / "a"),
+                   TRITON_CACHE_DIR=str(tmp_path / "ta"))[0]["hits"] == [False]
+    assert run_app(tmp_path, other, "add", KDB_CACHE_DIR=str(tmp_path / "b"),
+                   TRITON_CACHE_DIR=str(tmp_path / "tb"))[0]["hits"] == [True]
 
 
 def _host_module_nodes(tmp_path: Path, target: str, **first_env: str) -> tuple[dict, dict]:

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import os
 import re
+from typing import Iterator
 
 #: The ``backend`` hash attribute of every Triton entry.
 BACKEND = "triton"
@@ -118,13 +119,16 @@ def known_archs(tiers) -> list[str]:
     return sorted(found)
 
 
-def lookup_archs(tiers, name: str) -> list[str]:
-    """Where to look for ``name`` while the device's arch is unknown: every Triton arch this
-    node has a file for; on a node with none (a fresh one), the Triton arches the shared tier
-    holds an entry of that name in, if one is set. A row's arch is whatever a writer put
-    there, so only Triton's forms are taken."""
-    return known_archs(tiers) or [
-        a for a in tiers.shared_arches(BACKEND, name) if is_triton_arch(a)]
+def lookup_archs(tiers, name: str) -> Iterator[str]:
+    """Where to look for ``name`` while the device's arch is unknown, in order: every Triton
+    arch this node has a file for, then, once those missed, the other Triton arches the
+    shared tier holds an entry of that name in, if one is set (asked only then: a node with
+    an sm_90 file never looked there, and compiled every gfx942 kernel the cluster held). A
+    row's arch is whatever a writer put there, so only Triton's forms are taken."""
+    known = known_archs(tiers)
+    yield from known
+    yield from (a for a in tiers.shared_arches(BACKEND, name)
+                if is_triton_arch(a) and a not in known)
 
 
 def compiler_identity() -> tuple[tuple[str, str], ...]:
