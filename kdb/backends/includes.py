@@ -65,11 +65,15 @@ class IncludeSearch:
 #: A line splice: a backslash, the blanks clang tolerates before the line end, the line end.
 _SPLICE_RE = LazyPattern(r"\\[ \t\f\v]*\n")
 #: What the preprocessor reads as one token before it strips comments: a comment, a string
-#: or character literal, and an ``#include``'s ``<header-name>`` (``<a//b.h>`` names a file;
-#: read as a comment, it named none).
+#: or character literal, and ``<`` (a header name where a directive or ``__has_include``
+#: stands before it: ``<a//b.h>`` names a file; read as a comment, it named none).
 _LEX_RE = LazyPattern(
-    r'(?m:^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)[ \t\f\v]*<[^>\n]*>)'
-    r'|//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
+    r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|<', re.DOTALL)
+#: What stands before a header name on its line, comments already blanked.
+_BEFORE_NAME_RE = LazyPattern(
+    r"(?:^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)[ \t\f\v]*"
+    r"|__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*)$")
+_HEADER_NAME_RE = LazyPattern(r"<[^>\n]*>")
 #: A directive: ``#`` or its digraph ``%:`` first on a line, blanks (form feed and vertical
 #: tab included) around it.
 _DIRECTIVE_RE = LazyPattern(
@@ -97,11 +101,35 @@ def _lines(text: str) -> str:
 
 def _comment_free(text: str) -> str:
     """``text`` after line splicing, with comments replaced by a space, as the
-    preprocessor sees it before it reads a directive."""
+    preprocessor sees it before it reads a directive: a header name after ``#include`` or
+    in ``__has_include(`` (comments before it, on its line, blanked first) is one token,
+    whatever ``//`` or ``/*`` it holds."""
     text = _lines(text)
-    if "/*" in text or "//" in text:
-        text = _LEX_RE.sub(lambda m: " " if m.group()[0] == "/" else m.group(), text)
-    return text
+    if "/*" not in text and "//" not in text:
+        return text
+    out: list[str] = []
+    line = ""  # what is written of the current line so far
+    pos = 0
+    lex, name = _LEX_RE.search, _HEADER_NAME_RE.match
+    while (m := lex(text, pos)) is not None:
+        kept = text[pos:m.start()]
+        token = m.group()
+        if token == "<":
+            line = line + kept if "\n" not in kept else kept.rpartition("\n")[2]
+            header = name(text, m.start()) if _BEFORE_NAME_RE.search(line) else None
+            token = header.group() if header is not None else "<"
+            out += (kept, token)
+            line += token
+            pos = m.start() + len(token)
+            continue
+        if token[0] == "/":
+            token = " "
+        out += (kept, token)
+        piece = kept + token
+        line = line + piece if "\n" not in piece else piece.rpartition("\n")[2]
+        pos = m.end()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def may_include(text: str) -> bool:
