@@ -144,3 +144,32 @@ def test_a_copy_made_first_leaves_the_cache_directories_private_whatever_the_uma
     for d in (cache, cache / "v1", root):
         assert d.stat().st_mode & 0o777 == 0o700, d
     assert not fs.refused([cache, cache / "v1"], ("x", "y"))
+
+
+def test_copies_are_bounded_least_recently_used_first_and_kdb_clear_removes_them(
+        inc, tmp_path, monkeypatch):
+    """Each edit of a header made another copy of its directory, and nothing removed them
+    (the hunter: 23.5 MB of copies under a 300 KB cap, left by ``kdb clear``). Beyond
+    ``MAX_COPIES`` the least recently used go when one is made, never one used in the last
+    ten minutes; ``kdb clear`` removes them all."""
+    import time
+
+    from click.testing import CliRunner
+
+    from kdb.cli import cli
+
+    monkeypatch.setattr(ti, "MAX_COPIES", 3)
+    user = tmp_path / "cache" / "v1"
+    root = str(user / "includes")
+    copies = []
+    for k in range(6):
+        (inc / "two.h").write_text(f'#include "sub/three.h" // edit {k}\n')
+        copies.append(ti.copy_of(str(inc), root))
+        if k < 4:
+            old = time.time() - 3600 + k  # used an hour ago, in this order
+            os.utime(copies[-1], (old, old))
+    assert sorted(os.listdir(root)) == sorted(os.path.basename(c) for c in copies[3:])
+    monkeypatch.setenv("KDB_CACHE_DIR", str(tmp_path / "cache"))
+    res = CliRunner().invoke(cli, ["clear", "--yes"])
+    assert res.exit_code == 0, res.output
+    assert not os.path.exists(root)

@@ -68,7 +68,17 @@ def clearable(user_dir: Path, arch: str | None = None) -> list[Path]:
                     out.append(p)
         out += _spool_leftovers(user_dir) + _stale_claims(user_dir / "claims")
         out += [p for p in [user_dir / storetimes.FILE] if p.is_file()]
+        out += _include_copies(user_dir)
     return out + _kept_names(user_dir, arch)
+
+
+def _include_copies(user_dir: Path) -> list[Path]:
+    """The copies of temporary include directories (:mod:`kdb.backends.opencl.tempincludes`),
+    and their directory: each header edit made another, and nothing removed them."""
+    root = user_dir / "includes"
+    if not root.is_dir() or root.is_symlink():
+        return []
+    return sorted(p for p in root.iterdir()) + [root]
 
 
 def _kept_names(user_dir: Path, arch: str | None) -> list[Path]:
@@ -160,6 +170,10 @@ def clear(paths: list[Path]) -> tuple[list[str], list[tuple[str, str]]]:
             elif p.name.endswith(".kdb.lock"):  # an upgrader's: never from under its holder
                 if not remove_unheld_lock(p):
                     continue
+            elif p.parent.name == "includes" and p.is_dir() and not p.is_symlink():
+                import shutil
+
+                shutil.rmtree(p)  # a copy of an include directory: files and all
             elif p.is_dir() and not p.is_symlink():
                 p.rmdir()
             else:

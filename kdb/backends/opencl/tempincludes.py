@@ -37,6 +37,11 @@ MAX_BYTES = 4 << 20
 #: Where a program's temporary files go (besides ``TMPDIR``, ``TEMP``, ``TMP``): what
 #: :mod:`tempfile` would choose, without importing it.
 TEMPORARY_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+#: Copies kept in a cache at most: each edit of a header makes another, and the oldest
+#: (least recently used) beyond these go when one is made (``kdb clear`` removes them all).
+MAX_COPIES = 32
+#: A copy used this recently is never removed (a build may be reading it).
+PRUNE_AFTER_S = 600.0
 #: What would show a header's path in the kernel.
 PATH_MACROS = (b"__FILE__", b"__BASE_FILE__")
 _FLAGS = ("-I", "-isystem", "-iquote")
@@ -159,6 +164,10 @@ def copy_of(top: str, root: str) -> str | None:
         target = os.path.join(root, digest_of(files))
         if not _intact(target, files):
             _write(root, target, files)
+            _prune(root, target)
+        elif target not in _used:  # its use, once a process: the copies least used go first
+            _used.add(target)
+            os.utime(target)
         copied = _stamps(target)
         if not _intact(target, files):
             return None
@@ -166,6 +175,36 @@ def copy_of(top: str, root: str) -> str | None:
         return None
     _checked[memo] = (before, target, copied)
     return target
+
+
+#: Copies this process has marked used.
+_used: set[str] = set()
+
+
+def _prune(root: str, made: str) -> None:
+    """Remove the copies in ``root`` beyond :data:`MAX_COPIES`, least recently used first,
+    none used in the last :data:`PRUNE_AFTER_S` (another process may build from it now)."""
+    import shutil
+    import time
+
+    _used.add(made)
+    try:
+        copies = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)
+                  and "." not in e.name]
+    except OSError:
+        return
+    if len(copies) <= MAX_COPIES:
+        return
+    copies.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
+    old = time.time() - PRUNE_AFTER_S
+    for entry in copies[MAX_COPIES:]:
+        if entry.path != made and entry.stat(follow_symlinks=False).st_mtime < old:
+            stale = f"{entry.path}.{os.getpid()}.stale"  # out of the way first: whole or not
+            try:
+                os.rename(entry.path, stale)
+            except OSError:
+                continue
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _stamps(top: str) -> tuple | None:
