@@ -308,6 +308,29 @@ def test_a_node_started_after_another_exited_waits_for_its_queued_stores(shared_
     assert user_counter(node_b, _arch(), "hits.shared") == 3
 
 
+def test_a_keeper_lets_go_of_locks_no_store_worker_will_publish(shared_url, pg, tmp_path):
+    """Node A exits with its stores queued and no store worker (killed, as by the OOM
+    killer): its keeper held the cross-node locks for up to 15 minutes, and node B waited
+    its whole KDB_WAIT_TIMEOUT for entries nothing would publish. The keeper lets go once
+    the spool has had no worker for a few seconds, and B compiles at once."""
+    no_worker = "from kdb.storing import spool\nspool.ensure_worker = lambda *a: None\n"
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    env_a = _child_env(node_a, tmp_path / "pocl-a", shared_url, KDB_STORE_AT_EXIT="detach")
+    proc = subprocess.run([sys.executable, "-c", no_worker + CHILD, "0,1"], capture_output=True,
+                          text=True, timeout=300, env=env_a)
+    assert proc.returncode == 0, proc.stderr
+    assert len(shared_keys(pg, shared_url)) == 0  # nothing published, nothing will be
+    env_b = _child_env(node_b, tmp_path / "pocl-b", shared_url, KDB_STORE_AT_EXIT="wait",
+                       KDB_WAIT_TIMEOUT="300")
+    start = time.monotonic()
+    b = subprocess.run([sys.executable, "-c", CHILD, "0,1"], capture_output=True, text=True,
+                       timeout=600, env=env_b)
+    assert b.returncode == 0, b.stderr
+    assert sorted(json.loads(b.stdout.strip().splitlines()[-1])) == ["k0", "k1"]
+    assert "KDB_WAIT_TIMEOUT" not in b.stderr, b.stderr[-2000:]
+    assert time.monotonic() - start < 150  # not its 300 s wait, however busy the machine
+
+
 def test_a_job_stored_but_not_published_is_published_by_its_next_store(shared_url, pg,
                                                                      tmp_path, monkeypatch):
     """The floor lane takes a starved lane's job over by ending the lane, which may be after

@@ -6,7 +6,8 @@ often after the process has exited, and the lock ends with the process's session
 starting in between would compile the kernel again. So an exiting process whose stores are
 still queued starts a *keeper*: a small process that queues for those locks on a session of
 its own (PostgreSQL grants a released lock to the session waiting for it) and holds each
-until its job is stored and published, at most ``LIFETIME_S``. Other nodes then wait for the
+until its job is stored and published, at most ``LIFETIME_S``, and no longer than the spool
+goes without a store worker (:data:`WORKER_GONE_S`). Other nodes then wait for the
 entry, bounded by ``KDB_WAIT_TIMEOUT``, as they would for a compile.
 
     python -m kdb.shared.keeper     # stdin: {"url", "namespace", "items": [[key, job path], ...]}
@@ -23,6 +24,10 @@ from pathlib import Path
 LIFETIME_S = 900.0
 #: Seconds an exiting process waits for its keeper to queue for the locks.
 QUEUE_WAIT_S = 5.0
+#: Seconds a spool may go without a store worker before its jobs' locks are let go: nothing
+#: stores them now (its worker was killed, as by the OOM killer), and other nodes waited up
+#: to KDB_WAIT_TIMEOUT for an entry that was not coming.
+WORKER_GONE_S = 5.0
 
 
 def hand_over(tier, items: list[tuple[str, str]]) -> bool:
@@ -70,6 +75,7 @@ def main() -> int:
     from sqlalchemy import func, select
 
     from ..storing.jobfiles import exists as job_pending
+    from ..storing.spool import worker_running
     from .locks import compile_id
     from .server import create_engine
 
@@ -84,9 +90,20 @@ def main() -> int:
         # Granted when the exiting process's session ends, one after the other.
         conn.execute(select(*(func.pg_advisory_lock(compile_id(k, namespace)) for k in held)))
         deadline = time.monotonic() + LIFETIME_S
+        unattended: dict[Path, float] = {}  # spool -> since when no worker runs there
+        checked = 0.0
         while held and time.monotonic() < deadline:
+            now = time.monotonic()
+            if now - checked >= 1.0:
+                checked = now
+                for spool in {Path(p).parent for p in held.values()}:
+                    if worker_running(spool):
+                        unattended.pop(spool, None)
+                    else:
+                        unattended.setdefault(spool, now)
             for key, path in list(held.items()):
-                if not job_pending(Path(path)):  # stored or dropped (two looks)
+                gone = now - unattended.get(Path(path).parent, now) >= WORKER_GONE_S
+                if gone or not job_pending(Path(path)):  # stored, dropped, or unattended
                     conn.execute(select(func.pg_advisory_unlock(compile_id(key, namespace))))
                     del held[key]
             time.sleep(0.2)
