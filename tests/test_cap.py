@@ -354,3 +354,28 @@ TestTotals = TotalsMachine.TestCase
 TestTotals.settings = settings(max_examples=200 if LONG else 25, stateful_step_count=30,
                                deadline=None,
                                suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_compile_log_keeps_its_newest_rows_and_the_worker_log_is_rotated(
+        cache_dir, monkeypatch, tmp_path):
+    """Nothing removed compile-log rows (one a compile, kept past eviction, ``kdb evict``
+    and ``verify --repair``) or ``store-worker.log``: a cache restored run after run grew by
+    every compile. The newest rows are kept; the worker's log is moved aside past 1 MiB."""
+    from kdb.file import filewriter
+    from kdb.storing import spool
+
+    monkeypatch.setattr(filewriter, "LOG_ROWS", 5)
+    monkeypatch.setattr(filewriter, "MIN_LOG_ROWS", 5)
+    db = KernelDB()
+    for i in range(12):
+        rec = db.tiers.record_compile(attrs(i), 0.01)
+        db.tiers.storing.put_later(attrs(i), lambda i=i: blob(i), compile_seconds=0.01, log=rec)
+        db.flush()
+    db.close()
+    names = [r[0] for r in sql(cache_dir / "v1" / "a1.kdb", "SELECT name FROM compile_log")]
+    assert names == [f"k{i}" for i in range(6, 12)] or names == [f"k{i}" for i in range(7, 12)]
+
+    log = tmp_path / "store-worker.log"
+    log.write_bytes(b"x" * (spool.LOG_MAX + 1))
+    os.close(spool._open_log(log))
+    assert log.stat().st_size == 0 and (tmp_path / "store-worker.log.1").stat().st_size > 0

@@ -257,6 +257,21 @@ def _write_failed(f: KernelFile, err: Exception) -> None:
 #: job is stored again when its lane was stopped after its write but before it removed the
 #: job (a store over its CPU bound is set aside and stored again; a hurry stores a job a
 #: starved lane holds), and entries are idempotent by key. ``at`` is indexed.
+#: Compile-log rows a user file keeps (the newest), at most; under a size cap, one per 1 KiB
+#: of it, and never fewer than :data:`MIN_LOG_ROWS`.
+LOG_ROWS = 20_000
+MIN_LOG_ROWS = 1_000
+
+
+def log_rows(cap: int) -> int:
+    """How many compile-log rows a user file of size cap ``cap`` (0: none) keeps.
+
+    >>> log_rows(0), log_rows(300 << 10), log_rows(8 << 20)
+    (20000, 1000, 8192)
+    """
+    return LOG_ROWS if not cap else max(MIN_LOG_ROWS, min(LOG_ROWS, cap >> 10))
+
+
 _LOG_ONCE = ("INSERT INTO compile_log (at, key, name, arch, backend, seconds, missed, reason, "
              "pid) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM "
              "compile_log WHERE at = ? AND key = ? AND pid = ?)")
@@ -299,6 +314,9 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry], *,
     for r in logs:  # once each: a store job may be stored twice (see _LOG_ONCE)
         conn.execute(_LOG_ONCE, (r.at, r.key, r.name, r.arch, r.backend, r.seconds, r.missed,
                                  r.reason, r.pid, r.at, r.key, r.pid))
+    if logs:  # the newest rows only: a cache restored run after run grew by every compile
+        conn.execute("DELETE FROM compile_log WHERE id <= (SELECT max(id) FROM compile_log)"
+                     " - ?", (log_rows(cap),))
     for name, delta in counters.items():
         conn.execute(
             "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "

@@ -224,6 +224,22 @@ def worker_running(spool: Path) -> bool:
     return False
 
 
+#: Bytes ``store-worker.log`` grows to before it is moved to ``store-worker.log.1`` (the one
+#: older log kept), when a worker starts.
+LOG_MAX = 1 << 20
+
+
+def _open_log(path: Path) -> int:
+    """``store-worker.log`` opened for appending, the one before moved aside first where it
+    outgrew :data:`LOG_MAX` (it was only ever appended to)."""
+    try:
+        if os.stat(path).st_size > LOG_MAX:
+            os.replace(path, f"{path}.1")
+    except OSError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+
 def ensure_worker(spool: Path) -> None:
     """Start a worker for ``spool`` unless one runs (checked at most every 0.25 s).
 
@@ -238,8 +254,7 @@ def ensure_worker(spool: Path) -> None:
     import subprocess
 
     exe = sys.executable
-    out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                     0o600)
+    out_fd = _open_log(spool.parent.parent / LOG_NAME)
     with os.fdopen(out_fd, "ab") as out:
         subprocess.Popen([exe, "-m", "kdb.worker", str(spool)],
                          stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -452,8 +467,7 @@ def _hurry(spool: Path):
     """Start a child that stores every job of ``spool`` now (its output goes to the log)."""
     import subprocess
 
-    out_fd = os.open(spool.parent.parent / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                     0o600)
+    out_fd = _open_log(spool.parent.parent / LOG_NAME)
     with os.fdopen(out_fd, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "kdb.worker", "--hurry", str(spool)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, close_fds=True,
