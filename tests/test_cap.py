@@ -178,6 +178,22 @@ def test_a_batch_bigger_than_the_cap_leaves_the_file_within_it(tmp_path):
         tmp_path / "v1" / "a1.kdb")
 
 
+def test_a_batch_bigger_than_the_cap_writes_only_its_newest_and_the_file_stays_small(tmp_path):
+    """Written whole and then mostly evicted in the same transaction, a batch (40 early
+    entries at a process's exit) left the file four times its cap on disk: SQLite keeps the
+    pages. Only the batch's newest entries that fit are written."""
+    path = tmp_path / "v1" / "a1.kdb"
+    file = KernelFile(path, tier="user", readonly=False)
+    cap = 10 * SIZE
+    batch = [Entry(key=f"key{k}", arch="a1", backend="test", name=f"k{k}",
+                   attributes=json.dumps({"k": k}), raw=os.urandom(SIZE)) for k in range(40)]
+    assert file.write(batch, [], {}, {}, cap=cap)
+    file.close()
+    names = stored_names(path)
+    assert names and names == sorted(f"k{k}" for k in range(40 - len(names), 40))
+    assert os.path.getsize(path) < 3 * cap  # schema pages and all (it was 6.3 times)
+
+
 def test_the_wal_stays_in_proportion_to_a_small_cap(cache_dir, monkeypatch):
     """SQLite checkpoints every 1,000 pages and never cuts its ``-wal`` back: beside a
     300 KB cap it stood at 4 MB."""

@@ -284,8 +284,11 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry], *,
     not stored: too large, or unsigned where a signed entry of the same key is (a process
     whose signing key was refused never takes a signed entry from the others)."""
     added = added_raw = added_entries = skipped = 0
-    for e in entries:
-        grew = _insert(f, conn, e, cap, now)
+    encoded = [codec.encode(e.raw) for e in entries]
+    if cap and len(entries) > 1:  # a batch over the cap: only its newest are written
+        entries, encoded = _newest_fitting(entries, encoded, cap - cap // 3)
+    for e, enc in zip(entries, encoded):
+        grew = _insert(f, conn, e, cap, now, enc)
         if grew is None:
             skipped += 1
             continue
@@ -324,12 +327,24 @@ def _store(f: KernelFile, conn: sqlite3.Connection, entries: list[Entry], *,
     return skipped
 
 
+def _newest_fitting(entries: list[Entry], encoded: list, room: int) -> tuple[list, list]:
+    """The last of ``entries`` (the newest: a batch is in the order its programs were
+    built) whose encoded binaries fit in ``room`` bytes, at least one. A process's early
+    entries at exit, all written and then mostly evicted in one transaction, left the file
+    four times its cap on disk (SQLite keeps the pages)."""
+    total, first = 0, len(entries)
+    while first > 0 and (total + len(encoded[first - 1][1]) <= room or first == len(entries)):
+        first -= 1
+        total += len(encoded[first][1])
+    return entries[first:], encoded[first:]
+
+
 def _insert(f: KernelFile, conn: sqlite3.Connection, e: Entry, cap: int,
-            now: float) -> tuple[int, int, int] | None:
+            now: float, encoded: tuple | None = None) -> tuple[int, int, int] | None:
     """One entry written (its source once); what it added to the stored bytes, the raw
     bytes and the entry count, or None where it is not stored (over the cap, or unsigned
-    in place of a signed one)."""
-    kind, blob = codec.encode(e.raw)
+    in place of a signed one). ``encoded``: :func:`codec.encode` of its binary, if done."""
+    kind, blob = encoded if encoded is not None else codec.encode(e.raw)
     if cap and len(blob) > cap:
         warn_once(f"toobig:{f.path}",
                   "kdb: a %d-byte binary (%s) exceeds the cache cap of %d "
