@@ -70,6 +70,19 @@ def test_an_angle_header_name_is_one_token_comments_and_all(tmp_path, name, line
     assert set(got.values()) == {file_digest(h)} and name in got, got
 
 
+@pytest.mark.parametrize("before", ["#ifdef NEVER\ndon't build this: /* old\n#endif",
+                                    '#if 0\nsay "hi /* \n#endif',
+                                    "#warning can't /* x"])
+def test_a_quote_left_open_ends_with_its_line_and_opens_no_comment(tmp_path, before):
+    """clang ends a character or string literal left open at the end of its line, so a
+    ``/*`` after ``don't`` opens no comment; kdb read one up to the next ``*/`` and the
+    ``#include`` between was not in the key (a stale kernel after an edit of the header)."""
+    inc = tmp_path / "inc"
+    h = write(inc / "val.h", "#define VAL 1\n")
+    source = before + '\n#include "val.h"\n/* ok */\nkernel void k(global int *o) { o[0] = VAL; }\n'
+    assert dict(header_digests(source, [inc])) == {"val.h": file_digest(h)}
+
+
 def test_same_size_edit_within_timestamp_granularity_is_seen(tmp_path):
     """A file system with coarse timestamps can give two quick writes one mtime."""
     h = write(tmp_path / "defs.h", "#define SCALE 2.0f\n")

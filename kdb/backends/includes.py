@@ -65,14 +65,20 @@ class IncludeSearch:
 #: A line splice: a backslash, the blanks clang tolerates before the line end, the line end.
 _SPLICE_RE = LazyPattern(r"\\[ \t\f\v]*\n")
 #: What the preprocessor reads as one token before it strips comments: a comment, a string
-#: or character literal, and ``<`` (a header name where a directive or ``__has_include``
-#: stands before it: ``<a//b.h>`` names a file; read as a comment, it named none).
+#: or character literal (one left open ends with its line, as clang ends it: a ``/*`` after
+#: ``don't`` opens no comment), and ``<`` (a header name where a directive or
+#: ``__has_include`` stands before it: ``<a//b.h>`` names a file; read as a comment, it
+#: named none).
 _LEX_RE = LazyPattern(
-    r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|<', re.DOTALL)
-#: What stands before a header name on its line, comments already blanked.
-_BEFORE_NAME_RE = LazyPattern(
-    r"(?:^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)[ \t\f\v]*"
-    r"|__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*)$")
+    r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"?|\'(?:\\.|[^\'\\\n])*\'?|<', re.DOTALL)
+#: What stands before a header name, comments already blanked: a directive, the whole line
+#: before it; ``__has_include(``, the end of the line before it.
+_DIRECTIVE_BEFORE_RE = LazyPattern(
+    r"[ \t\f\v]*(?:#|%:)[ \t\f\v]*(?:include_next|include|import)[ \t\f\v]*")
+_HAS_INCLUDE_BEFORE_RE = LazyPattern(r"__has_include(?:_next)?[ \t\f\v]*\([ \t\f\v]*$")
+#: The characters of a line kept to look back from a ``<`` (a directive before a header
+#: name is shorter): looking back over a whole long line at each ``<`` was quadratic.
+_LOOK_BACK = 256
 _HEADER_NAME_RE = LazyPattern(r"<[^>\n]*>")
 #: A directive: ``#`` or its digraph ``%:`` first on a line, blanks (form feed and vertical
 #: tab included) around it.
@@ -108,28 +114,44 @@ def _comment_free(text: str) -> str:
     if "/*" not in text and "//" not in text:
         return text
     out: list[str] = []
-    line = ""  # what is written of the current line so far
+    line, length = "", 0  # the end of the current line as written, and its whole length
     pos = 0
     lex, name = _LEX_RE.search, _HEADER_NAME_RE.match
     while (m := lex(text, pos)) is not None:
-        kept = text[pos:m.start()]
+        piece = text[pos:m.start()]
         token = m.group()
-        if token == "<":
-            line = line + kept if "\n" not in kept else kept.rpartition("\n")[2]
-            header = name(text, m.start()) if _BEFORE_NAME_RE.search(line) else None
-            token = header.group() if header is not None else "<"
-            out += (kept, token)
-            line += token
-            pos = m.start() + len(token)
-            continue
         if token[0] == "/":
             token = " "
-        out += (kept, token)
-        piece = kept + token
-        line = line + piece if "\n" not in piece else piece.rpartition("\n")[2]
+        elif token == "<":
+            line, length = _line_end(line, length, piece)
+            header = name(text, m.start()) if _before_name(line, length) else None
+            token = header.group() if header is not None else "<"
+            out += (piece, token)
+            line, length = _line_end(line, length, token)
+            pos = m.start() + len(token)
+            continue
+        out += (piece, token)
+        line, length = _line_end(line, length, piece + token)
         pos = m.end()
     out.append(text[pos:])
     return "".join(out)
+
+
+def _line_end(line: str, length: int, piece: str) -> tuple[str, int]:
+    """The last :data:`_LOOK_BACK` characters of the current line and its length, after
+    ``piece`` is written."""
+    if "\n" in piece:
+        tail = piece.rpartition("\n")[2]
+        return tail[-_LOOK_BACK:], len(tail)
+    return (line + piece)[-_LOOK_BACK:], length + len(piece)
+
+
+def _before_name(line: str, length: int) -> bool:
+    """Whether a ``<`` after ``line`` (the current line's end, ``length`` long in all)
+    starts a header name: the line so far is a directive, or ends in ``__has_include(``."""
+    if length <= _LOOK_BACK and _DIRECTIVE_BEFORE_RE.fullmatch(line):
+        return True
+    return line.rstrip(" \t\f\v").endswith("(") and _HAS_INCLUDE_BEFORE_RE.search(line) is not None
 
 
 def may_include(text: str) -> bool:
