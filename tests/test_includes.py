@@ -72,11 +72,14 @@ def test_an_angle_header_name_is_one_token_comments_and_all(tmp_path, name, line
 
 @pytest.mark.parametrize("before", ["#ifdef NEVER\ndon't build this: /* old\n#endif",
                                     '#if 0\nsay "hi /* \n#endif',
-                                    "#warning can't /* x"])
+                                    "#warning can't /* x",
+                                    'const char *s = R"(a " /*)";',  # C++ (CUDA, HIP)
+                                    "int x = 1'0 + '/*';"])
 def test_a_quote_left_open_ends_with_its_line_and_opens_no_comment(tmp_path, before):
     """clang ends a character or string literal left open at the end of its line, so a
-    ``/*`` after ``don't`` opens no comment; kdb read one up to the next ``*/`` and the
-    ``#include`` between was not in the key (a stale kernel after an edit of the header)."""
+    ``/*`` after ``don't`` opens no comment, and in C++ reads raw strings and digit
+    separators whole; kdb read a comment up to the next ``*/`` and the ``#include``
+    between was not in the key (a stale kernel after an edit of the header)."""
     inc = tmp_path / "inc"
     h = write(inc / "val.h", "#define VAL 1\n")
     source = before + '\n#include "val.h"\n/* ok */\nkernel void k(global int *o) { o[0] = VAL; }\n'

@@ -66,11 +66,15 @@ class IncludeSearch:
 _SPLICE_RE = LazyPattern(r"\\[ \t\f\v]*\n")
 #: What the preprocessor reads as one token before it strips comments: a comment, a string
 #: or character literal (one left open ends with its line, as clang ends it: a ``/*`` after
-#: ``don't`` opens no comment), and ``<`` (a header name where a directive or
+#: ``don't`` opens no comment), C++'s raw strings and numbers with digit separators, and ``<`` (a header name where a directive or
 #: ``__has_include`` stands before it: ``<a//b.h>`` names a file; read as a comment, it
 #: named none).
 _LEX_RE = LazyPattern(
-    r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:\\.|[^"\\\n])*"?|\'(?:\\.|[^\'\\\n])*\'?|<', re.DOTALL)
+    r'//[^\n]*|/\*.*?(?:\*/|\Z)'
+    # C++ (CUDA, HIP): a raw string, and a number with digit separators (1'000)
+    r'|(?<![\w$])(?:u8|[uUL])?R"([^()\\ \t\v\f\n]{0,16})\(.*?\)\1"'
+    r"|(?<![\w$])\.?\d(?:[\w.]|[eEpP][+-])*'\w(?:'?[\w.]|[eEpP][+-])*"
+    r'|"(?:\\.|[^"\\\n])*"?|\'(?:\\.|[^\'\\\n])*\'?|<', re.DOTALL)
 #: What stands before a header name, comments already blanked: a directive, the whole line
 #: before it; ``__has_include(``, the end of the line before it.
 _DIRECTIVE_BEFORE_RE = LazyPattern(
