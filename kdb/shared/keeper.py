@@ -74,8 +74,7 @@ def _read_pid(proc, timeout: float) -> int | None:
 def main() -> int:
     from sqlalchemy import func, select
 
-    from ..storing.jobfiles import exists as job_pending
-    from ..storing.spool import worker_running
+    from ..storing.jobfiles import exists as job_pending, worker_running
     from .locks import compile_id
     from .server import create_engine
 

@@ -336,3 +336,20 @@ def sweep_partial(spool: Path, say: Callable[[str], None]) -> None:
         except OSError:
             continue
         say(f"removed {name}, a job file its writer (process {pid}) left half-written")
+
+
+def worker_running(spool: Path) -> bool:
+    """Whether a worker holds ``spool``'s lock."""
+    import fcntl
+
+    try:
+        fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return False

@@ -43,6 +43,7 @@ from .jobfiles import (  # noqa: F401 - the job states and bounds, named here to
     exists,
     low_space,
     mark,
+    worker_running,
     marked,
     remove,
     rename,
@@ -205,23 +206,6 @@ def write_json(path: Path, data: dict) -> None:
         except OSError:
             pass
         raise
-
-
-def worker_running(spool: Path) -> bool:
-    """Whether a worker holds ``spool``'s lock."""
-    import fcntl
-
-    try:
-        fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # closing drops a lock we took
-    return False
 
 
 #: Bytes ``store-worker.log`` grows to before it is moved to ``store-worker.log.1`` (the one

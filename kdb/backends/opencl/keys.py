@@ -26,7 +26,7 @@ from ..includes import IncludeSearch, read_headers, temporal_options
 from ...keys import HashAttributes
 from . import archs
 from .binaries import library_of
-from .refresh import pocl_cache_dir
+from .poclbin import pocl_cache_dir
 from .tempincludes import temporary_dirs
 from ..common import LazyPattern, label
 

@@ -32,6 +32,17 @@ _loads = itertools.count()
 _token: list[str] = []  # random, once: two processes of one pid (two PID namespaces, one home)
 
 
+def pocl_cache_dir() -> str:
+    """PoCL's kernel cache directory as PoCL finds it (``pocl_cache_init_topdir``)."""
+    if os.environ.get("POCL_CACHE_DIR"):
+        return os.environ["POCL_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.environ.get("HOME")
+        base = os.path.join(home, ".cache") if home else "/tmp"
+    return os.path.join(base, "pocl", "kcache")
+
+
 def kernel_cache_off() -> bool:
     """True when PoCL runs without its kernel cache: ``POCL_KERNEL_CACHE`` set to anything
     that does not start with ``1`` (``pocl_get_bool_option``: ``true`` is off too)."""

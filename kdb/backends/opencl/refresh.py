@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 
 from ... import config, lifecycle
-from .poclbin import MAX_BINARY, build_hash_of, kernel_cache_off, layout, version_8, with_files
+from .poclbin import (  # noqa: F401 - pocl_cache_dir: named here too
+    MAX_BINARY, build_hash_of, kernel_cache_off, layout, pocl_cache_dir, version_8, with_files)
 
 #: An entry is refreshed at most this many times (later launches generate, as without kdb).
 MAX_REFRESHES = 3
@@ -65,17 +66,6 @@ def compiled(tiers, attrs) -> None:
     for a in attrs:
         if a.arch.startswith("pocl-"):
             _compiled[(tiers, a.key)] = a.arch
-
-
-def pocl_cache_dir() -> str:
-    """PoCL's kernel cache directory as PoCL finds it (``pocl_cache_init_topdir``)."""
-    if os.environ.get("POCL_CACHE_DIR"):
-        return os.environ["POCL_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        home = os.environ.get("HOME")
-        base = os.path.join(home, ".cache") if home else "/tmp"
-    return os.path.join(base, "pocl", "kcache")
 
 
 def trusted_top(top: str) -> bool:
