@@ -197,16 +197,10 @@ def _user_binaries(cache) -> list[bytes]:
 
 
 def _debian_pocl_first(tmp_path) -> dict:
-    import glob
+    """The environment that lists Debian's PoCL before pip's (skips where it is absent)."""
+    from test_opencl_impls import _debian_pocl, _vendors
 
-    found = sorted(glob.glob("/usr/lib/*/libpocl.so.2"))
-    if not found:
-        pytest.skip("Debian's PoCL (libpocl.so.2) is not installed: tools/ensure_opencl.sh "
-                    "installs it as root with apt-get (apt-get install libpocl2)")
-    vendors = tmp_path / "vendors"
-    vendors.mkdir(exist_ok=True)
-    (vendors / "debian.icd").write_text(found[0] + "\n")
-    return {"OCL_ICD_VENDORS": str(vendors)}  # listed before pip's
+    return _vendors(tmp_path, _debian_pocl())
 
 
 @pytest.mark.parametrize("pocl", ["pip's PoCL 3.0", "Debian's PoCL 3.1"])
